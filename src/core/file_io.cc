@@ -1,0 +1,78 @@
+#include "core/file_io.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace meshtrain {
+
+Status write_file_synced(const std::string& path, const void* data, size_t size) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::error("cannot create " + path + ": " + std::strerror(errno));
+  const char* p = static_cast<const char*>(data);
+  size_t left = size;
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      ::close(fd);
+      return Status::error("writing " + path + ": " + std::strerror(e));
+    }
+    p += n;
+    left -= (size_t)n;
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    return Status::error("syncing " + path + ": " + std::strerror(errno));
+  return Status::ok();
+}
+
+Status read_file(const std::string& path, std::string* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::error("cannot open " + path + ": " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  *out = ss.str();
+  return Status::ok();
+}
+
+Status fsync_dir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Status::error("cannot open directory " + dir + ": " + std::strerror(errno));
+  ::fsync(fd);
+  ::close(fd);
+  return Status::ok();
+}
+
+uint64_t checksum64(const void* data, size_t size, uint64_t seed) {
+  const unsigned char* p = static_cast<const unsigned char*>(data);
+  uint64_t h = seed ^ (size * 0x9E3779B97F4A7C15ull);
+  auto mix = [](uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xFF51AFD7ED558CCDull;
+    x ^= x >> 33;
+    return x;
+  };
+  size_t i = 0;
+  for (; i + 8 <= size; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, p + i, 8);
+    h = (h ^ mix(w)) * 0xC4CEB9FE1A85EC53ull;
+  }
+  uint64_t tail = 0;
+  std::memcpy(&tail, p + i, size - i);
+  h = (h ^ mix(tail)) * 0xC4CEB9FE1A85EC53ull;
+  return mix(h);
+}
+
+std::string to_hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", (unsigned long long)v);
+  return buf;
+}
+
+}  // namespace meshtrain

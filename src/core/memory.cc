@@ -1,0 +1,76 @@
+#include "core/memory.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+namespace meshtrain {
+
+namespace {
+std::mutex& tracker_mutex() {
+  static std::mutex m;
+  return m;
+}
+}  // namespace
+
+std::string_view mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::kParams: return "params";
+    case MemCategory::kGrads: return "grads";
+    case MemCategory::kOptim: return "optim";
+    case MemCategory::kActivations: return "activations";
+    case MemCategory::kWorkspace: return "workspace";
+    case MemCategory::kComm: return "comm";
+    default: return "?";
+  }
+}
+
+MemoryTracker& MemoryTracker::instance() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+void MemoryTracker::on_alloc(MemCategory c, int64_t bytes) {
+  std::lock_guard lock(tracker_mutex());
+  int i = static_cast<int>(c);
+  stats_.current[i] += bytes;
+  if (stats_.current[i] > stats_.peak[i]) stats_.peak[i] = stats_.current[i];
+  stats_.total_current += bytes;
+  if (stats_.total_current > stats_.total_peak) stats_.total_peak = stats_.total_current;
+}
+
+void MemoryTracker::on_free(MemCategory c, int64_t bytes) {
+  std::lock_guard lock(tracker_mutex());
+  stats_.current[static_cast<int>(c)] -= bytes;
+  stats_.total_current -= bytes;
+}
+
+MemStats MemoryTracker::stats() const {
+  std::lock_guard lock(tracker_mutex());
+  return stats_;
+}
+
+void MemoryTracker::reset_peaks() {
+  std::lock_guard lock(tracker_mutex());
+  stats_.peak = stats_.current;
+  stats_.total_peak = stats_.total_current;
+}
+
+void* tracked_alloc(MemCategory category, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  MemoryTracker::instance().on_alloc(category, static_cast<int64_t>(bytes));
+  return p;
+}
+
+void tracked_free(MemCategory category, void* ptr, size_t bytes) {
+  if (!ptr) return;
+  std::free(ptr);
+  MemoryTracker::instance().on_free(category, static_cast<int64_t>(bytes));
+}
+
+}  // namespace meshtrain

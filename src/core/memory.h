@@ -1,0 +1,93 @@
+// Tracked memory: every buffer the engine allocates belongs to a category, and the
+// tracker keeps current and peak bytes per category, so reports are measured, not guessed.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace meshtrain {
+
+enum class MemCategory : int { kParams, kGrads, kOptim, kActivations, kWorkspace, kComm, kCount };
+inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
+std::string_view mem_category_name(MemCategory c);
+
+struct MemStats {
+  std::array<int64_t, kNumMemCategories> current{};
+  std::array<int64_t, kNumMemCategories> peak{};
+  int64_t total_current = 0;
+  int64_t total_peak = 0;  // peak of the sum, not the sum of peaks
+};
+
+class MemoryTracker {
+ public:
+  static MemoryTracker& instance();
+  void on_alloc(MemCategory c, int64_t bytes);
+  void on_free(MemCategory c, int64_t bytes);
+  MemStats stats() const;
+  // Starts a new measurement window: peaks are set to current values.
+  void reset_peaks();
+
+ private:
+  MemStats stats_;
+};
+
+// An owning, 64-byte aligned, zero-initialised array of T whose bytes are tracked.
+template <typename T>
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(MemCategory category, size_t count) { allocate(category, count); }
+  ~Buffer() { release(); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  Buffer(Buffer&& o) noexcept { *this = static_cast<Buffer&&>(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = o.data_, count_ = o.count_, category_ = o.category_;
+      o.data_ = nullptr, o.count_ = 0;
+    }
+    return *this;
+  }
+
+  void allocate(MemCategory category, size_t count);
+  void release();
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return count_; }
+  int64_t bytes() const { return static_cast<int64_t>(count_ * sizeof(T)); }
+  bool empty() const { return count_ == 0; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+  T* begin() { return data_; }
+  T* end() { return data_ + count_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + count_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t count_ = 0;
+  MemCategory category_ = MemCategory::kWorkspace;
+};
+
+void* tracked_alloc(MemCategory category, size_t bytes);
+void tracked_free(MemCategory category, void* ptr, size_t bytes);
+
+template <typename T>
+void Buffer<T>::allocate(MemCategory category, size_t count) {
+  release();
+  category_ = category;
+  count_ = count;
+  data_ = static_cast<T*>(tracked_alloc(category, count * sizeof(T)));
+}
+
+template <typename T>
+void Buffer<T>::release() {
+  if (data_) tracked_free(category_, data_, count_ * sizeof(T));
+  data_ = nullptr;
+  count_ = 0;
+}
+
+}  // namespace meshtrain

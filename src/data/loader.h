@@ -1,0 +1,35 @@
+// The training data walk: optimizer step k reads the window of G*T+1 tokens starting at
+// (k mod E)*G*T, where E = floor((n-1)/(G*T)) windows fit in the file; so a window that
+// would run past the end starts again at 0. Row j of the global batch is
+// inputs [p+jT, p+(j+1)T) with targets shifted by one. Stateless in k, which makes resume
+// and any split of rows over micro-batches or ranks exact.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace meshtrain::data {
+
+class TokenLoader {
+ public:
+  static Status open(const std::string& path, TokenLoader* out);
+  static TokenLoader from_tokens(std::vector<uint16_t> tokens);
+
+  // Error when a global batch of G rows of T tokens does not fit in the file, or a token
+  // is outside the vocabulary.
+  Status check(int G, int T, int vocab) const;
+  int64_t windows(int G, int T) const;
+  int64_t window_start(int64_t step, int G, int T) const;
+  // Rows [row0, row0 + rows) of step `step`'s global batch into inputs/targets[rows, T].
+  void fill(int64_t step, int G, int T, int row0, int rows, int* inputs, int* targets) const;
+  size_t size() const { return tokens_.size(); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::vector<uint16_t> tokens_;
+  std::string path_;
+};
+
+}  // namespace meshtrain::data

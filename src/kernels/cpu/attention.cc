@@ -1,0 +1,142 @@
+// Causal self-attention, blocked over query rows (the FlashAttention idea on a CPU): a
+// task holds one block of kBlock query rows of one (batch row, head) and its scores
+// against the keys it may see, so memory is O(kBlock*T) per thread, never B*NH*T*T.
+// Backward recomputes the probabilities from the saved log-sum-exp of each row.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
+
+namespace meshtrain::kernels {
+
+namespace {
+
+constexpr int kBlock = 64;
+
+// Addresses of one head's q, k, v (rows strided by 3C) and its output columns (stride C).
+struct HeadView {
+  const float* q;
+  const float* k;
+  const float* v;
+  size_t out_offset;
+};
+
+HeadView head_view(const float* qkv, int b, int h, int T, int C, int NH) {
+  int hs = C / NH;
+  const float* base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
+  return {base, base + C, base + 2 * C, (size_t)b * T * C + (size_t)h * hs};
+}
+
+// probs[r, j] = exp(scores[r, j] - lse_row) for j <= i0 + r (causal), 0 beyond.
+void causal_probs_from_lse(float* probs, const float* lse_rows, int i0, int rows, int kend) {
+  for (int r = 0; r < rows; r++) {
+    float* p = probs + (size_t)r * kend;
+    int valid = i0 + r + 1;
+    float l = lse_rows[r];
+#pragma omp simd
+    for (int j = 0; j < valid; j++) p[j] = fast_exp(p[j] - l);
+    std::fill(p + valid, p + kend, 0.0f);
+  }
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH, ld = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const int nblocks = (T + kBlock - 1) / kBlock;
+#pragma omp parallel
+  {
+    Buffer<float> scores(MemCategory::kWorkspace, (size_t)kBlock * T);
+    // Later blocks see more keys: dynamic scheduling balances; results do not depend on it.
+#pragma omp for collapse(3) schedule(dynamic)
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < NH; h++) {
+        for (int blk = 0; blk < nblocks; blk++) {
+          HeadView hv = head_view(qkv, b, h, T, C, NH);
+          const int i0 = blk * kBlock, rows = std::min(kBlock, T - i0), kend = i0 + rows;
+          float* s = scores.data();
+          gemm(false, true, rows, kend, hs, scale, hv.q + (size_t)i0 * ld, ld, hv.k, ld, 0.0f, s,
+               kend);
+          float* lse_rows = lse + ((size_t)b * NH + h) * T + i0;
+          for (int r = 0; r < rows; r++) {
+            float* p = s + (size_t)r * kend;
+            int valid = i0 + r + 1;
+            float mx = -INFINITY;
+            for (int j = 0; j < valid; j++) mx = std::max(mx, p[j]);
+            float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int j = 0; j < valid; j++) {
+              p[j] = fast_exp(p[j] - mx);
+              sum += p[j];
+            }
+            float inv = 1.0f / sum;
+#pragma omp simd
+            for (int j = 0; j < valid; j++) p[j] *= inv;
+            std::fill(p + valid, p + kend, 0.0f);
+            lse_rows[r] = mx + std::log(sum);
+          }
+          gemm(false, false, rows, hs, kend, 1.0f, s, kend, hv.v, ld, 0.0f,
+               out + hv.out_offset + (size_t)i0 * C, C);
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH) {
+  const int hs = C / NH, ld = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel
+  {
+    Buffer<float> probs(MemCategory::kWorkspace, (size_t)kBlock * T);
+    Buffer<float> dprobs(MemCategory::kWorkspace, (size_t)kBlock * T);
+    // One task per (b, h): dK and dV of a head sum over all its query blocks.
+#pragma omp for collapse(2) schedule(dynamic)
+    for (int b = 0; b < B; b++) {
+      for (int h = 0; h < NH; h++) {
+        HeadView hv = head_view(qkv, b, h, T, C, NH);
+        float* dq = dqkv + (size_t)b * T * ld + (size_t)h * hs;
+        float* dk = dq + C;
+        float* dv = dq + 2 * C;
+        for (int t = 0; t < T; t++) {
+          std::fill(dq + (size_t)t * ld, dq + (size_t)t * ld + hs, 0.0f);
+          std::fill(dk + (size_t)t * ld, dk + (size_t)t * ld + hs, 0.0f);
+          std::fill(dv + (size_t)t * ld, dv + (size_t)t * ld + hs, 0.0f);
+        }
+        const float* lse_bh = lse + ((size_t)b * NH + h) * T;
+        for (int i0 = 0; i0 < T; i0 += kBlock) {
+          const int rows = std::min(kBlock, T - i0), kend = i0 + rows;
+          const float* q = hv.q + (size_t)i0 * ld;
+          const float* o = out + hv.out_offset + (size_t)i0 * C;
+          const float* d_o = dout + hv.out_offset + (size_t)i0 * C;
+          float* p = probs.data();
+          float* dp = dprobs.data();
+          gemm(false, true, rows, kend, hs, scale, q, ld, hv.k, ld, 0.0f, p, kend);
+          causal_probs_from_lse(p, lse_bh + i0, i0, rows, kend);
+          gemm(true, false, kend, hs, rows, 1.0f, p, kend, d_o, C, 1.0f, dv, ld);  // dV += P^T dO
+          gemm(false, true, rows, kend, hs, 1.0f, d_o, C, hv.v, ld, 0.0f, dp, kend);  // dP = dO V^T
+          for (int r = 0; r < rows; r++) {
+            // dS = P * (dP - rowsum(dO * O)); masked entries have P = 0.
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int d = 0; d < hs; d++) dot += d_o[(size_t)r * C + d] * o[(size_t)r * C + d];
+            float* pr = p + (size_t)r * kend;
+            float* dpr = dp + (size_t)r * kend;
+#pragma omp simd
+            for (int j = 0; j < kend; j++) dpr[j] = pr[j] * (dpr[j] - dot);
+          }
+          gemm(false, false, rows, hs, kend, scale, dp, kend, hv.k, ld, 1.0f, dq + (size_t)i0 * ld,
+               ld);                                                          // dQ += dS K
+          gemm(true, false, kend, hs, rows, scale, dp, kend, q, ld, 1.0f, dk, ld);  // dK += dS^T Q
+        }
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

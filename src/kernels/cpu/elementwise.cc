@@ -1,0 +1,145 @@
+// Row-wise and element-wise kernels: embedding, LayerNorm, GELU, residual.
+// Reductions over rows (parameter gradients) are split by columns so every sum is
+// computed by one thread in a fixed order: results do not depend on the thread count.
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
+
+namespace meshtrain::kernels {
+
+namespace {
+constexpr float kLayerNormEps = 1e-5f;
+constexpr int kColumnChunk = 64;
+}  // namespace
+
+void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C) {
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int b = 0; b < B; b++) {
+    for (int t = 0; t < T; t++) {
+      float* o = out + ((size_t)b * T + t) * C;
+      const float* e = wte + (size_t)inp[b * T + t] * C;
+      const float* p = wpe + (size_t)t * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+    }
+  }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C) {
+  // Tokens repeat, so rows of dwte collide: each thread owns a column range.
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += kColumnChunk) {
+    int c1 = std::min(C, c0 + kColumnChunk);
+    for (int b = 0; b < B; b++) {
+      for (int t = 0; t < T; t++) {
+        const float* d = dout + ((size_t)b * T + t) * C;
+        float* de = dwte + (size_t)inp[b * T + t] * C;
+        float* dp = dwpe + (size_t)t * C;
+        for (int c = c0; c < c1; c++) {
+          de[c] += d[c];
+          dp[c] += d[c];
+        }
+      }
+    }
+  }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    const float* x = inp + (size_t)n * C;
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int c = 0; c < C; c++) sum += x[c];
+    float m = sum / C;
+    float var = 0.0f;
+#pragma omp simd reduction(+ : var)
+    for (int c = 0; c < C; c++) var += (x[c] - m) * (x[c] - m);
+    float s = 1.0f / std::sqrt(var / C + kLayerNormEps);
+    float* o = out + (size_t)n * C;
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C) {
+#pragma omp parallel
+  {
+#pragma omp for schedule(static) nowait
+    for (int n = 0; n < N; n++) {
+      const float* x = inp + (size_t)n * C;
+      const float* d = dout + (size_t)n * C;
+      const float m = mean[n], s = rstd[n];
+      float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+#pragma omp simd reduction(+ : dnorm_mean, dnorm_norm_mean)
+      for (int c = 0; c < C; c++) {
+        float dnorm = weight[c] * d[c];
+        dnorm_mean += dnorm;
+        dnorm_norm_mean += dnorm * (x[c] - m) * s;
+      }
+      dnorm_mean /= C;
+      dnorm_norm_mean /= C;
+      float* di = dinp + (size_t)n * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) {
+        float norm = (x[c] - m) * s;
+        di[c] += (weight[c] * d[c] - dnorm_mean - norm * dnorm_norm_mean) * s;
+      }
+    }
+#pragma omp for schedule(static)
+    for (int c0 = 0; c0 < C; c0 += kColumnChunk) {
+      int c1 = std::min(C, c0 + kColumnChunk);
+      for (int n = 0; n < N; n++) {
+        const float* x = inp + (size_t)n * C;
+        const float* d = dout + (size_t)n * C;
+        const float m = mean[n], s = rstd[n];
+#pragma omp simd
+        for (int c = c0; c < c1; c++) {
+          dweight[c] += d[c] * (x[c] - m) * s;
+          dbias[c] += d[c];
+        }
+      }
+    }
+  }
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+}
+
+void gelu_forward(float* out, const float* inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+  }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    float th = fast_tanh(u);
+    float sech2 = 1.0f - th * th;
+    float du = kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] = dout[i] * (0.5f * (1.0f + th) + 0.5f * x * sech2 * du);
+  }
+}
+
+void residual_forward(float* out, const float* a, const float* b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,30 @@
+// Scalar math written so that GCC vectorises it inside `#pragma omp simd` loops
+// (libm's expf/tanhf do not vectorise without -ffast-math).
+#pragma once
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+namespace meshtrain::kernels {
+
+// exp(x) with ~2 ulp error: x = k*ln2 + r, exp(r) by a degree-7 polynomial (Cephes
+// coefficients), scaled by 2^k built from the exponent bits.
+inline float fast_exp(float x) {
+  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
+  float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = std::fma(k, -0.693359375f, x);
+  r = std::fma(k, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f); }
+
+}  // namespace meshtrain::kernels

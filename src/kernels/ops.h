@@ -1,0 +1,62 @@
+// The engine's operators, declared once. Each forward/backward pair takes its arguments in
+// the same order (llm.c style). Shapes use fixed letters: B batch rows, T sequence, C model
+// width, NH heads, hs = C/NH, V vocabulary, Vp padded vocabulary (row stride of logits),
+// N = B*T rows.
+//
+// Gradient conventions (the model relies on them):
+//   - parameter gradients (dweight, dbias, dwte, dwpe) are always accumulated (+=);
+//   - layernorm_backward accumulates dinp (+=): it feeds the residual stream;
+//   - every other dinp is overwritten (=).
+// The optimised CPU kernels live in cpu/, the naive references (templated so that
+// gradient checks run in double) in ref/ops_ref.h.
+#pragma once
+#include <cstddef>
+
+namespace meshtrain::kernels {
+
+// out[B,T,C] = wte[inp[b,t], :] + wpe[t, :]
+void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C);
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C);
+
+// out[N,C] = (inp - mean) * rstd * weight + bias, eps 1e-5; mean[N], rstd[N] kept for backward.
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int N, int C);
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int N, int C);
+
+// out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be null)
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
+
+// Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
+// out[B,T,C]; lse[B,NH,T] is the log-sum-exp of each softmax row, all backward needs.
+// Never materialises B*NH*T*T: works on blocks of query rows.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, int B, int T, int C, int NH);
+
+// GELU, tanh approximation.
+void gelu_forward(float* out, const float* inp, size_t n);
+void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
+
+void residual_forward(float* out, const float* a, const float* b, size_t n);
+
+// Cross-entropy over the first V columns of logits[N,Vp]: losses[N], lse[N].
+// Columns V..Vp-1 are padding: never read, never written.
+void crossentropy_forward(float* losses, float* lse, const float* logits, const int* targets, int N,
+                          int V, int Vp);
+// dlogits[N,Vp] = (softmax(logits) - onehot(target)) * dloss for the first V columns.
+// dlogits may alias logits.
+void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
+                           const int* targets, float dloss, int N, int V, int Vp);
+
+// Row-major GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc);
+
+}  // namespace meshtrain::kernels

@@ -1,0 +1,220 @@
+// Naive reference operators: the test oracle. Plain loops, templated on the scalar type so
+// that finite-difference gradient checks run in double. Same argument order and gradient
+// conventions as kernels/ops.h. Attention here materialises the full T*T score matrix.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+namespace meshtrain::kernels::ref {
+
+template <typename F>
+void encoder_forward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C) {
+  for (int bt = 0; bt < B * T; bt++)
+    for (int c = 0; c < C; c++)
+      out[(size_t)bt * C + c] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)(bt % T) * C + c];
+}
+
+template <typename F>
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C) {
+  for (int bt = 0; bt < B * T; bt++)
+    for (int c = 0; c < C; c++) {
+      dwte[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
+      dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
+    }
+}
+
+template <typename F>
+void layernorm_forward(F* out, F* mean, F* rstd, const F* inp, const F* weight, const F* bias,
+                       int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const F* x = inp + (size_t)n * C;
+    F m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += x[c];
+    m /= C;
+    for (int c = 0; c < C; c++) v += (x[c] - m) * (x[c] - m);
+    v /= C;
+    F s = F(1) / std::sqrt(v + F(1e-5));
+    for (int c = 0; c < C; c++) out[(size_t)n * C + c] = (x[c] - m) * s * weight[c] + bias[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+template <typename F>
+void layernorm_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
+                        const F* weight, const F* mean, const F* rstd, int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const F* x = inp + (size_t)n * C;
+    const F* d = dout + (size_t)n * C;
+    F a = 0, b = 0;
+    for (int c = 0; c < C; c++) {
+      F norm = (x[c] - mean[n]) * rstd[n];
+      a += weight[c] * d[c];
+      b += weight[c] * d[c] * norm;
+      dweight[c] += d[c] * norm;
+      dbias[c] += d[c];
+    }
+    a /= C;
+    b /= C;
+    for (int c = 0; c < C; c++) {
+      F norm = (x[c] - mean[n]) * rstd[n];
+      dinp[(size_t)n * C + c] += (weight[c] * d[c] - a - norm * b) * rstd[n];
+    }
+  }
+}
+
+template <typename F>
+void matmul_forward(F* out, const F* inp, const F* weight, const F* bias, int N, int C, int OC) {
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) {
+      F acc = bias ? bias[o] : F(0);
+      for (int c = 0; c < C; c++) acc += inp[(size_t)n * C + c] * weight[(size_t)o * C + c];
+      out[(size_t)n * OC + o] = acc;
+    }
+}
+
+template <typename F>
+void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp, const F* weight,
+                     int N, int C, int OC) {
+  for (int n = 0; n < N; n++) {
+    for (int c = 0; c < C; c++) {
+      F acc = 0;
+      for (int o = 0; o < OC; o++) acc += dout[(size_t)n * OC + o] * weight[(size_t)o * C + c];
+      if (dinp) dinp[(size_t)n * C + c] = acc;
+    }
+    for (int o = 0; o < OC; o++) {
+      F d = dout[(size_t)n * OC + o];
+      for (int c = 0; c < C; c++) dweight[(size_t)o * C + c] += d * inp[(size_t)n * C + c];
+      if (dbias) dbias[o] += d;
+    }
+  }
+}
+
+template <typename F>
+void attention_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  std::vector<F> row(T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        const F* q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
+        F mx = -INFINITY;
+        for (int j = 0; j <= i; j++) {
+          const F* k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+          F s = 0;
+          for (int d = 0; d < hs; d++) s += q[d] * k[d];
+          row[j] = s * scale;
+          mx = std::max(mx, row[j]);
+        }
+        F sum = 0;
+        for (int j = 0; j <= i; j++) sum += std::exp(row[j] - mx);
+        F* o = out + ((size_t)b * T + i) * C + h * hs;
+        for (int d = 0; d < hs; d++) o[d] = 0;
+        for (int j = 0; j <= i; j++) {
+          F p = std::exp(row[j] - mx) / sum;
+          const F* v = qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
+          for (int d = 0; d < hs; d++) o[d] += p * v[d];
+        }
+        lse[((size_t)b * NH + h) * T + i] = mx + std::log(sum);
+      }
+}
+
+template <typename F>
+void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse, int B,
+                        int T, int C, int NH) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  std::fill(dqkv, dqkv + (size_t)B * T * 3 * C, F(0));
+  std::vector<F> p(T), dp(T);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int i = 0; i < T; i++) {
+        size_t qi = ((size_t)b * T + i) * 3 * C + h * hs;
+        const F* dO = dout + ((size_t)b * T + i) * C + h * hs;
+        const F* O = out + ((size_t)b * T + i) * C + h * hs;
+        F dot = 0;
+        for (int d = 0; d < hs; d++) dot += dO[d] * O[d];
+        for (int j = 0; j <= i; j++) {
+          size_t kj = ((size_t)b * T + j) * 3 * C + C + h * hs;
+          F s = 0;
+          for (int d = 0; d < hs; d++) s += qkv[qi + d] * qkv[kj + d];
+          p[j] = std::exp(s * scale - lse[((size_t)b * NH + h) * T + i]);
+          F g = 0;
+          for (int d = 0; d < hs; d++) g += dO[d] * qkv[kj + C + d];
+          dp[j] = p[j] * (g - dot);
+        }
+        for (int j = 0; j <= i; j++) {
+          size_t kj = ((size_t)b * T + j) * 3 * C + C + h * hs;
+          for (int d = 0; d < hs; d++) {
+            dqkv[qi + d] += scale * dp[j] * qkv[kj + d];
+            dqkv[kj + d] += scale * dp[j] * qkv[qi + d];
+            dqkv[kj + C + d] += p[j] * dO[d];
+          }
+        }
+      }
+}
+
+template <typename F>
+F gelu(F x) {
+  const F k = std::sqrt(F(2) / F(M_PI));
+  return F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));
+}
+
+template <typename F>
+void gelu_forward(F* out, const F* inp, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = gelu(inp[i]);
+}
+
+template <typename F>
+void gelu_backward(F* dinp, const F* inp, const F* dout, size_t n) {
+  const F k = std::sqrt(F(2) / F(M_PI));
+  for (size_t i = 0; i < n; i++) {
+    F x = inp[i], u = k * (x + F(0.044715) * x * x * x), th = std::tanh(u);
+    F du = k * (F(1) + F(3) * F(0.044715) * x * x);
+    dinp[i] = dout[i] * (F(0.5) * (F(1) + th) + F(0.5) * x * (F(1) - th * th) * du);
+  }
+}
+
+template <typename F>
+void residual_forward(F* out, const F* a, const F* b, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+template <typename F>
+void crossentropy_forward(F* losses, F* lse, const F* logits, const int* targets, int N, int V,
+                          int Vp) {
+  for (int n = 0; n < N; n++) {
+    const F* x = logits + (size_t)n * Vp;
+    F mx = *std::max_element(x, x + V), sum = 0;
+    for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
+    lse[n] = mx + std::log(sum);
+    losses[n] = lse[n] - x[targets[n]];
+  }
+}
+
+template <typename F>
+void crossentropy_backward(F* dlogits, const F* logits, const F* lse, const int* targets, F dloss,
+                           int N, int V, int Vp) {
+  for (int n = 0; n < N; n++)
+    for (int v = 0; v < V; v++)
+      dlogits[(size_t)n * Vp + v] =
+          (std::exp(logits[(size_t)n * Vp + v] - lse[n]) - (v == targets[n] ? F(1) : F(0))) * dloss;
+}
+
+template <typename F>
+void gemm(bool ta, bool tb, int M, int N, int K, F alpha, const F* A, int lda, const F* B, int ldb,
+          F beta, F* C, int ldc) {
+  for (int m = 0; m < M; m++)
+    for (int n = 0; n < N; n++) {
+      F acc = 0;
+      for (int k = 0; k < K; k++)
+        acc += (ta ? A[(size_t)k * lda + m] : A[(size_t)m * lda + k]) *
+               (tb ? B[(size_t)n * ldb + k] : B[(size_t)k * ldb + n]);
+      C[(size_t)m * ldc + n] = alpha * acc + (beta == F(0) ? F(0) : beta * C[(size_t)m * ldc + n]);
+    }
+}
+
+}  // namespace meshtrain::kernels::ref

@@ -1,0 +1,81 @@
+// GPT-2 with explicit forward and backward passes over flat parameter and gradient
+// buffers. One object per rank; activations are sized for a micro-batch of B x T.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace meshtrain::model {
+
+// Everything the backward pass needs from the forward pass, one set per block.
+struct BlockActivations {
+  float* ln1;        // [B,T,C]
+  float* ln1_mean;   // [B,T]
+  float* ln1_rstd;   // [B,T]
+  float* qkv;        // [B,T,3C]
+  float* atty;       // [B,T,C]
+  float* att_lse;    // [B,NH,T]
+  float* residual2;  // [B,T,C]
+  float* ln2;        // [B,T,C]
+  float* ln2_mean;   // [B,T]
+  float* ln2_rstd;   // [B,T]
+  float* fch;        // [B,T,4C]
+  float* fch_gelu;   // [B,T,4C]
+  float* residual3;  // [B,T,C]
+};
+
+class Gpt {
+ public:
+  explicit Gpt(const GptConfig& config);
+
+  const GptConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  float* params() { return params_.data(); }
+  const float* params() const { return params_.data(); }
+  float* grads() { return grads_.data(); }
+  size_t num_elements() const { return layout_.total(); }
+
+  // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
+  // biases, unit LayerNorm weights; padded vocabulary rows stay zero.
+  void init_weights(uint64_t seed);
+
+  // Runs the model on inputs[B,T] and returns the mean loss over targets[B,T].
+  // Keeps the activations for backward().
+  float forward(const int* inputs, const int* targets, int B, int T);
+  // Logits only (no targets): returns a pointer to logits[B,T,Vp] valid until the next call.
+  const float* forward_logits(const int* inputs, int B, int T);
+  // Accumulates into grads() the gradient of (loss_scale * sum of token losses) of the
+  // last forward(); loss_scale = 1/(tokens in the global batch) gives the mean.
+  void backward(float loss_scale);
+  void zero_grads();
+
+  // FLOPs per token of forward + backward, llm.c's convention: 6N + 6*L*T*C.
+  double flops_per_token(int T) const;
+  const float* losses() const { return losses_.data(); }
+
+ private:
+  void ensure_activations(int B, int T);
+  void forward_to_lnf(const int* inputs, int B, int T);
+
+  GptConfig config_;
+  ParamLayout layout_;
+  Buffer<float> params_, grads_;
+
+  int B_ = 0, T_ = 0;
+  Buffer<float> acts_;  // one allocation for every activation below
+  float* encoded_ = nullptr;  // [B,T,C]
+  std::vector<BlockActivations> blocks_;
+  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [B,T,C], [B,T], [B,T]
+  float* logits_ = nullptr;  // [B,T,Vp], becomes dlogits in backward
+  float* lse_ = nullptr;     // [B,T]
+  Buffer<float> losses_;     // [B,T]
+  // Gradients of activations, reused by every block in backward.
+  Buffer<float> grad_acts_;
+  float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_;
+  std::vector<int> inputs_, targets_;
+};
+
+}  // namespace meshtrain::model

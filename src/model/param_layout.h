@@ -1,0 +1,51 @@
+// Where every parameter tensor lives inside the one flat parameter buffer. Gradients and
+// optimizer moments use the same layout, so a ZeRO shard or a reduction bucket is an
+// offset range. Tensors are stored layer by layer: a layer (or a pipeline stage) is one
+// contiguous range.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace meshtrain::model {
+
+struct ParamTensor {
+  std::string name;            // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::vector<int64_t> shape;  // engine layout: linear weights are [out, in]
+  size_t offset = 0;           // in elements from the buffer start
+  size_t numel = 0;
+  bool decay = false;          // AdamW weight decay applies (2-D tensors only)
+  bool hf_transposed = false;  // HF's Conv1D stores this weight as [in, out]
+  int layer = -1;              // block index, -1 for embeddings and the final norm
+};
+
+// Field order of one block's tensors inside the layout.
+enum LayerTensor : int {
+  kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
+  kNumLayerTensors
+};
+
+class ParamLayout {
+ public:
+  explicit ParamLayout(const GptConfig& config);
+  const std::vector<ParamTensor>& tensors() const { return tensors_; }
+  size_t total() const { return total_; }
+  const ParamTensor* find(const std::string& name) const;
+
+  const ParamTensor& wte() const { return tensors_[0]; }
+  const ParamTensor& wpe() const { return tensors_[1]; }
+  const ParamTensor& layer(int l, LayerTensor t) const {
+    return tensors_[2 + (size_t)l * kNumLayerTensors + t];
+  }
+  const ParamTensor& lnf_w() const { return tensors_[tensors_.size() - 2]; }
+  const ParamTensor& lnf_b() const { return tensors_[tensors_.size() - 1]; }
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, bool decay, bool hf_transposed, int layer);
+  std::vector<ParamTensor> tensors_;
+  size_t total_ = 0;
+};
+
+}  // namespace meshtrain::model

@@ -1,0 +1,54 @@
+#include "train/bench.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "train/peak.h"
+#include "train/trainer.h"
+
+namespace meshtrain::train {
+
+Status bench_step(const TrainOptions& o, int warmup, int steps) {
+  model::GptConfig config;
+  int T = 0;
+  RETURN_IF_ERROR(resolve_model(o, &config, &T));
+  if (steps < 1 || warmup < 0) return Status::error("--steps must be >= 1 and --warmup >= 0");
+  const int threads = o.threads > 0 ? o.threads : (int)std::max(1u, std::thread::hardware_concurrency());
+  omp_set_num_threads(threads);
+  const double peak = o.peak_gflops > 0 ? o.peak_gflops : cached_gemm_peak_gflops(threads, true);
+
+  BatchShape shape{o.micro_batch, o.grad_accum, T};
+  std::mt19937 rng(o.seed);
+  std::vector<uint16_t> tokens((size_t)shape.G() * T * (warmup + steps) + 1);
+  for (auto& t : tokens) t = (uint16_t)(rng() % config.vocab);
+  auto data = data::TokenLoader::from_tokens(std::move(tokens));
+
+  model::Gpt gpt(config);
+  gpt.init_weights(o.seed);
+  optim::AdamW adamw(o.adamw, gpt.layout());
+  const double flops_per_token = gpt.flops_per_token(T);
+  std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %d threads\n",
+              config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T, threads);
+  std::vector<double> times;
+  for (int k = 0; k < warmup + steps; k++) {
+    auto t0 = std::chrono::steady_clock::now();
+    train_step(gpt, adamw, o.adamw, data, shape, k, warmup + steps);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (k >= warmup) times.push_back(s);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  const double tok_s = (double)shape.G() * T / median;
+  const double achieved = tok_s * flops_per_token / 1e9;
+  std::printf("step time (median of %d): %.1f ms | %.1f tokens/s | %.1f GFLOP/s achieved | "
+              "peak %.1f GFLOP/s (measured fp32 GEMM, %d threads) | MFU %.1f%%\n",
+              steps, median * 1e3, tok_s, achieved, peak, threads, 100 * achieved / peak);
+  return Status::ok();
+}
+
+}  // namespace meshtrain::train

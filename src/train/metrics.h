@@ -1,0 +1,28 @@
+// metrics.jsonl: one JSON object per optimizer step (and one per evaluation), flushed as
+// written so a crashed run keeps its history.
+#pragma once
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/memory.h"
+#include "core/status.h"
+
+namespace meshtrain::train {
+
+class MetricsWriter {
+ public:
+  ~MetricsWriter();
+  // Appends when `append` (a resumed run), truncates otherwise. Empty path: writes nothing.
+  Status open(const std::string& path, bool append);
+  void write(const nlohmann::json& record);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// {"params": peak bytes, ..., "total": peak of the sum}
+nlohmann::json memory_json(const MemStats& stats);
+
+}  // namespace meshtrain::train

@@ -1,0 +1,70 @@
+#include "train/options.h"
+
+#include "checkpoint/hf_gpt2.h"
+
+namespace meshtrain::train {
+
+nlohmann::json to_json(const TrainOptions& o) {
+  return {{"model", o.model_preset},
+          {"layers", o.layers},
+          {"heads", o.heads},
+          {"dim", o.dim},
+          {"vocab", o.vocab},
+          {"seq_len", o.seq_len},
+          {"init_from", o.init_from},
+          {"data", o.data_dir},
+          {"micro_batch", o.micro_batch},
+          {"grad_accum", o.grad_accum},
+          {"steps", o.steps},
+          {"seed", o.seed},
+          {"threads", o.threads},
+          {"lr", o.adamw.lr},
+          {"min_lr", o.adamw.min_lr},
+          {"warmup_steps", o.adamw.warmup_steps},
+          {"weight_decay", o.adamw.weight_decay},
+          {"beta1", o.adamw.beta1},
+          {"beta2", o.adamw.beta2},
+          {"eps", o.adamw.eps},
+          {"grad_clip", o.adamw.grad_clip},
+          {"out", o.out_dir},
+          {"eval_every", o.eval_every},
+          {"eval_batches", o.eval_batches},
+          {"save_every", o.save_every},
+          {"keep_checkpoints", o.keep_checkpoints},
+          {"peak_gflops", o.peak_gflops}};
+}
+
+Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {
+  model::GptConfig c;
+  if (!o.init_from.empty()) {
+    RETURN_IF_ERROR(checkpoint::infer_hf_config(o.init_from, o.heads, &c));
+    auto conflict = [&](const char* flag, int given, int actual) -> Status {
+      if (given > 0 && given != actual)
+        return Status::error(std::string(flag) + " " + std::to_string(given) + " conflicts with " +
+                             o.init_from + ", which has " + std::to_string(actual));
+      return Status::ok();
+    };
+    RETURN_IF_ERROR(conflict("--layers", o.layers, c.layers));
+    RETURN_IF_ERROR(conflict("--dim", o.dim, c.dim));
+    RETURN_IF_ERROR(conflict("--vocab", o.vocab, c.vocab));
+    *seq_len = o.seq_len > 0 ? o.seq_len : c.max_seq_len;
+  } else {
+    RETURN_IF_ERROR(model::preset_config(o.model_preset, &c));
+    if (o.layers > 0) c.layers = o.layers;
+    if (o.heads > 0) c.heads = o.heads;
+    if (o.dim > 0) c.dim = o.dim;
+    c.vocab = o.vocab > 0 ? o.vocab : 50257;
+    if (o.seq_len > 0) c.max_seq_len = o.seq_len;
+    *seq_len = c.max_seq_len;
+  }
+  RETURN_IF_ERROR(model::validate(c));
+  if (*seq_len < 1) return Status::error("--seq-len must be >= 1");
+  if (*seq_len > c.max_seq_len)
+    return Status::error("--seq-len " + std::to_string(*seq_len) +
+                         " is longer than the model's " + std::to_string(c.max_seq_len) +
+                         " position embeddings");
+  *config = c;
+  return Status::ok();
+}
+
+}  // namespace meshtrain::train

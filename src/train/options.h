@@ -1,0 +1,45 @@
+// Everything a training run is configured by. The CLI fills it; run_training() consumes it.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "optim/adamw.h"
+
+namespace meshtrain::train {
+
+struct TrainOptions {
+  // Model: a preset, then explicit shape flags override it (0 = keep the preset's).
+  std::string model_preset = "tiny";
+  int layers = 0, heads = 0, dim = 0, vocab = 0;
+  int seq_len = 0;  // T; 0 = the preset's
+  std::string init_from;  // .safetensors with HF GPT-2 names
+
+  // Data: DIR/train.bin and DIR/val.bin.
+  std::string data_dir = "data/brown";
+  int micro_batch = 4;  // B
+  int grad_accum = 1;   // A; the global batch is G = B*A rows
+  int steps = 20;       // N
+  uint64_t seed = 1337;
+  int threads = 0;      // 0 = all cores
+
+  optim::AdamWConfig adamw;
+
+  std::string out_dir;   // metrics.jsonl, config.json, checkpoints/ (empty: no files)
+  int eval_every = 0;    // 0: only at the end (when val.bin exists)
+  int eval_batches = 8;
+  int save_every = 0;    // 0: no periodic checkpoints
+  int keep_checkpoints = 2;
+  bool resume = false;
+  double peak_gflops = 0;  // 0: measured (cached)
+  bool quiet = false;
+};
+
+nlohmann::json to_json(const TrainOptions& o);
+
+// Resolves preset + flags (+ the --init-from file) into the model shape and T.
+Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);
+
+}  // namespace meshtrain::train

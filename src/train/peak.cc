@@ -1,0 +1,65 @@
+#include "train/peak.h"
+
+#include <omp.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/ops.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+
+double measure_gemm_peak_gflops(int threads) {
+  const int n = 2048;
+  omp_set_num_threads(threads);
+  std::vector<float> a((size_t)n * n, 0.5f), b((size_t)n * n, 0.25f), c((size_t)n * n);
+  double best = 0;
+  for (int rep = 0; rep < 8; rep++) {
+    auto t0 = std::chrono::steady_clock::now();
+    kernels::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (rep > 0) best = std::max(best, 2.0 * n * n * (double)n / s / 1e9);  // rep 0 warms up
+  }
+  return best;
+}
+
+namespace {
+fs::path cache_file() {
+  if (const char* d = std::getenv("MESHTRAIN_CACHE_DIR")) return fs::path(d) / "peak.json";
+  const char* home = std::getenv("HOME");
+  return fs::path(home ? home : "/tmp") / ".cache" / "meshtrain" / "peak.json";
+}
+}  // namespace
+
+double cached_gemm_peak_gflops(int threads, bool verbose) {
+  nlohmann::json cache = nlohmann::json::object();
+  const fs::path path = cache_file();
+  std::ifstream in(path);
+  if (in) {
+    try {
+      in >> cache;
+    } catch (...) {
+      cache = nlohmann::json::object();
+    }
+  }
+  const std::string key = "fp32_threads_" + std::to_string(threads);
+  if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
+  if (verbose) std::fprintf(stderr, "measuring fp32 GEMM peak on %d threads (cached in %s)\n",
+                            threads, path.c_str());
+  double peak = measure_gemm_peak_gflops(threads);
+  cache[key] = peak;
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  std::ofstream(path) << cache.dump(1) << "\n";
+  return peak;
+}
+
+}  // namespace meshtrain::train

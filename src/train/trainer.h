@@ -1,0 +1,39 @@
+// The single-process training loop: data, model, optimizer, metrics, eval, checkpoints.
+#pragma once
+#include <vector>
+
+#include "core/status.h"
+#include "data/loader.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "train/options.h"
+
+namespace meshtrain::train {
+
+struct TrainResult {
+  std::vector<float> losses;      // per optimizer step run in this call
+  std::vector<float> grad_norms;
+  float final_val_loss = -1;      // -1 when no validation ran
+};
+
+struct BatchShape {
+  int B = 1, A = 1, T = 1;  // micro-batch rows, micro-batches per step, sequence length
+  int G() const { return B * A; }
+};
+
+struct StepResult {
+  float loss = 0;  // mean over the G*T tokens of the step
+  double grad_norm = 0;  // before clipping
+  float lr = 0;
+};
+
+// One optimizer step k over the G rows of the global batch: A micro-batches of B rows,
+// gradients accumulated, clipped on the global norm, AdamW at the scheduled LR.
+StepResult train_step(model::Gpt& gpt, optim::AdamW& adamw, const optim::AdamWConfig& cfg,
+                      const data::TokenLoader& data, const BatchShape& shape, int64_t k,
+                      int total_steps);
+
+// Validates everything before any work; then trains. Errors carry a user-facing message.
+Status run_training(const TrainOptions& options, TrainResult* result = nullptr);
+
+}  // namespace meshtrain::train

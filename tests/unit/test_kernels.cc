@@ -1,0 +1,308 @@
+// Kernel tests: (1) the naive references against central finite differences in double;
+// (2) the optimised CPU kernels against the references on random shapes, odd sizes included.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "kernels/ref/ops_ref.h"
+
+namespace meshtrain::kernels {
+namespace {
+
+using Vec = std::vector<double>;
+
+Vec random_vec(size_t n, std::mt19937& rng, double scale = 1.0) {
+  std::normal_distribution<double> dist(0.0, scale);
+  Vec v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
+  return s;
+}
+
+// Checks analytic[i] == d loss / d x[i] by central differences on up to 30 indices.
+void expect_gradient(Vec& x, const Vec& analytic, const std::function<double()>& loss,
+                     const char* what) {
+  ASSERT_EQ(x.size(), analytic.size());
+  const double h = 1e-6;
+  std::mt19937 rng(7);
+  size_t samples = std::min<size_t>(30, x.size());
+  for (size_t s = 0; s < samples; s++) {
+    size_t i = samples == x.size() ? s : rng() % x.size();
+    double saved = x[i];
+    x[i] = saved + h;
+    double lp = loss();
+    x[i] = saved - h;
+    double lm = loss();
+    x[i] = saved;
+    double numeric = (lp - lm) / (2 * h);
+    EXPECT_NEAR(analytic[i], numeric, 1e-6 * (1 + std::abs(numeric))) << what << " index " << i;
+  }
+}
+
+// Largest |a - b| relative to the largest |b|.
+double max_rel_diff(const std::vector<float>& a, const Vec& b) {
+  double diff = 0, mag = 1e-30;
+  for (size_t i = 0; i < b.size(); i++) {
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    mag = std::max(mag, std::abs(b[i]));
+  }
+  return diff / mag;
+}
+
+TEST(GradCheck, Encoder) {
+  std::mt19937 rng(1);
+  const int B = 2, T = 3, C = 5, V = 7;
+  std::vector<int> inp = {1, 3, 3, 0, 6, 1};
+  Vec wte = random_vec(V * C, rng), wpe = random_vec(T * C, rng), w = random_vec(B * T * C, rng);
+  Vec out(B * T * C);
+  auto loss = [&] {
+    ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+    return dot(out, w);
+  };
+  Vec dwte(V * C), dwpe(T * C);
+  ref::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C);
+  expect_gradient(wte, dwte, loss, "wte");
+  expect_gradient(wpe, dwpe, loss, "wpe");
+}
+
+TEST(GradCheck, LayerNorm) {
+  std::mt19937 rng(2);
+  const int N = 4, C = 7;
+  Vec x = random_vec(N * C, rng), g = random_vec(C, rng), b = random_vec(C, rng),
+      w = random_vec(N * C, rng);
+  Vec out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), g.data(), b.data(), N, C);
+    return dot(out, w);
+  };
+  loss();
+  Vec dx(N * C), dg(C), db(C);
+  ref::layernorm_backward(dx.data(), dg.data(), db.data(), w.data(), x.data(), g.data(), mean.data(),
+                          rstd.data(), N, C);
+  expect_gradient(x, dx, loss, "inp");
+  expect_gradient(g, dg, loss, "weight");
+  expect_gradient(b, db, loss, "bias");
+}
+
+TEST(GradCheck, Matmul) {
+  std::mt19937 rng(3);
+  const int N = 5, C = 6, OC = 4;
+  Vec x = random_vec(N * C, rng), W = random_vec(OC * C, rng), b = random_vec(OC, rng),
+      w = random_vec(N * OC, rng);
+  Vec out(N * OC);
+  auto loss = [&] {
+    ref::matmul_forward(out.data(), x.data(), W.data(), b.data(), N, C, OC);
+    return dot(out, w);
+  };
+  Vec dx(N * C), dW(OC * C), db(OC);
+  ref::matmul_backward(dx.data(), dW.data(), db.data(), w.data(), x.data(), W.data(), N, C, OC);
+  expect_gradient(x, dx, loss, "inp");
+  expect_gradient(W, dW, loss, "weight");
+  expect_gradient(b, db, loss, "bias");
+}
+
+TEST(GradCheck, Attention) {
+  std::mt19937 rng(4);
+  const int B = 2, T = 5, C = 6, NH = 2;
+  Vec qkv = random_vec(B * T * 3 * C, rng), w = random_vec(B * T * C, rng);
+  Vec out(B * T * C), lse(B * NH * T);
+  auto loss = [&] {
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    return dot(out, w);
+  };
+  loss();
+  Vec dqkv(qkv.size());
+  ref::attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  expect_gradient(qkv, dqkv, loss, "qkv");
+}
+
+TEST(GradCheck, Gelu) {
+  std::mt19937 rng(5);
+  const int n = 40;
+  Vec x = random_vec(n, rng, 2.0), w = random_vec(n, rng), out(n), dx(n);
+  auto loss = [&] {
+    ref::gelu_forward(out.data(), x.data(), n);
+    return dot(out, w);
+  };
+  ref::gelu_backward(dx.data(), x.data(), w.data(), n);
+  expect_gradient(x, dx, loss, "inp");
+}
+
+TEST(GradCheck, CrossEntropy) {
+  std::mt19937 rng(6);
+  const int N = 4, V = 9, Vp = 12;
+  std::vector<int> targets = {0, 8, 3, 3};
+  Vec logits = random_vec(N * Vp, rng), losses(N), lse(N);
+  const double dloss = 0.37;
+  auto loss = [&] {
+    ref::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+    double s = 0;
+    for (double l : losses) s += l * dloss;
+    return s;
+  };
+  loss();
+  Vec dlogits(N * Vp, 0.0);
+  ref::crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss, N, V,
+                             Vp);
+  expect_gradient(logits, dlogits, loss, "logits");  // padded columns: zero both ways
+}
+
+// ---- optimised kernels against the references ----
+
+struct Shape {
+  int B, T, C, NH;
+};
+const Shape kShapes[] = {{1, 1, 8, 1}, {2, 7, 12, 3}, {3, 65, 24, 2}, {2, 130, 64, 4},
+                         {1, 200, 48, 1}};
+
+TEST(CpuKernels, EncoderMatchesReference) {
+  std::mt19937 rng(10);
+  for (auto s : kShapes) {
+    const int V = 37, N = s.B * s.T;
+    std::vector<int> inp(N);
+    for (auto& i : inp) i = rng() % V;
+    Vec wte = random_vec(V * s.C, rng), wpe = random_vec(s.T * s.C, rng), dout = random_vec(N * s.C, rng);
+    Vec out(N * s.C), dwte(V * s.C), dwpe(s.T * s.C);
+    ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
+    ref::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), s.B, s.T, s.C);
+    auto fwte = to_float(wte), fwpe = to_float(wpe), fdout = to_float(dout);
+    std::vector<float> fout(N * s.C), fdwte(V * s.C), fdwpe(s.T * s.C);
+    encoder_forward(fout.data(), inp.data(), fwte.data(), fwpe.data(), s.B, s.T, s.C);
+    encoder_backward(fdwte.data(), fdwpe.data(), fdout.data(), inp.data(), s.B, s.T, s.C);
+    EXPECT_LT(max_rel_diff(fout, out), 1e-6);
+    EXPECT_LT(max_rel_diff(fdwte, dwte), 1e-6);
+    EXPECT_LT(max_rel_diff(fdwpe, dwpe), 1e-6);
+  }
+}
+
+TEST(CpuKernels, LayerNormMatchesReference) {
+  std::mt19937 rng(11);
+  for (auto s : kShapes) {
+    const int N = s.B * s.T, C = s.C;
+    Vec x = random_vec(N * C, rng, 3.0), g = random_vec(C, rng), b = random_vec(C, rng),
+        dout = random_vec(N * C, rng), dx0 = random_vec(N * C, rng);
+    Vec out(N * C), mean(N), rstd(N), dx = dx0, dg(C), db(C);
+    ref::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), g.data(), b.data(), N, C);
+    ref::layernorm_backward(dx.data(), dg.data(), db.data(), dout.data(), x.data(), g.data(),
+                            mean.data(), rstd.data(), N, C);
+    auto fx = to_float(x), fg = to_float(g), fb = to_float(b), fdout = to_float(dout),
+         fdx = to_float(dx0);
+    std::vector<float> fout(N * C), fmean(N), frstd(N), fdg(C), fdb(C);
+    layernorm_forward(fout.data(), fmean.data(), frstd.data(), fx.data(), fg.data(), fb.data(), N, C);
+    layernorm_backward(fdx.data(), fdg.data(), fdb.data(), fdout.data(), fx.data(), fg.data(),
+                       fmean.data(), frstd.data(), N, C);
+    EXPECT_LT(max_rel_diff(fout, out), 1e-5);
+    EXPECT_LT(max_rel_diff(fdx, dx), 1e-5);  // also checks accumulation into dinp
+    EXPECT_LT(max_rel_diff(fdg, dg), 1e-5);
+    EXPECT_LT(max_rel_diff(fdb, db), 1e-5);
+  }
+}
+
+TEST(CpuKernels, MatmulMatchesReference) {
+  std::mt19937 rng(12);
+  const int dims[][3] = {{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {130, 64, 192}, {64, 257, 31}};
+  for (auto& d : dims) {
+    const int N = d[0], C = d[1], OC = d[2];
+    Vec x = random_vec(N * C, rng), W = random_vec(OC * C, rng), b = random_vec(OC, rng),
+        dout = random_vec(N * OC, rng), dW0 = random_vec(OC * C, rng), db0 = random_vec(OC, rng);
+    Vec out(N * OC), dx(N * C), dW = dW0, db = db0;
+    ref::matmul_forward(out.data(), x.data(), W.data(), b.data(), N, C, OC);
+    ref::matmul_backward(dx.data(), dW.data(), db.data(), dout.data(), x.data(), W.data(), N, C, OC);
+    auto fx = to_float(x), fW = to_float(W), fb = to_float(b), fdout = to_float(dout),
+         fdW = to_float(dW0), fdb = to_float(db0);
+    std::vector<float> fout(N * OC), fdx(N * C, 123.0f);  // dinp is overwritten
+    matmul_forward(fout.data(), fx.data(), fW.data(), fb.data(), N, C, OC);
+    matmul_backward(fdx.data(), fdW.data(), fdb.data(), fdout.data(), fx.data(), fW.data(), N, C, OC);
+    EXPECT_LT(max_rel_diff(fout, out), 1e-5) << N << "x" << C << "x" << OC;
+    EXPECT_LT(max_rel_diff(fdx, dx), 1e-5);
+    EXPECT_LT(max_rel_diff(fdW, dW), 1e-5);
+    EXPECT_LT(max_rel_diff(fdb, db), 1e-5);
+  }
+}
+
+TEST(CpuKernels, AttentionMatchesReference) {
+  std::mt19937 rng(13);
+  for (auto s : kShapes) {
+    const int N = s.B * s.T;
+    Vec qkv = random_vec(N * 3 * s.C, rng), dout = random_vec(N * s.C, rng);
+    Vec out(N * s.C), lse(s.B * s.NH * s.T), dqkv(qkv.size());
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
+                            s.C, s.NH);
+    auto fqkv = to_float(qkv), fdout = to_float(dout);
+    std::vector<float> fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 5.0f);
+    attention_forward(fout.data(), flse.data(), fqkv.data(), s.B, s.T, s.C, s.NH);
+    attention_backward(fdqkv.data(), fdout.data(), fqkv.data(), fout.data(), flse.data(), s.B, s.T,
+                       s.C, s.NH);
+    EXPECT_LT(max_rel_diff(fout, out), 1e-5) << "T=" << s.T;
+    EXPECT_LT(max_rel_diff(flse, lse), 1e-5);
+    EXPECT_LT(max_rel_diff(fdqkv, dqkv), 1e-5);
+  }
+}
+
+TEST(CpuKernels, GeluMatchesReference) {
+  std::mt19937 rng(14);
+  const size_t n = 1001;
+  Vec x = random_vec(n, rng, 3.0), dout = random_vec(n, rng), out(n), dx(n);
+  x[0] = 20, x[1] = -20, x[2] = 0;  // saturated tails and the origin
+  ref::gelu_forward(out.data(), x.data(), n);
+  ref::gelu_backward(dx.data(), x.data(), dout.data(), n);
+  auto fx = to_float(x), fdout = to_float(dout);
+  std::vector<float> fout(n), fdx(n);
+  gelu_forward(fout.data(), fx.data(), n);
+  gelu_backward(fdx.data(), fx.data(), fdout.data(), n);
+  EXPECT_LT(max_rel_diff(fout, out), 1e-6);
+  EXPECT_LT(max_rel_diff(fdx, dx), 1e-6);
+}
+
+TEST(CpuKernels, CrossEntropyMatchesReferenceAndIgnoresPadding) {
+  std::mt19937 rng(15);
+  const int N = 37, V = 1001, Vp = 1024;
+  Vec logits = random_vec(N * Vp, rng, 4.0);
+  std::vector<int> targets(N);
+  for (auto& t : targets) t = rng() % V;
+  Vec losses(N), lse(N), dlogits(N * Vp, 0.0);
+  ref::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+  ref::crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.5, N, V, Vp);
+  auto flogits = to_float(logits);
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) flogits[(size_t)n * Vp + v] = 1e30f;  // padding must not matter
+  std::vector<float> flosses(N), flse(N);
+  crossentropy_forward(flosses.data(), flse.data(), flogits.data(), targets.data(), N, V, Vp);
+  EXPECT_LT(max_rel_diff(flosses, losses), 1e-5);
+  crossentropy_backward(flogits.data(), flogits.data(), flse.data(), targets.data(), 0.5f, N, V, Vp);
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) ASSERT_EQ(flogits[(size_t)n * Vp + v], 1e30f) << "padding written";
+  for (int n = 0; n < N; n++)
+    for (int v = V; v < Vp; v++) dlogits[(size_t)n * Vp + v] = 1e30;
+  EXPECT_LT(max_rel_diff(flogits, dlogits), 1e-5);
+}
+
+TEST(CpuKernels, GemmMatchesReferenceForAllTranspositions) {
+  std::mt19937 rng(16);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int M = 13, N = 9, K = 21, lda = ta ? M + 2 : K + 3, ldb = tb ? K + 1 : N + 4, ldc = N + 5;
+      Vec A = random_vec((size_t)(ta ? K : M) * lda, rng), B = random_vec((size_t)(tb ? N : K) * ldb, rng),
+          C = random_vec((size_t)M * ldc, rng);
+      auto fA = to_float(A), fB = to_float(B), fC = to_float(C);
+      ref::gemm(ta, tb, M, N, K, 0.5, A.data(), lda, B.data(), ldb, 2.0, C.data(), ldc);
+      gemm(ta, tb, M, N, K, 0.5f, fA.data(), lda, fB.data(), ldb, 2.0f, fC.data(), ldc);
+      EXPECT_LT(max_rel_diff(fC, C), 1e-5) << ta << tb;
+    }
+}
+
+}  // namespace
+}  // namespace meshtrain::kernels
