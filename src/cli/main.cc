@@ -216,8 +216,10 @@ int main(int argc, char** argv) {
   if (peak_cmd->parsed()) {
     int threads = peak_threads > 0 ? peak_threads : (int)std::max(1u, std::thread::hardware_concurrency());
     double gflops = train::measure_gemm_peak_gflops(threads);
-    std::printf("fp32 GEMM peak: %.1f GFLOP/s on %d threads (2048^3 sgemm, best of 7)\n", gflops,
-                threads);
+    train::record_gemm_peak_gflops(threads, gflops);
+    std::printf("fp32 GEMM peak: %.1f GFLOP/s on %d threads (2048^3 sgemm, best of 7); "
+                "MFU uses the best recorded: %.1f\n",
+                gflops, threads, train::cached_gemm_peak_gflops(threads, false));
     return 0;
   }
   if (step_cmd->parsed()) {

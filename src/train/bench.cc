@@ -20,7 +20,9 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   if (steps < 1 || warmup < 0) return Status::error("--steps must be >= 1 and --warmup >= 0");
   const int threads = o.threads > 0 ? o.threads : (int)std::max(1u, std::thread::hardware_concurrency());
   omp_set_num_threads(threads);
-  const double peak = o.peak_gflops > 0 ? o.peak_gflops : cached_gemm_peak_gflops(threads, true);
+  // Measured afresh (and not cached): the figure printed beside the result is this run's.
+  const double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops(threads);
+  if (o.peak_gflops <= 0) record_gemm_peak_gflops(threads, peak);
 
   BatchShape shape{o.micro_batch, o.grad_accum, T};
   std::mt19937 rng(o.seed);

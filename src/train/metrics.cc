@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 namespace meshtrain::train {
 
@@ -9,10 +10,24 @@ MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
-Status MetricsWriter::open(const std::string& path, bool append) {
+Status MetricsWriter::open(const std::string& path, int64_t resume_step) {
   if (path.empty()) return Status::ok();
-  file_ = std::fopen(path.c_str(), append ? "a" : "w");
+  std::string kept;
+  if (resume_step >= 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        if (nlohmann::json::parse(line).value("step", int64_t{0}) <= resume_step) kept += line + "\n";
+      } catch (...) {
+        // A line cut short by the crash: dropped.
+      }
+    }
+  }
+  file_ = std::fopen(path.c_str(), "w");
   if (!file_) return Status::error("cannot open " + path + ": " + std::strerror(errno));
+  std::fwrite(kept.data(), 1, kept.size(), file_);
+  std::fflush(file_);
   return Status::ok();
 }
 

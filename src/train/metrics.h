@@ -14,8 +14,10 @@ namespace meshtrain::train {
 class MetricsWriter {
  public:
   ~MetricsWriter();
-  // Appends when `append` (a resumed run), truncates otherwise. Empty path: writes nothing.
-  Status open(const std::string& path, bool append);
+  // A fresh run truncates. A run resumed at `resume_step` keeps the records of steps up to
+  // it and drops later ones (written after the checkpoint by the interrupted run), so every
+  // step appears once. Empty path: writes nothing.
+  Status open(const std::string& path, int64_t resume_step = -1);
   void write(const nlohmann::json& record);
 
  private:

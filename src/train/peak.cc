@@ -37,12 +37,9 @@ fs::path cache_file() {
   const char* home = std::getenv("HOME");
   return fs::path(home ? home : "/tmp") / ".cache" / "meshtrain" / "peak.json";
 }
-}  // namespace
-
-double cached_gemm_peak_gflops(int threads, bool verbose) {
+nlohmann::json read_cache() {
   nlohmann::json cache = nlohmann::json::object();
-  const fs::path path = cache_file();
-  std::ifstream in(path);
+  std::ifstream in(cache_file());
   if (in) {
     try {
       in >> cache;
@@ -50,15 +47,33 @@ double cached_gemm_peak_gflops(int threads, bool verbose) {
       cache = nlohmann::json::object();
     }
   }
-  const std::string key = "fp32_threads_" + std::to_string(threads);
-  if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
-  if (verbose) std::fprintf(stderr, "measuring fp32 GEMM peak on %d threads (cached in %s)\n",
-                            threads, path.c_str());
-  double peak = measure_gemm_peak_gflops(threads);
-  cache[key] = peak;
+  return cache.is_object() ? cache : nlohmann::json::object();
+}
+
+std::string cache_key(int threads) { return "fp32_threads_" + std::to_string(threads); }
+
+}  // namespace
+
+void record_gemm_peak_gflops(int threads, double gflops) {
+  nlohmann::json cache = read_cache();
+  const std::string key = cache_key(threads);
+  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() >= gflops) return;
+  cache[key] = gflops;
+  const fs::path path = cache_file();
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   std::ofstream(path) << cache.dump(1) << "\n";
+}
+
+double cached_gemm_peak_gflops(int threads, bool verbose) {
+  nlohmann::json cache = read_cache();
+  const std::string key = cache_key(threads);
+  if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
+  if (verbose)
+    std::fprintf(stderr, "measuring fp32 GEMM peak on %d threads (cached in %s)\n", threads,
+                 cache_file().c_str());
+  double peak = measure_gemm_peak_gflops(threads);
+  record_gemm_peak_gflops(threads, peak);
   return peak;
 }
 

@@ -8,5 +8,8 @@ namespace meshtrain::train {
 double measure_gemm_peak_gflops(int threads);
 // Cached value for `threads`, measuring (and caching) when absent.
 double cached_gemm_peak_gflops(int threads, bool verbose);
+// Records a measurement. The cache keeps the best value seen: a peak is a maximum, and a
+// measurement taken while the machine was busy must not lower it.
+void record_gemm_peak_gflops(int threads, double gflops);
 
 }  // namespace meshtrain::train

@@ -167,7 +167,8 @@ Status run_training(const TrainOptions& options, TrainResult* result) {
   const TrainOptions& o = run.opt;
   MetricsWriter metrics;
   if (!o.out_dir.empty())
-    RETURN_IF_ERROR(metrics.open((fs::path(o.out_dir) / "metrics.jsonl").string(), o.resume));
+    RETURN_IF_ERROR(metrics.open((fs::path(o.out_dir) / "metrics.jsonl").string(),
+                                 o.resume ? run.start_step : -1));
 
   const double flops_per_token = run.gpt->flops_per_token(run.T);
   const int64_t tokens_per_step = (int64_t)run.G * run.T;
