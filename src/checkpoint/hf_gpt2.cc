@@ -1,5 +1,6 @@
 #include "checkpoint/hf_gpt2.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -34,19 +35,48 @@ void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
     for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
-// HF files carry buffers and the tied head beside the weights; anything else is a
-// misspelt or foreign tensor and is reported rather than silently ignored.
-Status check_no_unknown_tensors(const SafetensorsFile& f, const model::ParamLayout& layout) {
+// Names the tensors the model needs but the file lacks, and the file's tensors that are
+// not GPT-2 parameters (HF's attention-mask buffers and tied lm_head excepted): a misspelt
+// name shows up in both lists, which makes the mistake obvious.
+Status check_tensor_names(const SafetensorsFile& f, const model::ParamLayout& layout) {
+  std::vector<std::string> missing_names, unexpected_names;
+  for (const auto& t : layout.tensors())
+    if (!f.find(file_name(f, t.name))) missing_names.push_back(t.name);
   for (const auto& info : f.tensors()) {
     std::string name = info.name;
     if (name.starts_with("transformer.")) name = name.substr(12);
     if (layout.find(name) || name == "lm_head.weight" || name.ends_with(".attn.bias") ||
         name.ends_with(".attn.masked_bias"))
       continue;
-    return Status::error(f.path() + ": unexpected tensor '" + info.name +
-                         "' (not a GPT-2 parameter name)");
+    unexpected_names.push_back(info.name);
   }
-  return Status::ok();
+  // At most five names each: a foreign file should not print hundreds.
+  auto list = [](const std::vector<std::string>& names) {
+    std::string out;
+    for (size_t i = 0; i < names.size() && i < 5; i++) out += (i ? ", '" : "'") + names[i] + "'";
+    if (names.size() > 5) out += " and " + std::to_string(names.size() - 5) + " more";
+    return out;
+  };
+  const std::string missing = list(missing_names), unexpected = list(unexpected_names);
+  if (missing.empty() && unexpected.empty()) return Status::ok();
+  std::string msg = f.path() + ":";
+  if (!missing.empty()) msg += " missing tensor " + missing + ";";
+  if (!unexpected.empty()) msg += " unexpected tensor " + unexpected + " (not a GPT-2 parameter name);";
+  msg.pop_back();
+  return Status::error(msg);
+}
+
+// 1 + the highest block index named in the file, so a misspelt tensor inside a block is
+// reported by name later instead of silently shortening the model.
+int count_layers(const SafetensorsFile& f) {
+  int layers = 0;
+  for (const auto& info : f.tensors()) {
+    std::string name = info.name;
+    if (name.starts_with("transformer.")) name = name.substr(12);
+    if (!name.starts_with("h.")) continue;
+    layers = std::max(layers, std::atoi(name.c_str() + 2) + 1);
+  }
+  return layers;
 }
 
 }  // namespace
@@ -90,8 +120,7 @@ Status infer_hf_config(const std::string& path, int heads_hint, model::GptConfig
   c.vocab = (int)wte->shape[0];
   c.dim = (int)wte->shape[1];
   c.max_seq_len = (int)wpe->shape[0];
-  c.layers = 0;
-  while (f.find(file_name(f, "h." + std::to_string(c.layers) + ".ln_1.weight"))) c.layers++;
+  c.layers = count_layers(f);
   auto meta = f.metadata().find("n_head");
   if (meta != f.metadata().end()) {
     c.heads = std::atoi(meta->second.c_str());
@@ -110,6 +139,7 @@ Status load_hf_safetensors(const std::string& path, model::Gpt* gpt) {
   SafetensorsFile f;
   RETURN_IF_ERROR(SafetensorsFile::open(path, &f));
   const auto& cfg = gpt->config();
+  RETURN_IF_ERROR(check_tensor_names(f, gpt->layout()));
   std::vector<float> tmp;
   for (const auto& t : gpt->layout().tensors()) {
     const std::string name = file_name(f, t.name);
@@ -130,7 +160,6 @@ Status load_hf_safetensors(const std::string& path, model::Gpt* gpt) {
       RETURN_IF_ERROR(f.read_float(name, dst, count));
     }
   }
-  RETURN_IF_ERROR(check_no_unknown_tensors(f, gpt->layout()));
   // Padded vocabulary rows are zero by contract.
   const auto& wte = gpt->layout().wte();
   std::memset(gpt->params() + wte.offset + (size_t)cfg.vocab * cfg.dim, 0,

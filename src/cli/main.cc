@@ -1,5 +1,6 @@
 // meshtrain command line: one subcommand per task, each in its own function below.
 #include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -176,11 +177,11 @@ int main(int argc, char** argv) {
       std::istringstream in(input);
       std::string word;
       while (in >> word) {
-        try {
-          ids.push_back(std::stoi(word));
-        } catch (...) {
+        int id = 0;
+        auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+        if (ec != std::errc() || end != word.data() + word.size())
           return fail(Status::error("--decode expects integer token ids, got '" + word + "'"));
-        }
+        ids.push_back(id);
       }
       std::string text;
       s = tok.decode_checked(ids, &text);

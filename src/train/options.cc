@@ -35,6 +35,11 @@ nlohmann::json to_json(const TrainOptions& o) {
 }
 
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {
+  for (auto [flag, v] : {std::pair{"--layers", o.layers}, {"--heads", o.heads}, {"--dim", o.dim},
+                         {"--seq-len", o.seq_len}, {"--vocab", o.vocab}})
+    if (v < 0)
+      return Status::error(std::string(flag) + " must be >= 1 (or 0 for the preset's), got " +
+                           std::to_string(v));
   model::GptConfig c;
   if (!o.init_from.empty()) {
     RETURN_IF_ERROR(checkpoint::infer_hf_config(o.init_from, o.heads, &c));

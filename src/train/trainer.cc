@@ -47,6 +47,7 @@ Status check_options(const TrainOptions& o) {
   RETURN_IF_ERROR(positive("--steps", o.steps));
   RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   if (o.threads < 0) return Status::error("--threads must be >= 0");
+  if (o.keep_checkpoints < 0) return Status::error("--keep-checkpoints must be >= 0 (0 keeps all)");
   if (o.eval_every < 0 || o.save_every < 0) return Status::error("--eval-every/--save-every must be >= 0");
   if (o.resume && o.out_dir.empty()) return Status::error("--resume needs --out DIR");
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
