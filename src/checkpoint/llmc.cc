@@ -107,7 +107,8 @@ Status check_magic_and_version(const int32_t* h) {
                          std::to_string(kLlmcMagic) + " (not an llm.c model file)");
   if (h[kVersion] == kLlmcVersionBf16)
     return Status::error("version 5 (bf16 parameters): bf16 llm.c model files are not supported "
-                         "yet; export an fp32 (version 3) file from llm.c");
+                         "yet; use llm.c's fp32 file (version 3, e.g. gpt2_124M.bin rather than "
+                         "gpt2_124M_bf16.bin)");
   if (h[kVersion] != kLlmcVersionFp32)
     return Status::error("unsupported version " + std::to_string(h[kVersion]) +
                          " (only version 3, fp32, is supported)");
@@ -130,13 +131,23 @@ Status config_from_header(const int32_t* h, model::GptConfig* config, int* padde
   return Status::ok();
 }
 
+// Non-negative values only: the header sizes are validated positive before this is used.
+std::string wide_to_string(__int128 v) {
+  std::string digits;
+  do {
+    digits.insert(digits.begin(), char('0' + (int)(v % 10)));
+    v /= 10;
+  } while (v > 0);
+  return digits;
+}
+
 // An exact size check catches both a cut-off copy and a header that does not describe
 // the data, before any weight is read.
 Status check_file_size(uint64_t file_size, const model::GptConfig& c, int padded_vocab) {
   const __int128 want = (__int128)kHeaderBytes + 4 * header_param_count(c, padded_vocab);
   const __int128 have = file_size;
   if (have == want) return Status::ok();
-  const std::string expect = "the header describes " + std::to_string((uint64_t)want) +
+  const std::string expect = "the header describes " + wide_to_string(want) +
                              " bytes (" + describe(c) + ", padded_vocab=" +
                              std::to_string(padded_vocab) + ") but the file has " +
                              std::to_string(file_size);

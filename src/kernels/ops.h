@@ -40,6 +40,12 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
 
+// Inference with a KV cache: n new query rows at positions p..p+n-1 (q rows strided by
+// ldq) attend to cached keys/values k_cache, v_cache [>= p+n, C] (row stride C), causally.
+// out[n,C]. Equal to attention_forward's rows p..p+n-1 on the whole sequence.
+void attention_cached_forward(float* out, const float* q, int ldq, const float* k_cache,
+                              const float* v_cache, int p, int n, int C, int NH);
+
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);

@@ -51,6 +51,8 @@ struct LegendEntry {
   bool markers = false;
   bool muted = false;
   std::string note;  // optional grey text after the label (e.g. a run's configuration)
+  double opacity = 1.0, width = 2.4;  // of the swatch line
+  bool row_break = false;  // start a new legend row here (runs above, style keys below)
 };
 
 struct Figure {

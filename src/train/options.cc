@@ -1,6 +1,6 @@
 #include "train/options.h"
 
-#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/model_file.h"
 
 namespace meshtrain::train {
 
@@ -42,7 +42,7 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
                            std::to_string(v));
   model::GptConfig c;
   if (!o.init_from.empty()) {
-    RETURN_IF_ERROR(checkpoint::infer_hf_config(o.init_from, o.heads, &c));
+    RETURN_IF_ERROR(checkpoint::model_file_config(o.init_from, o.heads, &c));
     auto conflict = [&](const char* flag, int given, int actual) -> Status {
       if (given > 0 && given != actual)
         return Status::error(std::string(flag) + " " + std::to_string(given) + " conflicts with " +

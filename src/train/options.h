@@ -15,7 +15,7 @@ struct TrainOptions {
   std::string model_preset = "tiny";
   int layers = 0, heads = 0, dim = 0, vocab = 0;
   int seq_len = 0;  // T; 0 = the preset's
-  std::string init_from;  // .safetensors with HF GPT-2 names
+  std::string init_from;  // any model file checkpoint::open_model_file() reads
 
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";
@@ -35,6 +35,8 @@ struct TrainOptions {
   bool resume = false;
   double peak_gflops = 0;  // 0: measured (cached)
   bool quiet = false;
+  // Written to OUT/config.toml when non-empty (the CLI's resolved flags).
+  std::string resolved_config_toml;
 };
 
 nlohmann::json to_json(const TrainOptions& o);

@@ -11,7 +11,8 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/model_file.h"
+#include "core/file_io.h"
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "train/metrics.h"
@@ -36,6 +37,10 @@ struct Run {
   double peak_gflops = 0;
   int threads = 1;
 };
+
+Status write_text(const std::string& path, const std::string& text) {
+  return write_file_synced(path, text.data(), text.size());
+}
 
 Status check_options(const TrainOptions& o) {
   auto positive = [](const char* flag, int v) -> Status {
@@ -95,7 +100,7 @@ Status prepare(const TrainOptions& o, Run* run) {
       return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
                            ", already >= --steps " + std::to_string(o.steps));
   } else if (!o.init_from.empty()) {
-    RETURN_IF_ERROR(checkpoint::load_hf_safetensors(o.init_from, run->gpt.get()));
+    RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, run->gpt.get()));
   } else {
     run->gpt->init_weights(o.seed);
   }
@@ -108,27 +113,12 @@ Status prepare(const TrainOptions& o, Run* run) {
     resolved["resolved_model"] = {{"layers", run->config.layers}, {"heads", run->config.heads},
                                   {"dim", run->config.dim}, {"vocab", run->config.vocab},
                                   {"max_seq_len", run->config.max_seq_len}, {"seq_len", run->T}};
-    std::string text = resolved.dump(2) + "\n";
-    FILE* f = std::fopen((fs::path(o.out_dir) / "config.json").c_str(), "w");
-    if (!f) return Status::error("cannot write config.json in " + o.out_dir);
-    std::fwrite(text.data(), 1, text.size(), f);
-    std::fclose(f);
+    RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.json").string(), resolved.dump(2) + "\n"));
+    if (!o.resolved_config_toml.empty())
+      RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.toml").string(), o.resolved_config_toml));
   }
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops : cached_gemm_peak_gflops(run->threads, !o.quiet);
   return Status::ok();
-}
-
-// Mean loss over the first `batches` windows of val.bin (B rows each).
-float evaluate(Run& run) {
-  const int B = run.B, T = run.T;
-  const int64_t batches = std::min<int64_t>(run.opt.eval_batches, run.val_data.windows(B, T));
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  double sum = 0;
-  for (int64_t k = 0; k < batches; k++) {
-    run.val_data.fill(k, B, T, 0, B, inputs.data(), targets.data());
-    sum += run.gpt->forward(inputs.data(), targets.data(), B, T);
-  }
-  return (float)(sum / batches);
 }
 
 void print_step(const Run& run, int64_t k, float loss, double norm, float lr, double ms,
@@ -139,6 +129,17 @@ void print_step(const Run& run, int64_t k, float loss, double norm, float lr, do
 }
 
 }  // namespace
+
+float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches) {
+  const int64_t n = std::min<int64_t>(batches, data.windows(B, T));
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  double sum = 0;
+  for (int64_t k = 0; k < n; k++) {
+    data.fill(k, B, T, 0, B, inputs.data(), targets.data());
+    sum += gpt.forward(inputs.data(), targets.data(), B, T);
+  }
+  return (float)(sum / n);
+}
 
 StepResult train_step(model::Gpt& gpt, optim::AdamW& adamw, const optim::AdamWConfig& cfg,
                       const data::TokenLoader& data, const BatchShape& shape, int64_t k,
@@ -205,7 +206,7 @@ Status run_training(const TrainOptions& options, TrainResult* result) {
 
     const bool last = k + 1 == o.steps;
     if (run.has_val && ((o.eval_every > 0 && (k + 1) % o.eval_every == 0) || last)) {
-      float val = evaluate(run);
+      float val = evaluate_loss(*run.gpt, run.val_data, run.B, run.T, o.eval_batches);
       res.final_val_loss = val;
       metrics.write({{"step", k + 1}, {"val_loss", val}, {"tokens", (k + 1) * tokens_per_step}});
       if (!o.quiet) std::printf("step %5lld | val loss %.4f\n", (long long)k + 1, val);

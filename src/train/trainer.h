@@ -33,6 +33,10 @@ StepResult train_step(model::Gpt& gpt, optim::AdamW& adamw, const optim::AdamWCo
                       const data::TokenLoader& data, const BatchShape& shape, int64_t k,
                       int total_steps);
 
+// Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
+// file holds fewer).
+float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches);
+
 // Validates everything before any work; then trains. Errors carry a user-facing message.
 Status run_training(const TrainOptions& options, TrainResult* result = nullptr);
 

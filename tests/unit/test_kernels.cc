@@ -252,6 +252,34 @@ TEST(CpuKernels, AttentionMatchesReference) {
   }
 }
 
+// The KV-cache kernel reproduces rows p..p+n-1 of full causal attention (reference and
+// optimised), for prefill (p = 0) and decode-like shapes.
+TEST(CpuKernels, CachedAttentionMatchesFullAttention) {
+  std::mt19937 rng(17);
+  const int T = 37, C = 24, NH = 3;
+  Vec qkv = random_vec(T * 3 * C, rng);
+  Vec full(T * C), lse(NH * T);
+  ref::attention_forward(full.data(), lse.data(), qkv.data(), 1, T, C, NH);
+  Vec k_cache(T * C), v_cache(T * C);
+  for (int t = 0; t < T; t++)
+    for (int c = 0; c < C; c++) {
+      k_cache[t * C + c] = qkv[t * 3 * C + C + c];
+      v_cache[t * C + c] = qkv[t * 3 * C + 2 * C + c];
+    }
+  auto fqkv = to_float(qkv), fk = to_float(k_cache), fv = to_float(v_cache);
+  for (auto [p, n] : {std::pair{0, T}, {0, 1}, {10, 1}, {36, 1}, {5, 17}}) {
+    Vec out(n * C);
+    ref::attention_cached_forward(out.data(), qkv.data() + (size_t)p * 3 * C, 3 * C, k_cache.data(),
+                                  v_cache.data(), p, n, C, NH);
+    Vec expect(full.begin() + p * C, full.begin() + (p + n) * C);
+    for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], expect[i], 1e-12);
+    std::vector<float> fout(n * C);
+    attention_cached_forward(fout.data(), fqkv.data() + (size_t)p * 3 * C, 3 * C, fk.data(),
+                             fv.data(), p, n, C, NH);
+    EXPECT_LT(max_rel_diff(fout, expect), 1e-5) << "p=" << p << " n=" << n;
+  }
+}
+
 TEST(CpuKernels, GeluMatchesReference) {
   std::mt19937 rng(14);
   const size_t n = 1001;

@@ -140,3 +140,37 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 }
 
 }  // namespace meshtrain::kernels
+
+namespace meshtrain::kernels {
+
+void attention_cached_forward(float* out, const float* q, int ldq, const float* k_cache,
+                              const float* v_cache, int p, int n, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+#pragma omp parallel
+  {
+    Buffer<float> scores(MemCategory::kWorkspace, (size_t)p + n);
+#pragma omp for collapse(2) schedule(static)
+    for (int i = 0; i < n; i++) {
+      for (int h = 0; h < NH; h++) {
+        const int keys = p + i + 1;
+        float* s = scores.data();
+        // One query row: a GEMV against the cached keys, softmax, GEMV with the values.
+        gemm(false, true, 1, keys, hs, scale, q + (size_t)i * ldq + h * hs, ldq, k_cache + h * hs,
+             C, 0.0f, s, keys);
+        float mx = -INFINITY;
+        for (int j = 0; j < keys; j++) mx = std::max(mx, s[j]);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int j = 0; j < keys; j++) {
+          s[j] = fast_exp(s[j] - mx);
+          sum += s[j];
+        }
+        gemm(false, false, 1, hs, keys, 1.0f / sum, s, keys, v_cache + h * hs, C, 0.0f,
+             out + (size_t)i * C + h * hs, C);
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::kernels

@@ -158,6 +158,32 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, cons
 }
 
 template <typename F>
+void attention_cached_forward(F* out, const F* q, int ldq, const F* k_cache, const F* v_cache,
+                              int p, int n, int C, int NH) {
+  const int hs = C / NH;
+  const F scale = F(1) / std::sqrt(F(hs));
+  std::vector<F> w(p + n);
+  for (int i = 0; i < n; i++)
+    for (int h = 0; h < NH; h++) {
+      const F* qi = q + (size_t)i * ldq + h * hs;
+      F mx = -INFINITY, sum = 0;
+      for (int j = 0; j <= p + i; j++) {
+        F s = 0;
+        for (int d = 0; d < hs; d++) s += qi[d] * k_cache[(size_t)j * C + h * hs + d];
+        w[j] = s * scale;
+        mx = std::max(mx, w[j]);
+      }
+      for (int j = 0; j <= p + i; j++) sum += (w[j] = std::exp(w[j] - mx));
+      F* o = out + (size_t)i * C + h * hs;
+      for (int d = 0; d < hs; d++) {
+        F acc = 0;
+        for (int j = 0; j <= p + i; j++) acc += w[j] * v_cache[(size_t)j * C + h * hs + d];
+        o[d] = acc / sum;
+      }
+    }
+}
+
+template <typename F>
 F gelu(F x) {
   const F k = std::sqrt(F(2) / F(M_PI));
   return F(0.5) * x * (F(1) + std::tanh(k * (x + F(0.044715) * x * x * x)));

@@ -1,0 +1,93 @@
+#include "checkpoint/model_file.h"
+
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/llmc.h"
+
+namespace meshtrain::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+enum class Kind { kCheckpointDir, kLlmc, kSafetensors };
+
+// Resolves a run folder to its newest checkpoint folder.
+Status classify(const std::string& path, Kind* kind, std::string* resolved) {
+  std::error_code ec;
+  *resolved = path;
+  if (fs::is_directory(path, ec)) {
+    *kind = Kind::kCheckpointDir;
+    if (!fs::exists(fs::path(path) / "index.json")) return find_latest_checkpoint(path, resolved);
+    return Status::ok();
+  }
+  if (!fs::exists(path, ec))
+    return Status::error("no checkpoint found at " + path +
+                         " (not a run folder, checkpoint folder or model file)");
+  *kind = is_llmc_model_file(path) ? Kind::kLlmc : Kind::kSafetensors;
+  return Status::ok();
+}
+
+Status check_heads(const std::string& path, int heads_hint, int heads) {
+  if (heads_hint > 0 && heads_hint != heads)
+    return Status::error(path + " has " + std::to_string(heads) + " heads, but --heads " +
+                         std::to_string(heads_hint) + " was given");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status resolve_model_path(const std::string& path, std::string* resolved) {
+  Kind kind;
+  return classify(path, &kind, resolved);
+}
+
+Status model_file_config(const std::string& path, int heads_hint, model::GptConfig* config) {
+  Kind kind;
+  std::string resolved;
+  RETURN_IF_ERROR(classify(path, &kind, &resolved));
+  switch (kind) {
+    case Kind::kCheckpointDir: {
+      nlohmann::json index;
+      RETURN_IF_ERROR(read_checkpoint_index(resolved, &index));
+      RETURN_IF_ERROR(checkpoint_model_config(index, config));
+      return check_heads(resolved, heads_hint, config->heads);
+    }
+    case Kind::kLlmc:
+      RETURN_IF_ERROR(infer_llmc_config(resolved, config));
+      return check_heads(resolved, heads_hint, config->heads);
+    case Kind::kSafetensors:
+      return infer_hf_config(resolved, heads_hint, config);
+  }
+  return Status::error("unreachable");
+}
+
+Status load_model_file(const std::string& path, model::Gpt* gpt) {
+  Kind kind;
+  std::string resolved;
+  RETURN_IF_ERROR(classify(path, &kind, &resolved));
+  switch (kind) {
+    case Kind::kCheckpointDir: {
+      int64_t step = 0;
+      return load_checkpoint(resolved, gpt, nullptr, &step);
+    }
+    case Kind::kLlmc:
+      return load_llmc_model(resolved, gpt);
+    case Kind::kSafetensors:
+      return load_hf_safetensors(resolved, gpt);
+  }
+  return Status::error("unreachable");
+}
+
+Status open_model_file(const std::string& path, int heads_hint, std::unique_ptr<model::Gpt>* out) {
+  model::GptConfig config;
+  RETURN_IF_ERROR(model_file_config(path, heads_hint, &config));
+  auto gpt = std::make_unique<model::Gpt>(config);
+  RETURN_IF_ERROR(load_model_file(path, gpt.get()));
+  *out = std::move(gpt);
+  return Status::ok();
+}
+
+}  // namespace meshtrain::checkpoint

@@ -1,0 +1,37 @@
+// Each subcommand registers its flags on the CLI11 app and returns the action to run when
+// it was the one parsed. Option values live in the action's closure.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+#include "core/status.h"
+#include "train/options.h"
+
+namespace meshtrain::cli {
+
+struct Command {
+  CLI::App* app = nullptr;
+  std::function<int()> run;  // exit code
+};
+
+// Where setup.sh puts the data packages, and where prep writes the Brown corpus.
+std::string data_dir();
+std::string default_tokenizer_dir();
+
+// Prints "meshtrain: error: ..." and returns exit code 1.
+int fail(const Status& status);
+
+// Model shape, batch, optimizer and machine flags shared by train and bench step.
+void add_model_flags(CLI::App* app, train::TrainOptions* options);
+
+Command add_prep_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
+Command add_train_command(CLI::App& app);
+Command add_eval_command(CLI::App& app);
+Command add_generate_command(CLI::App& app);
+Command add_export_command(CLI::App& app);
+Command add_bench_command(CLI::App& app);
+Command add_plot_command(CLI::App& app);
+
+}  // namespace meshtrain::cli

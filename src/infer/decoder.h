@@ -1,0 +1,45 @@
+// Autoregressive inference with a KV cache: each appended token costs O(T) attention work
+// instead of re-running the whole sequence.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/gpt.h"
+
+namespace meshtrain::infer {
+
+class KvCacheDecoder {
+ public:
+  explicit KvCacheDecoder(const model::Gpt& gpt);
+
+  // Runs tokens at positions position()..position()+n-1 through the model, filling the
+  // cache; returns the logits [V] of the last one (valid until the next call).
+  // The caller keeps position() + n <= max_seq_len.
+  const float* append(std::span<const int> tokens);
+  int position() const { return pos_; }
+  int capacity() const { return gpt_.config().max_seq_len; }
+  void reset() { pos_ = 0; }
+
+ private:
+  void embed(std::span<const int> tokens, float* x) const;
+  void block(int l, float* x, int n);
+
+  const model::Gpt& gpt_;
+  int pos_ = 0;
+  Buffer<float> k_cache_, v_cache_;  // [L, maxT, C] each
+  Buffer<float> logits_;             // [V]
+};
+
+struct SampleOptions {
+  float temperature = 1.0f;  // 0: greedy
+  int top_k = 0;             // 0: the whole vocabulary
+};
+
+// Draws a token from softmax(logits / temperature) restricted to the top_k largest.
+// Deterministic for a given rng state.
+int sample_token(const float* logits, int V, const SampleOptions& options, std::mt19937_64& rng);
+
+}  // namespace meshtrain::infer
