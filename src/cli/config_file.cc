@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <sstream>
 
 namespace meshtrain::cli {
 
@@ -28,22 +27,90 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-std::vector<std::string> flag_names(CLI::App* cmd) {
-  std::vector<std::string> names;
+const CLI::Option* find_option(CLI::App* cmd, const std::string& key) {
   for (const CLI::Option* opt : cmd->get_options())
-    for (const auto& n : opt->get_lnames()) names.push_back(n);
-  return names;
+    for (const auto& n : opt->get_lnames())
+      if (n == key) return opt;
+  return nullptr;
+}
+
+// The dash-separated words of a key, sorted: "lr-min" and "min-lr" are the same words.
+std::vector<std::string> sorted_words(const std::string& key) {
+  std::vector<std::string> words;
+  size_t start = 0;
+  for (size_t i = 0; i <= key.size(); i++)
+    if (i == key.size() || key[i] == '-') words.push_back(key.substr(start, i - start)), start = i + 1;
+  std::sort(words.begin(), words.end());
+  return words;
+}
+
+Status unknown_key(CLI::App* cmd, const std::string& name, const std::string& path) {
+  // Suggest the nearest flag when it is close enough to be a typo or a word swap.
+  const std::string key = normalise(name);
+  std::string best;
+  size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;
+  for (const CLI::Option* opt : cmd->get_options())
+    for (const auto& n : opt->get_lnames()) {
+      size_t d = sorted_words(key) == sorted_words(n) ? 0 : edit_distance(key, n);
+      if (d < best_d) best = n, best_d = d;
+    }
+  return Status::error("unknown key '" + name + "' in " + path +
+                       (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+}
+
+bool given_on_command_line(const std::vector<std::string>& args, size_t from, const std::string& key) {
+  for (size_t i = from; i < args.size(); i++)
+    if (args[i] == "--" + key || args[i].starts_with("--" + key + "=")) return true;
+  return false;
+}
+
+// Finds "--config FILE" / "--config=FILE" after position `from`, removes it.
+bool take_config_path(std::vector<std::string>* args, size_t from, std::string* path) {
+  for (size_t i = from; i < args->size(); i++) {
+    if ((*args)[i] == "--config" && i + 1 < args->size()) {
+      *path = (*args)[i + 1];
+      args->erase(args->begin() + i, args->begin() + i + 2);
+      return true;
+    }
+    if ((*args)[i].starts_with("--config=")) {
+      *path = (*args)[i].substr(9);
+      args->erase(args->begin() + i);
+      return true;
+    }
+  }
+  return false;
+}
+
+// "--key value..." tokens for one file entry.
+Status entry_tokens(const CLI::Option* opt, const std::string& key, const CLI::ConfigItem& item,
+                    const std::string& path, std::vector<std::string>* out) {
+  if (opt->get_expected_max() == 0) {  // a flag: true sets it, false leaves it off
+    if (item.inputs.size() != 1 || (item.inputs[0] != "true" && item.inputs[0] != "false"))
+      return Status::error("key '" + item.name + "' in " + path + " must be true or false");
+    if (item.inputs[0] == "true") out->push_back("--" + key);
+    return Status::ok();
+  }
+  out->push_back("--" + key);
+  for (const auto& v : item.inputs) out->push_back(v);
+  return Status::ok();
 }
 
 }  // namespace
 
 void add_config_option(CLI::App* cmd) {
-  cmd->set_config("--config", "", "TOML file whose keys are this command's flags (flags win)");
-  // Unknown keys are reported by check_config_keys() with a suggestion.
-  cmd->allow_config_extras(CLI::config_extras_mode::ignore);
+  static std::string unused;  // expand_config_args() consumes the flag before parsing
+  cmd->add_option("--config", unused,
+                  "TOML file whose keys are this command's flags (flags given here win)");
 }
 
-Status check_config_keys(CLI::App* cmd, const std::string& path) {
+Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
+  size_t sub_at = 0;
+  CLI::App* cmd = nullptr;
+  for (; sub_at < args->size() && !cmd; sub_at++)
+    for (CLI::App* sub : app.get_subcommands({}))
+      if (sub->get_name() == (*args)[sub_at]) cmd = sub;
+  std::string path;
+  if (!cmd || !take_config_path(args, sub_at, &path)) return Status::ok();
   if (!std::filesystem::exists(path)) return Status::error("config file not found: " + path);
   std::vector<CLI::ConfigItem> items;
   try {
@@ -51,33 +118,42 @@ Status check_config_keys(CLI::App* cmd, const std::string& path) {
   } catch (const std::exception& e) {
     return Status::error("cannot parse " + path + ": " + e.what());
   }
-  const auto names = flag_names(cmd);
+  std::vector<std::string> tokens;
   for (const auto& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
-    const std::string key = normalise(item.name);
     if (!item.parents.empty())
       return Status::error("config " + path + ": sections are not used; put '" + item.name +
                            "' at the top level");
-    if (std::find(names.begin(), names.end(), key) != names.end()) continue;
-    // Suggest the nearest flag when it is close enough to be a typo.
-    std::string best;
-    size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;
-    for (const auto& n : names)
-      if (size_t d = edit_distance(key, n); d < best_d) best = n, best_d = d;
-    return Status::error("unknown key '" + item.name + "' in " + path +
-                         (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+    const std::string key = normalise(item.name);
+    const CLI::Option* opt = find_option(cmd, key);
+    if (!opt || key == "config" || key == "help") return unknown_key(cmd, item.name, path);
+    if (given_on_command_line(*args, sub_at, key)) continue;
+    RETURN_IF_ERROR(entry_tokens(opt, key, item, path, &tokens));
   }
+  args->insert(args->begin() + sub_at, tokens.begin(), tokens.end());
   return Status::ok();
 }
 
 std::string resolved_config_toml(CLI::App* cmd, const std::vector<std::string>& skip) {
-  std::istringstream in(cmd->config_to_str(true, false));
-  std::string line, out = "# Resolved options of this run: meshtrain train --config config.toml\n";
-  while (std::getline(in, line)) {
-    std::string key = line.substr(0, line.find('='));
-    key.erase(key.find_last_not_of(' ') + 1);
-    if (std::find(skip.begin(), skip.end(), key) != skip.end()) continue;
-    out += line + "\n";
+  std::string out = "# Resolved options of this run: meshtrain " + cmd->get_name() +
+                    " --config config.toml\n";
+  for (const CLI::Option* opt : cmd->get_options()) {
+    if (opt->get_lnames().empty()) continue;
+    const std::string key = opt->get_lnames()[0];
+    if (key == "help" || key == "config" ||
+        std::find(skip.begin(), skip.end(), key) != skip.end())
+      continue;
+    std::vector<std::string> values = opt->count() ? opt->results() : std::vector<std::string>{};
+    if (values.empty() && !opt->get_default_str().empty()) values = {opt->get_default_str()};
+    if (values.empty() || opt->get_expected_max() == 0) continue;  // unset, or a flag
+    const bool text = opt->get_type_name() == "TEXT";
+    auto quote = [&](const std::string& v) { return text ? "\"" + v + "\"" : v; };
+    std::string value = values.size() == 1 ? quote(values[0]) : "[";
+    if (values.size() > 1) {
+      for (size_t i = 0; i < values.size(); i++) value += (i ? ", " : "") + quote(values[i]);
+      value += "]";
+    }
+    out += key + " = " + value + "\n";
   }
   return out;
 }

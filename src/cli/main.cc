@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/config_file.h"
 
 int main(int argc, char** argv) {
   using namespace meshtrain::cli;
@@ -11,7 +12,11 @@ int main(int argc, char** argv) {
       add_prep_command(app),   add_tokenize_command(app), add_train_command(app),
       add_eval_command(app),   add_generate_command(app), add_export_command(app),
       add_bench_command(app),  add_plot_command(app)};
-  CLI11_PARSE(app, argc, argv);
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (auto s = expand_config_args(app, &args); !s.is_ok()) return fail(s);
+  std::vector<const char*> expanded = {argv[0]};
+  for (const auto& a : args) expanded.push_back(a.c_str());
+  CLI11_PARSE(app, (int)expanded.size(), expanded.data());
   for (auto& c : commands)
     if (c.app->parsed()) return c.run();
   return 0;

@@ -26,10 +26,6 @@ Command add_train_command(CLI::App& app) {
   cmd->add_flag("--resume", o->resume, "Continue from the newest checkpoint in --out");
   cmd->add_flag("--quiet", o->quiet, "No console output except errors");
   return {cmd, [cmd, o] {
-            if (auto* cfg = cmd->get_option("--config"); cfg->count() > 0) {
-              Status s = check_config_keys(cmd, cfg->as<std::string>());
-              if (!s.is_ok()) return fail(s);
-            }
             o->resolved_config_toml = resolved_config_toml(cmd, {"config", "resume", "quiet"});
             Status s = train::run_training(*o);
             return s.is_ok() ? 0 : fail(s);

@@ -17,6 +17,7 @@
 #include "model/gpt.h"
 #include "train/metrics.h"
 #include "train/peak.h"
+#include "train/progress.h"
 
 namespace meshtrain::train {
 
@@ -121,13 +122,6 @@ Status prepare(const TrainOptions& o, Run* run) {
   return Status::ok();
 }
 
-void print_step(const Run& run, int64_t k, float loss, double norm, float lr, double ms,
-                double tok_s, double mfu) {
-  std::printf("step %5lld/%d | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | MFU %5.1f%%\n",
-              (long long)k + 1, run.opt.steps, loss, lr, norm, ms, tok_s, 100 * mfu);
-  std::fflush(stdout);
-}
-
 }  // namespace
 
 float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches) {
@@ -182,6 +176,7 @@ Status run_training(const TrainOptions& options, TrainResult* result) {
                 run.peak_gflops);
     if (run.start_step > 0) std::printf("resumed at step %lld\n", (long long)run.start_step);
   }
+  Progress progress(run.start_step, o.steps, o.quiet);
   TrainResult local;
   TrainResult& res = result ? *result : local;
   for (int64_t k = run.start_step; k < o.steps; k++) {
@@ -202,14 +197,16 @@ Status run_training(const TrainOptions& options, TrainResult* result) {
                    {"tokens", (k + 1) * tokens_per_step}, {"step_ms", s * 1e3},
                    {"tokens_per_s", tok_s}, {"mfu", mfu},
                    {"mem", memory_json(MemoryTracker::instance().stats())}});
-    if (!o.quiet) print_step(run, k, loss, norm, lr, s * 1e3, tok_s, mfu);
+    progress.step(k, loss, lr, norm, s, tok_s, mfu);
 
     const bool last = k + 1 == o.steps;
     if (run.has_val && ((o.eval_every > 0 && (k + 1) % o.eval_every == 0) || last)) {
       float val = evaluate_loss(*run.gpt, run.val_data, run.B, run.T, o.eval_batches);
       res.final_val_loss = val;
       metrics.write({{"step", k + 1}, {"val_loss", val}, {"tokens", (k + 1) * tokens_per_step}});
-      if (!o.quiet) std::printf("step %5lld | val loss %.4f\n", (long long)k + 1, val);
+      char line[96];
+      std::snprintf(line, sizeof line, "step %5lld | val loss %.4f", (long long)k + 1, val);
+      progress.message(line);
     }
     if (o.save_every > 0 && ((k + 1) % o.save_every == 0 || last)) {
       RETURN_IF_ERROR(checkpoint::save_checkpoint(o.out_dir, k + 1, *run.gpt, *run.adamw,

@@ -1,0 +1,25 @@
+// Console progress: on a terminal one live line rewritten in place (step, loss, tokens/s,
+// MFU, ETA); otherwise one plain line per step, which logs and pipes want.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace meshtrain::train {
+
+class Progress {
+ public:
+  Progress(int64_t first_step, int64_t total_steps, bool quiet);
+  ~Progress();
+  void step(int64_t k, float loss, float lr, double grad_norm, double step_s, double tok_s,
+            double mfu);
+  // A line that must stay on screen (evaluation results, notes).
+  void message(const std::string& line);
+
+ private:
+  void end_live_line();
+  bool live_ = false, quiet_ = false, line_open_ = false;
+  int64_t first_step_ = 0, total_ = 0;
+  double elapsed_s_ = 0;
+};
+
+}  // namespace meshtrain::train
