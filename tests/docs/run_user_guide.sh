@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Runs every ```sh block of docs/user-guide.md, in order, in a scratch folder, with the
+# built meshtrain on PATH. Usage: run_user_guide.sh MESHTRAIN_BINARY
+set -euo pipefail
+binary="$(realpath "$1")"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+work="$(mktemp -d /tmp/meshtrain_guide.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+mkdir -p "$work/bin"
+ln -s "$binary" "$work/bin/meshtrain"
+ln -s "$root/configs" "$work/configs"
+# Extract the sh blocks into one script; every command must succeed.
+awk '/^```sh$/ {on=1; next} /^```/ {on=0} on' "$root/docs/user-guide.md" >"$work/guide.sh"
+[ -s "$work/guide.sh" ] || { echo "no sh blocks found in docs/user-guide.md"; exit 1; }
+cd "$work"
+export PATH="$work/bin:$PATH"
+export MESHTRAIN_CACHE_DIR="$work/cache"
+mkdir -p cache && echo '{"fp32_threads_2": 300, "fp32_threads_1": 150}' >cache/peak.json
+bash -euo pipefail -x guide.sh
+# The guide's promises, checked on what it produced.
+test -f runs/tiny/metrics.jsonl && test -f runs/tiny/config.toml
+test -f plots/compare.svg
+test "$(grep -c '"loss"' runs/long/metrics.jsonl)" -eq 40
+echo "user guide: all commands ran"
