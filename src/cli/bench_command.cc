@@ -2,6 +2,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "train/bench.h"
 #include "train/peak.h"
 
@@ -20,6 +21,7 @@ Command add_bench_command(CLI::App& app) {
   o->seq_len = 256;
   auto warmup = std::make_shared<int>(1), steps = std::make_shared<int>(3);
   auto* step = cmd->add_subcommand("step", "Time training steps on random tokens");
+  add_config_option(step);
   add_model_flags(step, o.get());
   step->add_option("--warmup", *warmup, "Untimed steps first")->capture_default_str();
   step->add_option("--steps", *steps, "Timed steps (median reported)")->capture_default_str();

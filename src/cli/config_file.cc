@@ -84,9 +84,15 @@ bool take_config_path(std::vector<std::string>* args, size_t from, std::string* 
 // "--key value..." tokens for one file entry.
 Status entry_tokens(const CLI::Option* opt, const std::string& key, const CLI::ConfigItem& item,
                     const std::string& path, std::vector<std::string>* out) {
+  const std::string where = "key '" + item.name + "' in " + path;
+  if (item.inputs.empty() || std::any_of(item.inputs.begin(), item.inputs.end(),
+                                         [](const std::string& v) { return v.empty(); }))
+    return Status::error(where + " has no value");
+  if (item.inputs.size() > 1 && opt->get_expected_max() == 1)
+    return Status::error(where + " takes one value, got " + std::to_string(item.inputs.size()));
   if (opt->get_expected_max() == 0) {  // a flag: true sets it, false leaves it off
     if (item.inputs.size() != 1 || (item.inputs[0] != "true" && item.inputs[0] != "false"))
-      return Status::error("key '" + item.name + "' in " + path + " must be true or false");
+      return Status::error(where + " must be true or false");
     if (item.inputs[0] == "true") out->push_back("--" + key);
     return Status::ok();
   }
@@ -104,11 +110,19 @@ void add_config_option(CLI::App* cmd) {
 }
 
 Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
+  // The innermost subcommand named on the command line ("bench step" -> step).
   size_t sub_at = 0;
   CLI::App* cmd = nullptr;
-  for (; sub_at < args->size() && !cmd; sub_at++)
-    for (CLI::App* sub : app.get_subcommands({}))
-      if (sub->get_name() == (*args)[sub_at]) cmd = sub;
+  for (CLI::App* parent = &app; sub_at < args->size(); sub_at++) {
+    CLI::App* found = nullptr;
+    for (CLI::App* sub : parent->get_subcommands({}))
+      if (sub->get_name() == (*args)[sub_at]) found = sub;
+    if (!found) {
+      if (cmd) break;
+      continue;
+    }
+    cmd = parent = found;
+  }
   std::string path;
   if (!cmd || !take_config_path(args, sub_at, &path)) return Status::ok();
   if (!std::filesystem::exists(path)) return Status::error("config file not found: " + path);
@@ -126,7 +140,9 @@ Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
                            "' at the top level");
     const std::string key = normalise(item.name);
     const CLI::Option* opt = find_option(cmd, key);
-    if (!opt || key == "config" || key == "help") return unknown_key(cmd, item.name, path);
+    if (key == "config" || key == "help")
+      return Status::error("'" + item.name + "' cannot be set inside a config file (" + path + ")");
+    if (!opt) return unknown_key(cmd, item.name, path);
     if (given_on_command_line(*args, sub_at, key)) continue;
     RETURN_IF_ERROR(entry_tokens(opt, key, item, path, &tokens));
   }

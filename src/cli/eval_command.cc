@@ -6,6 +6,7 @@
 
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -17,6 +18,7 @@ Command add_eval_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("eval", "Loss and perplexity of a model on val.bin (or train.bin)");
+  add_config_option(cmd);
   cmd->add_option("--checkpoint", o->model,
                   "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
   cmd->add_option("--data", o->data, "Folder with val.bin / train.bin")->capture_default_str();

@@ -5,6 +5,7 @@
 
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
+#include "cli/config_file.h"
 #include "data/bpe.h"
 #include "infer/decoder.h"
 
@@ -35,7 +36,8 @@ Status generate(const GenerateOptions& o) {
     if (id >= gpt->config().vocab)
       return Status::error("the prompt has token " + std::to_string(id) +
                            ", outside the model's vocabulary of " + std::to_string(gpt->config().vocab));
-  if ((int)prompt.size() + o.max_new_tokens > context)
+  // The last new token is printed but never fed back, so it needs no position.
+  if ((int)prompt.size() + std::max(0, o.max_new_tokens - 1) > context)
     return Status::error("the prompt (" + std::to_string(prompt.size()) + " tokens) plus " +
                          "--max-new-tokens " + std::to_string(o.max_new_tokens) +
                          " exceeds the model's context of " + std::to_string(context) + " tokens");
@@ -60,6 +62,7 @@ Status generate(const GenerateOptions& o) {
 Command add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* cmd = app.add_subcommand("generate", "Sample text from a model (KV cache, streamed)");
+  add_config_option(cmd);
   cmd->add_option("--checkpoint", o->model,
                   "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
   cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();

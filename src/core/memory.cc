@@ -22,6 +22,7 @@ std::string_view mem_category_name(MemCategory c) {
     case MemCategory::kActivations: return "activations";
     case MemCategory::kWorkspace: return "workspace";
     case MemCategory::kComm: return "comm";
+    case MemCategory::kGathered: return "gathered";
     default: return "?";
   }
 }

@@ -8,7 +8,11 @@
 
 namespace meshtrain {
 
-enum class MemCategory : int { kParams, kGrads, kOptim, kActivations, kWorkspace, kComm, kCount };
+// kGathered: ZeRO-3's working set of all-gathered units, kept apart from kParams so that
+// sharded parameter bytes stay exactly 4Ψ/N. kComm: reduction buckets and staging buffers.
+enum class MemCategory : int {
+  kParams, kGrads, kOptim, kActivations, kWorkspace, kComm, kGathered, kCount
+};
 inline constexpr int kNumMemCategories = static_cast<int>(MemCategory::kCount);
 std::string_view mem_category_name(MemCategory c);
 

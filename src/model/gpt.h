@@ -2,11 +2,13 @@
 // buffers. One object per rank; activations are sized for a micro-batch of B x T.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/memory.h"
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "model/param_store.h"
 
 namespace meshtrain::model {
 
@@ -29,14 +31,20 @@ struct BlockActivations {
 
 class Gpt {
  public:
-  explicit Gpt(const GptConfig& config);
+  // With local_state, the model owns full parameter and gradient buffers (params(),
+  // grads()); without, a ParamStore must be set before running (ZeRO-3).
+  explicit Gpt(const GptConfig& config, bool local_state = true);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  bool has_local_state() const { return local_ != nullptr; }
+  float* params();
+  const float* params() const;
+  float* grads();
   size_t num_elements() const { return layout_.total(); }
+  // Redirects parameter and gradient access (ZeRO stores, reduction hooks); null restores
+  // the local buffers.
+  void set_param_store(ParamStore* store);
 
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
   // biases, unit LayerNorm weights; padded vocabulary rows stay zero.
@@ -60,9 +68,20 @@ class Gpt {
   void ensure_activations(int B, int T);
   void forward_to_lnf(const int* inputs, int B, int T);
 
+  // Pointer to tensor t of the unit whose buffer starts at `unit_base`.
+  const float* tensor(const float* unit_base, const ParamTensor& t) const {
+    return unit_base + layout_.offset_in_unit(t);
+  }
+  float* tensor(float* unit_base, const ParamTensor& t) const {
+    return unit_base + layout_.offset_in_unit(t);
+  }
+  void block_forward(int l, const float* residual, int B, int T);
+  void block_backward(int l, const float* block_in, int B, int T);
+
   GptConfig config_;
   ParamLayout layout_;
-  Buffer<float> params_, grads_;
+  std::unique_ptr<LocalParamStore> local_;
+  ParamStore* store_ = nullptr;
 
   int B_ = 0, T_ = 0;
   Buffer<float> acts_;  // one allocation for every activation below

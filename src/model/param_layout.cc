@@ -23,6 +23,23 @@ ParamLayout::ParamLayout(const GptConfig& c) {
   }
   add("ln_f.weight", {C}, false, false, -1);
   add("ln_f.bias", {C}, false, false, -1);
+  // Units follow from the order above: [wte, wpe], each block's 12 tensors, [ln_f].
+  units_.push_back({0, wte().numel + wpe().numel});
+  for (int l = 0; l < c.layers; l++) {
+    const ParamTensor& first = layer(l, kLn1W);
+    const ParamTensor& last = layer(l, kFcProjB);
+    units_.push_back({first.offset, last.offset + last.numel - first.offset});
+  }
+  units_.push_back({lnf_w().offset, lnf_w().numel + lnf_b().numel});
+}
+
+int ParamLayout::unit_of(const ParamTensor& t) const {
+  if (t.layer >= 0) return block_unit(t.layer);
+  return t.offset < units_[0].numel ? kEmbeddingUnit : final_unit();
+}
+
+size_t ParamLayout::offset_in_unit(const ParamTensor& t) const {
+  return t.offset - units_[unit_of(t)].offset;
 }
 
 void ParamLayout::add(std::string name, std::vector<int64_t> shape, bool decay, bool hf_transposed,

@@ -27,6 +27,14 @@ enum LayerTensor : int {
   kNumLayerTensors
 };
 
+// A unit is the granularity of parameter ownership: the embeddings (wte, wpe), each block,
+// and the final norm, each a contiguous range of the flat buffer. ZeRO shards, gathers
+// and reduces unit by unit; backward finishes them in reverse order.
+struct ParamUnit {
+  size_t offset = 0;
+  size_t numel = 0;
+};
+
 class ParamLayout {
  public:
   explicit ParamLayout(const GptConfig& config);
@@ -42,9 +50,20 @@ class ParamLayout {
   const ParamTensor& lnf_w() const { return tensors_[tensors_.size() - 2]; }
   const ParamTensor& lnf_b() const { return tensors_[tensors_.size() - 1]; }
 
+  // Units: 0 = embeddings, 1 + l = block l, num_units() - 1 = final norm.
+  const std::vector<ParamUnit>& units() const { return units_; }
+  int num_units() const { return (int)units_.size(); }
+  static constexpr int kEmbeddingUnit = 0;
+  static int block_unit(int layer) { return 1 + layer; }
+  int final_unit() const { return num_units() - 1; }
+  // Offset of tensor t inside its unit.
+  size_t offset_in_unit(const ParamTensor& t) const;
+  int unit_of(const ParamTensor& t) const;
+
  private:
   void add(std::string name, std::vector<int64_t> shape, bool decay, bool hf_transposed, int layer);
   std::vector<ParamTensor> tensors_;
+  std::vector<ParamUnit> units_;
   size_t total_ = 0;
 };
 

@@ -12,7 +12,9 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps) {
   return (float)(c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress)));
 }
 
-double grad_norm(const float* grads, size_t n) {
+double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
+
+double sum_of_squares(const float* grads, size_t n) {
   constexpr size_t kChunks = 64;
   double partial[kChunks] = {};
   const size_t chunk = (n + kChunks - 1) / kChunks;
@@ -24,7 +26,7 @@ double grad_norm(const float* grads, size_t n) {
   }
   double sum = 0;
   for (double p : partial) sum += p;
-  return std::sqrt(sum);
+  return sum;
 }
 
 float clip_grads(float* grads, size_t n, double norm, float max_norm) {
@@ -36,12 +38,21 @@ float clip_grads(float* grads, size_t n, double norm, float max_norm) {
   return coef;
 }
 
-AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout)
-    : config_(config),
-      m_(MemCategory::kOptim, layout.total()),
-      v_(MemCategory::kOptim, layout.total()) {
-  for (const auto& t : layout.tensors()) ranges_.push_back({t.offset, t.offset + t.numel, t.decay});
+std::vector<AdamSegment> full_segments(const model::ParamLayout& layout) {
+  std::vector<AdamSegment> out;
+  for (const auto& t : layout.tensors())
+    out.push_back({t.offset, t.offset, t.offset, t.numel, t.decay});
+  return out;
 }
+
+AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout)
+    : AdamW(config, full_segments(layout), layout.total()) {}
+
+AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size)
+    : config_(config),
+      segments_(std::move(segments)),
+      m_(MemCategory::kOptim, state_size),
+      v_(MemCategory::kOptim, state_size) {}
 
 void AdamW::step(float* params, const float* grads, float lr, int t) {
   const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
@@ -50,18 +61,19 @@ void AdamW::step(float* params, const float* grads, float lr, int t) {
   const float bias2 = 1.0f - std::pow(b2, (float)t);
   const float step_size = lr / bias1;
   const float bias2_sqrt = std::sqrt(bias2);
-  float* m = m_.data();
-  float* v = v_.data();
-  for (const Range& r : ranges_) {
-    const float decay = r.decay ? 1.0f - lr * config_.weight_decay : 1.0f;
+  for (const AdamSegment& s : segments_) {
+    const float decay = s.decay ? 1.0f - lr * config_.weight_decay : 1.0f;
+    float* p = params + s.param_offset;
+    const float* g = grads + s.grad_offset;
+    float* m = m_.data() + s.state_offset;
+    float* v = v_.data() + s.state_offset;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = r.begin; i < r.end; i++) {
-      float g = grads[i];
-      float p = params[i] * decay;
-      m[i] = m[i] + (g - m[i]) * (1.0f - b1);
-      v[i] = v[i] * b2 + (1.0f - b2) * g * g;
+    for (size_t i = 0; i < s.count; i++) {
+      float pi = p[i] * decay;
+      m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
+      v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
       float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-      params[i] = p - step_size * m[i] / denom;
+      p[i] = pi - step_size * m[i] / denom;
     }
   }
 }

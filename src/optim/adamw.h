@@ -26,13 +26,26 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps);
 // L2 norm of the whole gradient, accumulated in double in a fixed order (the same result
 // for any thread count, which bitwise-exact resume relies on).
 double grad_norm(const float* grads, size_t n);
+double sum_of_squares(const float* x, size_t n);  // the same fixed-order sum
 // Scales grads by max/(norm + 1e-6) when norm > max; returns the scale applied (1 if none).
 float clip_grads(float* grads, size_t n, double norm, float max_norm);
 
+// A run of elements updated alike: param/grad/moment offsets into their own buffers (a
+// ZeRO shard keeps moments locally while parameters may live in a full buffer).
+struct AdamSegment {
+  size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
+  bool decay = false;
+};
+
+// One segment per tensor, all offsets the tensor's offset in the flat layout.
+std::vector<AdamSegment> full_segments(const model::ParamLayout& layout);
+
 class AdamW {
  public:
-  // Moments cover [0, n) of the layout's flat buffer; decay follows each tensor's flag.
+  // Moments for every parameter of the layout (single rank, data parallel).
   AdamW(const AdamWConfig& config, const model::ParamLayout& layout);
+  // Moments of `state_size` elements for the given segments (a ZeRO shard).
+  AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size);
   // One update with step number t (1-based, for bias correction) at learning rate lr.
   void step(float* params, const float* grads, float lr, int t);
 
@@ -41,14 +54,11 @@ class AdamW {
   const float* m() const { return m_.data(); }
   const float* v() const { return v_.data(); }
   size_t size() const { return m_.size(); }
+  const std::vector<AdamSegment>& segments() const { return segments_; }
 
  private:
-  struct Range {
-    size_t begin, end;
-    bool decay;
-  };
   AdamWConfig config_;
-  std::vector<Range> ranges_;
+  std::vector<AdamSegment> segments_;
   Buffer<float> m_, v_;
 };
 

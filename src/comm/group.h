@@ -1,0 +1,98 @@
+// Communication between ranks. A Group is one communicator of the device mesh (the world,
+// or one tp / dp / pp axis group). Every call records the bytes this rank sends and the
+// time it spends, under the group's axis name, so metrics report measured traffic.
+//
+// Collectives must be called in the same order by every rank of a group (MPI rules).
+// Non-blocking calls return a Request; the buffers must stay untouched until wait().
+// A wait() that exceeds the job's timeout (set_comm_timeout) aborts the whole job with a
+// message naming the collective, the axis, the step and the rank.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace meshtrain::comm {
+
+enum class ReduceOp { kSum, kMax };
+
+// Traffic of one axis: bytes this rank sent (ring-algorithm volume, see CommStats), calls,
+// and the wall time spent blocked waiting for communication.
+struct AxisStats {
+  int64_t bytes = 0;
+  int64_t calls = 0;
+  double wait_s = 0;   // time the caller spent blocked in collectives or wait()
+  double busy_s = 0;   // time the communication itself took (may overlap compute)
+};
+
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;  // blocks; idempotent
+  virtual bool done() = 0;  // non-blocking test
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+class Group {
+ public:
+  virtual ~Group() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  const std::string& axis() const { return axis_; }
+
+  // In-place sum/max of n floats across the group.
+  virtual RequestPtr iall_reduce(float* buf, size_t n, ReduceOp op) = 0;
+  // send[size()*n] -> recv[n]: rank r receives the reduced r-th block. recv may not alias send.
+  virtual RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) = 0;
+  // send[n] -> recv[size()*n] ordered by rank. send may equal recv + rank()*n (in place).
+  virtual RequestPtr iall_gather(const float* send, float* recv, size_t n) = 0;
+  virtual RequestPtr ibroadcast(float* buf, size_t n, int root) = 0;
+  // send[size()*n] -> recv[size()*n]: block j of send goes to rank j.
+  virtual RequestPtr iall_to_all(const float* send, float* recv, size_t n) = 0;
+  virtual RequestPtr isend(const float* buf, size_t n, int peer, int tag) = 0;
+  virtual RequestPtr irecv(float* buf, size_t n, int peer, int tag) = 0;
+  // Doubles, for norms and loss sums that must not lose precision.
+  virtual void all_reduce_f64(double* buf, size_t n, ReduceOp op) = 0;
+  virtual void barrier() = 0;
+
+  // Blocking forms.
+  void all_reduce(float* buf, size_t n, ReduceOp op = ReduceOp::kSum) { iall_reduce(buf, n, op)->wait(); }
+  void reduce_scatter(const float* send, float* recv, size_t n, ReduceOp op = ReduceOp::kSum) {
+    ireduce_scatter(send, recv, n, op)->wait();
+  }
+  void all_gather(const float* send, float* recv, size_t n) { iall_gather(send, recv, n)->wait(); }
+  void broadcast(float* buf, size_t n, int root) { ibroadcast(buf, n, root)->wait(); }
+  void all_to_all(const float* send, float* recv, size_t n) { iall_to_all(send, recv, n)->wait(); }
+  void send(const float* buf, size_t n, int peer, int tag) { isend(buf, n, peer, tag)->wait(); }
+  void recv(float* buf, size_t n, int peer, int tag) { irecv(buf, n, peer, tag)->wait(); }
+
+  // Sub-group of the ranks with the same color, ordered by key, named `axis`.
+  virtual std::unique_ptr<Group> split(int color, int key, const std::string& axis) = 0;
+
+  const AxisStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = AxisStats{}; }
+
+ protected:
+  explicit Group(std::string axis) : axis_(std::move(axis)) {}
+  std::string axis_;
+  AxisStats stats_;
+};
+
+// ---- process-wide runtime ----
+
+// Initialises MPI when the process was started by mpirun/srun (MPI_THREAD_MULTIPLE),
+// otherwise a single-rank world. Returns the world group. Safe to call once.
+std::unique_ptr<Group> init_world(int* argc, char*** argv);
+void finalize();
+bool launched_by_mpi();  // environment says this process is one rank of an MPI job
+
+// Watchdog: a collective or wait() that takes longer than `seconds` (0 = never) aborts
+// the whole job with "comm timeout: <op> on axis <axis> at step <step> on rank <rank>
+// did not finish within <s> s".
+void set_comm_timeout(double seconds);
+void set_current_step(int64_t step);  // for the watchdog message
+// Ends every rank of the job with exit code 1 after printing `message` on this rank.
+[[noreturn]] void abort_job(const std::string& message);
+
+}  // namespace meshtrain::comm

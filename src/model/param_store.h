@@ -1,0 +1,49 @@
+// Where the model finds its parameters and puts its gradients, unit by unit (see
+// ParamUnit). The model brackets every use: acquire_params(u) ... release_params(u), and
+// acquire_grads(u) (any number of times within a micro-batch) ... release_grads(u) once
+// the unit's contributions for the micro-batch are complete. A local store simply hands
+// out slices of full buffers; a ZeRO store gathers, prefetches, reduces and frees.
+//
+// Order of calls in one micro-batch (E = embeddings, F = final norm, B_l = block l):
+//   forward:  acquire_params(E), B_0..B_{L-1} (acquire/release each), F, release_params(E)
+//   backward: acquire_params(E), acquire_grads(E), release_params(E), F (params+grads),
+//             B_{L-1}..B_0 (params+grads), acquire_grads(E), release_grads(E)
+#pragma once
+#include "core/memory.h"
+#include "model/param_layout.h"
+
+namespace meshtrain::model {
+
+enum class Pass { kForward, kBackward };
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // Announces the pass about to run, so a store can prefetch in the right direction.
+  virtual void begin_pass(Pass pass) {}
+  // Full parameters of unit u, laid out as the unit's slice of the flat layout.
+  virtual const float* acquire_params(int u) = 0;
+  virtual void release_params(int u) {}
+  // The unit's gradient accumulation buffer (same layout); contributions are added (+=).
+  virtual float* acquire_grads(int u) = 0;
+  virtual void release_grads(int u) {}
+};
+
+// Full parameters and full gradients in two flat buffers: single rank, DP, ZeRO-1.
+class LocalParamStore : public ParamStore {
+ public:
+  explicit LocalParamStore(const ParamLayout& layout)
+      : layout_(layout),
+        params_(MemCategory::kParams, layout.total()),
+        grads_(MemCategory::kGrads, layout.total()) {}
+  const float* acquire_params(int u) override { return params_.data() + layout_.units()[u].offset; }
+  float* acquire_grads(int u) override { return grads_.data() + layout_.units()[u].offset; }
+  float* params() { return params_.data(); }
+  float* grads() { return grads_.data(); }
+
+ private:
+  const ParamLayout& layout_;
+  Buffer<float> params_, grads_;
+};
+
+}  // namespace meshtrain::model

@@ -1,0 +1,249 @@
+#include "parallel/data_parallel.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+
+namespace meshtrain::parallel {
+
+using model::Pass;
+
+DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+                           const optim::AdamWConfig& adamw, const float* full_params)
+    : gpt_(gpt),
+      dp_(dp),
+      config_(config),
+      layout_(gpt.layout()),
+      shards_(gpt.layout(), dp.size(), dp.rank()) {
+  const int stage = config_.zero_stage;
+  CHECK(stage >= 0 && stage <= 3);
+  CHECK_MSG(gpt.has_local_state() == (stage < 3), "stage 3 models hold no full state");
+  const int n = layout_.num_units();
+  if (stage == 0) {
+    adamw_ = std::make_unique<optim::AdamW>(adamw, layout_);
+    build_buckets();
+  } else {
+    adamw_ = std::make_unique<optim::AdamW>(
+        adamw, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total());
+  }
+  if (stage >= 2) {
+    grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
+    grad_staging_.resize(n);
+  }
+  if (stage == 3) {
+    CHECK_MSG(full_params, "stage 3 needs the initial parameters");
+    param_shard_.allocate(MemCategory::kParams, shards_.local_total());
+    for (int u = 0; u < n; u++)
+      std::memcpy(param_shard_.data() + shards_.units()[u].local_offset,
+                  full_params + shards_.own_begin(u),
+                  sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
+    gathered_.resize(n);
+  }
+  gpt_.set_param_store(this);
+}
+
+DataParallel::~DataParallel() {
+  wait_pending();
+  gpt_.set_param_store(nullptr);
+}
+
+// ---------------------------------------------------------------- stage 0 buckets
+
+void DataParallel::build_buckets() {
+  // Backward finishes units in descending index order (final norm, blocks L-1..0,
+  // embeddings), and consecutive units in that order are adjacent in memory.
+  const size_t bucket_elems = std::max<size_t>(1, (size_t)(config_.bucket_mb * 1024 * 1024 / 4));
+  bucket_of_unit_.assign(layout_.num_units(), -1);
+  Bucket current;
+  for (int u = layout_.num_units() - 1; u >= 0; u--) {
+    const auto& unit = layout_.units()[u];
+    if (current.units.empty()) current.end = unit.offset + unit.numel;
+    current.units.push_back(u);
+    current.begin = unit.offset;
+    bucket_of_unit_[u] = (int)buckets_.size();
+    if (current.end - current.begin >= bucket_elems || u == 0) {
+      buckets_.push_back(current);
+      current = Bucket{};
+    }
+  }
+  bucket_requests_.resize(buckets_.size());
+}
+
+void DataParallel::start_bucket(size_t b) {
+  Bucket& bk = buckets_[b];
+  bucket_requests_[b] =
+      dp_.iall_reduce(full_grads() + bk.begin, bk.end - bk.begin, comm::ReduceOp::kSum);
+  if (!config_.overlap) bucket_requests_[b]->wait();
+}
+
+// ---------------------------------------------------------------- reduce-scatter
+
+void DataParallel::start_unit_reduce_scatter(int u, const float* unit_grads, bool own_copy) {
+  const UnitShard& s = shards_.units()[u];
+  Pending p;
+  p.unit = u;
+  if (own_copy) {
+    p.send = std::move(grad_staging_[u]);
+  } else {  // stage 1: the full gradient stays; reduce a zero-padded copy of the unit
+    p.send.allocate(MemCategory::kComm, s.padded);
+    std::memcpy(p.send.data(), unit_grads, sizeof(float) * s.numel);
+  }
+  p.recv.allocate(MemCategory::kComm, s.shard);
+  p.request = dp_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
+  pending_.push_back(std::move(p));
+  if (!config_.overlap) retire(pending_.back()), pending_.pop_back();
+}
+
+void DataParallel::retire(Pending& p) {
+  p.request->wait();
+  const int u = p.unit;
+  const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
+  if (config_.zero_stage == 1) {
+    // The reduced shard replaces this rank's slice of the full gradient.
+    std::memcpy(full_grads() + shards_.own_begin(u), p.recv.data(), sizeof(float) * owned);
+  } else {
+    float* dst = grad_shard_.data() + shards_.units()[u].local_offset;
+    const float* src = p.recv.data();
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < owned; i++) dst[i] += src[i];
+  }
+}
+
+void DataParallel::wait_pending() {
+  for (auto& p : pending_) retire(p);
+  pending_.clear();
+}
+
+// ---------------------------------------------------------------- step protocol
+
+void DataParallel::zero_grads() {
+  if (config_.zero_stage < 2) gpt_.zero_grads();
+  else std::memset(grad_shard_.data(), 0, sizeof(float) * grad_shard_.size());
+}
+
+void DataParallel::begin_micro_batch(bool last) {
+  last_micro_batch_ = last;
+  for (auto& b : buckets_) b.ready = 0;
+}
+
+void DataParallel::end_micro_batch() {
+  if (config_.zero_stage == 0 && last_micro_batch_) {
+    for (size_t b = 0; b < buckets_.size(); b++) {
+      if (!bucket_requests_[b]) start_bucket(b);  // not started: units never released
+      bucket_requests_[b]->wait();
+      bucket_requests_[b].reset();
+    }
+  }
+  wait_pending();
+}
+
+double DataParallel::grad_norm() {
+  if (config_.zero_stage == 0) return optim::grad_norm(full_grads(), layout_.total());
+  double local = 0;
+  if (config_.zero_stage == 1) {
+    for (int u = 0; u < layout_.num_units(); u++)
+      local += optim::sum_of_squares(full_grads() + shards_.own_begin(u),
+                                     shards_.own_end(u) - shards_.own_begin(u));
+  } else {
+    local = optim::sum_of_squares(grad_shard_.data(), grad_shard_.size());
+  }
+  dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
+  return std::sqrt(local);
+}
+
+void DataParallel::clip(double norm, float max_norm) {
+  if (config_.zero_stage == 0) {
+    optim::clip_grads(full_grads(), layout_.total(), norm, max_norm);
+  } else if (config_.zero_stage == 1) {
+    for (int u = 0; u < layout_.num_units(); u++)
+      optim::clip_grads(full_grads() + shards_.own_begin(u),
+                        shards_.own_end(u) - shards_.own_begin(u), norm, max_norm);
+  } else {
+    optim::clip_grads(grad_shard_.data(), grad_shard_.size(), norm, max_norm);
+  }
+}
+
+void DataParallel::optimizer_step(float lr, int t) {
+  const int stage = config_.zero_stage;
+  float* params = stage == 3 ? param_shard_.data() : full_params();
+  const float* grads = stage >= 2 ? grad_shard_.data() : full_grads();
+  adamw_->step(params, grads, lr, t);
+  if (stage == 0 || stage == 3) return;
+  // Stages 1-2: every rank updated its shard of the full parameters; gather the rest.
+  std::vector<Buffer<float>> staging(layout_.num_units());
+  std::vector<comm::RequestPtr> requests(layout_.num_units());
+  for (int u = 0; u < layout_.num_units(); u++) {
+    const UnitShard& s = shards_.units()[u];
+    staging[u].allocate(MemCategory::kComm, s.padded);
+    float* mine = staging[u].data() + (size_t)dp_.rank() * s.shard;
+    std::memcpy(mine, params + shards_.own_begin(u),
+                sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
+    requests[u] = dp_.iall_gather(mine, staging[u].data(), s.shard);
+  }
+  for (int u = 0; u < layout_.num_units(); u++) {
+    requests[u]->wait();
+    const UnitShard& s = shards_.units()[u];
+    std::memcpy(params + s.global_offset, staging[u].data(), sizeof(float) * s.numel);
+  }
+}
+
+// ---------------------------------------------------------------- ParamStore
+
+DataParallel::Gathered& DataParallel::gather(int u) {
+  if (!gathered_[u]) {
+    const UnitShard& s = shards_.units()[u];
+    auto g = std::make_unique<Gathered>();
+    g->data.allocate(MemCategory::kGathered, s.padded);
+    g->request = dp_.iall_gather(param_shard_.data() + s.local_offset, g->data.data(), s.shard);
+    gathered_[u] = std::move(g);
+  }
+  return *gathered_[u];
+}
+
+// The unit the model will ask for after u in the current pass (-1: none worth fetching).
+int DataParallel::next_unit(int u) const {
+  const int E = model::ParamLayout::kEmbeddingUnit, F = layout_.final_unit();
+  if (pass_ == Pass::kForward) return u == F ? -1 : u + 1;  // E, B_0.., F
+  if (u == E) return F;                                      // head, then final norm
+  return u - 1 > E ? u - 1 : -1;                             // F, B_{L-1}..B_0
+}
+
+const float* DataParallel::acquire_params(int u) {
+  if (config_.zero_stage < 3) return full_params() + layout_.units()[u].offset;
+  Gathered& g = gather(u);
+  g.request->wait();
+  g.refs++;
+  if (int next = next_unit(u); next >= 0) gather(next);  // prefetch: overlaps this unit's compute
+  return g.data.data();
+}
+
+void DataParallel::release_params(int u) {
+  if (config_.zero_stage < 3) return;
+  CHECK(gathered_[u] && gathered_[u]->refs > 0);
+  if (--gathered_[u]->refs == 0) gathered_[u].reset();
+}
+
+float* DataParallel::acquire_grads(int u) {
+  if (config_.zero_stage < 2) return full_grads() + layout_.units()[u].offset;
+  if (grad_staging_[u].empty())
+    grad_staging_[u].allocate(MemCategory::kComm, shards_.units()[u].padded);
+  return grad_staging_[u].data();
+}
+
+void DataParallel::release_grads(int u) {
+  const int stage = config_.zero_stage;
+  if (stage >= 2) {
+    start_unit_reduce_scatter(u, nullptr, /*own_copy=*/true);
+    return;
+  }
+  if (!last_micro_batch_) return;  // stages 0-1 accumulate locally until the last
+  if (stage == 1) {
+    start_unit_reduce_scatter(u, full_grads() + layout_.units()[u].offset, false);
+    return;
+  }
+  Bucket& b = buckets_[bucket_of_unit_[u]];
+  if (++b.ready == (int)b.units.size() && config_.overlap) start_bucket(bucket_of_unit_[u]);
+}
+
+}  // namespace meshtrain::parallel

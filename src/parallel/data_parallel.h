@@ -1,0 +1,105 @@
+// Data parallelism and ZeRO stages 0-3 over one data-parallel group, as a ParamStore that
+// the model calls unit by unit. Memory per rank for P parameters and N ranks (fp32, up to
+// the per-unit shard padding documented in docs/parallelism.md):
+//   stage 0: params 4P, grads 4P, optim 8P       (all-reduce of gradient buckets)
+//   stage 1: params 4P, grads 4P, optim 8P/N     (reduce-scatter, shard update, all-gather)
+//   stage 2: params 4P, grads 4P/N, optim 8P/N   (per-unit staging buffers in "comm")
+//   stage 3: params 4P/N, grads 4P/N, optim 8P/N (units gathered into "gathered" on use)
+// Reductions start as soon as a unit's (or bucket's) gradients are final, so they overlap
+// the backward pass of earlier units; stages 0-1 reduce only after the last micro-batch.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "comm/group.h"
+#include "model/gpt.h"
+#include "optim/adamw.h"
+#include "parallel/shard_layout.h"
+
+namespace meshtrain::parallel {
+
+struct DpConfig {
+  int zero_stage = 0;
+  double bucket_mb = 25;  // stage 0: gradient bucket size
+  bool overlap = true;    // false: start every reduction after backward (for measuring)
+};
+
+class DataParallel : public model::ParamStore {
+ public:
+  // `gpt` must have local state for stages 0-2 and none for stage 3. For stage 3 the
+  // initial parameters are taken from `full_params` (every rank passes the same values).
+  DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+               const optim::AdamWConfig& adamw, const float* full_params = nullptr);
+  ~DataParallel() override;
+
+  int stage() const { return config_.zero_stage; }
+  const ShardLayout& shards() const { return shards_; }
+  optim::AdamW& adamw() { return *adamw_; }
+  const optim::AdamW& adamw() const { return *adamw_; }
+  // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
+  float* param_shard() { return param_shard_.data(); }
+
+  // --- one optimizer step ---
+  void zero_grads();
+  void begin_micro_batch(bool last);
+  void end_micro_batch();           // waits for this micro-batch's reductions
+  double grad_norm();               // global L2 norm of the reduced gradient
+  void clip(double norm, float max_norm);
+  void optimizer_step(float lr, int t);
+
+  // --- ParamStore ---
+  void begin_pass(model::Pass pass) override { pass_ = pass; }
+  const float* acquire_params(int u) override;
+  void release_params(int u) override;
+  float* acquire_grads(int u) override;
+  void release_grads(int u) override;
+
+ private:
+  struct Pending {
+    int unit = -1;
+    comm::RequestPtr request;
+    Buffer<float> send, recv;  // staging (comm)
+  };
+  struct Gathered {
+    Buffer<float> data;  // padded unit (gathered)
+    comm::RequestPtr request;
+    int refs = 0;
+  };
+
+  void build_buckets();
+  void start_bucket(size_t b);
+  void start_unit_reduce_scatter(int u, const float* unit_grads, bool own_copy);
+  void retire(Pending& p);
+  void wait_pending();
+  Gathered& gather(int u);
+  int next_unit(int u) const;
+  float* full_grads() { return gpt_.grads(); }
+  float* full_params() { return gpt_.params(); }
+
+  model::Gpt& gpt_;
+  comm::Group& dp_;
+  DpConfig config_;
+  const model::ParamLayout& layout_;
+  ShardLayout shards_;
+  std::unique_ptr<optim::AdamW> adamw_;
+  model::Pass pass_ = model::Pass::kForward;
+  bool last_micro_batch_ = true;
+
+  Buffer<float> grad_shard_;   // stages 2-3 (grads)
+  Buffer<float> param_shard_;  // stage 3 (params)
+  std::vector<Buffer<float>> grad_staging_;  // stages 2-3: per unit, while in backward
+  std::vector<std::unique_ptr<Gathered>> gathered_;  // stage 3: per unit
+  std::vector<Pending> pending_;
+
+  // Stage 0 buckets: runs of units in backward order (contiguous in memory).
+  struct Bucket {
+    std::vector<int> units;
+    size_t begin = 0, end = 0;
+    int ready = 0;
+  };
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_unit_;
+  std::vector<comm::RequestPtr> bucket_requests_;
+};
+
+}  // namespace meshtrain::parallel

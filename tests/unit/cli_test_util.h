@@ -1,0 +1,169 @@
+// Shared by the end-to-end tests of the meshtrain command line (test_cli.cc,
+// test_cli_practitioner.cc): running the real binary as a subprocess, reading what it wrote,
+// and a fixture that prepares the Brown corpus once per suite and gives each test its own
+// temporary folder. Every helper is inline so that each test file can include this header.
+#pragma once
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace meshtrain::cli_test {
+
+inline const std::string kBinary = MESHTRAIN_BINARY;
+inline const std::string kPid = std::to_string(::getpid());
+// A tiny model that trains a step in a few tens of milliseconds.
+inline const std::string kTiny = "--model tiny --seq-len 32 --micro-batch 2 --vocab 50257";
+inline constexpr int kVocab = 50257;
+
+// ---- Subprocesses and files ------------------------------------------------------------
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+inline std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), (std::streamsize)bytes.size());
+}
+
+// Runs `cmd` with /bin/sh: stdout through the pipe, stderr (of the whole command, pipelines
+// included) into a temporary file.
+inline RunResult run(const std::string& cmd) {
+  static int counter = 0;
+  const std::string err_path =
+      (std::filesystem::temp_directory_path() /
+       ("meshtrain_cli_stderr_" + kPid + "_" + std::to_string(counter++)))
+          .string();
+  RunResult r;
+  std::FILE* pipe = ::popen(("{ " + cmd + " ; } 2> " + err_path).c_str(), "r");
+  if (!pipe) {
+    r.err = "popen failed: " + std::string(std::strerror(errno));
+    return r;
+  }
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.out.append(buf, n);
+  const int status = ::pclose(pipe);
+  if (WIFEXITED(status))
+    r.exit_code = WEXITSTATUS(status);
+  else if (WIFSIGNALED(status))
+    r.exit_code = 128 + WTERMSIG(status);
+  r.err = read_file(err_path);
+  std::filesystem::remove(err_path);
+  return r;
+}
+
+inline std::string describe(const RunResult& r) {
+  return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
+         "--- stderr ---\n" + r.err;
+}
+
+inline std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(line);
+  return out;
+}
+
+// A training progress line ("step     3/8 | loss ..." or "step     8 | val loss ...").
+inline bool has_step_line(const std::string& out) {
+  for (const auto& line : lines_of(out))
+    if (line.starts_with("step")) return true;
+  return false;
+}
+
+// The command failed with a message (on stderr) containing every one of `parts`, and
+// printed no training progress.
+inline void expect_failure(const RunResult& r, const std::vector<std::string>& parts) {
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_FALSE(has_step_line(r.out)) << describe(r);
+  for (const auto& p : parts)
+    EXPECT_NE(r.err.find(p), std::string::npos) << "'" << p << "' in\n" << describe(r);
+}
+
+// ---- metrics.jsonl ---------------------------------------------------------------------
+
+struct Metrics {
+  std::vector<nlohmann::json> steps;  // records with "loss", in file order
+  std::vector<nlohmann::json> evals;  // records with "val_loss", in file order
+};
+
+inline Metrics read_metrics(const std::string& path) {
+  Metrics m;
+  for (const auto& line : lines_of(read_file(path))) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) {
+      ADD_FAILURE() << path << ": not a JSON line: " << line;
+      continue;
+    }
+    (j.contains("val_loss") ? m.evals : m.steps).push_back(j);
+  }
+  return m;
+}
+
+// The exact bit pattern of a JSON number (metrics store floats and doubles in their
+// shortest round-trip form, so equal bits mean equal values as computed).
+inline uint64_t bits(const nlohmann::json& v) { return std::bit_cast<uint64_t>(v.get<double>()); }
+
+// ---- Fixture ---------------------------------------------------------------------------
+
+// The Brown corpus, prepared once per suite, and a fresh temporary folder per test.
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    corpus_ = (std::filesystem::temp_directory_path() / ("meshtrain_cli_corpus_" + kPid)).string();
+    std::filesystem::remove_all(corpus_);
+    RunResult r = run(kBinary + " prep --brown --out " + corpus_);
+    prep_ok_ = r.exit_code == 0;
+    if (!prep_ok_) prep_error_ = describe(r);
+  }
+  static void TearDownTestSuite() { std::filesystem::remove_all(corpus_); }
+
+  void SetUp() override {
+    ASSERT_TRUE(prep_ok_) << "meshtrain prep --brown failed:\n" << prep_error_;
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("meshtrain_cli_" + kPid + "_" + info->test_suite_name() + "_" + info->name()))
+               .string();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // `meshtrain train` on DATA (default: the Brown corpus) with a fixed peak, two threads.
+  static std::string train(const std::string& args, const std::string& data = "") {
+    return kBinary + " train --data " + (data.empty() ? corpus_ : data) +
+           " --peak-gflops 100 --threads 2 " + args;
+  }
+
+  static inline std::string corpus_;
+  static inline bool prep_ok_ = false;
+  static inline std::string prep_error_;
+  std::string dir_;
+};
+
+}  // namespace meshtrain::cli_test

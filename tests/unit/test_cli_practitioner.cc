@@ -1,0 +1,583 @@
+// End-to-end tests of the meshtrain command line as a practitioner uses it day to day:
+// --config TOML files (keys, overrides, the run folder's config.toml, errors, the presets in
+// configs/), generate (seeded, greedy, streamed, from every model format), eval against the
+// training run's own validation loss, llm.c export and --init-from, plot, and the progress
+// output when stdout is not a terminal. Like test_cli.cc, each test runs the real binary in
+// its own temporary folder on tiny models with a fixed peak and two threads; one small run
+// (and its two exports) is trained once for the whole suite.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "data/token_file.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+using cli_test::bits;
+using cli_test::describe;
+using cli_test::expect_failure;
+using cli_test::kBinary;
+using cli_test::kPid;
+using cli_test::kTiny;
+using cli_test::lines_of;
+using cli_test::Metrics;
+using cli_test::read_file;
+using cli_test::read_metrics;
+using cli_test::run;
+using cli_test::RunResult;
+using cli_test::write_file;
+
+// The shape of the suite's base run (kTiny) and its evaluation: B rows of T tokens, M
+// micro-batches of val.bin.
+constexpr int kB = 2, kT = 32, kEvalBatches = 3;
+
+// ---- Fixture ---------------------------------------------------------------------------
+
+class CliPractitioner : public cli_test::CliTest {
+ protected:
+  // The Brown corpus, then a 2-step tiny run and its exports as .safetensors and llm.c .bin,
+  // shared read-only by the tests of the suite.
+  static void SetUpTestSuite() {
+    CliTest::SetUpTestSuite();
+    base_dir_ = (fs::temp_directory_path() / ("meshtrain_cli_practitioner_" + kPid)).string();
+    fs::remove_all(base_dir_);
+    fs::create_directories(base_dir_);
+    base_ok_ = false;
+    if (!prep_ok_) return;
+    for (const std::string& cmd :
+         {train(kTiny + " --steps 2 --lr 3e-3 --eval-batches " + std::to_string(kEvalBatches) +
+                " --quiet --out " + base_run()),
+          kBinary + " export --checkpoint " + base_run() + " --out " + base_safetensors(),
+          kBinary + " export --checkpoint " + base_run() + " --format llmc --out " + base_llmc()}) {
+      RunResult r = run(cmd);
+      if (r.exit_code != 0) {
+        base_error_ = cmd + "\n" + describe(r);
+        return;
+      }
+    }
+    base_ok_ = true;
+  }
+  static void TearDownTestSuite() {
+    fs::remove_all(base_dir_);
+    CliTest::TearDownTestSuite();
+  }
+  void SetUp() override {
+    CliTest::SetUp();
+    if (HasFatalFailure()) return;
+    ASSERT_TRUE(base_ok_) << "the suite's base run failed:\n" << base_error_;
+  }
+
+  static std::string base_run() { return base_dir_ + "/base"; }
+  static std::string base_safetensors() { return base_dir_ + "/base.safetensors"; }
+  static std::string base_llmc() { return base_dir_ + "/base.bin"; }
+
+  // One thread: decoding a tiny model is serial work, and spinning OpenMP workers only
+  // slow it down on a loaded machine.
+  static std::string generate(const std::string& model, const std::string& args) {
+    return kBinary + " generate --checkpoint " + model + " --threads 1 " + args;
+  }
+
+  static inline std::string base_dir_;
+  static inline bool base_ok_ = false;
+  static inline std::string base_error_;
+};
+
+json read_json(const std::string& path) {
+  json j = json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) ADD_FAILURE() << path << " is not JSON";
+  return j;
+}
+
+// Step and validation records of two runs have the same bits.
+void expect_same_metrics(const Metrics& a, const Metrics& b) {
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); i++) {
+    EXPECT_EQ(a.steps[i]["step"], b.steps[i]["step"]);
+    for (const char* key : {"loss", "grad_norm", "lr"})
+      EXPECT_EQ(bits(a.steps[i][key]), bits(b.steps[i][key]))
+          << key << " at step " << i + 1 << ": " << a.steps[i][key] << " vs " << b.steps[i][key];
+    EXPECT_EQ(a.steps[i]["tokens"], b.steps[i]["tokens"]);
+  }
+  ASSERT_EQ(a.evals.size(), b.evals.size());
+  for (size_t i = 0; i < a.evals.size(); i++) {
+    EXPECT_EQ(a.evals[i]["step"], b.evals[i]["step"]);
+    EXPECT_EQ(bits(a.evals[i]["val_loss"]), bits(b.evals[i]["val_loss"]));
+  }
+}
+
+// The `key = value` lines of a flat TOML file (comments and blank lines skipped, quotes
+// of string values removed).
+std::vector<std::pair<std::string, std::string>> toml_entries(const std::string& path) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto trim = [](std::string s) {
+    const auto b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
+  for (const auto& line : lines_of(read_file(path))) {
+    const std::string t = trim(line);
+    if (t.empty() || t[0] == '#') continue;
+    const auto eq = t.find('=');
+    if (eq == std::string::npos) continue;
+    std::string value = trim(t.substr(eq + 1));
+    if (const auto hash = value.find(" #"); hash != std::string::npos) value = trim(value.substr(0, hash));
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"')
+      value = value.substr(1, value.size() - 2);
+    out.emplace_back(trim(t.substr(0, eq)), value);
+  }
+  return out;
+}
+
+std::string underscores(std::string key) {
+  std::replace(key.begin(), key.end(), '-', '_');
+  return key;
+}
+
+// ---- 1. Config files -------------------------------------------------------------------
+
+TEST_F(CliPractitioner, ConfigFileKeysApplyAndFlagsWin) {
+  // Keys with underscores and with dashes, a comment, a flag set to true.
+  write_file(path("run.toml"),
+             "# a tiny run\n"
+             "model = \"tiny\"\n"
+             "micro_batch = 2\n"
+             "seq-len = 32\n"
+             "vocab = 50257\n"
+             "steps = 3\n"
+             "lr = 2e-3\n"
+             "warmup_steps = 1\n"
+             "eval-batches = 1\n"
+             "quiet = true\n");
+  RunResult r = run(train("--config " + path("run.toml") + " --out " + path("A")));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.out, "") << "quiet = true in the file";
+  json a = read_json(path("A/config.json"));
+  EXPECT_EQ(a["model"], "tiny");
+  EXPECT_EQ(a["micro_batch"], 2);
+  EXPECT_EQ(a["seq_len"], 32);
+  EXPECT_EQ(a["steps"], 3);
+  EXPECT_FLOAT_EQ(a["lr"].get<float>(), 2e-3f);
+  EXPECT_EQ(a["warmup_steps"], 1);
+  EXPECT_EQ(a["eval_batches"], 1);
+  Metrics ma = read_metrics(path("A/metrics.jsonl"));
+  ASSERT_EQ(ma.steps.size(), 3u);
+  EXPECT_EQ(ma.steps[2]["tokens"], 3 * 2 * 32);
+  // warmup 1: step 1 runs at the full peak LR of the file.
+  EXPECT_FLOAT_EQ(ma.steps[0]["lr"].get<float>(), 2e-3f);
+
+  // Flags on the command line win over the file, before or after --config, with a space
+  // or with '='.
+  r = run(train("--micro-batch 1 --config " + path("run.toml") +
+                " --steps=2 --lr 1e-3 --out " + path("B")));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  json b = read_json(path("B/config.json"));
+  EXPECT_EQ(b["micro_batch"], 1);
+  EXPECT_EQ(b["steps"], 2);
+  EXPECT_FLOAT_EQ(b["lr"].get<float>(), 1e-3f);
+  EXPECT_EQ(b["seq_len"], 32) << "keys not overridden still come from the file";
+  EXPECT_EQ(b["warmup_steps"], 1);
+  Metrics mb = read_metrics(path("B/metrics.jsonl"));
+  ASSERT_EQ(mb.steps.size(), 2u);
+  EXPECT_EQ(mb.steps[1]["tokens"], 2 * 1 * 32);
+  EXPECT_FLOAT_EQ(mb.steps[0]["lr"].get<float>(), 1e-3f);
+
+  // --config=FILE works too.
+  r = run(train("--config=" + path("run.toml") + " --steps 1 --out " + path("C")));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(read_json(path("C/config.json"))["seq_len"], 32);
+}
+
+TEST_F(CliPractitioner, RunFolderConfigTomlReproducesTheRun) {
+  RunResult r = run(train(kTiny + " --steps 3 --lr 2e-3 --warmup-steps 1 --seed 7"
+                                  " --eval-every 2 --eval-batches 2 --quiet --out " + path("A")));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::string toml = read_file(path("A/config.toml"));
+  for (const char* line : {"micro-batch = 2\n", "seq-len = 32\n", "seed = 7\n", "steps = 3\n",
+                           "threads = 2\n", "peak-gflops = 100\n"})
+    EXPECT_NE(toml.find(line), std::string::npos) << line << " in\n" << toml;
+  EXPECT_NE(toml.find("data = \"" + corpus_ + "\"\n"), std::string::npos) << toml;
+
+  // Nothing but the file and a new run folder: the data, shape, seed, schedule, threads
+  // and peak all come from config.toml.
+  r = run(kBinary + " train --config " + path("A/config.toml") + " --quiet --out " + path("B"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  Metrics ma = read_metrics(path("A/metrics.jsonl"));
+  Metrics mb = read_metrics(path("B/metrics.jsonl"));
+  ASSERT_EQ(ma.steps.size(), 3u);
+  ASSERT_EQ(ma.evals.size(), 2u);
+  expect_same_metrics(ma, mb);
+
+  // B's config.toml and config.json are A's but for the run folder.
+  std::string expected = toml;
+  const std::string out_a = "out = \"" + path("A") + "\"", out_b = "out = \"" + path("B") + "\"";
+  ASSERT_NE(expected.find(out_a), std::string::npos) << toml;
+  expected.replace(expected.find(out_a), out_a.size(), out_b);
+  EXPECT_EQ(read_file(path("B/config.toml")), expected);
+  json ja = read_json(path("A/config.json")), jb = read_json(path("B/config.json"));
+  EXPECT_EQ(jb["out"], path("B"));
+  ja.erase("out");
+  jb.erase("out");
+  EXPECT_EQ(ja, jb);
+}
+
+TEST_F(CliPractitioner, ConfigFileErrorsAreNamed) {
+  const std::string toml = path("run.toml");
+  auto with = [&](const std::string& text) {
+    write_file(toml, "model = \"tiny\"\nseq-len = 32\n" + text);
+    return run(train("--config " + toml + " --steps 1 --out " + path("never")));
+  };
+  expect_failure(with("stpes = 3\n"),
+                 {"unknown key 'stpes'", toml, "did you mean 'steps'?"});
+  expect_failure(with("lr_min = 1e-4\n"), {"unknown key 'lr_min'", "did you mean 'min-lr'?"});
+  expect_failure(with("warmpu-steps = 4\n"), {"unknown key 'warmpu-steps'", "'warmup-steps'"});
+  // Nothing close: no suggestion.
+  RunResult r = with("colour = \"red\"\n");
+  expect_failure(r, {"unknown key 'colour'"});
+  EXPECT_EQ(r.err.find("did you mean"), std::string::npos) << r.err;
+  // A value of the wrong type names the key and the value.
+  expect_failure(with("lr = \"abc\"\n"), {"lr", "abc"});
+  expect_failure(with("micro_batch = 2.5\n"), {"micro-batch", "2.5"});
+  expect_failure(with("quiet = 1\n"), {"quiet", "true or false"});
+  // Sections are refused rather than silently flattened.
+  expect_failure(with("[optimizer]\nlr = 1e-3\n"), {"sections", "lr"});
+  expect_failure(with("optimizer.lr = 1e-3\n"), {"sections"});
+  // A missing file is named.
+  expect_failure(run(train("--config " + path("absent.toml") + " --steps 1")),
+                 {path("absent.toml"), "not found"});
+  // None of them trained or created the run folder.
+  EXPECT_FALSE(fs::exists(path("never")));
+}
+
+TEST_F(CliPractitioner, PresetConfigsAreAccepted) {
+  const fs::path configs = fs::path(MESHTRAIN_SOURCE_DIR) / "configs";
+  std::vector<fs::path> files;
+  if (fs::is_directory(configs))
+    for (const auto& e : fs::directory_iterator(configs))
+      if (e.path().extension() == ".toml") files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  ASSERT_TRUE(std::count(files.begin(), files.end(), configs / "tiny.toml"))
+      << "no configs/tiny.toml in " << configs;
+
+  // Fewer tokens than any preset's global batch.
+  std::vector<uint16_t> tokens;
+  ASSERT_TRUE(data::read_token_file(corpus_ + "/train.bin", &tokens).is_ok());
+  tokens.resize(100);
+  fs::create_directories(path("few"));
+  ASSERT_TRUE(data::write_token_file(path("few/train.bin"), tokens).is_ok());
+
+  for (const fs::path& file : files) {
+    SCOPED_TRACE(file.string());
+    const std::string stem = file.stem().string();
+    if (stem == "tiny") {
+      // Trains: 2 steps, one evaluation batch.
+      const std::string out = path("run_" + stem);
+      RunResult r = run(train("--config " + file.string() + " --steps 2 --eval-batches 1"
+                              " --quiet --out " + out));
+      ASSERT_EQ(r.exit_code, 0) << describe(r);
+      Metrics m = read_metrics(out + "/metrics.jsonl");
+      ASSERT_EQ(m.steps.size(), 2u);
+      EXPECT_TRUE(std::isfinite(m.steps[1]["loss"].get<double>()));
+      EXPECT_EQ(m.evals.size(), 1u);
+      // Every key of the file reached the run's resolved options.
+      json config = read_json(out + "/config.json");
+      for (const auto& [key, value] : toml_entries(file.string())) {
+        const std::string k = underscores(key);
+        if (k == "steps" || k == "eval_batches" || !config.contains(k)) continue;
+        if (config[k].is_string())
+          EXPECT_EQ(config[k].get<std::string>(), value) << key;
+        else
+          EXPECT_FLOAT_EQ(config[k].get<float>(), std::stof(value)) << key;
+      }
+      continue;
+    }
+    // The big presets: the data check comes before the model is allocated, so too little
+    // data proves the file parsed and the model resolved, without the memory of a run.
+    const std::string out = path("run_" + stem);
+    RunResult r = run(train("--config " + file.string() + " --steps 1 --out " + out,
+                            path("few")));
+    expect_failure(r, {"100 tokens", "fewer than one global batch"});
+    EXPECT_EQ(r.err.find("unknown key"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << "the failed run created its folder";
+  }
+}
+
+// A key with no value ("lr =", or lr = "") is taken as 0 today: the run trains silently
+// with --lr 0 and config.toml records "lr = ". Disabled until expand_config_args() rejects
+// empty values (see the report).
+TEST_F(CliPractitioner, ConfigKeyWithoutValueIsRejected) {
+  for (const std::string line : {"lr =\n", "lr = \"\"\n"}) {
+    write_file(path("run.toml"), "model = \"tiny\"\nseq-len = 32\nmicro-batch = 2\n" + line);
+    expect_failure(run(train("--config " + path("run.toml") + " --steps 1 --quiet")),
+                   {"lr", path("run.toml")});
+  }
+}
+
+// "config" and "help" in a config file get "unknown key 'config' (did you mean 'config'?)".
+// Disabled until unknown_key() leaves out the names it refuses (see the report).
+TEST_F(CliPractitioner, ConfigKeyConfigIsRefusedWithoutSelfSuggestion) {
+  write_file(path("run.toml"), "config = \"other.toml\"\n");
+  RunResult r = run(train(kTiny + " --config " + path("run.toml") + " --steps 1 --quiet"));
+  expect_failure(r, {"config"});
+  EXPECT_EQ(r.err.find("did you mean 'config'"), std::string::npos) << r.err;
+}
+
+// `bench step --config F` looks the keys up among `bench`'s options, not `step`'s, so every
+// key is "unknown". Disabled until expand_config_args() descends into nested subcommands
+// (see the report).
+TEST_F(CliPractitioner, BenchStepAcceptsConfig) {
+  write_file(path("bench.toml"),
+             "model = \"tiny\"\nseq-len = 16\nmicro-batch = 1\nwarmup = 0\nsteps = 1\n");
+  RunResult r = run(kBinary + " bench step --config " + path("bench.toml") +
+                    " --peak-gflops 100 --threads 2");
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+}
+
+// ---- 2. generate -----------------------------------------------------------------------
+
+TEST_F(CliPractitioner, GenerateIsSeededGreedyAndStreamed) {
+  const std::string prompt = "The jury said";
+  const std::string sample = "--prompt '" + prompt + "' --max-new-tokens 12 --temperature 1 --top-k 0";
+  RunResult a = run(generate(base_run(), sample + " --seed 1"));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  // Streamed: the prompt first, then the continuation, then a newline.
+  EXPECT_TRUE(a.out.starts_with(prompt)) << a.out;
+  EXPECT_GT(a.out.size(), prompt.size() + 1) << a.out;
+  EXPECT_TRUE(a.out.ends_with("\n")) << a.out;
+  RunResult again = run(generate(base_run(), sample + " --seed 1"));
+  EXPECT_EQ(again.out, a.out) << "same seed, other text";
+  RunResult other = run(generate(base_run(), sample + " --seed 2"));
+  ASSERT_EQ(other.exit_code, 0) << describe(other);
+  EXPECT_NE(other.out, a.out) << "another seed at temperature 1 gave the same text";
+
+  // Greedy ignores the seed and equals top-k 1 sampling.
+  const std::string greedy = "--prompt '" + prompt + "' --max-new-tokens 12 --temperature 0";
+  RunResult g1 = run(generate(base_run(), greedy + " --seed 1"));
+  ASSERT_EQ(g1.exit_code, 0) << describe(g1);
+  EXPECT_TRUE(g1.out.starts_with(prompt)) << g1.out;
+  RunResult g2 = run(generate(base_run(), greedy + " --seed 2"));
+  EXPECT_EQ(g2.out, g1.out);
+  RunResult k1 = run(generate(base_run(), "--prompt '" + prompt +
+                                              "' --max-new-tokens 12 --temperature 1 --top-k 1"));
+  EXPECT_EQ(k1.out, g1.out) << "top-k 1 is not the greedy choice";
+}
+
+TEST_F(CliPractitioner, GenerateErrorsAreNamed) {
+  // The base model has 32 positions; 40 words are 40 tokens.
+  std::string long_prompt;
+  for (int i = 0; i < 40; i++) long_prompt += " the";
+  RunResult r = run(generate(base_run(), "--prompt '" + long_prompt + "' --max-new-tokens 1"));
+  expect_failure(r, {"context", "32"});
+  EXPECT_EQ(r.out, "") << "nothing is streamed before the check";
+  // Prompt plus new tokens past the context.
+  expect_failure(run(generate(base_run(), "--prompt 'Hello' --max-new-tokens 40")), {"context"});
+
+  expect_failure(run(generate(path("nowhere"), "--prompt hi")),
+                 {path("nowhere"), "no checkpoint found"});
+  write_file(path("junk.bin"), std::string(3000, '\x7f'));
+  expect_failure(run(generate(path("junk.bin"), "--prompt hi")), {path("junk.bin")});
+  expect_failure(run(generate(base_run(), "--prompt hi --temperature -1")), {"--temperature"});
+}
+
+TEST_F(CliPractitioner, GenerateAgreesAcrossRunSafetensorsAndLlmc) {
+  for (const std::string args : {"--temperature 1 --top-k 0 --seed 5", "--temperature 0"}) {
+    SCOPED_TRACE(args);
+    const std::string flags = "--prompt 'It was' --max-new-tokens 10 " + args;
+    RunResult from_run = run(generate(base_run(), flags));
+    ASSERT_EQ(from_run.exit_code, 0) << describe(from_run);
+    RunResult from_st = run(generate(base_safetensors(), flags));
+    ASSERT_EQ(from_st.exit_code, 0) << describe(from_st);
+    RunResult from_bin = run(generate(base_llmc(), flags));
+    ASSERT_EQ(from_bin.exit_code, 0) << describe(from_bin);
+    EXPECT_EQ(from_st.out, from_run.out);
+    EXPECT_EQ(from_bin.out, from_run.out);
+  }
+}
+
+// ---- 3. eval ---------------------------------------------------------------------------
+
+struct EvalLine {
+  std::string split, loss_text;
+  double loss = NAN, perplexity = NAN;
+  long long tokens = -1;
+};
+
+// "val loss 10.7778 | perplexity 47946.57 | 192 tokens of PATH"
+EvalLine parse_eval(const std::string& out) {
+  EvalLine e;
+  char split[16] = {0};
+  if (std::sscanf(out.c_str(), "%15s loss %lf | perplexity %lf | %lld tokens", split, &e.loss,
+                  &e.perplexity, &e.tokens) != 4)
+    ADD_FAILURE() << "unexpected eval output: " << out;
+  e.split = split;
+  const auto at = out.find(" loss "), end = out.find(" |");
+  if (at != std::string::npos && end != std::string::npos) e.loss_text = out.substr(at + 6, end - at - 6);
+  return e;
+}
+
+TEST_F(CliPractitioner, EvalMatchesTheRunsValidationLoss) {
+  const std::string flags = " --data " + corpus_ + " --split val --micro-batch " +
+                            std::to_string(kB) + " --seq-len " + std::to_string(kT) +
+                            " --batches " + std::to_string(kEvalBatches) + " --threads 2";
+  RunResult r = run(kBinary + " eval --checkpoint " + base_run() + flags);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("loss"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("perplexity"), std::string::npos) << r.out;
+  EvalLine e = parse_eval(r.out);
+  EXPECT_EQ(e.split, "val");
+  EXPECT_EQ(e.tokens, (long long)kEvalBatches * kB * kT);
+
+  // perplexity = exp(loss): the loss is printed to 4 decimals (so exp of it is off by up to
+  // a factor e^0.00005) and the perplexity to 2.
+  const double expected = std::exp(e.loss);
+  EXPECT_NEAR(e.perplexity, expected, expected * (std::exp(5.01e-5) - 1) + 0.0051)
+      << r.out;
+
+  // The training run evaluated the same micro-batches of val.bin at its last step.
+  Metrics m = read_metrics(base_run() + "/metrics.jsonl");
+  ASSERT_FALSE(m.evals.empty());
+  char want[32];
+  std::snprintf(want, sizeof want, "%.4f", m.evals.back()["val_loss"].get<double>());
+  EXPECT_EQ(e.loss_text, want) << "eval: " << r.out << "metrics: " << m.evals.back().dump();
+
+  // The same model from its exports, to the printed digit.
+  for (const std::string& file : {base_safetensors(), base_llmc()}) {
+    RunResult x = run(kBinary + " eval --checkpoint " + file + flags);
+    ASSERT_EQ(x.exit_code, 0) << describe(x);
+    EXPECT_EQ(x.out, r.out) << file;
+  }
+
+  // The training split, and the model's own positions when --seq-len is left out.
+  RunResult t = run(kBinary + " eval --checkpoint " + base_run() + " --data " + corpus_ +
+                    " --split train --micro-batch 1 --batches 2 --threads 1");
+  ASSERT_EQ(t.exit_code, 0) << describe(t);
+  EvalLine et = parse_eval(t.out);
+  EXPECT_EQ(et.split, "train");
+  EXPECT_EQ(et.tokens, 2 * 1 * kT);
+  EXPECT_TRUE(std::isfinite(et.loss));
+
+  expect_failure(run(kBinary + " eval --checkpoint " + base_run() + " --data " + corpus_ +
+                     " --seq-len 64 --threads 1"),
+                 {"--seq-len 64", "32"});
+  expect_failure(run(kBinary + " eval --checkpoint " + path("nowhere") + " --data " + corpus_),
+                 {path("nowhere")});
+}
+
+// ---- 4. llm.c export and --init-from ---------------------------------------------------
+
+TEST_F(CliPractitioner, LlmcExportLoadsLikeTheSafetensorsExport) {
+  // The header: magic, version 3, then the shape with llm.c's padded vocabulary.
+  const std::string bytes = read_file(base_llmc());
+  ASSERT_GE(bytes.size(), 1024u);
+  int32_t h[256];
+  std::memcpy(h, bytes.data(), sizeof h);
+  EXPECT_EQ(h[0], 20240326) << "magic";
+  EXPECT_EQ(h[1], 3) << "version";
+  EXPECT_EQ(h[2], kT) << "max_seq_len";
+  EXPECT_EQ(h[3], 50257) << "vocab";
+  EXPECT_EQ(h[4], 2) << "layers";
+  EXPECT_EQ(h[5], 4) << "heads";
+  EXPECT_EQ(h[6], 64) << "channels";
+  EXPECT_EQ(h[7], 50304) << "padded vocab";
+  EXPECT_EQ(std::count(h + 8, h + 256, 0), 248) << "unused header ints are zero";
+  // Then exactly the fp32 parameters: wte (padded), wpe, 12C^2+13C per layer, final LN.
+  const int64_t C = 64, L = 2, Vp = 50304;
+  EXPECT_EQ((int64_t)bytes.size(), 1024 + 4 * (Vp * C + kT * C + L * (12 * C * C + 13 * C) + 2 * C));
+
+  // One step at --lr 0 from each export (and from the run folder itself): the same
+  // weights give the same loss and gradient norm, bit for bit.
+  const std::string flags = " --seq-len 32 --micro-batch 2 --steps 1 --lr 0 --quiet";
+  Metrics m[3];
+  const std::string sources[3] = {base_llmc(), base_safetensors(), base_run()};
+  for (int i = 0; i < 3; i++) {
+    const std::string out = path("I" + std::to_string(i));
+    RunResult r = run(train("--init-from " + sources[i] + flags + " --out " + out));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    m[i] = read_metrics(out + "/metrics.jsonl");
+    ASSERT_EQ(m[i].steps.size(), 1u) << sources[i];
+  }
+  EXPECT_EQ(bits(m[0].steps[0]["loss"]), bits(m[1].steps[0]["loss"]))
+      << ".bin " << m[0].steps[0]["loss"] << " vs .safetensors " << m[1].steps[0]["loss"];
+  EXPECT_EQ(bits(m[0].steps[0]["grad_norm"]), bits(m[1].steps[0]["grad_norm"]));
+  EXPECT_EQ(bits(m[0].steps[0]["loss"]), bits(m[2].steps[0]["loss"]));
+  EXPECT_EQ(read_json(path("I0/config.json"))["resolved_model"],
+            read_json(path("I1/config.json"))["resolved_model"]);
+
+  // --lr 0 kept the weights: exporting the new run gives the same .bin byte for byte.
+  RunResult r = run(kBinary + " export --checkpoint " + path("I0") + " --format llmc --out " +
+                    path("again.bin"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(read_file(path("again.bin")) == bytes) << "export llmc -> init-from -> export changed";
+}
+
+// ---- 5. plot ---------------------------------------------------------------------------
+
+TEST_F(CliPractitioner, PlotNamesEveryRun) {
+  // Two run folders (their metrics and options; the checkpoints are not plotted).
+  for (const char* name : {"alpha_run", "beta_run"}) {
+    fs::create_directories(path(name));
+    for (const char* file : {"metrics.jsonl", "config.json", "config.toml"})
+      fs::copy_file(base_run() + "/" + file, path(name) + "/" + file);
+  }
+  RunResult r = run(kBinary + " plot " + path("alpha_run") + " " + path("beta_run") + " --out " +
+                    path("cmp.svg"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::string svg = read_file(path("cmp.svg"));
+  ASSERT_FALSE(svg.empty()) << "no " << path("cmp.svg");
+  EXPECT_NE(svg.find("<svg"), std::string::npos);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("alpha_run"), std::string::npos) << "legend lacks alpha_run";
+  EXPECT_NE(svg.find("beta_run"), std::string::npos) << "legend lacks beta_run";
+
+  if (run("command -v rsvg-convert").exit_code == 0) {
+    const std::string png = read_file(path("cmp.png"));
+    EXPECT_TRUE(png.starts_with("\x89PNG")) << "no PNG beside the SVG: " << r.out;
+  } else {
+    EXPECT_NE(r.out.find("no PNG"), std::string::npos) << r.out;
+  }
+
+  expect_failure(run(kBinary + " plot " + path("alpha_run") + " " + path("missing_run") +
+                     " --out " + path("bad.svg")),
+                 {path("missing_run"), "does not exist"});
+  fs::create_directories(path("empty_run"));
+  expect_failure(run(kBinary + " plot " + path("empty_run") + " --out " + path("bad.svg")),
+                 {"metrics.jsonl", path("empty_run")});
+  EXPECT_FALSE(fs::exists(path("bad.svg")));
+}
+
+// ---- 6. Progress output ----------------------------------------------------------------
+
+TEST_F(CliPractitioner, ProgressIsOnePlainLinePerStepWhenNotATerminal) {
+  RunResult r = run(train(kTiny + " --steps 3 --eval-every 2 --eval-batches 1"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(r.out.find('\r'), std::string::npos) << "carriage return in piped output";
+  EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << "escape sequence in piped output";
+  std::vector<std::string> steps, evals;
+  for (const auto& line : lines_of(r.out)) {
+    if (line.starts_with("model:")) continue;
+    ASSERT_TRUE(line.starts_with("step")) << "'" << line << "' in\n" << r.out;
+    (line.find("val loss") != std::string::npos ? evals : steps).push_back(line);
+  }
+  ASSERT_EQ(steps.size(), 3u) << r.out;
+  for (int k = 1; k <= 3; k++)
+    EXPECT_TRUE(steps[k - 1].starts_with("step     " + std::to_string(k) + "/3 | loss "))
+        << steps[k - 1];
+  ASSERT_EQ(evals.size(), 2u) << r.out;
+  EXPECT_TRUE(evals[0].starts_with("step     2 | val loss ")) << evals[0];
+  EXPECT_TRUE(evals[1].starts_with("step     3 | val loss ")) << evals[1];
+}
+
+}  // namespace
+}  // namespace meshtrain
