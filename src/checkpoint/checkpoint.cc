@@ -1,8 +1,10 @@
 #include "checkpoint/checkpoint.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <vector>
 
 #include "core/file_io.h"
@@ -14,9 +16,17 @@ using nlohmann::json;
 
 namespace {
 
+constexpr int kKinds = 3;  // params, m, v: the sections of a shard file, in this order
+
 std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", (long long)step);
+  return buf;
+}
+
+std::string shard_file_name(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "shard_%05d.bin", rank);
   return buf;
 }
 
@@ -25,42 +35,11 @@ json model_json(const model::GptConfig& c) {
           {"max_seq_len", c.max_seq_len}, {"vocab", c.vocab}};
 }
 
-json tensors_json(const model::ParamLayout& layout) {
-  json out = json::array();
-  for (const auto& t : layout.tensors())
-    out.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
-  return out;
-}
-
-Status write_data_file(const fs::path& dir, const std::string& name,
-                       const std::vector<std::pair<const float*, size_t>>& parts, json* files) {
-  // Concatenate parts (weights, or m then v) so the checksum covers the file exactly.
-  size_t total = 0;
-  for (auto& [p, n] : parts) total += n;
-  std::vector<float> buf(total);
-  size_t at = 0;
-  for (auto& [p, n] : parts) std::memcpy(buf.data() + at, p, n * sizeof(float)), at += n;
-  const size_t bytes = total * sizeof(float);
-  RETURN_IF_ERROR(write_file_synced((dir / name).string(), buf.data(), bytes));
-  (*files)[name] = {{"bytes", bytes}, {"checksum", to_hex(checksum64(buf.data(), bytes))}};
-  return Status::ok();
-}
-
-Status read_data_file(const std::string& dir, const json& index, const std::string& name,
-                      std::vector<float>* out) {
-  std::string bytes;
-  const std::string path = (fs::path(dir) / name).string();
-  RETURN_IF_ERROR(read_file(path, &bytes));
-  const json& meta = index["files"][name];
-  if (bytes.size() != meta["bytes"].get<size_t>())
-    return Status::error(path + " is truncated or has the wrong size (" +
-                         std::to_string(bytes.size()) + " bytes, index says " +
-                         std::to_string(meta["bytes"].get<size_t>()) + ")");
-  if (to_hex(checksum64(bytes.data(), bytes.size())) != meta["checksum"].get<std::string>())
-    return Status::error(path + " is corrupt: checksum mismatch");
-  out->resize(bytes.size() / sizeof(float));
-  std::memcpy(out->data(), bytes.data(), bytes.size());
-  return Status::ok();
+// Source (or destination) address of unit u's owned slice for one kind of state.
+float* owned_slice(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
+  float* base = kind == 0 ? st.params : kind == 1 ? st.m : st.v;
+  const bool full = kind == 0 ? st.params_full : st.moments_full;
+  return base + (full ? shards.own_begin(u) : shards.units()[u].local_offset);
 }
 
 void remove_old_checkpoints(const fs::path& root, int keep) {
@@ -75,39 +54,100 @@ void remove_old_checkpoints(const fs::path& root, int keep) {
   for (size_t i = 0; i + keep < dirs.size(); i++) fs::remove_all(dirs[i]);
 }
 
+// Every rank learns every shard's size and checksum (64-bit checksums travel as four
+// exact 16-bit pieces in doubles).
+std::vector<std::pair<uint64_t, uint64_t>> exchange_file_info(comm::Group& dp, uint64_t bytes,
+                                                              uint64_t checksum) {
+  const int n = dp.size();
+  std::vector<double> info((size_t)n * 5, 0.0);
+  double* mine = info.data() + (size_t)dp.rank() * 5;
+  mine[0] = (double)bytes;
+  for (int i = 0; i < 4; i++) mine[1 + i] = (double)((checksum >> (16 * i)) & 0xFFFF);
+  dp.all_reduce_f64(info.data(), info.size(), comm::ReduceOp::kSum);
+  std::vector<std::pair<uint64_t, uint64_t>> out(n);
+  for (int r = 0; r < n; r++) {
+    uint64_t c = 0;
+    for (int i = 0; i < 4; i++) c |= (uint64_t)info[(size_t)r * 5 + 1 + i] << (16 * i);
+    out[r] = {(uint64_t)info[(size_t)r * 5], c};
+  }
+  return out;
+}
+
+json units_json(const parallel::ShardLayout& shards) {
+  json out = json::array();
+  for (const auto& u : shards.units())
+    out.push_back({{"offset", u.global_offset}, {"numel", u.numel}, {"shard", u.shard}});
+  return out;
+}
+
 }  // namespace
 
-Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Gpt& gpt,
-                       const optim::AdamW& opt, const json& run_config, int keep) {
+Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
+                       const model::GptConfig& config, const parallel::ShardLayout& shards,
+                       const RankState& state, comm::Group& dp, const json& run_config, int keep) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const fs::path final_dir = root / step_dir_name(step);
   const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
   std::error_code ec;
-  fs::create_directories(root, ec);
-  fs::remove_all(tmp_dir, ec);
-  if (!fs::create_directories(tmp_dir, ec))
-    return Status::error("cannot create checkpoint directory " + tmp_dir.string() + ": " +
-                         ec.message());
-  const size_t n = gpt.num_elements();
-  json files = json::object();
-  RETURN_IF_ERROR(write_data_file(tmp_dir, "params.bin", {{gpt.params(), n}}, &files));
-  RETURN_IF_ERROR(write_data_file(tmp_dir, "optim.bin", {{opt.m(), n}, {opt.v(), n}}, &files));
-  json index = {{"format", "meshtrain-checkpoint"},
-                {"version", kCheckpointFormatVersion},
-                {"step", step},
-                {"model", model_json(gpt.config())},
-                {"tensors", tensors_json(gpt.layout())},
-                {"files", files},
-                {"optim_layout", "m then v, each in the params layout"},
-                {"run_config", run_config}};
-  const std::string text = index.dump(1);
-  RETURN_IF_ERROR(write_file_synced((tmp_dir / "index.json").string(), text.data(), text.size()));
-  fs::remove_all(final_dir, ec);
-  fs::rename(tmp_dir, final_dir, ec);
-  if (ec) return Status::error("cannot move checkpoint into place at " + final_dir.string());
-  RETURN_IF_ERROR(fsync_dir(root.string()));
-  remove_old_checkpoints(root, keep);
-  return Status::ok();
+  if (dp.rank() == 0) {
+    fs::create_directories(root, ec);
+    fs::remove_all(tmp_dir, ec);
+    fs::create_directories(tmp_dir, ec);
+  }
+  dp.barrier();
+  if (!fs::is_directory(tmp_dir))
+    return Status::error("cannot create checkpoint directory " + tmp_dir.string());
+
+  // This rank's shard: owned slices of params, then m, then v, unit by unit.
+  std::vector<float> buf;
+  for (int kind = 0; kind < kKinds; kind++)
+    for (int u = 0; u < (int)shards.units().size(); u++) {
+      const float* src = owned_slice(state, shards, kind, u);
+      buf.insert(buf.end(), src, src + (shards.own_end(u) - shards.own_begin(u)));
+    }
+  const size_t bytes = buf.size() * sizeof(float);
+  Status written = write_file_synced((tmp_dir / shard_file_name(dp.rank())).string(), buf.data(), bytes);
+  const uint64_t checksum = checksum64(buf.data(), bytes);
+  // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
+  double failed = written.is_ok() ? 0.0 : 1.0;
+  dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
+  if (failed > 0) return written.is_ok() ? Status::error("checkpoint write failed on another rank") : written;
+  const auto info = exchange_file_info(dp, bytes, checksum);
+
+  Status result;
+  if (dp.rank() == 0) {
+    json files = json::array();
+    for (int r = 0; r < dp.size(); r++)
+      files.push_back({{"name", shard_file_name(r)}, {"rank", r}, {"bytes", info[r].first},
+                       {"checksum", to_hex(info[r].second)}});
+    json tensors = json::array();
+    for (const auto& t : layout.tensors())
+      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+    json index = {{"format", "meshtrain-checkpoint"},
+                  {"version", kCheckpointFormatVersion},
+                  {"step", step},
+                  {"model", model_json(config)},
+                  {"total_elements", layout.total()},
+                  {"tensors", tensors},
+                  {"dp_size", dp.size()},
+                  {"units", units_json(shards)},
+                  {"shard_sections", {"params", "adam_m", "adam_v"}},
+                  {"files", files},
+                  {"run_config", run_config}};
+    const std::string text = index.dump(1);
+    result = write_file_synced((tmp_dir / "index.json").string(), text.data(), text.size());
+    if (result.is_ok()) {
+      fs::remove_all(final_dir, ec);
+      fs::rename(tmp_dir, final_dir, ec);
+      if (ec) result = Status::error("cannot move checkpoint into place at " + final_dir.string());
+    }
+    if (result.is_ok()) result = fsync_dir(root.string());
+    if (result.is_ok()) remove_old_checkpoints(root, keep);
+  }
+  double failed_index = result.is_ok() ? 0.0 : 1.0;
+  dp.all_reduce_f64(&failed_index, 1, comm::ReduceOp::kSum);
+  if (failed_index > 0 && result.is_ok()) return Status::error("rank 0 could not finish the checkpoint");
+  return result;
 }
 
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir) {
@@ -136,12 +176,18 @@ Status read_checkpoint_index(const std::string& dir, json* index) {
     if ((*index)["format"] != "meshtrain-checkpoint")
       return Status::error(path + " is not a meshtrain checkpoint index");
     if ((*index)["version"].get<int>() != kCheckpointFormatVersion)
-      return Status::error(path + " has checkpoint format version " +
-                           (*index)["version"].dump() + ", this build reads version " +
-                           std::to_string(kCheckpointFormatVersion));
-    (void)(*index)["files"]["params.bin"]["bytes"].get<size_t>();
-    (void)(*index)["files"]["optim.bin"]["bytes"].get<size_t>();
-    (void)(*index)["step"].get<int64_t>();
+      return Status::error(path + " has checkpoint format version " + (*index)["version"].dump() +
+                           ", this build reads version " + std::to_string(kCheckpointFormatVersion));
+    const int n = (*index).at("dp_size").get<int>();
+    if (n < 1 || (int)(*index).at("files").size() != n)
+      return Status::error(path + " lists " + std::to_string((*index).at("files").size()) +
+                           " shard files for " + std::to_string(n) + " ranks");
+    for (const auto& f : (*index)["files"]) {
+      (void)f.at("bytes").get<uint64_t>();
+      (void)f.at("checksum").get<std::string>();
+    }
+    (void)(*index).at("step").get<int64_t>();
+    (void)(*index).at("units").size();
   } catch (const std::exception& e) {
     return Status::error(path + " is corrupt: " + e.what());
   }
@@ -162,29 +208,114 @@ Status checkpoint_model_config(const json& index, model::GptConfig* config) {
   return model::validate(*config);
 }
 
-Status load_checkpoint(const std::string& dir, model::Gpt* gpt, optim::AdamW* opt, int64_t* step) {
+namespace {
+
+// Reads global ranges of one kind of state out of the writers' shard files, verifying
+// each file's size and checksum the first time it is used.
+class ShardReader {
+ public:
+  ShardReader(std::string dir, const json& index, const model::ParamLayout& layout)
+      : dir_(std::move(dir)), index_(index), writers_(layout, index["dp_size"].get<int>(), 0) {}
+
+  // Copies the real elements of unit u in [begin, end) (global offsets) into dst.
+  Status copy(int kind, int u, size_t begin, size_t end, float* dst) {
+    const int n = writers_.world();
+    for (int w = 0; w < n; w++) {
+      const size_t a = std::max(begin, writers_.own_begin(u, w));
+      const size_t b = std::min(end, writers_.own_end(u, w));
+      if (a >= b) continue;
+      const std::string* file = nullptr;
+      RETURN_IF_ERROR(open(w, &file));
+      const size_t at = section_offset(kind, w) + unit_offset(u, w) + (a - writers_.own_begin(u, w));
+      std::memcpy(dst + (a - begin), file->data() + at * sizeof(float), (b - a) * sizeof(float));
+    }
+    return Status::ok();
+  }
+
+ private:
+  size_t owned(int u, int w) const { return writers_.own_end(u, w) - writers_.own_begin(u, w); }
+  size_t unit_offset(int u, int w) const {
+    size_t at = 0;
+    for (int i = 0; i < u; i++) at += owned(i, w);
+    return at;
+  }
+  size_t section_offset(int kind, int w) const {
+    return (size_t)kind * unit_offset((int)writers_.units().size(), w);
+  }
+
+  Status open(int w, const std::string** file) {
+    auto it = files_.find(w);
+    if (it == files_.end()) {
+      const json& meta = index_["files"][w];
+      const std::string path = (fs::path(dir_) / meta["name"].get<std::string>()).string();
+      std::string bytes;
+      RETURN_IF_ERROR(read_file(path, &bytes));
+      const size_t expect = meta["bytes"].get<size_t>();
+      if (bytes.size() != expect || expect != section_offset(kKinds, w) * sizeof(float))
+        return Status::error(path + " is truncated or has the wrong size (" +
+                             std::to_string(bytes.size()) + " bytes, index says " +
+                             std::to_string(expect) + ")");
+      if (to_hex(checksum64(bytes.data(), bytes.size())) != meta["checksum"].get<std::string>())
+        return Status::error(path + " is corrupt: checksum mismatch");
+      it = files_.emplace(w, std::move(bytes)).first;
+    }
+    *file = &it->second;
+    return Status::ok();
+  }
+
+  std::string dir_;
+  const json& index_;
+  parallel::ShardLayout writers_;  // the writers' partition (rank field unused)
+  std::map<int, std::string> files_;
+};
+
+Status check_units(const json& index, const model::ParamLayout& layout, const std::string& dir) {
+  const json& units = index["units"];
+  bool same = units.size() == layout.units().size();
+  for (size_t u = 0; same && u < units.size(); u++)
+    same = units[u]["offset"].get<size_t>() == layout.units()[u].offset &&
+           units[u]["numel"].get<size_t>() == layout.units()[u].numel;
+  if (!same) return Status::error(dir + "/index.json: the unit table does not match the model");
+  return Status::ok();
+}
+
+}  // namespace
+
+Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
+                       const model::GptConfig& config, const parallel::ShardLayout& shards,
+                       const RankState& state, int64_t* step) {
   json index;
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
   model::GptConfig saved;
   RETURN_IF_ERROR(checkpoint_model_config(index, &saved));
-  const auto& c = gpt->config();
+  const auto& c = config;
   if (saved.layers != c.layers || saved.heads != c.heads || saved.dim != c.dim ||
       saved.max_seq_len != c.max_seq_len || saved.vocab != c.vocab)
     return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
                          ", but this run's model is " + model_json(c).dump());
-  const size_t n = gpt->num_elements();
-  std::vector<float> data;
-  RETURN_IF_ERROR(read_data_file(dir, index, "params.bin", &data));
-  if (data.size() != n) return Status::error(dir + "/params.bin has the wrong element count");
-  std::memcpy(gpt->params(), data.data(), n * sizeof(float));
-  if (opt) {
-    RETURN_IF_ERROR(read_data_file(dir, index, "optim.bin", &data));
-    if (data.size() != 2 * n) return Status::error(dir + "/optim.bin has the wrong element count");
-    std::memcpy(opt->m(), data.data(), n * sizeof(float));
-    std::memcpy(opt->v(), data.data() + n, n * sizeof(float));
+  RETURN_IF_ERROR(check_units(index, layout, dir));
+  ShardReader reader(dir, index, layout);
+  for (int kind = 0; kind < kKinds; kind++) {
+    float* base = kind == 0 ? state.params : kind == 1 ? state.m : state.v;
+    if (!base) continue;
+    const bool full = kind == 0 ? state.params_full : state.moments_full;
+    for (int u = 0; u < layout.num_units(); u++) {
+      const auto& unit = layout.units()[u];
+      if (full)
+        RETURN_IF_ERROR(reader.copy(kind, u, unit.offset, unit.offset + unit.numel, base + unit.offset));
+      else
+        RETURN_IF_ERROR(reader.copy(kind, u, shards.own_begin(u), shards.own_end(u),
+                                    base + shards.units()[u].local_offset));
+    }
   }
   *step = index["step"].get<int64_t>();
   return Status::ok();
+}
+
+Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step) {
+  parallel::ShardLayout whole(gpt->layout(), 1, 0);
+  RankState st{gpt->params(), true, m, v, true};
+  return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
 }
 
 }  // namespace meshtrain::checkpoint

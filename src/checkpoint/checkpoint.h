@@ -1,35 +1,62 @@
-// Training checkpoints: OUT/checkpoints/step_NNNNNNNN/ holds index.json (format version,
-// step, model shape, run config, every tensor's global name/shape/offset, each data
-// file's size and checksum), params.bin (fp32 weights, layout order) and optim.bin (Adam
-// first then second moments). A checkpoint is staged in a ".tmp" directory and renamed
-// into place, so a crash never leaves a half-written step_* directory.
+// Training checkpoints, sharded and layout-independent.
+//
+// OUT/checkpoints/step_NNNNNNNN/ holds
+//   index.json       format version, step, model shape, run config, every tensor's global
+//                    name/shape/offset, the writers' data-parallel size N, the unit table
+//                    (global offset, elements, shard size) and each shard file's size and
+//                    checksum;
+//   shard_RRRRR.bin  rank R's owned slice of every unit (ZeRO's per-unit shards, see
+//                    parallel/shard_layout.h): params of all units, then Adam m, then v.
+// Each rank writes its own shard; rank 0 writes the index and renames the staged ".tmp"
+// folder into place, so a crash never leaves a partial step_* folder. Because the index
+// records global offsets, a checkpoint written by N ranks at any ZeRO stage loads into any
+// other N and stage: a reader asks for global ranges and gets them from whichever shards
+// hold them.
 #pragma once
 #include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
+#include "comm/group.h"
 #include "core/status.h"
 #include "model/gpt.h"
-#include "optim/adamw.h"
+#include "parallel/shard_layout.h"
 
 namespace meshtrain::checkpoint {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr int kCheckpointFormatVersion = 2;
 
-// `step` = optimizer steps completed. Keeps the newest `keep` checkpoints (0 keeps all).
-Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Gpt& gpt,
-                       const optim::AdamW& opt, const nlohmann::json& run_config, int keep = 2);
+// What one rank holds: parameters and Adam moments, each either full (indexed by global
+// offset in the flat layout) or this rank's shard (indexed by ShardLayout local offset).
+struct RankState {
+  float* params = nullptr;
+  bool params_full = true;
+  float* m = nullptr;  // null: not wanted (loading weights only)
+  float* v = nullptr;
+  bool moments_full = true;
+};
+
+// Collective over `dp`: every rank writes its shard. Keeps the newest `keep` (0: all).
+Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
+                       const model::GptConfig& config, const parallel::ShardLayout& shards,
+                       const RankState& state, comm::Group& dp, const nlohmann::json& run_config,
+                       int keep = 2);
 
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);
 
-// Reads and validates index.json (version, files present, sizes).
+// Reads and validates index.json (format, version, shard files listed).
 Status read_checkpoint_index(const std::string& dir, nlohmann::json* index);
 Status checkpoint_model_config(const nlohmann::json& index, model::GptConfig* config);
 
-// Loads weights (and moments when opt != null) after verifying checksums and that the
-// checkpoint's model shape equals gpt's.
-Status load_checkpoint(const std::string& dir, model::Gpt* gpt, optim::AdamW* opt, int64_t* step);
+// Fills `state` for a rank whose shards are `shards` (full parts get every element),
+// after verifying the model shape and the checksums of the shard files it reads.
+Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
+                       const model::GptConfig& config, const parallel::ShardLayout& shards,
+                       const RankState& state, int64_t* step);
+
+// Single-process convenience: full weights (and moments when given) into a local model.
+Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step);
 
 }  // namespace meshtrain::checkpoint

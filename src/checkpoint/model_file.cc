@@ -71,7 +71,7 @@ Status load_model_file(const std::string& path, model::Gpt* gpt) {
   switch (kind) {
     case Kind::kCheckpointDir: {
       int64_t step = 0;
-      return load_checkpoint(resolved, gpt, nullptr, &step);
+      return load_checkpoint(resolved, gpt, nullptr, nullptr, &step);
     }
     case Kind::kLlmc:
       return load_llmc_model(resolved, gpt);

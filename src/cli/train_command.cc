@@ -1,5 +1,7 @@
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "cli/launch.h"
+#include "comm/group.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -24,11 +26,44 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "Newest checkpoints kept (0: all)")
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "Continue from the newest checkpoint in --out");
+  cmd->add_option("--global-batch", o->global_batch,
+                  "Rows per optimizer step G for any layout (A = G/(B*dp) is derived); "
+                  "default G = B*A*dp");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
+  cmd->add_option("--pp", o->pp, "Pipeline-parallel stages")->capture_default_str();
+  cmd->add_option("--dp", o->dp,
+                  "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
+                  "starts tp*pp*dp ranks itself through mpirun)");
+  cmd->add_option("--zero", o->zero,
+                  "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
+                  "3 + parameters (FSDP)")
+      ->capture_default_str();
+  cmd->add_option("--bucket-mb", o->bucket_mb, "Gradient all-reduce bucket size (ZeRO 0)")
+      ->capture_default_str();
+  auto no_overlap = std::make_shared<bool>(false);
+  cmd->add_flag("--no-overlap", *no_overlap,
+                "Reduce gradients after backward instead of during it (to measure what overlap hides)");
+  cmd->add_option("--comm-timeout", o->comm_timeout,
+                  "Seconds before a stuck collective aborts the job, naming it (0: never)")
+      ->capture_default_str();
+  cmd->add_option("--debug-stall-rank", o->debug_stall_rank,
+                  "Testing: this rank stops participating at --debug-stall-step");
+  cmd->add_option("--debug-stall-step", o->debug_stall_step, "Testing: see --debug-stall-rank");
   cmd->add_flag("--quiet", o->quiet, "No console output except errors");
-  return {cmd, [cmd, o] {
-            o->resolved_config_toml = resolved_config_toml(cmd, {"config", "resume", "quiet"});
-            Status s = train::run_training(*o);
-            return s.is_ok() ? 0 : fail(s);
+  return {cmd, [cmd, o, no_overlap] {
+            o->overlap = !*no_overlap;
+            if (!comm::launched_by_mpi()) {
+              const int ranks = o->tp * o->pp * std::max(1, o->dp);
+              if (ranks > 1) return relaunch_under_mpirun(ranks, o->threads);
+            }
+            o->resolved_config_toml = resolved_config_toml(
+                cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step"});
+            auto world = comm::init_world(nullptr, nullptr);
+            Status s = train::run_training(*o, *world);
+            int rc = s.is_ok() ? 0 : fail(s);
+            world.reset();
+            comm::finalize();
+            return rc;
           }};
 }
 

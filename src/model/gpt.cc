@@ -11,8 +11,9 @@ namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
 
-Gpt::Gpt(const GptConfig& config, bool local_state) : config_(config), layout_(config) {
-  if (local_state) local_ = std::make_unique<LocalParamStore>(layout_);
+Gpt::Gpt(const GptConfig& config, LocalState local) : config_(config), layout_(config) {
+  if (local != LocalState::kNone)
+    local_ = std::make_unique<LocalParamStore>(layout_, local == LocalState::kParamsAndGrads);
   store_ = local_.get();
 }
 
@@ -22,7 +23,7 @@ float* Gpt::params() {
 }
 const float* Gpt::params() const { return const_cast<Gpt*>(this)->params(); }
 float* Gpt::grads() {
-  CHECK_MSG(local_, "model has no local gradient buffer (sharded state)");
+  CHECK_MSG(has_local_grads(), "model has no local gradient buffer (sharded state)");
   return local_->grads();
 }
 

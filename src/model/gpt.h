@@ -31,13 +31,15 @@ struct BlockActivations {
 
 class Gpt {
  public:
-  // With local_state, the model owns full parameter and gradient buffers (params(),
-  // grads()); without, a ParamStore must be set before running (ZeRO-3).
-  explicit Gpt(const GptConfig& config, bool local_state = true);
+  // Which full buffers the model owns itself; the rest comes from a ParamStore set before
+  // running (ZeRO-2 shards gradients, ZeRO-3 also parameters).
+  enum class LocalState { kParamsAndGrads, kParamsOnly, kNone };
+  explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
-  bool has_local_state() const { return local_ != nullptr; }
+  bool has_local_params() const { return local_ != nullptr; }
+  bool has_local_grads() const { return local_ && local_->has_grads(); }
   float* params();
   const float* params() const;
   float* grads();

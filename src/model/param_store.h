@@ -29,13 +29,15 @@ class ParamStore {
   virtual void release_grads(int u) {}
 };
 
-// Full parameters and full gradients in two flat buffers: single rank, DP, ZeRO-1.
+// Full parameters and (optionally) full gradients in flat buffers: single rank, DP,
+// ZeRO-1; ZeRO-2 keeps full parameters but only sharded gradients.
 class LocalParamStore : public ParamStore {
  public:
-  explicit LocalParamStore(const ParamLayout& layout)
-      : layout_(layout),
-        params_(MemCategory::kParams, layout.total()),
-        grads_(MemCategory::kGrads, layout.total()) {}
+  LocalParamStore(const ParamLayout& layout, bool with_grads)
+      : layout_(layout), params_(MemCategory::kParams, layout.total()) {
+    if (with_grads) grads_.allocate(MemCategory::kGrads, layout.total());
+  }
+  bool has_grads() const { return !grads_.empty(); }
   const float* acquire_params(int u) override { return params_.data() + layout_.units()[u].offset; }
   float* acquire_grads(int u) override { return grads_.data() + layout_.units()[u].offset; }
   float* params() { return params_.data(); }

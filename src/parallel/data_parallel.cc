@@ -9,6 +9,11 @@ namespace meshtrain::parallel {
 
 using model::Pass;
 
+model::Gpt::LocalState model_state_for_stage(int zero_stage) {
+  if (zero_stage <= 1) return model::Gpt::LocalState::kParamsAndGrads;
+  return zero_stage == 2 ? model::Gpt::LocalState::kParamsOnly : model::Gpt::LocalState::kNone;
+}
+
 DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                            const optim::AdamWConfig& adamw, const float* full_params)
     : gpt_(gpt),
@@ -18,7 +23,8 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
       shards_(gpt.layout(), dp.size(), dp.rank()) {
   const int stage = config_.zero_stage;
   CHECK(stage >= 0 && stage <= 3);
-  CHECK_MSG(gpt.has_local_state() == (stage < 3), "stage 3 models hold no full state");
+  CHECK_MSG(gpt.has_local_params() == (stage < 3) && gpt.has_local_grads() == (stage < 2),
+            "the model's local buffers do not match the ZeRO stage");
   const int n = layout_.num_units();
   if (stage == 0) {
     adamw_ = std::make_unique<optim::AdamW>(adamw, layout_);
@@ -170,21 +176,26 @@ void DataParallel::optimizer_step(float lr, int t) {
   const float* grads = stage >= 2 ? grad_shard_.data() : full_grads();
   adamw_->step(params, grads, lr, t);
   if (stage == 0 || stage == 3) return;
-  // Stages 1-2: every rank updated its shard of the full parameters; gather the rest.
-  std::vector<Buffer<float>> staging(layout_.num_units());
-  std::vector<comm::RequestPtr> requests(layout_.num_units());
-  for (int u = 0; u < layout_.num_units(); u++) {
+  // Stages 1-2: every rank updated its shard of the full parameters; gather the rest,
+  // unit by unit with two in flight (the next gather overlaps copying out the last).
+  const int n = layout_.num_units();
+  std::vector<Buffer<float>> staging(n);
+  std::vector<comm::RequestPtr> requests(n);
+  auto start = [&](int u) {
     const UnitShard& s = shards_.units()[u];
     staging[u].allocate(MemCategory::kComm, s.padded);
     float* mine = staging[u].data() + (size_t)dp_.rank() * s.shard;
     std::memcpy(mine, params + shards_.own_begin(u),
                 sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
     requests[u] = dp_.iall_gather(mine, staging[u].data(), s.shard);
-  }
-  for (int u = 0; u < layout_.num_units(); u++) {
+  };
+  start(0);
+  for (int u = 0; u < n; u++) {
+    if (u + 1 < n) start(u + 1);
     requests[u]->wait();
     const UnitShard& s = shards_.units()[u];
     std::memcpy(params + s.global_offset, staging[u].data(), sizeof(float) * s.numel);
+    staging[u].release();
   }
 }
 

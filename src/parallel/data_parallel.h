@@ -24,9 +24,12 @@ struct DpConfig {
   bool overlap = true;    // false: start every reduction after backward (for measuring)
 };
 
+// The full buffers a model keeps locally at a ZeRO stage.
+model::Gpt::LocalState model_state_for_stage(int zero_stage);
+
 class DataParallel : public model::ParamStore {
  public:
-  // `gpt` must have local state for stages 0-2 and none for stage 3. For stage 3 the
+  // `gpt` must own what the stage keeps full (model_state_for_stage); for stage 3 the
   // initial parameters are taken from `full_params` (every rank passes the same values).
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                const optim::AdamWConfig& adamw, const float* full_params = nullptr);

@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "comm/self_group.h"
 #include "train/peak.h"
 #include "train/trainer.h"
 
@@ -24,7 +25,7 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   const double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops(threads);
   if (o.peak_gflops <= 0) record_gemm_peak_gflops(threads, peak);
 
-  BatchShape shape{o.micro_batch, o.grad_accum, T};
+  BatchShape shape{o.micro_batch, o.grad_accum, T, 1, 0};
   std::mt19937 rng(o.seed);
   std::vector<uint16_t> tokens((size_t)shape.G() * T * (warmup + steps) + 1);
   for (auto& t : tokens) t = (uint16_t)(rng() % config.vocab);
@@ -32,14 +33,15 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
 
   model::Gpt gpt(config);
   gpt.init_weights(o.seed);
-  optim::AdamW adamw(o.adamw, gpt.layout());
+  comm::SelfGroup self("dp");
+  parallel::DataParallel dp(gpt, self, {}, o.adamw);
   const double flops_per_token = gpt.flops_per_token(T);
   std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %d threads\n",
               config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T, threads);
   std::vector<double> times;
   for (int k = 0; k < warmup + steps; k++) {
     auto t0 = std::chrono::steady_clock::now();
-    train_step(gpt, adamw, o.adamw, data, shape, k, warmup + steps);
+    train_step(gpt, dp, self, o.adamw, data, shape, k, warmup + steps);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (k >= warmup) times.push_back(s);
   }

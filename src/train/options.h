@@ -19,8 +19,18 @@ struct TrainOptions {
 
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";
-  int micro_batch = 4;  // B
-  int grad_accum = 1;   // A; the global batch is G = B*A rows
+  int micro_batch = 4;  // B, rows per micro-batch on each data-parallel rank
+  int grad_accum = 1;   // A; the global batch is G = B*A*dp rows
+  int global_batch = 0; // G; when set, A = G/(B*dp) is derived for any layout
+
+  // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
+  int tp = 1, pp = 1, dp = 0;
+  int zero = 0;               // ZeRO stage 0-3
+  double bucket_mb = 25;      // stage-0 gradient bucket size
+  bool overlap = true;        // reductions overlap backward (false: after it, for measuring)
+  double comm_timeout = 300;  // seconds before a stuck collective aborts the job (0: never)
+  // Testing aid: this rank stops participating at this step (watchdog test).
+  int debug_stall_rank = -1, debug_stall_step = -1;
   int steps = 20;       // N
   uint64_t seed = 1337;
   int threads = 0;      // 0 = all cores

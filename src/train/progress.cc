@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 namespace meshtrain::train {
 
@@ -17,8 +18,18 @@ std::string format_duration(double s) {
 }
 }  // namespace
 
+namespace {
+// Under mpirun a rank's stdout is often a pseudo-terminal even when the user's is a pipe;
+// the launcher passes the truth in MESHTRAIN_STDOUT_TTY.
+bool stdout_is_terminal() {
+  if (const char* v = std::getenv("MESHTRAIN_STDOUT_TTY")) return std::string(v) == "1";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return false;
+  return isatty(STDOUT_FILENO);
+}
+}  // namespace
+
 Progress::Progress(int64_t first_step, int64_t total_steps, bool quiet)
-    : live_(!quiet && isatty(STDOUT_FILENO)), quiet_(quiet), first_step_(first_step),
+    : live_(!quiet && stdout_is_terminal()), quiet_(quiet), first_step_(first_step),
       total_(total_steps) {}
 
 Progress::~Progress() { end_live_line(); }

@@ -3,9 +3,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "comm/group.h"
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/data_parallel.h"
 #include "train/options.h"
 
 namespace meshtrain::train {
@@ -18,7 +20,9 @@ struct TrainResult {
 
 struct BatchShape {
   int B = 1, A = 1, T = 1;  // micro-batch rows, micro-batches per step, sequence length
-  int G() const { return B * A; }
+  int dp = 1, dp_rank = 0;  // data-parallel ranks share the global batch
+  int G() const { return B * A * dp; }
+  int first_row() const { return dp_rank * B * A; }  // this rank's rows of the global batch
 };
 
 struct StepResult {
@@ -27,17 +31,19 @@ struct StepResult {
   float lr = 0;
 };
 
-// One optimizer step k over the G rows of the global batch: A micro-batches of B rows,
-// gradients accumulated, clipped on the global norm, AdamW at the scheduled LR.
-StepResult train_step(model::Gpt& gpt, optim::AdamW& adamw, const optim::AdamWConfig& cfg,
-                      const data::TokenLoader& data, const BatchShape& shape, int64_t k,
-                      int total_steps);
+// One optimizer step k over the G rows of the global batch: this rank's A micro-batches
+// of B rows, gradients accumulated and reduced by `dp`, clipped on the global norm, AdamW
+// at the scheduled LR. The loss is the mean over all G*T tokens (reduced over dp).
+StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
+                      const optim::AdamWConfig& cfg, const data::TokenLoader& data,
+                      const BatchShape& shape, int64_t k, int total_steps);
 
 // Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
 // file holds fewer).
 float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches);
 
-// Validates everything before any work; then trains. Errors carry a user-facing message.
-Status run_training(const TrainOptions& options, TrainResult* result = nullptr);
+// Validates everything before any work, on every rank; then trains. `world` is the job's
+// world group (a one-rank group when not under MPI). Errors carry a user-facing message.
+Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result = nullptr);
 
 }  // namespace meshtrain::train

@@ -219,7 +219,7 @@ TEST_F(Cli, ResumeIsBitwiseExact) {
   EXPECT_EQ(bits(ma.evals[0]["val_loss"]), bits(mb.evals[0]["val_loss"]));
 
   // The final weights and moments are byte for byte the same.
-  for (const char* file : {"params.bin", "optim.bin"}) {
+  for (const char* file : {"shard_00000.bin"}) {
     const std::string fa = read_file(path("A/checkpoints/step_00000008/") + file);
     const std::string fb = read_file(path("B/checkpoints/step_00000008/") + file);
     EXPECT_FALSE(fa.empty());
@@ -331,9 +331,8 @@ TEST_F(Cli, ParamGradOptimPeaksAreFourBytesPerElement) {
       EXPECT_EQ(j["mem"]["grads"].get<int64_t>(), 4 * n) << s.flags;
       EXPECT_EQ(j["mem"]["optim"].get<int64_t>(), 8 * n) << s.flags;
     }
-    // The checkpoint's weights file holds exactly the same flat buffer.
-    EXPECT_EQ((int64_t)fs::file_size(out + "/checkpoints/step_00000002/params.bin"), 4 * n);
-    EXPECT_EQ((int64_t)fs::file_size(out + "/checkpoints/step_00000002/optim.bin"), 8 * n);
+    // The (single-rank) checkpoint shard holds the flat buffer, then m, then v.
+    EXPECT_EQ((int64_t)fs::file_size(out + "/checkpoints/step_00000002/shard_00000.bin"), 12 * n);
   }
 }
 
@@ -391,7 +390,9 @@ TEST_F(Cli, ExportAndInitFromRoundTrip) {
   EXPECT_EQ(f.metadata().at("n_layer"), "2");
 
   // The values: the checkpoint's flat buffer, Conv1D weights transposed, padding dropped.
-  const std::string params = read_file(path("R/checkpoints/step_00000003/params.bin"));
+  // A single-rank checkpoint shard starts with the whole flat parameter buffer.
+  const std::string params = read_file(path("R/checkpoints/step_00000003/shard_00000.bin"))
+                                 .substr(0, 4 * flat_elements(2, C, P, V));
   ASSERT_EQ((int64_t)params.size(), 4 * flat_elements(2, C, P, V));
   const float* flat = reinterpret_cast<const float*>(params.data());
   std::vector<float> wte((size_t)(V * C));
@@ -611,27 +612,24 @@ TEST_F(Cli, CorruptCheckpointIsNamed) {
   RunResult r = run(train(kTiny + " --steps 2 --quiet --out " + path("K")));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   const std::string ckpt = path("K/checkpoints/step_00000002");
-  const std::string good = read_file(ckpt + "/params.bin");
+  const std::string good = read_file(ckpt + "/shard_00000.bin");
   const std::string resume = train(kTiny + " --steps 4 --out " + path("K") + " --resume");
   const std::string export_cmd =
       kBinary + " export --checkpoint " + path("K") + " --out " + path("x.safetensors");
 
   std::string flipped = good;
   for (size_t i = 1000; i < 1004; i++) flipped[i] = (char)~flipped[i];
-  write_file(ckpt + "/params.bin", flipped);
-  expect_failure(run(resume), {"params.bin", "checksum"});
-  expect_failure(run(export_cmd), {"params.bin", "checksum"});
+  write_file(ckpt + "/shard_00000.bin", flipped);
+  expect_failure(run(resume), {"shard_00000.bin", "checksum"});
+  expect_failure(run(export_cmd), {"shard_00000.bin", "checksum"});
   EXPECT_FALSE(fs::exists(path("x.safetensors")));
 
-  write_file(ckpt + "/params.bin", good.substr(0, good.size() - 64));
-  expect_failure(run(resume), {"params.bin", "truncated"});
+  write_file(ckpt + "/shard_00000.bin", good.substr(0, good.size() - 64));
+  expect_failure(run(resume), {"shard_00000.bin", "truncated"});
+  write_file(ckpt + "/shard_00000.bin", good.substr(0, good.size() / 2));
+  expect_failure(run(resume), {"shard_00000.bin", "truncated"});
 
-  write_file(ckpt + "/params.bin", good);
-  const std::string optim = read_file(ckpt + "/optim.bin");
-  write_file(ckpt + "/optim.bin", optim.substr(0, optim.size() / 2));
-  expect_failure(run(resume), {"optim.bin", "truncated"});
-
-  write_file(ckpt + "/optim.bin", optim);
+  write_file(ckpt + "/shard_00000.bin", good);
   const std::string index = read_file(ckpt + "/index.json");
   write_file(ckpt + "/index.json", index.substr(0, index.size() / 2));
   expect_failure(run(resume), {"index.json", "corrupt"});

@@ -14,6 +14,7 @@
 
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/safetensors.h"
+#include "comm/self_group.h"
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "model/gpt.h"
@@ -35,7 +36,7 @@ ParityCase make_case() {
   ParityCase c;
   c.config.layers = 2, c.config.heads = 4, c.config.dim = 32, c.config.max_seq_len = 24;
   c.config.vocab = 97;  // padded to 128 inside the engine
-  c.shape = {2, 2, 16};
+  c.shape = {2, 2, 16, 1, 0};
   c.adamw.lr = 1e-2f, c.adamw.min_lr = 1e-3f, c.adamw.warmup_steps = 3;
   c.adamw.weight_decay = 0.1f, c.adamw.grad_clip = 1.0f;
   return c;
@@ -135,12 +136,13 @@ TEST_F(TorchParity, StepZeroAndTenAdamWSteps) {
   // Ten AdamW steps from the same initial weights.
   model::Gpt fresh(pc.config);
   ASSERT_TRUE(checkpoint::load_hf_safetensors(init, &fresh).is_ok());
-  optim::AdamW adamw(pc.adamw, fresh.layout());
+  comm::SelfGroup self("dp");
+  parallel::DataParallel dp(fresh, self, {}, pc.adamw);
   std::vector<float> ref_loss(pc.steps), ref_norm(pc.steps);
   ASSERT_TRUE(ref.read_float("loss", ref_loss.data(), pc.steps).is_ok());
   ASSERT_TRUE(ref.read_float("grad_norm", ref_norm.data(), pc.steps).is_ok());
   for (int k = 0; k < pc.steps; k++) {
-    auto r = train::train_step(fresh, adamw, pc.adamw, loader, sh, k, pc.steps);
+    auto r = train::train_step(fresh, dp, self, pc.adamw, loader, sh, k, pc.steps);
     EXPECT_NEAR(r.loss, ref_loss[k], 1e-4) << "loss at step " << k;
     EXPECT_NEAR(r.grad_norm, ref_norm[k], 1e-4 * std::max(1.0f, ref_norm[k])) << "norm at step " << k;
   }

@@ -1,0 +1,62 @@
+// The device mesh: world = pp × dp × tp ranks, with a Group per axis.
+//
+// Rank order: tp varies fastest, then dp, then pp (tp neighbours share a node):
+//   rank = tp_rank + tp · (dp_rank + dp · pp_rank)
+// The tp group of a rank holds the ranks with its (dp, pp) coordinates, ordered by tp_rank;
+// likewise dp (same tp, pp) and pp (same tp, dp). Axis names are "tp", "dp", "pp".
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+
+#include "comm/group.h"
+#include "core/status.h"
+
+namespace meshtrain::comm {
+
+struct MeshShape {
+  int tp = 1, pp = 1, dp = 1;
+  int world() const { return tp * pp * dp; }
+  std::string to_string() const;  // "tp=2 pp=1 dp=2"
+};
+
+struct MeshCoord {
+  int tp = 0, dp = 0, pp = 0;
+};
+
+// Resolves the mesh of `world` ranks from the requested axis sizes; dp = 0 derives dp as
+// world / (tp·pp). Errors: a size < 1 (dp < 0), tp·pp not dividing world, tp·pp·dp != world.
+Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out);
+
+class Mesh {
+ public:
+  // Collective over `world` (every rank calls it with the same shape): splits the world
+  // into the tp, dp and pp groups. An axis of size 1 is a SelfGroup and needs no MPI
+  // communicator. `world` must outlive the Mesh; world.size() must equal shape.world().
+  Mesh(Group& world, const MeshShape& shape);
+
+  const MeshShape& shape() const { return shape_; }
+  Group& world() { return world_; }
+  Group& tp() { return *tp_; }
+  Group& dp() { return *dp_; }
+  Group& pp() { return *pp_; }
+  int tp_rank() const { return coord_.tp; }
+  int dp_rank() const { return coord_.dp; }
+  int pp_rank() const { return coord_.pp; }
+
+  // Pure functions of the rank order above (0 <= rank < shape.world()).
+  static MeshCoord coordinates(int rank, const MeshShape& shape);
+  static int rank_of(const MeshCoord& coord, const MeshShape& shape);
+
+  // Traffic of every group, keyed by axis name: "world", "tp", "dp", "pp".
+  std::map<std::string, AxisStats> stats() const;
+  void reset_stats();
+
+ private:
+  Group& world_;
+  MeshShape shape_;
+  MeshCoord coord_;
+  std::unique_ptr<Group> tp_, dp_, pp_;
+};
+
+}  // namespace meshtrain::comm
