@@ -24,9 +24,10 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-std::string shard_file_name(int rank) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "shard_%05d.bin", rank);
+std::string shard_file_name(int tp, int tp_rank, int dp_rank) {
+  char buf[40];
+  if (tp > 1) std::snprintf(buf, sizeof buf, "shard_tp%02d_%05d.bin", tp_rank, dp_rank);
+  else std::snprintf(buf, sizeof buf, "shard_%05d.bin", dp_rank);
   return buf;
 }
 
@@ -84,7 +85,9 @@ json units_json(const parallel::ShardLayout& shards) {
 
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
-                       const RankState& state, comm::Group& dp, const json& run_config, int keep) {
+                       const RankState& state, comm::Group& world, const json& run_config,
+                       int keep) {
+  comm::Group& dp = world;  // the collectives below span every rank of the job
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const fs::path final_dir = root / step_dir_name(step);
   const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
@@ -106,20 +109,33 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
       buf.insert(buf.end(), src, src + (shards.own_end(u) - shards.own_begin(u)));
     }
   const size_t bytes = buf.size() * sizeof(float);
-  Status written = write_file_synced((tmp_dir / shard_file_name(dp.rank())).string(), buf.data(), bytes);
+  const std::string my_file = shard_file_name(layout.tp(), layout.tp_rank(), shards.rank());
+  Status written = write_file_synced((tmp_dir / my_file).string(), buf.data(), bytes);
   const uint64_t checksum = checksum64(buf.data(), bytes);
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
   double failed = written.is_ok() ? 0.0 : 1.0;
   dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
   if (failed > 0) return written.is_ok() ? Status::error("checkpoint write failed on another rank") : written;
   const auto info = exchange_file_info(dp, bytes, checksum);
+  // Which (tp, dp) slice each world rank wrote.
+  std::vector<double> where((size_t)dp.size() * 2, 0.0);
+  where[(size_t)dp.rank() * 2] = layout.tp_rank();
+  where[(size_t)dp.rank() * 2 + 1] = shards.rank();
+  dp.all_reduce_f64(where.data(), where.size(), comm::ReduceOp::kSum);
 
   Status result;
   if (dp.rank() == 0) {
+    // Ordered by tp rank, then dp rank; with pipeline or dp replicas of a slice only the
+    // first writer of each (tp, dp) slice is listed (the copies are identical).
+    std::map<std::pair<int, int>, json> by_slice;
+    for (int r = 0; r < dp.size(); r++) {
+      const int t = (int)where[(size_t)r * 2], d = (int)where[(size_t)r * 2 + 1];
+      by_slice.emplace(std::pair{t, d}, json{{"name", shard_file_name(layout.tp(), t, d)},
+                                             {"tp", t}, {"dp", d}, {"bytes", info[r].first},
+                                             {"checksum", to_hex(info[r].second)}});
+    }
     json files = json::array();
-    for (int r = 0; r < dp.size(); r++)
-      files.push_back({{"name", shard_file_name(r)}, {"rank", r}, {"bytes", info[r].first},
-                       {"checksum", to_hex(info[r].second)}});
+    for (auto& [key, f] : by_slice) files.push_back(f);
     json tensors = json::array();
     for (const auto& t : layout.tensors())
       tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
@@ -129,7 +145,8 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
                   {"model", model_json(config)},
                   {"total_elements", layout.total()},
                   {"tensors", tensors},
-                  {"dp_size", dp.size()},
+                  {"tp_size", layout.tp()},
+                  {"dp_size", shards.world()},
                   {"units", units_json(shards)},
                   {"shard_sections", {"params", "adam_m", "adam_v"}},
                   {"files", files},
@@ -178,10 +195,10 @@ Status read_checkpoint_index(const std::string& dir, json* index) {
     if ((*index)["version"].get<int>() != kCheckpointFormatVersion)
       return Status::error(path + " has checkpoint format version " + (*index)["version"].dump() +
                            ", this build reads version " + std::to_string(kCheckpointFormatVersion));
-    const int n = (*index).at("dp_size").get<int>();
+    const int n = (*index).at("dp_size").get<int>() * index->value("tp_size", 1);
     if (n < 1 || (int)(*index).at("files").size() != n)
       return Status::error(path + " lists " + std::to_string((*index).at("files").size()) +
-                           " shard files for " + std::to_string(n) + " ranks");
+                           " shard files for " + std::to_string(n) + " slices");
     for (const auto& f : (*index)["files"]) {
       (void)f.at("bytes").get<uint64_t>();
       (void)f.at("checksum").get<std::string>();
@@ -214,8 +231,12 @@ namespace {
 // each file's size and checksum the first time it is used.
 class ShardReader {
  public:
-  ShardReader(std::string dir, const json& index, const model::ParamLayout& layout)
-      : dir_(std::move(dir)), index_(index), writers_(layout, index["dp_size"].get<int>(), 0) {}
+  // Reads the files of tensor-parallel rank `tp_rank` (whose local layout is `layout`).
+  ShardReader(std::string dir, const json& index, const model::ParamLayout& layout, int tp_rank)
+      : dir_(std::move(dir)),
+        index_(index),
+        writers_(layout, index["dp_size"].get<int>(), 0),
+        first_file_(tp_rank * index["dp_size"].get<int>()) {}
 
   // Copies the real elements of unit u in [begin, end) (global offsets) into dst.
   Status copy(int kind, int u, size_t begin, size_t end, float* dst) {
@@ -246,7 +267,7 @@ class ShardReader {
   Status open(int w, const std::string** file) {
     auto it = files_.find(w);
     if (it == files_.end()) {
-      const json& meta = index_["files"][w];
+      const json& meta = index_["files"][first_file_ + w];
       const std::string path = (fs::path(dir_) / meta["name"].get<std::string>()).string();
       std::string bytes;
       RETURN_IF_ERROR(read_file(path, &bytes));
@@ -266,6 +287,7 @@ class ShardReader {
   std::string dir_;
   const json& index_;
   parallel::ShardLayout writers_;  // the writers' partition (rank field unused)
+  int first_file_;                 // this tp rank's files start here in the index
   std::map<int, std::string> files_;
 };
 
@@ -293,8 +315,13 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
       saved.max_seq_len != c.max_seq_len || saved.vocab != c.vocab)
     return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
                          ", but this run's model is " + model_json(c).dump());
+  const int saved_tp = index.value("tp_size", 1);
+  if (saved_tp != layout.tp())
+    return Status::error(dir + " was written with --tp " + std::to_string(saved_tp) +
+                         "; resuming it at --tp " + std::to_string(layout.tp()) +
+                         " is not supported (export it and use --init-from to change tp)");
   RETURN_IF_ERROR(check_units(index, layout, dir));
-  ShardReader reader(dir, index, layout);
+  ShardReader reader(dir, index, layout, layout.tp_rank());
   for (int kind = 0; kind < kKinds; kind++) {
     float* base = kind == 0 ? state.params : kind == 1 ? state.m : state.v;
     if (!base) continue;
@@ -313,9 +340,27 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
 }
 
 Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step) {
-  parallel::ShardLayout whole(gpt->layout(), 1, 0);
-  RankState st{gpt->params(), true, m, v, true};
-  return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
+  json index;
+  RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
+  const int tp = index.value("tp_size", 1);
+  if (tp == 1) {
+    parallel::ShardLayout whole(gpt->layout(), 1, 0);
+    RankState st{gpt->params(), true, m, v, true};
+    return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
+  }
+  if (m || v) return Status::error(dir + ": optimizer state of a --tp > 1 checkpoint loads only at the same tp");
+  // Reassemble the whole model from each tensor-parallel slice.
+  for (int r = 0; r < tp; r++) {
+    model::ParamLayout slice(gpt->config(), tp, r);
+    std::vector<float> local(slice.total());
+    parallel::ShardLayout shards(slice, 1, 0);
+    RankState st{local.data(), true, nullptr, nullptr, true};
+    RETURN_IF_ERROR(load_checkpoint(dir, slice, gpt->config(), shards, st, step));
+    for (size_t i = 0; i < slice.tensors().size(); i++)
+      model::local_to_global(slice.tensors()[i], tp, r, local.data() + slice.tensors()[i].offset,
+                             gpt->params() + gpt->layout().tensors()[i].offset);
+  }
+  return Status::ok();
 }
 
 }  // namespace meshtrain::checkpoint

@@ -5,8 +5,10 @@
 //                    name/shape/offset, the writers' data-parallel size N, the unit table
 //                    (global offset, elements, shard size) and each shard file's size and
 //                    checksum;
-//   shard_RRRRR.bin  rank R's owned slice of every unit (ZeRO's per-unit shards, see
-//                    parallel/shard_layout.h): params of all units, then Adam m, then v.
+//   shard_RRRRR.bin  data-parallel rank R's owned slice of every unit (ZeRO's per-unit
+//                    shards, see parallel/shard_layout.h): params of all units, then Adam
+//                    m, then v; with tensor parallelism one set per tp rank T,
+//                    shard_tpTT_RRRRR.bin, each over that rank's slice of the model.
 // Each rank writes its own shard; rank 0 writes the index and renames the staged ".tmp"
 // folder into place, so a crash never leaves a partial step_* folder. Because the index
 // records global offsets, a checkpoint written by N ranks at any ZeRO stage loads into any
@@ -37,10 +39,13 @@ struct RankState {
   bool moments_full = true;
 };
 
-// Collective over `dp`: every rank writes its shard. Keeps the newest `keep` (0: all).
+// Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()) and its
+// data-parallel shard (shards.world(), shards.rank()).
+// Collective over `world` (every rank of the job): each writes its shard, world rank 0 the
+// index. Keeps the newest `keep` checkpoints (0: all).
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
-                       const RankState& state, comm::Group& dp, const nlohmann::json& run_config,
+                       const RankState& state, comm::Group& world, const nlohmann::json& run_config,
                        int keep = 2);
 
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
@@ -51,12 +56,14 @@ Status read_checkpoint_index(const std::string& dir, nlohmann::json* index);
 Status checkpoint_model_config(const nlohmann::json& index, model::GptConfig* config);
 
 // Fills `state` for a rank whose shards are `shards` (full parts get every element),
-// after verifying the model shape and the checksums of the shard files it reads.
+// after verifying the model shape and the checksums of the shard files it reads. Any
+// data-parallel size and ZeRO stage; the tensor-parallel size must be the writer's.
 Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, int64_t* step);
 
-// Single-process convenience: full weights (and moments when given) into a local model.
+// Single-process convenience: the whole model's weights (reassembled from every tp slice)
+// into a tp = 1 model; moments (when m and v are given) only from tp = 1 checkpoints.
 Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step);
 
 }  // namespace meshtrain::checkpoint

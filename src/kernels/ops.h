@@ -14,11 +14,14 @@
 
 namespace meshtrain::kernels {
 
-// out[B,T,C] = wte[inp[b,t], :] + wpe[t, :]
+// out[B,T,C] = wte[inp[b,t] - vb, :] + wpe[t, :] where wte holds the vocabulary rows
+// [vb, vb + vn) (a tensor-parallel rank's slice; all of it when tp = 1). Tokens outside
+// the slice contribute zero; wpe may be null (added by one tp rank only).
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                     int C);
+                     int C, int vb, int vn);
+// dwte rows of the slice and (when dwpe is not null) all of dwpe accumulate.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                      int C);
+                      int C, int vb, int vn);
 
 // out[N,C] = (inp - mean) * rstd * weight + bias, eps 1e-5; mean[N], rstd[N] kept for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -51,15 +54,22 @@ void gelu_forward(float* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
+// out[N,C] = residual + x + bias (bias may be null): a row-parallel linear's bias is added
+// once, after the partial outputs are summed.
+void bias_residual_forward(float* out, const float* residual, const float* x, const float* bias,
+                           int N, int C);
 
-// Cross-entropy over the first V columns of logits[N,Vp]: losses[N], lse[N].
-// Columns V..Vp-1 are padding: never read, never written.
-void crossentropy_forward(float* losses, float* lse, const float* logits, const int* targets, int N,
-                          int V, int Vp);
-// dlogits[N,Vp] = (softmax(logits) - onehot(target)) * dloss for the first V columns.
-// dlogits may alias logits.
+// Cross-entropy pieces over a slice of the vocabulary: logits[N, ld] holds columns for the
+// token ids [vb, vb + vn) (vn real columns; the rest of the row stride is padding, never
+// read or written). lse[N] = log-sum-exp of the row's vn columns (-inf when vn = 0),
+// target_logit[N] = the target's logit when the target is in the slice, else 0. One rank
+// (tp = 1): loss = lse - target_logit. Vocabulary-parallel ranks combine their pieces.
+void crossentropy_forward(float* lse, float* target_logit, const float* logits,
+                          const int* targets, int N, int vn, int ld, int vb);
+// dlogits = (exp(logits - lse) - onehot(target - vb)) * dloss over the vn columns, with the
+// global lse. dlogits may alias logits.
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
-                           const int* targets, float dloss, int N, int V, int Vp);
+                           const int* targets, float dloss, int N, int vn, int ld, int vb);
 
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

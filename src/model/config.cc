@@ -34,6 +34,20 @@ Status validate(const GptConfig& c) {
   return Status::ok();
 }
 
+Status validate_tp(const GptConfig& c, int tp) {
+  if (tp < 1) return Status::error("--tp must be >= 1, got " + std::to_string(tp));
+  auto need = [&](const char* what, int64_t n) -> Status {
+    if (n % tp != 0)
+      return Status::error("--tp " + std::to_string(tp) + " does not divide " + what + " (" +
+                           std::to_string(n) + ")");
+    return Status::ok();
+  };
+  RETURN_IF_ERROR(need("the number of heads", c.heads));
+  RETURN_IF_ERROR(need("4 x dim, the MLP width", 4LL * c.dim));
+  RETURN_IF_ERROR(need("the padded vocabulary", c.padded_vocab()));
+  return Status::ok();
+}
+
 int64_t num_parameters(const GptConfig& c) {
   const int64_t C = c.dim, L = c.layers;
   const int64_t per_layer = 2 * C + (3 * C * C + 3 * C) + (C * C + C) + 2 * C + (4 * C * C + 4 * C) +

@@ -25,6 +25,9 @@ Status preset_config(const std::string& name, GptConfig* out);
 // Rejects shapes the engine cannot run, with a message naming the problem.
 Status validate(const GptConfig& c);
 
+// Rejects a tensor-parallel size that does not divide heads, 4*dim or the padded vocabulary.
+Status validate_tp(const GptConfig& c, int tp);
+
 // Parameters as a user counts them: the tied head once, padding rows excluded.
 int64_t num_parameters(const GptConfig& c);
 

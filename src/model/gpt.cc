@@ -1,5 +1,6 @@
 #include "model/gpt.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -11,10 +12,26 @@ namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
 
-Gpt::Gpt(const GptConfig& config, LocalState local) : config_(config), layout_(config) {
+Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp)
+    : config_(config),
+      layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
+      tp_size_(layout_.tp()),
+      tp_rank_(layout_.tp_rank()) {
+  CHECK_MSG(validate_tp(config, tp_size_).is_ok(), "model shape not divisible by tp");
+  Cl_ = config.dim / tp_size_;
+  NHl_ = config.heads / tp_size_;
+  Fl_ = 4 * config.dim / tp_size_;
+  Vl_ = config.padded_vocab() / tp_size_;
+  vb_ = tp_rank_ * Vl_;
+  vn_ = std::clamp(config.vocab - vb_, 0, Vl_);
   if (local != LocalState::kNone)
     local_ = std::make_unique<LocalParamStore>(layout_, local == LocalState::kParamsAndGrads);
   store_ = local_.get();
+}
+
+void Gpt::tp_all_reduce(float* x, size_t n, comm::ReduceOp op) {
+  if (tp_) tp_->all_reduce(x, n, op);
 }
 
 float* Gpt::params() {
@@ -29,7 +46,22 @@ float* Gpt::grads() {
 
 void Gpt::set_param_store(ParamStore* store) { store_ = store ? store : local_.get(); }
 
+void Gpt::set_from_global(const float* global) {
+  const ParamLayout whole(config_);
+  for (size_t i = 0; i < layout_.tensors().size(); i++)
+    global_to_local(layout_.tensors()[i], tp_size_, tp_rank_, global + whole.tensors()[i].offset,
+                    params() + layout_.tensors()[i].offset);
+}
+
 void Gpt::init_weights(uint64_t seed) {
+  if (tp_size_ > 1) {
+    // Every tp rank draws the whole model's weights (same seed), then keeps its slice: the
+    // same initial model as tp = 1.
+    Gpt whole(config_, LocalState::kParamsOnly);
+    whole.init_weights(seed);
+    set_from_global(whole.params());
+    return;
+  }
   std::mt19937_64 rng(seed);
   const float residual_std = 0.02f / std::sqrt(2.0f * config_.layers);
   float* p = params();
@@ -54,9 +86,11 @@ void Gpt::ensure_activations(int B, int T) {
   CHECK_MSG(T <= config_.max_seq_len, "sequence longer than the position embedding");
   if (B == B_ && T == T_) return;
   B_ = B, T_ = T;
-  const size_t N = (size_t)B * T, C = config_.dim, NH = config_.heads, Vp = config_.padded_vocab();
-  const size_t per_block = N * C * 16 + N * 4 + N * NH;  // see BlockActivations
-  const size_t total = N * C + config_.layers * per_block + N * C + 2 * N + N * Vp + N;
+  const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_, Vl = Vl_;
+  // See BlockActivations: 4 replicated [N,C] tensors, qkv, the attention output and the
+  // two MLP tensors of this rank's slice, the row statistics.
+  const size_t per_block = N * C * 4 + N * Cl * 4 + N * Fl * 2 + N * 4 + N * NH;
+  const size_t total = N * C + config_.layers * per_block + N * C + 2 * N + N * Vl + 2 * N;
   acts_.allocate(MemCategory::kActivations, total);
   float* cursor = acts_.data();
   auto take = [&](size_t n) {
@@ -68,40 +102,45 @@ void Gpt::ensure_activations(int B, int T) {
   blocks_.resize(config_.layers);
   for (auto& a : blocks_) {
     a.ln1 = take(N * C), a.ln1_mean = take(N), a.ln1_rstd = take(N);
-    a.qkv = take(N * 3 * C), a.atty = take(N * C), a.att_lse = take(N * NH);
+    a.qkv = take(N * 3 * Cl), a.atty = take(N * Cl), a.att_lse = take(N * NH);
     a.residual2 = take(N * C), a.ln2 = take(N * C), a.ln2_mean = take(N), a.ln2_rstd = take(N);
-    a.fch = take(N * 4 * C), a.fch_gelu = take(N * 4 * C), a.residual3 = take(N * C);
+    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl), a.residual3 = take(N * C);
   }
   lnf_ = take(N * C), lnf_mean_ = take(N), lnf_rstd_ = take(N);
-  logits_ = take(N * Vp);
-  lse_ = take(N);
+  logits_ = take(N * Vl);
+  lse_ = take(N), target_logit_ = take(N);
   CHECK(cursor == acts_.data() + total);
   losses_.allocate(MemCategory::kActivations, N);
 
   // Backward scratch: gradients w.r.t. the residual stream and one block's intermediates.
-  grad_acts_.allocate(MemCategory::kActivations, N * C * 4 + N * 3 * C + N * 4 * C * 2);
+  grad_acts_.allocate(MemCategory::kActivations, N * C * 3 + N * Cl * 4 + N * Fl * 2);
   cursor = grad_acts_.data();
-  dresidual_ = take(N * C), dln_ = take(N * C), datty_ = take(N * C), dqkv_ = take(N * 3 * C);
-  dfch_ = take(N * 4 * C), dfch_gelu_ = take(N * 4 * C);
+  dresidual_ = take(N * C), dln_ = take(N * C), partial_ = take(N * C);
+  datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
 }
 
+// Megatron's block: column-parallel QKV and fc (no communication), row-parallel output
+// projections whose partial sums are all-reduced over tp before the bias and residual
+// ("g": all-reduce forward, identity backward); "f" (identity forward, all-reduce
+// backward) sits on the inputs of the column-parallel linears.
 void Gpt::block_forward(int l, const float* residual, int B, int T) {
-  const int N = B * T, C = config_.dim, NH = config_.heads;
+  const int N = B * T, C = config_.dim;
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
   BlockActivations& a = blocks_[l];
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), N, C);
-  k::matmul_forward(a.qkv, a.ln1, W(kQkvW), W(kQkvB), N, C, 3 * C);
-  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, C, NH);
-  // residual2 temporarily holds the attention projection, then the residual sum.
-  k::matmul_forward(a.residual2, a.atty, W(kAttProjW), W(kAttProjB), N, C, C);
-  k::residual_forward(a.residual2, a.residual2, residual, (size_t)N * C);
+  k::matmul_forward(a.qkv, a.ln1, W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
+  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+  k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C);
+  tp_all_reduce(partial_, (size_t)N * C);  // g
+  k::bias_residual_forward(a.residual2, residual, partial_, W(kAttProjB), N, C);
   k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), N, C);
-  k::matmul_forward(a.fch, a.ln2, W(kFcW), W(kFcB), N, C, 4 * C);
-  k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * 4 * C);
-  k::matmul_forward(a.residual3, a.fch_gelu, W(kFcProjW), W(kFcProjB), N, 4 * C, C);
-  k::residual_forward(a.residual3, a.residual3, a.residual2, (size_t)N * C);
+  k::matmul_forward(a.fch, a.ln2, W(kFcW), W(kFcB), N, C, Fl_);
+  k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
+  k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C);
+  tp_all_reduce(partial_, (size_t)N * C);  // g
+  k::bias_residual_forward(a.residual3, a.residual2, partial_, W(kFcProjB), N, C);
   store_->release_params(u);
 }
 
@@ -114,7 +153,11 @@ void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
   store_->begin_pass(Pass::kForward);
   const float* emb = store_->acquire_params(E);
   const float* wte = tensor(emb, layout_.wte());
-  k::encoder_forward(encoded_, inputs, wte, tensor(emb, layout_.wpe()), B, T, C);
+  // Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
+  // the position embedding), the all-reduce assembles the sum.
+  k::encoder_forward(encoded_, inputs, wte, tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr,
+                     B, T, C, vb_, Vl_);
+  tp_all_reduce(encoded_, (size_t)N * C);
   const float* residual = encoded_;
   for (int l = 0; l < config_.layers; l++) {
     block_forward(l, residual, B, T);
@@ -124,30 +167,44 @@ void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
   k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, tensor(fin, layout_.lnf_w()),
                        tensor(fin, layout_.lnf_b()), N, C);
   store_->release_params(F);
-  // Tied LM head over the real vocabulary only: logits[N, V] with row stride Vp.
-  k::gemm(false, true, N, config_.vocab, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_,
-          config_.padded_vocab());
+  // Tied LM head over this rank's real vocabulary columns: logits[N, vn] with row stride Vl.
+  k::gemm(false, true, N, vn_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, Vl_);
   store_->release_params(E);
 }
 
 const float* Gpt::forward_logits(const int* inputs, int B, int T) {
+  CHECK_MSG(tp_size_ == 1, "forward_logits returns whole-vocabulary logits: tp = 1 only");
   forward_to_lnf(inputs, B, T);
   return logits_;
+}
+
+// Vocabulary-parallel cross-entropy: no rank holds all logits; the log-sum-exp is combined
+// from each rank's (max-shifted) partial sums, the target logit from the rank that has it.
+void Gpt::vocab_parallel_loss(int N) {
+  k::crossentropy_forward(lse_, target_logit_, logits_, targets_.data(), N, vn_, Vl_, vb_);
+  if (tp_) {
+    std::vector<float> global_max(lse_, lse_ + N), scaled(N);
+    tp_all_reduce(global_max.data(), N, comm::ReduceOp::kMax);
+    for (int i = 0; i < N; i++) scaled[i] = std::exp(lse_[i] - global_max[i]);  // 0 for -inf
+    tp_all_reduce(scaled.data(), N);
+    for (int i = 0; i < N; i++) lse_[i] = global_max[i] + std::log(scaled[i]);
+    tp_all_reduce(target_logit_, N);
+  }
+  for (int i = 0; i < N; i++) losses_[i] = lse_[i] - target_logit_[i];
 }
 
 float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
   forward_to_lnf(inputs, B, T);
   const int N = B * T;
   targets_.assign(targets, targets + N);
-  k::crossentropy_forward(losses_.data(), lse_, logits_, targets, N, config_.vocab,
-                          config_.padded_vocab());
+  vocab_parallel_loss(N);
   double sum = 0;
   for (int i = 0; i < N; i++) sum += losses_[i];
   return static_cast<float>(sum / N);
 }
 
 void Gpt::block_backward(int l, const float* block_in, int B, int T) {
-  const int N = B * T, C = config_.dim, NH = config_.heads;
+  const int N = B * T, C = config_.dim;
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
@@ -156,15 +213,17 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   BlockActivations& a = blocks_[l];
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip.
   k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB), dresidual_, a.fch_gelu, W(kFcProjW), N,
-                     4 * C, C);
-  k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * 4 * C);
-  k::matmul_backward(dln_, G(kFcW), G(kFcB), dfch_, a.ln2, W(kFcW), N, C, 4 * C);
+                     Fl_, C);
+  k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
+  k::matmul_backward(dln_, G(kFcW), G(kFcB), dfch_, a.ln2, W(kFcW), N, C, Fl_);
+  tp_all_reduce(dln_, (size_t)N * C);  // f
   k::layernorm_backward(dresidual_, G(kLn2W), G(kLn2B), dln_, a.residual2, W(kLn2W), a.ln2_mean,
                         a.ln2_rstd, N, C);
   // Attention: dresidual is now d(residual2).
-  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), dresidual_, a.atty, W(kAttProjW), N, C, C);
-  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, C, NH);
-  k::matmul_backward(dln_, G(kQkvW), G(kQkvB), dqkv_, a.ln1, W(kQkvW), N, C, 3 * C);
+  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), dresidual_, a.atty, W(kAttProjW), N, Cl_, C);
+  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
+  k::matmul_backward(dln_, G(kQkvW), G(kQkvB), dqkv_, a.ln1, W(kQkvW), N, C, 3 * Cl_);
+  tp_all_reduce(dln_, (size_t)N * C);  // f
   k::layernorm_backward(dresidual_, G(kLn1W), G(kLn1B), dln_, block_in, W(kLn1W), a.ln1_mean,
                         a.ln1_rstd, N, C);
   store_->release_params(u);
@@ -174,18 +233,18 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
 void Gpt::backward(float loss_scale) {
   CHECK_MSG(!targets_.empty(), "backward() without forward()");
   const int B = B_, T = T_, N = B * T, C = config_.dim;
-  const int V = config_.vocab, Vp = config_.padded_vocab();
   const int E = ParamLayout::kEmbeddingUnit, F = layout_.final_unit();
 
-  // Head: logits = lnf @ wte^T.
+  // Head: logits = lnf @ wte^T over this rank's vocabulary slice.
   store_->begin_pass(Pass::kBackward);
   float* dlogits = logits_;  // in place
-  k::crossentropy_backward(dlogits, logits_, lse_, targets_.data(), loss_scale, N, V, Vp);
+  k::crossentropy_backward(dlogits, logits_, lse_, targets_.data(), loss_scale, N, vn_, Vl_, vb_);
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);
   float* dwte = tensor(gemb, layout_.wte());
-  k::gemm(false, false, N, C, V, 1.0f, dlogits, Vp, tensor(emb, layout_.wte()), C, 0.0f, dln_, C);
-  k::gemm(true, false, V, C, N, 1.0f, dlogits, Vp, lnf_, C, 1.0f, dwte, C);
+  k::gemm(false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f, dln_, C);
+  tp_all_reduce(dln_, (size_t)N * C);  // f on the head's input
+  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, lnf_, C, 1.0f, dwte, C);
   store_->release_params(E);
 
   std::memset(dresidual_, 0, sizeof(float) * N * C);
@@ -200,9 +259,11 @@ void Gpt::backward(float loss_scale) {
   for (int l = config_.layers - 1; l >= 0; l--)
     block_backward(l, l == 0 ? encoded_ : blocks_[l - 1].residual3, B, T);
 
+  // The embedding's input gradient is whole on every rank (the forward all-reduce's
+  // backward is the identity): each rank adds its vocabulary rows and all of dwpe.
   gemb = store_->acquire_grads(E);
   k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()), dresidual_,
-                      inputs_.data(), B, T, C);
+                      inputs_.data(), B, T, C, vb_, Vl_);
   store_->release_grads(E);
 }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/group.h"
 #include "core/memory.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -13,6 +14,7 @@
 namespace meshtrain::model {
 
 // Everything the backward pass needs from the forward pass, one set per block.
+// (Tensor-parallel shapes: 3C -> 3C/t, NH -> NH/t, the attention output C -> C/t, 4C -> 4C/t.)
 struct BlockActivations {
   float* ln1;        // [B,T,C]
   float* ln1_mean;   // [B,T]
@@ -34,7 +36,11 @@ class Gpt {
   // Which full buffers the model owns itself; the rest comes from a ParamStore set before
   // running (ZeRO-2 shards gradients, ZeRO-3 also parameters).
   enum class LocalState { kParamsAndGrads, kParamsOnly, kNone };
-  explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads);
+  // With a tensor-parallel group `tp` of size t, this rank holds and computes its slice:
+  // heads and MLP columns split Megatron-style, the vocabulary split for the embedding and
+  // the cross-entropy (see ParamLayout's TpSplit). Null: the whole model.
+  explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
+               comm::Group* tp = nullptr);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -51,6 +57,8 @@ class Gpt {
   // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
   // biases, unit LayerNorm weights; padded vocabulary rows stay zero.
   void init_weights(uint64_t seed);
+  // Sets this rank's parameters from whole-model weights in the tp = 1 layout.
+  void set_from_global(const float* global_params);
 
   // Runs the model on inputs[B,T] and returns the mean loss over targets[B,T].
   // Keeps the activations for backward().
@@ -68,6 +76,8 @@ class Gpt {
 
  private:
   void ensure_activations(int B, int T);
+  void tp_all_reduce(float* x, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
+  void vocab_parallel_loss(int N);
   void forward_to_lnf(const int* inputs, int B, int T);
 
   // Pointer to tensor t of the unit whose buffer starts at `unit_base`.
@@ -90,12 +100,20 @@ class Gpt {
   float* encoded_ = nullptr;  // [B,T,C]
   std::vector<BlockActivations> blocks_;
   float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [B,T,C], [B,T], [B,T]
-  float* logits_ = nullptr;  // [B,T,Vp], becomes dlogits in backward
-  float* lse_ = nullptr;     // [B,T]
+  float* logits_ = nullptr;  // [B,T,Vp/t], becomes dlogits in backward
+  float* lse_ = nullptr;     // [B,T] log-sum-exp over the whole vocabulary
+  float* target_logit_ = nullptr;  // [B,T]
   Buffer<float> losses_;     // [B,T]
   // Gradients of activations, reused by every block in backward.
   Buffer<float> grad_acts_;
   float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_;
+  float* partial_;  // [B,T,C] a row-parallel linear's output before the tp reduction
+
+  comm::Group* tp_ = nullptr;  // null when tp = 1
+  int tp_size_ = 1, tp_rank_ = 0;
+  // This rank's slice: attention width Cl = C/t with NHl heads, MLP width Fl = 4C/t,
+  // vocabulary rows [vb, vb + Vl) of which vn are real tokens.
+  int Cl_, NHl_, Fl_, Vl_, vb_, vn_;
   std::vector<int> inputs_, targets_;
 };
 

@@ -11,9 +11,19 @@
 
 namespace meshtrain::model {
 
+// How a tensor is split over the tensor-parallel group (Megatron-LM's scheme).
+enum class TpSplit {
+  kReplicated,  // every tp rank holds all of it (LayerNorms, wpe, row-parallel biases)
+  kRows,        // dim 0 split in t contiguous parts (column-parallel weights, their biases, wte)
+  kQkvRows,     // dim 0 = [q; k; v], each split by heads: rank r holds its heads of all three
+  kCols,        // dim 1 split in t contiguous parts (row-parallel weights)
+};
+
 struct ParamTensor {
   std::string name;            // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
-  std::vector<int64_t> shape;  // engine layout: linear weights are [out, in]
+  std::vector<int64_t> shape;  // this rank's shape, engine layout: linear weights are [out, in]
+  std::vector<int64_t> global_shape;  // the whole tensor (equal to shape when tp = 1)
+  TpSplit split = TpSplit::kReplicated;
   size_t offset = 0;           // in elements from the buffer start
   size_t numel = 0;
   bool decay = false;          // AdamW weight decay applies (2-D tensors only)
@@ -37,7 +47,10 @@ struct ParamUnit {
 
 class ParamLayout {
  public:
-  explicit ParamLayout(const GptConfig& config);
+  // The layout of tensor-parallel rank `tp_rank` of `tp` (tp = 1: the whole model).
+  explicit ParamLayout(const GptConfig& config, int tp = 1, int tp_rank = 0);
+  int tp() const { return tp_; }
+  int tp_rank() const { return tp_rank_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   size_t total() const { return total_; }
   const ParamTensor* find(const std::string& name) const;
@@ -61,10 +74,16 @@ class ParamLayout {
   int unit_of(const ParamTensor& t) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, bool decay, bool hf_transposed, int layer);
+  void add(std::string name, std::vector<int64_t> global_shape, TpSplit split, bool decay,
+           bool hf_transposed, int layer);
+  int tp_ = 1, tp_rank_ = 0;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
   size_t total_ = 0;
 };
+
+// Copies between a whole tensor (global layout) and tensor-parallel rank r's part of it.
+void global_to_local(const ParamTensor& t, int tp, int tp_rank, const float* global, float* local);
+void local_to_global(const ParamTensor& t, int tp, int tp_rank, const float* local, float* global);
 
 }  // namespace meshtrain::model

@@ -41,7 +41,8 @@ float clip_grads(float* grads, size_t n, double norm, float max_norm) {
 std::vector<AdamSegment> full_segments(const model::ParamLayout& layout) {
   std::vector<AdamSegment> out;
   for (const auto& t : layout.tensors())
-    out.push_back({t.offset, t.offset, t.offset, t.numel, t.decay});
+    out.push_back({t.offset, t.offset, t.offset, t.numel, t.decay,
+                   t.split == model::TpSplit::kReplicated});
   return out;
 }
 

@@ -35,6 +35,7 @@ float clip_grads(float* grads, size_t n, double norm, float max_norm);
 struct AdamSegment {
   size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
   bool decay = false;
+  bool tp_replicated = false;  // every tensor-parallel rank holds these elements
 };
 
 // One segment per tensor, all offsets the tensor's offset in the flat layout.

@@ -15,9 +15,11 @@ model::Gpt::LocalState model_state_for_stage(int zero_stage) {
 }
 
 DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
-                           const optim::AdamWConfig& adamw, const float* full_params)
+                           const optim::AdamWConfig& adamw, const float* full_params,
+                           comm::Group* tp)
     : gpt_(gpt),
       dp_(dp),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
       config_(config),
       layout_(gpt.layout()),
       shards_(gpt.layout(), dp.size(), dp.rank()) {
@@ -145,16 +147,16 @@ void DataParallel::end_micro_batch() {
 }
 
 double DataParallel::grad_norm() {
-  if (config_.zero_stage == 0) return optim::grad_norm(full_grads(), layout_.total());
+  // The optimizer's segments are exactly this rank's reduced gradient elements. Stage 0
+  // ranks all hold the whole gradient, stages 1-3 a shard each; tp-replicated elements
+  // are identical on every tp rank and count on tp rank 0 only.
+  const float* grads = config_.zero_stage >= 2 ? grad_shard_.data() : full_grads();
+  const bool skip_replicated = tp_ && tp_->rank() > 0;
   double local = 0;
-  if (config_.zero_stage == 1) {
-    for (int u = 0; u < layout_.num_units(); u++)
-      local += optim::sum_of_squares(full_grads() + shards_.own_begin(u),
-                                     shards_.own_end(u) - shards_.own_begin(u));
-  } else {
-    local = optim::sum_of_squares(grad_shard_.data(), grad_shard_.size());
-  }
-  dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
+  for (const auto& s : adamw_->segments())
+    if (!(s.tp_replicated && skip_replicated)) local += optim::sum_of_squares(grads + s.grad_offset, s.count);
+  if (config_.zero_stage > 0) dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
+  if (tp_) tp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
   return std::sqrt(local);
 }
 

@@ -31,8 +31,10 @@ class DataParallel : public model::ParamStore {
  public:
   // `gpt` must own what the stage keeps full (model_state_for_stage); for stage 3 the
   // initial parameters are taken from `full_params` (every rank passes the same values).
+  // `tp` (may be null) is the tensor-parallel group, for the global gradient norm.
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
-               const optim::AdamWConfig& adamw, const float* full_params = nullptr);
+               const optim::AdamWConfig& adamw, const float* full_params = nullptr,
+               comm::Group* tp = nullptr);
   ~DataParallel() override;
 
   int stage() const { return config_.zero_stage; }
@@ -46,7 +48,9 @@ class DataParallel : public model::ParamStore {
   void zero_grads();
   void begin_micro_batch(bool last);
   void end_micro_batch();           // waits for this micro-batch's reductions
-  double grad_norm();               // global L2 norm of the reduced gradient
+  // Global L2 norm of the reduced gradient over dp and tp, tp-replicated parameters
+  // counted once.
+  double grad_norm();
   void clip(double norm, float max_norm);
   void optimizer_step(float lr, int t);
 
@@ -81,6 +85,7 @@ class DataParallel : public model::ParamStore {
 
   model::Gpt& gpt_;
   comm::Group& dp_;
+  comm::Group* tp_;
   DpConfig config_;
   const model::ParamLayout& layout_;
   ShardLayout shards_;

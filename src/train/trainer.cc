@@ -79,9 +79,9 @@ Status check_options(const TrainOptions& o) {
 Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
-  if (shape.tp > 1 || shape.pp > 1)
-    return Status::error("tensor and pipeline parallelism (--tp, --pp > 1) are not available yet; "
-                         "this build trains data-parallel layouts (--dp, --zero)");
+  if (shape.pp > 1)
+    return Status::error("pipeline parallelism (--pp > 1) is not available yet; this build "
+                         "trains tensor- and data-parallel layouts (--tp, --dp, --zero)");
   run->mesh_shape = shape;
   BatchShape& b = run->shape;
   b.B = o.micro_batch;
@@ -110,21 +110,35 @@ int local_ranks() {
 }
 
 // Model and optimizer state: initialised, loaded from a model file, or resumed.
+// This rank's slice of the initial weights: from --init-from (a whole model, sliced for
+// tensor parallelism) or the seeded initialisation (identical to tp = 1's).
+Status initial_weights(const TrainOptions& o, model::Gpt* gpt) {
+  if (o.init_from.empty()) {
+    gpt->init_weights(o.seed);
+    return Status::ok();
+  }
+  if (gpt->layout().tp() == 1) return checkpoint::load_model_file(o.init_from, gpt);
+  model::Gpt whole(gpt->config(), model::Gpt::LocalState::kParamsOnly);
+  RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, &whole));
+  gpt->set_from_global(whole.params());
+  return Status::ok();
+}
+
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   const bool sharded_params = o.zero == 3;
-  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero));
+  comm::Group* tp = &run->mesh->tp();
+  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
     // The full initial weights exist only during setup (peaks are reset before training).
-    model::Gpt full(run->config);
-    if (!o.init_from.empty()) RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, &full));
-    else full.init_weights(o.seed);
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp);
+    RETURN_IF_ERROR(initial_weights(o, &full));
     run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
-                                                       full.params());
+                                                       full.params(), tp);
   } else {
-    if (!o.init_from.empty()) RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, run->gpt.get()));
-    else run->gpt->init_weights(o.seed);
-    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw);
+    RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
+                                                       nullptr, tp);
   }
   if (resume_dir.empty()) return Status::ok();
   checkpoint::RankState st;
@@ -175,6 +189,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   // The model shape comes from the flags (the same as the interrupted run's);
   // load_checkpoint() rejects a checkpoint of another shape.
   RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
+  RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
   if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
 
   const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
@@ -329,7 +344,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     const bool save = !o.out_dir.empty() && ((o.save_every > 0 && (k + 1) % o.save_every == 0) || last);
     if (save)
       RETURN_IF_ERROR(checkpoint::save_checkpoint(o.out_dir, k + 1, run.gpt->layout(), run.config,
-                                                  run.dp->shards(), rank_state(run), run.mesh->dp(),
+                                                  run.dp->shards(), rank_state(run), world,
                                                   to_json(o), o.keep_checkpoints));
   }
   return Status::ok();

@@ -68,11 +68,11 @@ TEST(GradCheck, Encoder) {
   Vec wte = random_vec(V * C, rng), wpe = random_vec(T * C, rng), w = random_vec(B * T * C, rng);
   Vec out(B * T * C);
   auto loss = [&] {
-    ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+    ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), B, T, C, 0, V);
     return dot(out, w);
   };
   Vec dwte(V * C), dwpe(T * C);
-  ref::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C);
+  ref::encoder_backward(dwte.data(), dwpe.data(), w.data(), inp.data(), B, T, C, 0, V);
   expect_gradient(wte, dwte, loss, "wte");
   expect_gradient(wpe, dwpe, loss, "wpe");
 }
@@ -144,18 +144,18 @@ TEST(GradCheck, CrossEntropy) {
   std::mt19937 rng(6);
   const int N = 4, V = 9, Vp = 12;
   std::vector<int> targets = {0, 8, 3, 3};
-  Vec logits = random_vec(N * Vp, rng), losses(N), lse(N);
+  Vec logits = random_vec(N * Vp, rng), tl(N), lse(N);
   const double dloss = 0.37;
   auto loss = [&] {
-    ref::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
+    ref::crossentropy_forward(lse.data(), tl.data(), logits.data(), targets.data(), N, V, Vp, 0);
     double s = 0;
-    for (double l : losses) s += l * dloss;
+    for (int n = 0; n < N; n++) s += (lse[n] - tl[n]) * dloss;
     return s;
   };
   loss();
   Vec dlogits(N * Vp, 0.0);
   ref::crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), dloss, N, V,
-                             Vp);
+                             Vp, 0);
   expect_gradient(logits, dlogits, loss, "logits");  // padded columns: zero both ways
 }
 
@@ -174,17 +174,38 @@ TEST(CpuKernels, EncoderMatchesReference) {
     std::vector<int> inp(N);
     for (auto& i : inp) i = rng() % V;
     Vec wte = random_vec(V * s.C, rng), wpe = random_vec(s.T * s.C, rng), dout = random_vec(N * s.C, rng);
-    Vec out(N * s.C), dwte(V * s.C), dwpe(s.T * s.C);
-    ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), s.B, s.T, s.C);
-    ref::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), s.B, s.T, s.C);
-    auto fwte = to_float(wte), fwpe = to_float(wpe), fdout = to_float(dout);
-    std::vector<float> fout(N * s.C), fdwte(V * s.C), fdwpe(s.T * s.C);
-    encoder_forward(fout.data(), inp.data(), fwte.data(), fwpe.data(), s.B, s.T, s.C);
-    encoder_backward(fdwte.data(), fdwpe.data(), fdout.data(), inp.data(), s.B, s.T, s.C);
-    EXPECT_LT(max_rel_diff(fout, out), 1e-6);
-    EXPECT_LT(max_rel_diff(fdwte, dwte), 1e-6);
-    EXPECT_LT(max_rel_diff(fdwpe, dwpe), 1e-6);
+    // The whole vocabulary, and a tensor-parallel slice of it (rows [vb, vb + vn)).
+    for (auto [vb, vn] : {std::pair{0, V}, {10, 13}}) {
+      Vec out(N * s.C), dwte(V * s.C), dwpe(s.T * s.C);
+      ref::encoder_forward(out.data(), inp.data(), wte.data(), wpe.data(), s.B, s.T, s.C, vb, vn);
+      ref::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), s.B, s.T, s.C, vb, vn);
+      auto fwte = to_float(wte), fwpe = to_float(wpe), fdout = to_float(dout);
+      std::vector<float> fout(N * s.C), fdwte(V * s.C), fdwpe(s.T * s.C);
+      encoder_forward(fout.data(), inp.data(), fwte.data(), fwpe.data(), s.B, s.T, s.C, vb, vn);
+      encoder_backward(fdwte.data(), fdwpe.data(), fdout.data(), inp.data(), s.B, s.T, s.C, vb, vn);
+      EXPECT_LT(max_rel_diff(fout, out), 1e-6);
+      EXPECT_LT(max_rel_diff(fdwte, dwte), 1e-6);
+      EXPECT_LT(max_rel_diff(fdwpe, dwpe), 1e-6);
+    }
   }
+}
+
+// Summing the slices of every vocabulary-parallel rank gives the whole-vocabulary result.
+TEST(CpuKernels, EncoderSlicesSumToTheWhole) {
+  std::mt19937 rng(19);
+  const int B = 2, T = 5, C = 8, V = 12, tp = 3;
+  std::vector<int> inp(B * T);
+  for (auto& i : inp) i = rng() % V;
+  auto wte = to_float(random_vec(V * C, rng)), wpe = to_float(random_vec(T * C, rng));
+  std::vector<float> whole(B * T * C), sum(B * T * C, 0.0f), part(B * T * C);
+  encoder_forward(whole.data(), inp.data(), wte.data(), wpe.data(), B, T, C, 0, V);
+  for (int r = 0; r < tp; r++) {
+    const int vn = V / tp;
+    encoder_forward(part.data(), inp.data(), wte.data() + (size_t)r * vn * C,
+                    r == 0 ? wpe.data() : nullptr, B, T, C, r * vn, vn);
+    for (size_t i = 0; i < sum.size(); i++) sum[i] += part[i];
+  }
+  for (size_t i = 0; i < sum.size(); i++) ASSERT_FLOAT_EQ(sum[i], whole[i]);
 }
 
 TEST(CpuKernels, LayerNormMatchesReference) {
@@ -301,21 +322,53 @@ TEST(CpuKernels, CrossEntropyMatchesReferenceAndIgnoresPadding) {
   Vec logits = random_vec(N * Vp, rng, 4.0);
   std::vector<int> targets(N);
   for (auto& t : targets) t = rng() % V;
-  Vec losses(N), lse(N), dlogits(N * Vp, 0.0);
-  ref::crossentropy_forward(losses.data(), lse.data(), logits.data(), targets.data(), N, V, Vp);
-  ref::crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.5, N, V, Vp);
+  Vec tl(N), lse(N), dlogits(N * Vp, 0.0);
+  ref::crossentropy_forward(lse.data(), tl.data(), logits.data(), targets.data(), N, V, Vp, 0);
+  ref::crossentropy_backward(dlogits.data(), logits.data(), lse.data(), targets.data(), 0.5, N, V, Vp, 0);
   auto flogits = to_float(logits);
   for (int n = 0; n < N; n++)
     for (int v = V; v < Vp; v++) flogits[(size_t)n * Vp + v] = 1e30f;  // padding must not matter
-  std::vector<float> flosses(N), flse(N);
-  crossentropy_forward(flosses.data(), flse.data(), flogits.data(), targets.data(), N, V, Vp);
-  EXPECT_LT(max_rel_diff(flosses, losses), 1e-5);
-  crossentropy_backward(flogits.data(), flogits.data(), flse.data(), targets.data(), 0.5f, N, V, Vp);
+  std::vector<float> ftl(N), flse(N);
+  crossentropy_forward(flse.data(), ftl.data(), flogits.data(), targets.data(), N, V, Vp, 0);
+  EXPECT_LT(max_rel_diff(flse, lse), 1e-5);
+  EXPECT_LT(max_rel_diff(ftl, tl), 1e-6);
+  crossentropy_backward(flogits.data(), flogits.data(), flse.data(), targets.data(), 0.5f, N, V, Vp, 0);
   for (int n = 0; n < N; n++)
     for (int v = V; v < Vp; v++) ASSERT_EQ(flogits[(size_t)n * Vp + v], 1e30f) << "padding written";
   for (int n = 0; n < N; n++)
     for (int v = V; v < Vp; v++) dlogits[(size_t)n * Vp + v] = 1e30;
   EXPECT_LT(max_rel_diff(flogits, dlogits), 1e-5);
+}
+
+// Vocabulary-parallel pieces combine into the whole-vocabulary loss: lse by log-sum-exp
+// over ranks, the target logit by sum (exactly one rank holds the target).
+TEST(CpuKernels, CrossEntropySlicesCombineToTheWhole) {
+  std::mt19937 rng(18);
+  const int N = 9, V = 30, tp = 4, vn_full = 8;  // slices of 8 columns; the last has 6 real
+  Vec logits = random_vec(N * V, rng, 3.0);
+  std::vector<int> targets(N);
+  for (auto& t : targets) t = rng() % V;
+  Vec lse(N), tl(N);
+  ref::crossentropy_forward(lse.data(), tl.data(), logits.data(), targets.data(), N, V, V, 0);
+  Vec max_lse(N, -INFINITY), sum_tl(N, 0.0);
+  std::vector<Vec> lses;
+  for (int r = 0; r < tp; r++) {
+    const int vb = r * vn_full, vn = std::min(vn_full, V - vb);
+    Vec slice(N * vn_full, 0.0), l(N), t(N);
+    for (int n = 0; n < N; n++)
+      for (int v = 0; v < vn; v++) slice[n * vn_full + v] = logits[n * V + vb + v];
+    auto fs = to_float(slice);
+    std::vector<float> fl(N), ft(N);
+    crossentropy_forward(fl.data(), ft.data(), fs.data(), targets.data(), N, vn, vn_full, vb);
+    lses.emplace_back(fl.begin(), fl.end());
+    for (int n = 0; n < N; n++) max_lse[n] = std::max(max_lse[n], (double)fl[n]), sum_tl[n] += ft[n];
+  }
+  for (int n = 0; n < N; n++) {
+    double s = 0;
+    for (const auto& l : lses) s += std::exp(l[n] - max_lse[n]);
+    EXPECT_NEAR(max_lse[n] + std::log(s), lse[n], 1e-5);
+    EXPECT_NEAR(sum_tl[n], tl[n], 1e-6);
+  }
 }
 
 TEST(CpuKernels, GemmMatchesReferenceForAllTranspositions) {

@@ -15,21 +15,24 @@ constexpr int kColumnChunk = 64;
 }  // namespace
 
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                     int C) {
+                     int C, int vb, int vn) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
       float* o = out + ((size_t)b * T + t) * C;
-      const float* e = wte + (size_t)inp[b * T + t] * C;
+      const int id = inp[b * T + t] - vb;
+      if (id >= 0 && id < vn) std::copy(wte + (size_t)id * C, wte + (size_t)(id + 1) * C, o);
+      else std::fill(o, o + C, 0.0f);
+      if (!wpe) continue;
       const float* p = wpe + (size_t)t * C;
 #pragma omp simd
-      for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
+      for (int c = 0; c < C; c++) o[c] += p[c];
     }
   }
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                      int C) {
+                      int C, int vb, int vn) {
   // Tokens repeat, so rows of dwte collide: each thread owns a column range.
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += kColumnChunk) {
@@ -37,11 +40,14 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
     for (int b = 0; b < B; b++) {
       for (int t = 0; t < T; t++) {
         const float* d = dout + ((size_t)b * T + t) * C;
-        float* de = dwte + (size_t)inp[b * T + t] * C;
-        float* dp = dwpe + (size_t)t * C;
-        for (int c = c0; c < c1; c++) {
-          de[c] += d[c];
-          dp[c] += d[c];
+        const int id = inp[b * T + t] - vb;
+        if (id >= 0 && id < vn) {
+          float* de = dwte + (size_t)id * C;
+          for (int c = c0; c < c1; c++) de[c] += d[c];
+        }
+        if (dwpe) {
+          float* dp = dwpe + (size_t)t * C;
+          for (int c = c0; c < c1; c++) dp[c] += d[c];
         }
       }
     }
@@ -140,6 +146,23 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n) {
 void residual_forward(float* out, const float* a, const float* b, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void bias_residual_forward(float* out, const float* residual, const float* x, const float* bias,
+                           int N, int C) {
+#pragma omp parallel for schedule(static)
+  for (int n = 0; n < N; n++) {
+    float* o = out + (size_t)n * C;
+    const float* r = residual + (size_t)n * C;
+    const float* v = x + (size_t)n * C;
+    if (bias) {
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] = r[c] + v[c] + bias[c];
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; c++) o[c] = r[c] + v[c];
+    }
+  }
 }
 
 }  // namespace meshtrain::kernels

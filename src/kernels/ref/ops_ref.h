@@ -10,18 +10,24 @@
 namespace meshtrain::kernels::ref {
 
 template <typename F>
-void encoder_forward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C) {
-  for (int bt = 0; bt < B * T; bt++)
+void encoder_forward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
+                     int vb, int vn) {
+  for (int bt = 0; bt < B * T; bt++) {
+    const bool mine = inp[bt] >= vb && inp[bt] < vb + vn;
     for (int c = 0; c < C; c++)
-      out[(size_t)bt * C + c] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)(bt % T) * C + c];
+      out[(size_t)bt * C + c] = (mine ? wte[(size_t)(inp[bt] - vb) * C + c] : F(0)) +
+                                (wpe ? wpe[(size_t)(bt % T) * C + c] : F(0));
+  }
 }
 
 template <typename F>
-void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C) {
+void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C,
+                      int vb, int vn) {
   for (int bt = 0; bt < B * T; bt++)
     for (int c = 0; c < C; c++) {
-      dwte[(size_t)inp[bt] * C + c] += dout[(size_t)bt * C + c];
-      dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
+      if (inp[bt] >= vb && inp[bt] < vb + vn)
+        dwte[(size_t)(inp[bt] - vb) * C + c] += dout[(size_t)bt * C + c];
+      if (dwpe) dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
     }
 }
 
@@ -210,24 +216,37 @@ void residual_forward(F* out, const F* a, const F* b, size_t n) {
 }
 
 template <typename F>
-void crossentropy_forward(F* losses, F* lse, const F* logits, const int* targets, int N, int V,
-                          int Vp) {
+void crossentropy_forward(F* lse, F* target_logit, const F* logits, const int* targets, int N,
+                          int vn, int ld, int vb) {
   for (int n = 0; n < N; n++) {
-    const F* x = logits + (size_t)n * Vp;
-    F mx = *std::max_element(x, x + V), sum = 0;
-    for (int v = 0; v < V; v++) sum += std::exp(x[v] - mx);
+    const F* x = logits + (size_t)n * ld;
+    const int t = targets[n] - vb;
+    target_logit[n] = (t >= 0 && t < vn) ? x[t] : F(0);
+    if (vn == 0) {
+      lse[n] = -INFINITY;
+      continue;
+    }
+    F mx = *std::max_element(x, x + vn), sum = 0;
+    for (int v = 0; v < vn; v++) sum += std::exp(x[v] - mx);
     lse[n] = mx + std::log(sum);
-    losses[n] = lse[n] - x[targets[n]];
   }
 }
 
 template <typename F>
 void crossentropy_backward(F* dlogits, const F* logits, const F* lse, const int* targets, F dloss,
-                           int N, int V, int Vp) {
+                           int N, int vn, int ld, int vb) {
   for (int n = 0; n < N; n++)
-    for (int v = 0; v < V; v++)
-      dlogits[(size_t)n * Vp + v] =
-          (std::exp(logits[(size_t)n * Vp + v] - lse[n]) - (v == targets[n] ? F(1) : F(0))) * dloss;
+    for (int v = 0; v < vn; v++)
+      dlogits[(size_t)n * ld + v] =
+          (std::exp(logits[(size_t)n * ld + v] - lse[n]) - (v + vb == targets[n] ? F(1) : F(0))) *
+          dloss;
+}
+
+template <typename F>
+void bias_residual_forward(F* out, const F* residual, const F* x, const F* bias, int N, int C) {
+  for (int n = 0; n < N; n++)
+    for (int c = 0; c < C; c++)
+      out[(size_t)n * C + c] = residual[(size_t)n * C + c] + x[(size_t)n * C + c] + (bias ? bias[c] : F(0));
 }
 
 template <typename F>
