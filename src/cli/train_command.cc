@@ -34,6 +34,8 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--dp", o->dp,
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");
+  cmd->add_flag("--sp", o->sp,
+                "Sequence parallelism: LayerNorms and residuals on 1/tp of the tokens (needs --tp > 1)");
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
                   "3 + parameters (FSDP)")

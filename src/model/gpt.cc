@@ -12,12 +12,13 @@ namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
 
-Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp)
+Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequence_parallel)
     : config_(config),
       layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(layout_.tp()),
       tp_rank_(layout_.tp_rank()) {
+  sp_ = sequence_parallel && tp_;
   CHECK_MSG(validate_tp(config, tp_size_).is_ok(), "model shape not divisible by tp");
   Cl_ = config.dim / tp_size_;
   NHl_ = config.heads / tp_size_;
@@ -32,6 +33,37 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp)
 
 void Gpt::tp_all_reduce(float* x, size_t n, comm::ReduceOp op) {
   if (tp_) tp_->all_reduce(x, n, op);
+}
+
+const float* Gpt::gather_rows(const float* local, float* full) {
+  if (!sp_) return local;
+  tp_->all_gather(local, full, (size_t)Nl_ * config_.dim);
+  return full;
+}
+
+const float* Gpt::reduce_rows(float* full_partial, float* local) {
+  const size_t n = (size_t)Nl_ * config_.dim;
+  if (!sp_) {
+    tp_all_reduce(full_partial, n);
+    return full_partial;
+  }
+  tp_->reduce_scatter(full_partial, local, n);
+  return local;
+}
+
+void Gpt::layernorm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout,
+                                const float* inp, const float* weight, const float* mean,
+                                const float* rstd, int rows) {
+  const int C = config_.dim;
+  if (!sp_) {
+    k::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, C);
+    return;
+  }
+  // Each rank saw only its tokens: sum the weight gradients over tp before accumulating.
+  std::vector<float> dwb(2 * (size_t)C, 0.0f);
+  k::layernorm_backward(dinp, dwb.data(), dwb.data() + C, dout, inp, weight, mean, rstd, rows, C);
+  tp_all_reduce(dwb.data(), dwb.size());
+  for (int c = 0; c < C; c++) dweight[c] += dwb[c], dbias[c] += dwb[C + c];
 }
 
 float* Gpt::params() {
@@ -86,11 +118,15 @@ void Gpt::ensure_activations(int B, int T) {
   CHECK_MSG(T <= config_.max_seq_len, "sequence longer than the position embedding");
   if (B == B_ && T == T_) return;
   B_ = B, T_ = T;
+  CHECK_MSG(!sp_ || (B * T) % tp_size_ == 0, "sequence parallelism needs B*T divisible by tp");
   const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_, Vl = Vl_;
-  // See BlockActivations: 4 replicated [N,C] tensors, qkv, the attention output and the
-  // two MLP tensors of this rank's slice, the row statistics.
-  const size_t per_block = N * C * 4 + N * Cl * 4 + N * Fl * 2 + N * 4 + N * NH;
-  const size_t total = N * C + config_.layers * per_block + N * C + 2 * N + N * Vl + 2 * N;
+  const size_t Nl = sp_ ? N / tp_size_ : N;
+  Nl_ = (int)Nl;
+  // See BlockActivations: 4 residual-stream [Nl,C] tensors and their row statistics, qkv,
+  // the attention output and the two MLP tensors of this rank's slice (all N rows).
+  const size_t per_block = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NH;
+  const size_t total = Nl * C + config_.layers * per_block + Nl * C + 2 * Nl + (sp_ ? N * C : 0) +
+                       N * Vl + 2 * N;
   acts_.allocate(MemCategory::kActivations, total);
   float* cursor = acts_.data();
   auto take = [&](size_t n) {
@@ -98,24 +134,25 @@ void Gpt::ensure_activations(int B, int T) {
     cursor += n;
     return p;
   };
-  encoded_ = take(N * C);
+  encoded_ = take(Nl * C);
   blocks_.resize(config_.layers);
   for (auto& a : blocks_) {
-    a.ln1 = take(N * C), a.ln1_mean = take(N), a.ln1_rstd = take(N);
+    a.ln1 = take(Nl * C), a.ln1_mean = take(Nl), a.ln1_rstd = take(Nl);
     a.qkv = take(N * 3 * Cl), a.atty = take(N * Cl), a.att_lse = take(N * NH);
-    a.residual2 = take(N * C), a.ln2 = take(N * C), a.ln2_mean = take(N), a.ln2_rstd = take(N);
-    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl), a.residual3 = take(N * C);
+    a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = take(Nl), a.ln2_rstd = take(Nl);
+    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl), a.residual3 = take(Nl * C);
   }
-  lnf_ = take(N * C), lnf_mean_ = take(N), lnf_rstd_ = take(N);
+  lnf_ = take(Nl * C), lnf_mean_ = take(Nl), lnf_rstd_ = take(Nl);
+  lnf_full_ = sp_ ? take(N * C) : lnf_;
   logits_ = take(N * Vl);
   lse_ = take(N), target_logit_ = take(N);
   CHECK(cursor == acts_.data() + total);
   losses_.allocate(MemCategory::kActivations, N);
 
   // Backward scratch: gradients w.r.t. the residual stream and one block's intermediates.
-  grad_acts_.allocate(MemCategory::kActivations, N * C * 3 + N * Cl * 4 + N * Fl * 2);
+  grad_acts_.allocate(MemCategory::kActivations, Nl * C * 2 + N * C * 2 + N * Cl * 4 + N * Fl * 2);
   cursor = grad_acts_.data();
-  dresidual_ = take(N * C), dln_ = take(N * C), partial_ = take(N * C);
+  dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
   datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
 }
 
@@ -124,23 +161,23 @@ void Gpt::ensure_activations(int B, int T) {
 // ("g": all-reduce forward, identity backward); "f" (identity forward, all-reduce
 // backward) sits on the inputs of the column-parallel linears.
 void Gpt::block_forward(int l, const float* residual, int B, int T) {
-  const int N = B * T, C = config_.dim;
+  const int N = B * T, C = config_.dim, Nl = Nl_;
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
   BlockActivations& a = blocks_[l];
-  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), N, C);
-  k::matmul_forward(a.qkv, a.ln1, W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
+  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
+  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
   k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
   k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C);
-  tp_all_reduce(partial_, (size_t)N * C);  // g
-  k::bias_residual_forward(a.residual2, residual, partial_, W(kAttProjB), N, C);
-  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), N, C);
-  k::matmul_forward(a.fch, a.ln2, W(kFcW), W(kFcB), N, C, Fl_);
+  const float* proj = reduce_rows(partial_, gathered_);  // g
+  k::bias_residual_forward(a.residual2, residual, proj, W(kAttProjB), Nl, C);
+  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl, C);
+  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), W(kFcW), W(kFcB), N, C, Fl_);
   k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
   k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C);
-  tp_all_reduce(partial_, (size_t)N * C);  // g
-  k::bias_residual_forward(a.residual3, a.residual2, partial_, W(kFcProjB), N, C);
+  proj = reduce_rows(partial_, gathered_);  // g
+  k::bias_residual_forward(a.residual3, a.residual2, proj, W(kFcProjB), Nl, C);
   store_->release_params(u);
 }
 
@@ -154,10 +191,11 @@ void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
   const float* emb = store_->acquire_params(E);
   const float* wte = tensor(emb, layout_.wte());
   // Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
-  // the position embedding), the all-reduce assembles the sum.
-  k::encoder_forward(encoded_, inputs, wte, tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr,
+  // the position embedding); summing over tp assembles the embedding (of this rank's rows).
+  float* embedded = sp_ ? partial_ : encoded_;  // all rows; encoded_ keeps this rank's
+  k::encoder_forward(embedded, inputs, wte, tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr,
                      B, T, C, vb_, Vl_);
-  tp_all_reduce(encoded_, (size_t)N * C);
+  reduce_rows(embedded, encoded_);
   const float* residual = encoded_;
   for (int l = 0; l < config_.layers; l++) {
     block_forward(l, residual, B, T);
@@ -165,10 +203,11 @@ void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
   }
   const float* fin = store_->acquire_params(F);
   k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, tensor(fin, layout_.lnf_w()),
-                       tensor(fin, layout_.lnf_b()), N, C);
+                       tensor(fin, layout_.lnf_b()), Nl_, C);
   store_->release_params(F);
+  gather_rows(lnf_, lnf_full_);
   // Tied LM head over this rank's real vocabulary columns: logits[N, vn] with row stride Vl.
-  k::gemm(false, true, N, vn_, C, 1.0f, lnf_, C, wte, C, 0.0f, logits_, Vl_);
+  k::gemm(false, true, N, vn_, C, 1.0f, lnf_full_, C, wte, C, 0.0f, logits_, Vl_);
   store_->release_params(E);
 }
 
@@ -204,28 +243,33 @@ float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
 }
 
 void Gpt::block_backward(int l, const float* block_in, int B, int T) {
-  const int N = B * T, C = config_.dim;
+  const int N = B * T, C = config_.dim, Nl = Nl_;
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
   auto G = [&](LayerTensor t) { return tensor(gunit, layout_.layer(l, t)); };
   BlockActivations& a = blocks_[l];
-  // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip.
-  k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB), dresidual_, a.fch_gelu, W(kFcProjW), N,
-                     Fl_, C);
+  // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
+  // parallel backward needs every row of it (the conjugate of the forward reduction).
+  k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB), gather_rows(dresidual_, gathered_),
+                     a.fch_gelu, W(kFcProjW), N, Fl_, C);
   k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
-  k::matmul_backward(dln_, G(kFcW), G(kFcB), dfch_, a.ln2, W(kFcW), N, C, Fl_);
-  tp_all_reduce(dln_, (size_t)N * C);  // f
-  k::layernorm_backward(dresidual_, G(kLn2W), G(kLn2B), dln_, a.residual2, W(kLn2W), a.ln2_mean,
-                        a.ln2_rstd, N, C);
+  // The weight gradient needs the fc input of every row: gathered again (not stored).
+  k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), W(kFcW), N,
+                     C, Fl_);
+  const float* dln = reduce_rows(partial_, dln_);  // f
+  layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
+                        a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
-  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), dresidual_, a.atty, W(kAttProjW), N, Cl_, C);
+  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), gather_rows(dresidual_, gathered_), a.atty,
+                     W(kAttProjW), N, Cl_, C);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
-  k::matmul_backward(dln_, G(kQkvW), G(kQkvB), dqkv_, a.ln1, W(kQkvW), N, C, 3 * Cl_);
-  tp_all_reduce(dln_, (size_t)N * C);  // f
-  k::layernorm_backward(dresidual_, G(kLn1W), G(kLn1B), dln_, block_in, W(kLn1W), a.ln1_mean,
-                        a.ln1_rstd, N, C);
+  k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), W(kQkvW),
+                     N, C, 3 * Cl_);
+  dln = reduce_rows(partial_, dln_);  // f
+  layernorm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean,
+                        a.ln1_rstd, Nl);
   store_->release_params(u);
   store_->release_grads(u);
 }
@@ -242,28 +286,29 @@ void Gpt::backward(float loss_scale) {
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);
   float* dwte = tensor(gemb, layout_.wte());
-  k::gemm(false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f, dln_, C);
-  tp_all_reduce(dln_, (size_t)N * C);  // f on the head's input
-  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, lnf_, C, 1.0f, dwte, C);
+  k::gemm(false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f,
+          partial_, C);
+  const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
+  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, lnf_full_, C, 1.0f, dwte, C);
   store_->release_params(E);
 
-  std::memset(dresidual_, 0, sizeof(float) * N * C);
+  std::memset(dresidual_, 0, sizeof(float) * Nl_ * C);
   const float* last = config_.layers > 0 ? blocks_.back().residual3 : encoded_;
   const float* fin = store_->acquire_params(F);
   float* gfin = store_->acquire_grads(F);
-  k::layernorm_backward(dresidual_, tensor(gfin, layout_.lnf_w()), tensor(gfin, layout_.lnf_b()),
-                        dln_, last, tensor(fin, layout_.lnf_w()), lnf_mean_, lnf_rstd_, N, C);
+  layernorm_backward_tp(dresidual_, tensor(gfin, layout_.lnf_w()), tensor(gfin, layout_.lnf_b()),
+                        dlnf, last, tensor(fin, layout_.lnf_w()), lnf_mean_, lnf_rstd_, Nl_);
   store_->release_params(F);
   store_->release_grads(F);
 
   for (int l = config_.layers - 1; l >= 0; l--)
     block_backward(l, l == 0 ? encoded_ : blocks_[l - 1].residual3, B, T);
 
-  // The embedding's input gradient is whole on every rank (the forward all-reduce's
-  // backward is the identity): each rank adds its vocabulary rows and all of dwpe.
+  // The embedding's gradient is whole on every rank (after gathering the rows): each rank
+  // adds its vocabulary rows and all of dwpe.
   gemb = store_->acquire_grads(E);
-  k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()), dresidual_,
-                      inputs_.data(), B, T, C, vb_, Vl_);
+  k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()),
+                      gather_rows(dresidual_, gathered_), inputs_.data(), B, T, C, vb_, Vl_);
   store_->release_grads(E);
 }
 

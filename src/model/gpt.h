@@ -39,8 +39,12 @@ class Gpt {
   // With a tensor-parallel group `tp` of size t, this rank holds and computes its slice:
   // heads and MLP columns split Megatron-style, the vocabulary split for the embedding and
   // the cross-entropy (see ParamLayout's TpSplit). Null: the whole model.
+  // With sequence_parallel (tp > 1), LayerNorms, residual adds and the residual stream work
+  // on 1/t of the tokens (rows [r*N/t, (r+1)*N/t) of the B*T rows); the tp all-reduces
+  // become an all-gather before each column-parallel linear and a reduce-scatter after each
+  // row-parallel one (Korthikanti et al. 2022).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
-               comm::Group* tp = nullptr);
+               comm::Group* tp = nullptr, bool sequence_parallel = false);
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -77,6 +81,15 @@ class Gpt {
  private:
   void ensure_activations(int B, int T);
   void tp_all_reduce(float* x, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
+  // Conjugate pair on the token rows: all of them from this rank's share (identity without
+  // sequence parallelism), and this rank's share of their sum over tp (an all-reduce in
+  // place without; a reduce-scatter into `local` with). Both return where the result is.
+  const float* gather_rows(const float* local, float* full);
+  const float* reduce_rows(float* full_partial, float* local);
+  // LayerNorm backward whose weight gradients are partial under sequence parallelism.
+  void layernorm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, const float* mean,
+                             const float* rstd, int rows);
   void vocab_parallel_loss(int N);
   void forward_to_lnf(const int* inputs, int B, int T);
 
@@ -107,7 +120,11 @@ class Gpt {
   // Gradients of activations, reused by every block in backward.
   Buffer<float> grad_acts_;
   float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_;
-  float* partial_;  // [B,T,C] a row-parallel linear's output before the tp reduction
+  float* partial_;   // [B,T,C] a row-parallel linear's output before the tp reduction
+  float* gathered_;  // [B,T,C] an all-gathered residual-stream tensor (sequence parallel)
+  float* lnf_full_;  // [B,T,C] the head's input, all rows
+  bool sp_ = false;
+  int Nl_ = 0;  // token rows of the residual stream on this rank
 
   comm::Group* tp_ = nullptr;  // null when tp = 1
   int tp_size_ = 1, tp_rank_ = 0;

@@ -19,6 +19,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"tp", o.tp},
           {"pp", o.pp},
           {"dp", o.dp},
+          {"sp", o.sp},
           {"zero", o.zero},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},

@@ -127,7 +127,8 @@ Status initial_weights(const TrainOptions& o, model::Gpt* gpt) {
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   const bool sharded_params = o.zero == 3;
   comm::Group* tp = &run->mesh->tp();
-  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp);
+  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp,
+                                          o.sp);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
     // The full initial weights exist only during setup (peaks are reset before training).
@@ -190,6 +191,12 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   // load_checkpoint() rejects a checkpoint of another shape.
   RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
+  if (o.sp && run->mesh_shape.tp < 2)
+    return Status::error("--sp (sequence parallelism) needs --tp > 1");
+  if (o.sp && (run->shape.B * run->shape.T) % run->mesh_shape.tp != 0)
+    return Status::error("--sp needs micro-batch x seq-len (" +
+                         std::to_string(run->shape.B * run->shape.T) + " tokens) divisible by --tp " +
+                         std::to_string(run->mesh_shape.tp));
   if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
 
   const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
