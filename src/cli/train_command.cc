@@ -36,6 +36,13 @@ Command add_train_command(CLI::App& app) {
                   "starts tp*pp*dp ranks itself through mpirun)");
   cmd->add_flag("--sp", o->sp,
                 "Sequence parallelism: LayerNorms and residuals on 1/tp of the tokens (needs --tp > 1)");
+  cmd->add_option("--recompute", o->recompute,
+                  "Activation recomputation: none; selective (the attention core is recomputed "
+                  "in backward); full (only each block's output is kept)")
+      ->capture_default_str();
+  cmd->add_option("--recompute-every", o->recompute_every,
+                  "Recompute blocks l with l %% k == 0 only (the others keep everything)")
+      ->capture_default_str();
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
                   "3 + parameters (FSDP)")

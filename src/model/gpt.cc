@@ -31,6 +31,27 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   store_ = local_.get();
 }
 
+void Gpt::set_recompute(Recompute mode, int every) {
+  CHECK(every >= 1);
+  recompute_ = mode;
+  recompute_every_ = every;
+  B_ = T_ = 0;  // activations are laid out again on the next forward
+}
+
+Recompute Gpt::recompute_of(int l) const {
+  return l % recompute_every_ == 0 ? recompute_ : Recompute::kNone;
+}
+
+// Analytic FLOPs of one block's forward on this rank (2 per multiply-add; causal
+// attention counts its half), added to the model or the recomputation count.
+void Gpt::count_block_flops(int B, int T, bool recomputing, bool attention_only) {
+  const double N = (double)B * T, C = config_.dim;
+  const double attention = 2.0 * 2.0 * B * (double)T * T / 2.0 * Cl_;  // QK^T and PV, causal half
+  const double linears = 2.0 * N * C * (3.0 * Cl_ + Cl_ + 2.0 * Fl_);
+  const double f = attention_only ? attention : attention + linears;
+  (recomputing ? flops_.recompute : flops_.model) += f;
+}
+
 void Gpt::tp_all_reduce(float* x, size_t n, comm::ReduceOp op) {
   if (tp_) tp_->all_reduce(x, n, op);
 }
@@ -124,9 +145,22 @@ void Gpt::ensure_activations(int B, int T) {
   Nl_ = (int)Nl;
   // See BlockActivations: 4 residual-stream [Nl,C] tensors and their row statistics, qkv,
   // the attention output and the two MLP tensors of this rank's slice (all N rows).
-  const size_t per_block = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NH;
-  const size_t total = Nl * C + config_.layers * per_block + Nl * C + 2 * Nl + (sp_ ? N * C : 0) +
-                       N * Vl + 2 * N;
+  // Recomputed tensors live once, in scratch_, instead of once per block.
+  const size_t attention_core = N * Cl + N * NH;            // atty, att_lse
+  const size_t whole_block = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NH;
+  size_t stored = 0;
+  for (int l = 0; l < config_.layers; l++) {
+    switch (recompute_of(l)) {
+      case Recompute::kNone: stored += whole_block; break;
+      case Recompute::kSelective: stored += whole_block - attention_core; break;
+      case Recompute::kFull: stored += Nl * C; break;  // the block's output only
+    }
+  }
+  const size_t scratch = recompute_ == Recompute::kNone ? 0
+                         : recompute_ == Recompute::kSelective ? attention_core
+                                                                : whole_block;
+  const size_t total = Nl * C + stored + scratch + Nl * C + 2 * Nl + (sp_ ? N * C : 0) + N * Vl +
+                       2 * N;
   acts_.allocate(MemCategory::kActivations, total);
   float* cursor = acts_.data();
   auto take = [&](size_t n) {
@@ -135,12 +169,33 @@ void Gpt::ensure_activations(int B, int T) {
     return p;
   };
   encoded_ = take(Nl * C);
-  blocks_.resize(config_.layers);
-  for (auto& a : blocks_) {
+  auto take_block = [&](BlockActivations& a, bool with_core, bool with_output) {
     a.ln1 = take(Nl * C), a.ln1_mean = take(Nl), a.ln1_rstd = take(Nl);
-    a.qkv = take(N * 3 * Cl), a.atty = take(N * Cl), a.att_lse = take(N * NH);
+    a.qkv = take(N * 3 * Cl);
+    if (with_core) a.atty = take(N * Cl), a.att_lse = take(N * NH);
     a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = take(Nl), a.ln2_rstd = take(Nl);
-    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl), a.residual3 = take(Nl * C);
+    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl);
+    if (with_output) a.residual3 = take(Nl * C);
+  };
+  scratch_ = BlockActivations{};
+  if (recompute_ == Recompute::kSelective) scratch_.atty = take(N * Cl), scratch_.att_lse = take(N * NH);
+  if (recompute_ == Recompute::kFull) take_block(scratch_, true, true);
+  blocks_.assign(config_.layers, BlockActivations{});
+  for (int l = 0; l < config_.layers; l++) {
+    BlockActivations& a = blocks_[l];
+    switch (recompute_of(l)) {
+      case Recompute::kNone: take_block(a, true, true); break;
+      case Recompute::kSelective:
+        take_block(a, false, true);
+        a.atty = scratch_.atty, a.att_lse = scratch_.att_lse;
+        break;
+      case Recompute::kFull: {
+        float* output = take(Nl * C);
+        a = scratch_;  // everything but the output is recomputed into the shared set
+        a.residual3 = output;
+        break;
+      }
+    }
   }
   lnf_ = take(Nl * C), lnf_mean_ = take(Nl), lnf_rstd_ = take(Nl);
   lnf_full_ = sp_ ? take(N * C) : lnf_;
@@ -160,8 +215,9 @@ void Gpt::ensure_activations(int B, int T) {
 // projections whose partial sums are all-reduced over tp before the bias and residual
 // ("g": all-reduce forward, identity backward); "f" (identity forward, all-reduce
 // backward) sits on the inputs of the column-parallel linears.
-void Gpt::block_forward(int l, const float* residual, int B, int T) {
+void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
+  count_block_flops(B, T, recomputing, false);
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
@@ -244,6 +300,14 @@ float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
 
 void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
+  const Recompute mode = recompute_of(l);
+  if (mode == Recompute::kFull) block_forward(l, block_in, B, T, /*recomputing=*/true);
+  // Backward costs twice the forward's FLOPs.
+  {
+    FlopCounts before = flops_;
+    count_block_flops(B, T, false, false);
+    flops_.model = before.model + 2 * (flops_.model - before.model);
+  }
   const int u = ParamLayout::block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
@@ -262,6 +326,10 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
                         a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
+  if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
+    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+    count_block_flops(B, T, true, true);
+  }
   k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), gather_rows(dresidual_, gathered_), a.atty,
                      W(kAttProjW), N, Cl_, C);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);

@@ -31,6 +31,18 @@ struct BlockActivations {
   float* residual3;  // [B,T,C]
 };
 
+// What each block keeps for its backward pass (Korthikanti et al. 2022's trade):
+//   kNone: everything; kSelective: all but the attention core's output and log-sum-exp,
+//   recomputed from the stored qkv in backward; kFull: only the block's output (the next
+//   block's input), the whole block recomputed in backward.
+enum class Recompute { kNone, kSelective, kFull };
+
+// FLOPs the model executed (matmuls and attention, 2 per multiply-add), split into the
+// model's own forward/backward and the forward work repeated by recomputation.
+struct FlopCounts {
+  double model = 0, recompute = 0;
+};
+
 class Gpt {
  public:
   // Which full buffers the model owns itself; the rest comes from a ParamStore set before
@@ -45,6 +57,10 @@ class Gpt {
   // row-parallel one (Korthikanti et al. 2022).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
                comm::Group* tp = nullptr, bool sequence_parallel = false);
+  // Recomputation policy for blocks l with l % every == 0 (others keep everything).
+  void set_recompute(Recompute mode, int every = 1);
+  const FlopCounts& flops() const { return flops_; }
+  void reset_flops() { flops_ = FlopCounts{}; }
 
   const GptConfig& config() const { return config_; }
   const ParamLayout& layout() const { return layout_; }
@@ -100,7 +116,9 @@ class Gpt {
   float* tensor(float* unit_base, const ParamTensor& t) const {
     return unit_base + layout_.offset_in_unit(t);
   }
-  void block_forward(int l, const float* residual, int B, int T);
+  void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
+  Recompute recompute_of(int l) const;
+  void count_block_flops(int B, int T, bool recomputing, bool attention_only);
   void block_backward(int l, const float* block_in, int B, int T);
 
   GptConfig config_;
@@ -125,6 +143,10 @@ class Gpt {
   float* lnf_full_;  // [B,T,C] the head's input, all rows
   bool sp_ = false;
   int Nl_ = 0;  // token rows of the residual stream on this rank
+  Recompute recompute_ = Recompute::kNone;
+  int recompute_every_ = 1;
+  BlockActivations scratch_{};  // where recomputed tensors live (one set, shared by blocks)
+  FlopCounts flops_;
 
   comm::Group* tp_ = nullptr;  // null when tp = 1
   int tp_size_ = 1, tp_rank_ = 0;

@@ -20,6 +20,8 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"pp", o.pp},
           {"dp", o.dp},
           {"sp", o.sp},
+          {"recompute", o.recompute},
+          {"recompute_every", o.recompute_every},
           {"zero", o.zero},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},

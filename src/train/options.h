@@ -26,6 +26,8 @@ struct TrainOptions {
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
   bool sp = false;            // sequence parallelism (needs tp > 1)
+  std::string recompute = "none";  // none | selective | full
+  int recompute_every = 1;         // apply it to blocks l with l % k == 0
   int zero = 0;               // ZeRO stage 0-3
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)

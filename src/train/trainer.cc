@@ -64,6 +64,9 @@ Status check_options(const TrainOptions& o) {
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
   if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
   if (!(o.bucket_mb > 0)) return Status::error("--bucket-mb must be > 0");
+  if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
+    return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
+  if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
   if (!(o.comm_timeout >= 0)) return Status::error("--comm-timeout must be >= 0 (0: never)");
   const auto& a = o.adamw;
   if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
@@ -129,6 +132,10 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   comm::Group* tp = &run->mesh->tp();
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp,
                                           o.sp);
+  const model::Recompute mode = o.recompute == "full"        ? model::Recompute::kFull
+                                : o.recompute == "selective" ? model::Recompute::kSelective
+                                                             : model::Recompute::kNone;
+  run->gpt->set_recompute(mode, o.recompute_every);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
     // The full initial weights exist only during setup (peaks are reset before training).
@@ -315,6 +322,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (world.rank() == o.debug_stall_rank && k + 1 == o.debug_stall_step)
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watchdog test
     run.mesh->reset_stats();
+    run.gpt->reset_flops();
     auto t0 = std::chrono::steady_clock::now();
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, shape, k,
                               o.steps);
@@ -334,7 +342,12 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"tokens", (k + 1) * tokens_per_step}, {"step_ms", s * 1e3},
                    {"tokens_per_s", tok_s}, {"mfu", mfu},
                    {"mem", memory_json(MemoryTracker::instance().stats())}, {"comm", comm},
-                   {"comm_ms", wait_ms}, {"comm_busy_ms", busy_ms}, {"comm_hidden", hidden}});
+                   {"comm_ms", wait_ms}, {"comm_busy_ms", busy_ms}, {"comm_hidden", hidden},
+                   // This rank's executed block FLOPs; recompute_fraction = recomputed forward
+                   // work over one forward of the blocks (full recomputation: ~1).
+                   {"block_flops", run.gpt->flops().model},
+                   {"recompute_flops", run.gpt->flops().recompute},
+                   {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}});
     progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu);
 
     const bool last = k + 1 == o.steps;
