@@ -45,31 +45,7 @@ class Fd {
   int fd_;
 };
 
-Status read_exact(int fd, void* dst, size_t size) {
-  char* p = static_cast<char*>(dst);
-  while (size > 0) {
-    ssize_t n = ::read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::error("read failed: " + errno_text());
-    // The size was checked against the header, so this means the file shrank meanwhile.
-    if (n == 0) return Status::error("unexpected end of file (truncated)");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
 
-Status write_all(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::error("write failed: " + errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
 
 std::string describe(const model::GptConfig& c) {
   return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +

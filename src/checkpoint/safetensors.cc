@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include "core/file_io.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,17 +28,6 @@ std::string errno_text() { return std::strerror(errno); }
 
 // ---- Writing ---------------------------------------------------------------------------
 
-Status write_all(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::error("write failed: " + errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
 
 // Product of the dims, or an error for negative dims or overflow.
 Status element_count(const std::vector<int64_t>& shape, uint64_t* count) {

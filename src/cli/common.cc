@@ -27,8 +27,8 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
                   "by content) or a run/checkpoint folder; its shapes define the model");
   app->add_option("--micro-batch", o->micro_batch, "Rows per micro-batch B")->capture_default_str();
   app->add_option("--grad-accum", o->grad_accum,
-                  "Micro-batches per optimizer step A (global batch G = B*A rows)")
-      ->capture_default_str();
+                  "Micro-batches per optimizer step A (default 1, or derived from --global-batch); "
+                  "global batch G = B*A*dp rows");
   app->add_option("--seed", o->seed, "Seed for weight initialisation")->capture_default_str();
   app->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)")->capture_default_str();
   app->add_option("--peak-gflops", o->peak_gflops,

@@ -27,7 +27,8 @@ int relaunch_under_mpirun(int ranks, int threads_per_rank) {
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) self = args()[0];
   std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(ranks), "--bind-to", "none"};
-  if (ranks > cores) cmd.push_back("--oversubscribe");
+  // Open MPI counts physical cores as slots; oversubscription is what we mean anyway.
+  cmd.push_back("--oversubscribe");
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(threads_per_rank)});
   cmd.insert(cmd.end(), {"-x", std::string("MESHTRAIN_STDOUT_TTY=") + (isatty(STDOUT_FILENO) ? "1" : "0")});

@@ -10,6 +10,31 @@
 
 namespace meshtrain {
 
+Status write_all(int fd, const void* data, size_t size) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::error(std::string("write failed: ") + std::strerror(errno));
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+
+Status read_exact(int fd, void* data, size_t size) {
+  char* p = static_cast<char*>(data);
+  while (size > 0) {
+    ssize_t n = ::read(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Status::error(std::string("read failed: ") + std::strerror(errno));
+    if (n == 0) return Status::error("truncated: unexpected end of file");
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return Status::ok();
+}
+
 Status write_file_synced(const std::string& path, const void* data, size_t size) {
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error("cannot create " + path + ": " + std::strerror(errno));

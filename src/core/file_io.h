@@ -8,6 +8,11 @@
 
 namespace meshtrain {
 
+// Loops over short reads and writes (and EINTR) on an open descriptor. A read that hits the
+// end of the file first is reported as "truncated".
+Status write_all(int fd, const void* data, size_t size);
+Status read_exact(int fd, void* data, size_t size);
+
 // Writes bytes to `path` and fsyncs it (no rename: callers stage whole directories).
 Status write_file_synced(const std::string& path, const void* data, size_t size);
 Status read_file(const std::string& path, std::string* out);

@@ -1,5 +1,7 @@
 #include "data/token_file.h"
 
+#include "core/file_io.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,30 +21,7 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
-Status write_all(int fd, const void* data, size_t size) {
-  const char* p = static_cast<const char*>(data);
-  while (size > 0) {
-    ssize_t n = ::write(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::error("write failed: " + errno_text());
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
 
-Status read_all(int fd, void* data, size_t size) {
-  char* p = static_cast<char*>(data);
-  while (size > 0) {
-    ssize_t n = ::read(fd, p, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::error("read failed: " + errno_text());
-    if (n == 0) return Status::error("truncated: unexpected end of file");
-    p += n;
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
 
 Status write_contents(int fd, std::span<const uint16_t> tokens) {
   std::array<int32_t, kTokenFileHeaderInts> header{};
@@ -91,11 +70,11 @@ Status read_contents(int fd, std::vector<uint16_t>* tokens) {
                          std::to_string(kTokenFileHeaderBytes) + "-byte header");
   }
   std::array<int32_t, kTokenFileHeaderInts> header{};
-  RETURN_IF_ERROR(read_all(fd, header.data(), kTokenFileHeaderBytes));
+  RETURN_IF_ERROR(read_exact(fd, header.data(), kTokenFileHeaderBytes));
   size_t count = 0;
   RETURN_IF_ERROR(check_header(header, file_size, &count));
   tokens->resize(count);
-  return read_all(fd, tokens->data(), count * sizeof(uint16_t));
+  return read_exact(fd, tokens->data(), count * sizeof(uint16_t));
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   const double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops(threads);
   if (o.peak_gflops <= 0) record_gemm_peak_gflops(threads, peak);
 
-  BatchShape shape{o.micro_batch, o.grad_accum, T, 1, 0};
+  BatchShape shape{o.micro_batch, std::max(1, o.grad_accum), T, 1, 0};
   std::mt19937 rng(o.seed);
   std::vector<uint16_t> tokens((size_t)shape.G() * T * (warmup + steps) + 1);
   for (auto& t : tokens) t = (uint16_t)(rng() % config.vocab);

@@ -20,7 +20,7 @@ struct TrainOptions {
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";
   int micro_batch = 4;  // B, rows per micro-batch on each data-parallel rank
-  int grad_accum = 1;   // A; the global batch is G = B*A*dp rows
+  int grad_accum = 0;   // A (0: 1, or derived from global_batch); G = B*A*dp rows
   int global_batch = 0; // G; when set, A = G/(B*dp) is derived for any layout
 
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).

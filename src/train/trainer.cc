@@ -53,7 +53,7 @@ Status check_options(const TrainOptions& o) {
     return Status::ok();
   };
   RETURN_IF_ERROR(positive("--micro-batch", o.micro_batch));
-  RETURN_IF_ERROR(positive("--grad-accum", o.grad_accum));
+  if (o.grad_accum < 0) return Status::error("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   RETURN_IF_ERROR(positive("--steps", o.steps));
   RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   if (o.global_batch < 0) return Status::error("--global-batch must be >= 1 (or 0: B*A*dp)");
@@ -96,8 +96,12 @@ Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
                            " is not divisible by --micro-batch x dp = " + std::to_string(b.B) +
                            " x " + std::to_string(b.dp));
     b.A = o.global_batch / (b.B * b.dp);
+    if (o.grad_accum > 0 && o.grad_accum != b.A)
+      return Status::error("--grad-accum " + std::to_string(o.grad_accum) + " conflicts with --global-batch " +
+                           std::to_string(o.global_batch) + " = micro-batch " + std::to_string(b.B) +
+                           " x dp " + std::to_string(b.dp) + " x grad-accum " + std::to_string(b.A));
   } else {
-    b.A = o.grad_accum;
+    b.A = std::max(1, o.grad_accum);
   }
   return Status::ok();
 }
