@@ -159,9 +159,13 @@ std::string resolved_config_toml(CLI::App* cmd, const std::vector<std::string>& 
     if (key == "help" || key == "config" ||
         std::find(skip.begin(), skip.end(), key) != skip.end())
       continue;
+    if (opt->get_expected_max() == 0) {  // a flag: written only when set
+      if (opt->count() > 0) out += key + " = true\n";
+      continue;
+    }
     std::vector<std::string> values = opt->count() ? opt->results() : std::vector<std::string>{};
     if (values.empty() && !opt->get_default_str().empty()) values = {opt->get_default_str()};
-    if (values.empty() || opt->get_expected_max() == 0) continue;  // unset, or a flag
+    if (values.empty()) continue;  // unset
     const bool text = opt->get_type_name() == "TEXT";
     auto quote = [&](const std::string& v) { return text ? "\"" + v + "\"" : v; };
     std::string value = values.size() == 1 ? quote(values[0]) : "[";

@@ -41,7 +41,7 @@ Command add_train_command(CLI::App& app) {
                   "in backward); full (only each block's output is kept)")
       ->capture_default_str();
   cmd->add_option("--recompute-every", o->recompute_every,
-                  "Recompute blocks l with l %% k == 0 only (the others keep everything)")
+                  "Recompute blocks l with l % k == 0 only (the others keep everything)")
       ->capture_default_str();
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
