@@ -3,6 +3,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "train/activation_table.h"
 #include "train/bench.h"
 #include "train/peak.h"
 
@@ -26,7 +27,26 @@ Command add_bench_command(CLI::App& app) {
   step->add_option("--warmup", *warmup, "Untimed steps first")->capture_default_str();
   step->add_option("--steps", *steps, "Timed steps (median reported)")->capture_default_str();
 
+  auto act = std::make_shared<train::TrainOptions>();
+  act->model_preset = "gpt2-124m";
+  act->micro_batch = 1;
+  act->seq_len = 1024;
+  auto act_tp = std::make_shared<int>(2);
+  auto* activations = cmd->add_subcommand(
+      "activations", "Activation bytes per layer, measured, beside Korthikanti et al. 2022");
+  add_model_flags(activations, act.get());
+  activations->add_option("--tp", *act_tp, "Tensor-parallel size of the tp rows")->capture_default_str();
+
   return {cmd, [=] {
+            if (activations->parsed()) {
+              model::GptConfig config;
+              int T = 0;
+              Status s = train::resolve_model(*act, &config, &T);
+              if (s.is_ok()) s = model::validate_tp(config, *act_tp);
+              if (!s.is_ok()) return fail(s);
+              std::printf("%s", train::activation_table(config, act->micro_batch, T, *act_tp).c_str());
+              return 0;
+            }
             if (peak->parsed()) {
               int threads = *peak_threads > 0 ? *peak_threads
                                               : (int)std::max(1u, std::thread::hardware_concurrency());

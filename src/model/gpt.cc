@@ -380,6 +380,11 @@ void Gpt::backward(float loss_scale) {
   store_->release_grads(E);
 }
 
+int64_t Gpt::stored_activation_bytes(int B, int T) {
+  ensure_activations(B, T);
+  return acts_.bytes() + losses_.bytes();
+}
+
 void Gpt::zero_grads() { std::memset(grads(), 0, sizeof(float) * layout_.total()); }
 
 double Gpt::flops_per_token(int T) const {

@@ -60,6 +60,10 @@ class Gpt {
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
   void set_recompute(Recompute mode, int every = 1);
   const FlopCounts& flops() const { return flops_; }
+  // Lays out the activations for a B x T micro-batch (as the first forward would) and
+  // returns the bytes kept for backward (the per-block inventory plus the head's), without
+  // the backward pass's scratch; the tracker's "activations" peak includes both.
+  int64_t stored_activation_bytes(int B, int T);
   void reset_flops() { flops_ = FlopCounts{}; }
 
   const GptConfig& config() const { return config_; }
