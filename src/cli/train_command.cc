@@ -43,6 +43,10 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--recompute-every", o->recompute_every,
                   "Recompute blocks l with l % k == 0 only (the others keep everything)")
       ->capture_default_str();
+  cmd->add_option("--dropout", o->dropout,
+                  "Dropout probability on the embedding and each residual branch (masks from a "
+                  "counter-based RNG: the same for every layout)")
+      ->capture_default_str();
   cmd->add_option("--zero", o->zero,
                   "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
                   "3 + parameters (FSDP)")

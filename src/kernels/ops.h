@@ -11,6 +11,7 @@
 // gradient checks run in double) in ref/ops_ref.h.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 
 namespace meshtrain::kernels {
 
@@ -58,6 +59,13 @@ void residual_forward(float* out, const float* a, const float* b, size_t n);
 // once, after the partial outputs are summed.
 void bias_residual_forward(float* out, const float* residual, const float* x, const float* bias,
                            int N, int C);
+
+// Dropout in place on x[rows, C] with keep probability 1-p and scale 1/(1-p). Whether
+// element (r, c) is kept depends only on (key, row0 + r, c) through a counter-based hash,
+// so every layout that holds that token row (any tp/sp/dp split, a recomputation, the
+// backward pass applying the same mask to a gradient) draws the same decision.
+void dropout_forward(float* x, int rows, int C, float p, uint64_t key, int64_t row0);
+bool dropout_keep(uint64_t key, int64_t row, int col, float p);
 
 // Cross-entropy pieces over a slice of the vocabulary: logits[N, ld] holds columns for the
 // token ids [vb, vb + vn) (vn real columns; the rest of the row stride is padding, never

@@ -205,9 +205,10 @@ void Gpt::ensure_activations(int B, int T) {
   losses_.allocate(MemCategory::kActivations, N);
 
   // Backward scratch: gradients w.r.t. the residual stream and one block's intermediates.
-  grad_acts_.allocate(MemCategory::kActivations, Nl * C * 2 + N * C * 2 + N * Cl * 4 + N * Fl * 2);
+  grad_acts_.allocate(MemCategory::kActivations, Nl * C * 3 + N * C * 2 + N * Cl * 4 + N * Fl * 2);
   cursor = grad_acts_.data();
   dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
+  dbranch_ = take(Nl * C);
   datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
 }
 
@@ -215,6 +216,16 @@ void Gpt::ensure_activations(int B, int T) {
 // projections whose partial sums are all-reduced over tp before the bias and residual
 // ("g": all-reduce forward, identity backward); "f" (identity forward, all-reduce
 // backward) sits on the inputs of the column-parallel linears.
+// A residual branch's output: + bias (replicated, added once after the tp reduction), then
+// dropout, in place on this rank's rows.
+void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
+  const int C = config_.dim;
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++)
+    for (int c = 0; c < C; c++) x[(size_t)r * C + c] += bias[c];
+  dropout(x, rows, site);
+}
+
 void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
   count_block_flops(B, T, recomputing, false);
@@ -226,14 +237,16 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
   k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
   k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C);
-  const float* proj = reduce_rows(partial_, gathered_);  // g
-  k::bias_residual_forward(a.residual2, residual, proj, W(kAttProjB), Nl, C);
+  float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
+  branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
+  k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
   k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl, C);
   k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), W(kFcW), W(kFcB), N, C, Fl_);
   k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
   k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C);
-  proj = reduce_rows(partial_, gathered_);  // g
-  k::bias_residual_forward(a.residual3, a.residual2, proj, W(kFcProjB), Nl, C);
+  proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
+  branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
+  k::bias_residual_forward(a.residual3, a.residual2, proj, nullptr, Nl, C);
   store_->release_params(u);
 }
 
@@ -252,6 +265,7 @@ void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
   k::encoder_forward(embedded, inputs, wte, tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr,
                      B, T, C, vb_, Vl_);
   reduce_rows(embedded, encoded_);
+  dropout(encoded_, Nl_, 0);
   const float* residual = encoded_;
   for (int l = 0; l < config_.layers; l++) {
     block_forward(l, residual, B, T);
@@ -316,8 +330,9 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   BlockActivations& a = blocks_[l];
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
-  k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB), gather_rows(dresidual_, gathered_),
-                     a.fch_gelu, W(kFcProjW), N, Fl_, C);
+  k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB),
+                     gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), a.fch_gelu,
+                     W(kFcProjW), N, Fl_, C);
   k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
   // The weight gradient needs the fc input of every row: gathered again (not stored).
   k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), W(kFcW), N,
@@ -330,7 +345,8 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
     k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
     count_block_flops(B, T, true, true);
   }
-  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB), gather_rows(dresidual_, gathered_), a.atty,
+  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB),
+                     gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
                      W(kAttProjW), N, Cl_, C);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
   k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), W(kQkvW),
@@ -376,8 +392,26 @@ void Gpt::backward(float loss_scale) {
   // adds its vocabulary rows and all of dwpe.
   gemb = store_->acquire_grads(E);
   k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()),
-                      gather_rows(dresidual_, gathered_), inputs_.data(), B, T, C, vb_, Vl_);
+                      gather_rows(dropout_grad(dresidual_, 0), gathered_), inputs_.data(), B, T, C,
+                      vb_, Vl_);
   store_->release_grads(E);
+}
+
+// Sites: 0 the embedding, 1 + 2l block l's attention branch, 2 + 2l its MLP branch.
+void Gpt::dropout(float* x, int rows, int site) const {
+  if (dropout_p_ <= 0) return;
+  const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)step_ * 0xC2B2AE3D27D4EB4Full ^
+                       (uint64_t)site * 0x165667B19E3779F9ull;
+  // This rank's residual rows start at its share of the micro-batch under sequence parallelism.
+  const int64_t row0 = first_token_row_ + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
+  k::dropout_forward(x, rows, config_.dim, dropout_p_, key, row0);
+}
+
+const float* Gpt::dropout_grad(const float* dresidual, int site) {
+  if (dropout_p_ <= 0) return dresidual;
+  std::memcpy(dbranch_, dresidual, sizeof(float) * Nl_ * config_.dim);
+  dropout(dbranch_, Nl_, site);
+  return dbranch_;
 }
 
 int64_t Gpt::stored_activation_bytes(int B, int T) {

@@ -57,6 +57,16 @@ class Gpt {
   // row-parallel one (Korthikanti et al. 2022).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
                comm::Group* tp = nullptr, bool sequence_parallel = false);
+  // Dropout with probability p on the embedding output and on each block's two residual
+  // branches (attention and MLP outputs, after their bias). Masks come from a counter-based
+  // hash of (seed, step, site, global token row, column) and are never stored.
+  void set_dropout(float p, uint64_t seed) { dropout_p_ = p, dropout_seed_ = seed; }
+  float dropout_probability() const { return dropout_p_; }
+  // Where the next micro-batch sits: optimizer step and the global index of its first token
+  // row (row j of the global batch, token i: j*T + i).
+  void set_batch_position(int64_t step, int64_t first_token_row) {
+    step_ = step, first_token_row_ = first_token_row;
+  }
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
   void set_recompute(Recompute mode, int every = 1);
   const FlopCounts& flops() const { return flops_; }
@@ -147,6 +157,13 @@ class Gpt {
   float* lnf_full_;  // [B,T,C] the head's input, all rows
   bool sp_ = false;
   int Nl_ = 0;  // token rows of the residual stream on this rank
+  void dropout(float* x, int rows, int site) const;  // rows = this rank's residual rows
+  void branch_with_dropout(float* x, const float* bias, int rows, int site);
+  const float* dropout_grad(const float* dresidual, int site);  // masked copy, or dresidual
+  float dropout_p_ = 0;
+  uint64_t dropout_seed_ = 0;
+  int64_t step_ = 0, first_token_row_ = 0;
+  float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask
   Recompute recompute_ = Recompute::kNone;
   int recompute_every_ = 1;
   BlockActivations scratch_{};  // where recomputed tensors live (one set, shared by blocks)

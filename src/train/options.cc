@@ -22,6 +22,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"sp", o.sp},
           {"recompute", o.recompute},
           {"recompute_every", o.recompute_every},
+          {"dropout", o.dropout},
           {"zero", o.zero},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},

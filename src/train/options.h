@@ -28,6 +28,7 @@ struct TrainOptions {
   bool sp = false;            // sequence parallelism (needs tp > 1)
   std::string recompute = "none";  // none | selective | full
   int recompute_every = 1;         // apply it to blocks l with l % k == 0
+  float dropout = 0;               // embedding and residual-branch dropout
   int zero = 0;               // ZeRO stage 0-3
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)

@@ -67,6 +67,7 @@ Status check_options(const TrainOptions& o) {
   if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
     return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
+  if (!(o.dropout >= 0 && o.dropout < 1)) return Status::error("--dropout must be in [0, 1)");
   if (!(o.comm_timeout >= 0)) return Status::error("--comm-timeout must be >= 0 (0: never)");
   const auto& a = o.adamw;
   if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
@@ -140,6 +141,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
                                 : o.recompute == "selective" ? model::Recompute::kSelective
                                                              : model::Recompute::kNone;
   run->gpt->set_recompute(mode, o.recompute_every);
+  run->gpt->set_dropout(o.dropout, o.seed);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
     // The full initial weights exist only during setup (peaks are reset before training).
@@ -262,6 +264,13 @@ json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait
 }  // namespace
 
 float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches) {
+  // Evaluation runs without dropout.
+  struct NoDropout {
+    model::Gpt& g;
+    float p;
+    ~NoDropout() { g.set_dropout(p, 0); }
+  } restore{gpt, gpt.dropout_probability()};
+  gpt.set_dropout(0, 0);
   const int64_t n = std::min<int64_t>(batches, data.windows(B, T));
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double sum = 0;
@@ -282,6 +291,7 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   for (int a = 0; a < shape.A; a++) {
     data.fill(k, G, T, shape.first_row() + a * B, B, inputs.data(), targets.data());
     dp.begin_micro_batch(a + 1 == shape.A);
+    gpt.set_batch_position(k, (int64_t)(shape.first_row() + a * B) * T);
     loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, T) * B * T;
     gpt.backward(1.0f / ((float)G * T));
     dp.end_micro_batch();

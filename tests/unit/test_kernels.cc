@@ -371,6 +371,30 @@ TEST(CpuKernels, CrossEntropySlicesCombineToTheWhole) {
   }
 }
 
+// Dropout keeps 1-p of the elements, scaled; a row's mask depends only on its global row
+// index, so applying it to rows [0, n) at once or in shards with row offsets agrees, and
+// the backward (the same call on the gradient) uses the same mask.
+TEST(CpuKernels, DropoutIsLayoutInvariantAndUnbiased) {
+  const int rows = 64, C = 97;
+  const float p = 0.25f;
+  const uint64_t key = 12345;
+  std::vector<float> whole(rows * C, 1.0f), sharded(rows * C, 1.0f);
+  dropout_forward(whole.data(), rows, C, p, key, 1000);
+  for (int r0 = 0; r0 < rows; r0 += 16)
+    dropout_forward(sharded.data() + (size_t)r0 * C, 16, C, p, key, 1000 + r0);
+  ASSERT_EQ(whole, sharded);
+  int kept = 0;
+  for (float x : whole) {
+    ASSERT_TRUE(x == 0.0f || x == 1.0f / (1.0f - p));
+    kept += x != 0.0f;
+  }
+  const double frac = (double)kept / whole.size();
+  EXPECT_NEAR(frac, 1.0 - p, 0.02);  // 6208 draws: sigma ~ 0.0055
+  std::vector<float> other(rows * C, 1.0f);
+  dropout_forward(other.data(), rows, C, p, key + 1, 1000);
+  EXPECT_NE(other, whole) << "another key (step, site, seed) draws another mask";
+}
+
 TEST(CpuKernels, GemmMatchesReferenceForAllTranspositions) {
   std::mt19937 rng(16);
   for (bool ta : {false, true})

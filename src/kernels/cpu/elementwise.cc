@@ -165,4 +165,32 @@ void bias_residual_forward(float* out, const float* residual, const float* x, co
   }
 }
 
+namespace {
+// SplitMix64's finaliser: a strong 64-bit mix, cheap enough per element.
+inline uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 31;
+  return x;
+}
+}  // namespace
+
+bool dropout_keep(uint64_t key, int64_t row, int col, float p) {
+  const uint64_t h = mix64(key ^ mix64((uint64_t)row * 0x9E3779B97F4A7C15ull + (uint64_t)col));
+  const double u = (double)(h >> 11) * 0x1.0p-53;  // uniform in [0, 1)
+  return u >= p;
+}
+
+void dropout_forward(float* x, int rows, int C, float p, uint64_t key, int64_t row0) {
+  if (p <= 0.0f) return;
+  const float scale = 1.0f / (1.0f - p);
+#pragma omp parallel for schedule(static)
+  for (int r = 0; r < rows; r++) {
+    float* xr = x + (size_t)r * C;
+    for (int c = 0; c < C; c++) xr[c] = dropout_keep(key, row0 + r, c, p) ? xr[c] * scale : 0.0f;
+  }
+}
+
 }  // namespace meshtrain::kernels
