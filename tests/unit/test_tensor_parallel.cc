@@ -235,6 +235,7 @@ struct Layout {
   std::string recompute = "none";
   int every = 1;  // --recompute-every
   int accum = 1;  // --grad-accum
+  double dropout = 0;  // --dropout: masks keyed by global token position, layout-independent
 
   int ranks() const { return tp * dp; }
   int micro_batch() const { return kGlobalBatch / (dp * accum); }
@@ -246,6 +247,7 @@ struct Layout {
     std::string f = "--tp " + std::to_string(tp) + " --dp " + std::to_string(dp) + " --zero " +
                     std::to_string(zero) + (sp ? " --sp" : "") + " --recompute " + recompute;
     if (every != 1) f += " --recompute-every " + std::to_string(every);
+    if (dropout > 0) f += " --dropout " + std::to_string(dropout);
     return f + " --micro-batch " + std::to_string(micro_batch()) + " --grad-accum " +
            std::to_string(accum);
   }
@@ -269,6 +271,10 @@ std::vector<Layout> parity_layouts() {
       {.tp = 2, .dp = 2, .zero = 1, .sp = true},
       {.tp = 2, .dp = 2, .zero = 3, .recompute = "full"},
       {.tp = 4, .dp = 2, .zero = 2, .sp = true, .recompute = "selective"},
+      // Dropout: compared with the single-rank run with the same dropout.
+      {.dropout = 0.1},
+      {.tp = 2, .sp = true, .recompute = "full", .dropout = 0.1},
+      {.tp = 2, .dp = 2, .zero = 1, .sp = true, .recompute = "selective", .dropout = 0.1},
   };
 }
 
@@ -470,17 +476,30 @@ using TensorParallel = TensorParallelTest;
 TEST_F(TensorParallel, ParityMatrix) {
   const std::vector<Layout> layouts = parity_layouts();
   ensure(layouts);
-  const std::string ref_args = parity_spec(kReference).args;
-  Metrics ref = metrics_of(ref_args);
-  ASSERT_EQ(ref.steps.size(), (size_t)kSteps) << ref_args;
-  ASSERT_FALSE(ref.evals.empty()) << ref_args;
-  int64_t ref_step = 0;
-  const std::vector<float> ref_params = load_params(step_dir(get(ref_args).dir, kSteps), &ref_step);
-  ASSERT_EQ((int64_t)ref_params.size(), flat_total());
-  ASSERT_EQ(ref_step, kSteps);
+  // The single-rank reference of a cell: one rank, the same dropout.
+  struct Reference {
+    Metrics metrics;
+    std::vector<float> params;
+  };
+  std::map<double, Reference> refs;
+  for (double p : {0.0, 0.1}) {
+    const std::string ref_args = parity_spec(Layout{.dropout = p}).args;
+    Reference& r = refs[p];
+    r.metrics = metrics_of(ref_args);
+    ASSERT_EQ(r.metrics.steps.size(), (size_t)kSteps) << ref_args;
+    ASSERT_FALSE(r.metrics.evals.empty()) << ref_args;
+    int64_t ref_step = 0;
+    r.params = load_params(step_dir(get(ref_args).dir, kSteps), &ref_step);
+    ASSERT_EQ((int64_t)r.params.size(), flat_total());
+    ASSERT_EQ(ref_step, kSteps);
+  }
+  EXPECT_NE(refs[0.0].metrics.steps[0]["loss"], refs[0.1].metrics.steps[0]["loss"])
+      << "dropout changes the loss";
 
   // One cell; an ASSERT ends only this cell.
   auto check = [&](const Layout& c) {
+    const Metrics& ref = refs[c.dropout].metrics;
+    const std::vector<float>& ref_params = refs[c.dropout].params;
     const std::string args = parity_spec(c).args;
     SCOPED_TRACE(c.flags());
     Metrics m = metrics_of(args);
