@@ -1,0 +1,63 @@
+// Pipeline-parallel schedules as pure functions, and a discrete-event simulator of them.
+//
+// A schedule is the ordered list of actions one pipeline rank executes in one training
+// step. Keeping it a pure function of (kind, p, m, v, rank) lets the executor stay a dumb
+// loop, lets tests check every invariant (each compute exactly once, backward after
+// forward, sends and receives pairing up across ranks) without running a model, and lets
+// the simulator measure bubbles and activation memory of a schedule before it ever runs.
+//
+// Stages: rank r of p holds v model chunks; chunk c of rank r is model stage c * p + r
+// (Megatron's interleaving), so consecutive stages sit on consecutive ranks and the
+// activation of the last rank's chunk c travels to rank 0's chunk c + 1.
+#pragma once
+#include <vector>
+
+#include "core/status.h"
+
+namespace meshtrain::parallel::pp {
+
+enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad };
+
+struct Action {
+  ActionKind kind;
+  int microbatch;
+  int chunk;  // virtual stage chunk on this rank, 0..v-1 (for send/recv: this rank's chunk)
+  int peer;   // for send/recv: the other pipeline rank; -1 for compute
+};
+
+enum class ScheduleKind { kGpipe, k1F1B, kInterleaved };
+
+// The ordered actions of pipeline rank `rank` of p ranks for m micro-batches and v chunks
+// per rank (v must be 1 except for kInterleaved, which needs v >= 2 and m % p == 0).
+//
+// Communication appears where the executor must post it: a forward of a stage other than
+// the first is preceded by a kRecvActivation from the previous stage's rank, and a forward
+// of a stage other than the last is followed by a kSendActivation to the next stage's
+// rank; symmetrically a backward of a stage other than the last is preceded by a kRecvGrad
+// from the next stage's rank and, unless it is the first stage, followed by a kSendGrad to
+// the previous one. Sends are meant to be non-blocking (posted, completed later); receives
+// block. Between two stages on the same rank (only p == 1 interleaved) nothing is sent:
+// the tensor never leaves the rank.
+//
+// For every ordered rank pair and direction, the k-th send matches the k-th receive, so
+// FIFO point-to-point channels (one tag per direction) suffice.
+Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out);
+
+// Discrete-event simulation of all p ranks executing their schedules. Each forward costs tf
+// and each backward tb (per chunk); sends take no time; a receive waits until the matching
+// send has been posted, i.e. until the compute that produced the tensor has finished.
+struct SimResult {
+  double makespan = 0;         // time at which the last rank finishes
+  double bubble_fraction = 0;  // idle time of all ranks within the makespan / (p * makespan)
+  std::vector<double> busy;    // per rank: total compute time
+  // Per rank: the peak number of (micro-batch, chunk) activation sets alive at once
+  // (forward done, backward not yet). With v == 1 this is micro-batches; with v chunks a
+  // set holds 1/v of the rank's layers, so peak / v is the memory in micro-batch units.
+  std::vector<int> peak_in_flight;
+};
+
+// Fails on invalid arguments, on a deadlock (some rank waits on a receive whose send never
+// comes) and on a receive that pairs with a send of a different micro-batch or stage.
+Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, SimResult* out);
+
+}  // namespace meshtrain::parallel::pp

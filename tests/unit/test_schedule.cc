@@ -1,0 +1,264 @@
+// Pipeline schedules (parallel/pp/schedule.h): structural invariants of every rank's action
+// list, and the simulator's bubble and activation-memory numbers against closed forms.
+//
+//   ScheduleTest.EveryComputeExactlyOncePerRank   each (mb, chunk) forward and backward once
+//   ScheduleTest.BackwardFollowsForward           on every rank, B(mb, c) after F(mb, c)
+//   ScheduleTest.CommunicationBracketsCompute     recv right before / send right after compute,
+//                                                 exactly where the stage has a neighbour
+//   ScheduleTest.SendsAndRecvsPairAcrossRanks     per (from, to, direction) the k-th send and
+//                                                 the k-th receive name the same mb and stage
+//   ScheduleTest.WarmupLengths                    1F1B: min(p-r-1, m); interleaved:
+//                                                 min(2(p-r-1) + (v-1)p, mv) leading forwards
+//   SimulateTest.BubbleIsNarayanan                unit costs (tf=1, tb=2): (p-1)/(vm+p-1), v=1
+//                                                 for GPipe and 1F1B; also makespan and busy
+//   SimulateTest.BubbleHoldsForOtherCostRatios  same fraction, all kinds, at tf:tb = 1:1, 1:3, 2:1
+//   SimulateTest.PeakInFlight                     GPipe m; 1F1B min(p-r, m); interleaved
+//                                                 min(warmup_r + 1, mv) chunk activation sets
+//   ScheduleErrors.InvalidArgumentsAreRejected    p, m, v, m % p, rank, costs
+//
+// Expected numbers come from the formulas here, never from the engine.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "parallel/pp/schedule.h"
+
+namespace meshtrain::parallel::pp {
+namespace {
+
+struct Config {
+  ScheduleKind kind;
+  int p, m, v;
+  std::string name() const {
+    const char* k = kind == ScheduleKind::kGpipe ? "gpipe" : kind == ScheduleKind::k1F1B ? "1f1b" : "interleaved";
+    return std::string(k) + " p=" + std::to_string(p) + " m=" + std::to_string(m) + " v=" + std::to_string(v);
+  }
+};
+
+// The brief's grid: p in {1,2,4}, m in {1,2,4,8,16}; interleaved only m % p == 0, v in {2,3}.
+std::vector<Config> all_configs() {
+  std::vector<Config> configs;
+  for (int p : {1, 2, 4}) {
+    for (int m : {1, 2, 4, 8, 16}) {
+      configs.push_back({ScheduleKind::kGpipe, p, m, 1});
+      configs.push_back({ScheduleKind::k1F1B, p, m, 1});
+      if (m % p != 0) continue;
+      for (int v : {2, 3}) configs.push_back({ScheduleKind::kInterleaved, p, m, v});
+    }
+  }
+  return configs;
+}
+
+std::vector<Action> schedule_of(const Config& c, int rank) {
+  std::vector<Action> actions;
+  Status s = make_schedule(c.kind, c.p, c.m, c.v, rank, &actions);
+  EXPECT_TRUE(s.is_ok()) << c.name() << ": " << s.message();
+  return actions;
+}
+
+bool is_compute(const Action& a) { return a.kind == ActionKind::kForward || a.kind == ActionKind::kBackward; }
+
+int warmup_of(const Config& c, int r) {
+  if (c.kind == ScheduleKind::kGpipe) return c.m;
+  if (c.kind == ScheduleKind::k1F1B) return std::min(c.p - r - 1, c.m);
+  return std::min(2 * (c.p - r - 1) + (c.v - 1) * c.p, c.m * c.v);
+}
+
+TEST(ScheduleTest, EveryComputeExactlyOncePerRank) {
+  for (const Config& c : all_configs()) {
+    for (int r = 0; r < c.p; ++r) {
+      std::map<std::tuple<ActionKind, int, int>, int> count;
+      for (const Action& a : schedule_of(c, r)) {
+        if (!is_compute(a)) continue;
+        EXPECT_EQ(a.peer, -1) << c.name();
+        ++count[{a.kind, a.microbatch, a.chunk}];
+      }
+      EXPECT_EQ(count.size(), size_t(2 * c.m * c.v)) << c.name() << " rank " << r;
+      for (int mb = 0; mb < c.m; ++mb) {
+        for (int ch = 0; ch < c.v; ++ch) {
+          EXPECT_EQ((count[{ActionKind::kForward, mb, ch}]), 1) << c.name() << " rank " << r;
+          EXPECT_EQ((count[{ActionKind::kBackward, mb, ch}]), 1) << c.name() << " rank " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(ScheduleTest, BackwardFollowsForward) {
+  for (const Config& c : all_configs()) {
+    for (int r = 0; r < c.p; ++r) {
+      std::set<std::pair<int, int>> forwarded;
+      for (const Action& a : schedule_of(c, r)) {
+        if (a.kind == ActionKind::kForward) forwarded.insert({a.microbatch, a.chunk});
+        if (a.kind == ActionKind::kBackward) {
+          EXPECT_TRUE(forwarded.count({a.microbatch, a.chunk}))
+              << c.name() << " rank " << r << " mb " << a.microbatch << " chunk " << a.chunk;
+        }
+      }
+    }
+  }
+}
+
+// Walks the list and checks each compute's neighbours: the receive (if any) immediately
+// before it and the send (if any) immediately after, with the right peer and identity.
+TEST(ScheduleTest, CommunicationBracketsCompute) {
+  for (const Config& c : all_configs()) {
+    int last = c.p * c.v - 1;
+    for (int r = 0; r < c.p; ++r) {
+      std::vector<Action> actions = schedule_of(c, r);
+      int prev_rank = (r + c.p - 1) % c.p, next_rank = (r + 1) % c.p;
+      size_t comm_seen = 0, comm_expected = 0;
+      for (size_t i = 0; i < actions.size(); ++i) {
+        const Action& a = actions[i];
+        if (!is_compute(a)) {
+          ++comm_seen;
+          continue;
+        }
+        int stage = a.chunk * c.p + r;
+        bool fwd = a.kind == ActionKind::kForward;
+        // Same-rank neighbours (p == 1) exchange nothing.
+        bool has_before = fwd ? stage > 0 && prev_rank != r : stage < last && next_rank != r;
+        bool has_after = fwd ? stage < last && next_rank != r : stage > 0 && prev_rank != r;
+        if (has_before) {
+          ASSERT_GT(i, 0u) << c.name();
+          const Action& b = actions[i - 1];
+          EXPECT_EQ(b.kind, fwd ? ActionKind::kRecvActivation : ActionKind::kRecvGrad) << c.name();
+          EXPECT_EQ(b.peer, fwd ? prev_rank : next_rank) << c.name();
+          EXPECT_EQ(b.microbatch, a.microbatch) << c.name();
+          EXPECT_EQ(b.chunk, a.chunk) << c.name();
+        }
+        if (has_after) {
+          ASSERT_LT(i + 1, actions.size()) << c.name();
+          const Action& n = actions[i + 1];
+          EXPECT_EQ(n.kind, fwd ? ActionKind::kSendActivation : ActionKind::kSendGrad) << c.name();
+          EXPECT_EQ(n.peer, fwd ? next_rank : prev_rank) << c.name();
+          EXPECT_EQ(n.microbatch, a.microbatch) << c.name();
+          EXPECT_EQ(n.chunk, a.chunk) << c.name();
+        }
+        comm_expected += has_before + has_after;
+      }
+      EXPECT_EQ(comm_seen, comm_expected) << c.name() << " rank " << r;
+    }
+  }
+}
+
+TEST(ScheduleTest, SendsAndRecvsPairAcrossRanks) {
+  for (const Config& c : all_configs()) {
+    // (from, to, grad) -> ordered (micro-batch, destination stage) of sends and receives.
+    std::map<std::tuple<int, int, bool>, std::vector<std::pair<int, int>>> sent, received;
+    for (int r = 0; r < c.p; ++r) {
+      for (const Action& a : schedule_of(c, r)) {
+        int stage = a.chunk * c.p + r;
+        switch (a.kind) {
+          case ActionKind::kSendActivation: sent[{r, a.peer, false}].push_back({a.microbatch, stage + 1}); break;
+          case ActionKind::kSendGrad: sent[{r, a.peer, true}].push_back({a.microbatch, stage - 1}); break;
+          case ActionKind::kRecvActivation: received[{a.peer, r, false}].push_back({a.microbatch, stage}); break;
+          case ActionKind::kRecvGrad: received[{a.peer, r, true}].push_back({a.microbatch, stage}); break;
+          default: break;
+        }
+      }
+    }
+    EXPECT_EQ(sent, received) << c.name();
+    // Every boundary between stages on different ranks carries m activations and m grads.
+    size_t messages = 0;
+    for (const auto& [key, list] : sent) messages += list.size();
+    size_t boundaries = c.p == 1 ? 0 : size_t(c.p * c.v - 1);
+    EXPECT_EQ(messages, 2 * boundaries * c.m) << c.name();
+  }
+}
+
+TEST(ScheduleTest, WarmupLengths) {
+  for (const Config& c : all_configs()) {
+    if (c.kind == ScheduleKind::kGpipe) continue;
+    for (int r = 0; r < c.p; ++r) {
+      std::vector<Action> computes;
+      for (const Action& a : schedule_of(c, r)) {
+        if (is_compute(a)) computes.push_back(a);
+      }
+      int leading = 0;
+      while (leading < int(computes.size()) && computes[leading].kind == ActionKind::kForward) ++leading;
+      // Warmup forwards, then the first steady-state forward (if any forward is left).
+      int expected = std::min(warmup_of(c, r) + 1, c.m * c.v);
+      EXPECT_EQ(leading, expected) << c.name() << " rank " << r;
+    }
+  }
+}
+
+double narayanan_bubble(const Config& c) { return double(c.p - 1) / (c.v * c.m + c.p - 1); }
+
+TEST(SimulateTest, BubbleIsNarayanan) {
+  const double tf = 1, tb = 2;
+  for (const Config& c : all_configs()) {
+    SimResult sim;
+    Status s = simulate(c.kind, c.p, c.m, c.v, tf, tb, &sim);
+    ASSERT_TRUE(s.is_ok()) << c.name() << ": " << s.message();
+    // Each rank computes v*m chunk forwards and backwards; the pipeline fill and drain add
+    // p - 1 (forward + backward) slots of one chunk, so the step is (vm + p - 1)(tf + tb).
+    EXPECT_DOUBLE_EQ(sim.makespan, (c.v * c.m + c.p - 1) * (tf + tb)) << c.name();
+    ASSERT_EQ(sim.busy.size(), size_t(c.p));
+    for (double b : sim.busy) EXPECT_DOUBLE_EQ(b, c.v * c.m * (tf + tb)) << c.name();
+    EXPECT_NEAR(sim.bubble_fraction, narayanan_bubble(c), 1e-12) << c.name();
+  }
+}
+
+TEST(SimulateTest, BubbleHoldsForOtherCostRatios) {
+  for (auto [tf, tb] : {std::pair{1.0, 1.0}, {1.0, 3.0}, {2.0, 1.0}}) {
+    for (const Config& c : all_configs()) {
+      SimResult sim;
+      ASSERT_TRUE(simulate(c.kind, c.p, c.m, c.v, tf, tb, &sim).is_ok()) << c.name();
+      EXPECT_NEAR(sim.bubble_fraction, narayanan_bubble(c), 1e-12) << c.name() << " tf " << tf << " tb " << tb;
+    }
+  }
+}
+
+TEST(SimulateTest, PeakInFlight) {
+  for (const Config& c : all_configs()) {
+    SimResult sim;
+    ASSERT_TRUE(simulate(c.kind, c.p, c.m, c.v, 1, 2, &sim).is_ok()) << c.name();
+    ASSERT_EQ(sim.peak_in_flight.size(), size_t(c.p));
+    for (int r = 0; r < c.p; ++r) {
+      int expected = 0;
+      switch (c.kind) {
+        case ScheduleKind::kGpipe: expected = c.m; break;
+        case ScheduleKind::k1F1B: expected = std::min(c.p - r, c.m); break;
+        // Warmup forwards plus the steady state's one extra, counted in chunk activation sets.
+        case ScheduleKind::kInterleaved: expected = std::min(warmup_of(c, r) + 1, c.m * c.v); break;
+      }
+      EXPECT_EQ(sim.peak_in_flight[r], expected) << c.name() << " rank " << r;
+    }
+  }
+  // Concrete values of the interleaved case, p = 4, m = 8, v = 2: rank 0 keeps 11 chunk
+  // sets = 5.5 micro-batches of its layers, against 4 for plain 1F1B.
+  SimResult sim;
+  ASSERT_TRUE(simulate(ScheduleKind::kInterleaved, 4, 8, 2, 1, 2, &sim).is_ok());
+  EXPECT_EQ(sim.peak_in_flight, (std::vector<int>{11, 9, 7, 5}));
+}
+
+TEST(ScheduleErrors, InvalidArgumentsAreRejected) {
+  std::vector<Action> out;
+  SimResult sim;
+  auto fails = [&](ScheduleKind k, int p, int m, int v, int rank, const std::string& needle) {
+    Status s = make_schedule(k, p, m, v, rank, &out);
+    EXPECT_FALSE(s.is_ok()) << needle;
+    EXPECT_NE(s.message().find(needle), std::string::npos) << s.message();
+  };
+  fails(ScheduleKind::k1F1B, 0, 4, 1, 0, "p must be >= 1");
+  fails(ScheduleKind::kGpipe, 2, 0, 1, 0, "m must be >= 1");
+  fails(ScheduleKind::k1F1B, 2, 4, 2, 0, "v != 1");
+  fails(ScheduleKind::kInterleaved, 2, 4, 1, 0, "v >= 2");
+  fails(ScheduleKind::kInterleaved, 4, 6, 2, 0, "multiple of p");
+  fails(ScheduleKind::k1F1B, 4, 4, 1, 4, "out of range");
+  fails(ScheduleKind::k1F1B, 4, 4, 1, -1, "out of range");
+  EXPECT_FALSE(simulate(ScheduleKind::kInterleaved, 4, 6, 2, 1, 2, &sim).is_ok());
+  EXPECT_FALSE(simulate(ScheduleKind::k1F1B, 0, 4, 1, 1, 2, &sim).is_ok());
+  EXPECT_FALSE(simulate(ScheduleKind::k1F1B, 2, 4, 1, -1, 2, &sim).is_ok());  // negative cost
+  EXPECT_TRUE(make_schedule(ScheduleKind::kInterleaved, 4, 8, 2, 3, &out).is_ok());
+}
+
+}  // namespace
+}  // namespace meshtrain::parallel::pp
