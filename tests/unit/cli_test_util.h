@@ -74,6 +74,14 @@ inline RunResult run(const std::string& cmd) {
   return r;
 }
 
+// Empties (or creates) the folder at `path` and returns it: a clean start however an
+// earlier run of the same process id ended.
+inline std::string fresh_dir(const std::filesystem::path& path) {
+  std::filesystem::remove_all(path);
+  std::filesystem::create_directories(path);
+  return path.string();
+}
+
 inline std::string describe(const RunResult& r) {
   return "exit " + std::to_string(r.exit_code) + "\n--- stdout ---\n" + r.out +
          "--- stderr ---\n" + r.err;
@@ -144,11 +152,8 @@ class CliTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(prep_ok_) << "meshtrain prep --brown failed:\n" << prep_error_;
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = (std::filesystem::temp_directory_path() /
-            ("meshtrain_cli_" + kPid + "_" + info->test_suite_name() + "_" + info->name()))
-               .string();
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = fresh_dir(std::filesystem::temp_directory_path() /
+                     ("meshtrain_cli_" + kPid + "_" + info->test_suite_name() + "_" + info->name()));
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 

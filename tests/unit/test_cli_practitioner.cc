@@ -53,9 +53,7 @@ class CliPractitioner : public cli_test::CliTest {
   // shared read-only by the tests of the suite.
   static void SetUpTestSuite() {
     CliTest::SetUpTestSuite();
-    base_dir_ = (fs::temp_directory_path() / ("meshtrain_cli_practitioner_" + kPid)).string();
-    fs::remove_all(base_dir_);
-    fs::create_directories(base_dir_);
+    base_dir_ = cli_test::fresh_dir(fs::temp_directory_path() / ("meshtrain_cli_practitioner_" + kPid));
     base_ok_ = false;
     if (!prep_ok_) return;
     for (const std::string& cmd :

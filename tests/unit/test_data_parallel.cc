@@ -23,9 +23,6 @@
 // instead of stalling the suite. MESHTRAIN_TEST_VERBOSE=1 prints per-run times and the
 // parity margins.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,7 +36,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -48,8 +44,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli_test_util.h"
 #include "model/gpt.h"
-
-extern char** environ;
+#include "multirank_test_util.h"
 
 namespace meshtrain {
 namespace {
@@ -57,19 +52,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-using cli_test::bits;
-using cli_test::describe;
-using cli_test::has_step_line;
-using cli_test::kBinary;
-using cli_test::kPid;
-using cli_test::kVocab;
-using cli_test::lines_of;
-using cli_test::Metrics;
-using cli_test::read_file;
-using cli_test::read_metrics;
-using cli_test::RunResult;
-using cli_test::write_file;
-using Clock = std::chrono::steady_clock;
+// Subprocesses, files, metrics.jsonl and the corpus fixture (cli_test_util.h); the job
+// runner, the run cache and the checkpoint readers shared with the tp suite
+// (multirank_test_util.h).
+using namespace cli_test;
+using namespace multirank_test;
 
 // The model of every run: tiny (2 layers, 4 heads, C = 64) with T = 32 positions.
 const std::string kShape = "--model tiny --seq-len 32 --vocab 50257";
@@ -111,82 +98,7 @@ int64_t padded(int64_t numel, int n) { return ceil_div(numel, n) * n; }
 // 16 at N = 4 (1.5 rounds to 2), 0 at N = 1.
 int64_t f64_scalar_all_reduce_bytes(int n) { return std::llround(2.0 * (n - 1) / n) * 8; }
 
-// ---- Running the binary, several runs at a time ------------------------------------------
-
-struct Job {
-  std::string cmd;  // run with /bin/sh -c, stdout and stderr captured
-  int ranks = 1;    // cores it keeps busy
-  int limit_s = 300;
-  RunResult result;
-  double seconds = 0;
-};
-
-// Runs every job, as many at a time as there are cores (a job counts its ranks, capped at
-// the core count; one job always runs), each under `timeout -k 10 LIMIT`.
-void run_jobs(const std::vector<Job*>& jobs, const std::string& scratch) {
-  const int capacity = (int)std::max(1u, std::thread::hardware_concurrency());
-  struct Running {
-    Job* job;
-    pid_t pid;
-    int weight;
-    std::string out, err;
-    Clock::time_point t0;
-  };
-  static int counter = 0;
-  std::vector<Running> running;
-  size_t next = 0;
-  int used = 0;
-  while (next < jobs.size() || !running.empty()) {
-    while (next < jobs.size()) {
-      Job* job = jobs[next];
-      const int w = std::min(std::max(job->ranks, 1), capacity);
-      if (!running.empty() && used + w > capacity) break;
-      Running r{job, -1, w, scratch + "/job" + std::to_string(counter) + ".out",
-                scratch + "/job" + std::to_string(counter) + ".err", Clock::now()};
-      counter++;
-      posix_spawn_file_actions_t fa;
-      posix_spawn_file_actions_init(&fa);
-      posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-      posix_spawn_file_actions_addopen(&fa, 1, r.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      posix_spawn_file_actions_addopen(&fa, 2, r.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      std::string limit = std::to_string(job->limit_s);
-      std::vector<std::string> args = {"timeout", "-k", "10", limit, "/bin/sh", "-c", job->cmd};
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const int rc = posix_spawnp(&r.pid, "timeout", &fa, nullptr, argv.data(), environ);
-      posix_spawn_file_actions_destroy(&fa);
-      next++;
-      if (rc != 0) {
-        job->result.exit_code = -1;
-        job->result.err = "posix_spawnp failed: " + std::string(std::strerror(rc));
-        continue;
-      }
-      used += w;
-      running.push_back(std::move(r));
-    }
-    bool reaped = false;
-    for (auto it = running.begin(); it != running.end();) {
-      int status = 0;
-      if (::waitpid(it->pid, &status, WNOHANG) != it->pid) {
-        ++it;
-        continue;
-      }
-      Job* job = it->job;
-      job->seconds = std::chrono::duration<double>(Clock::now() - it->t0).count();
-      job->result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status)
-                              : WIFSIGNALED(status) ? 128 + WTERMSIG(status) : -1;
-      job->result.out = read_file(it->out);
-      job->result.err = read_file(it->err);
-      fs::remove(it->out);
-      fs::remove(it->err);
-      used -= it->weight;
-      it = running.erase(it);
-      reaped = true;
-    }
-    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
+// ---- Processes -----------------------------------------------------------------------------
 
 // Processes whose command line contains `needle` (other than this one).
 std::vector<std::string> processes_with(const std::string& needle) {
@@ -203,47 +115,7 @@ std::vector<std::string> processes_with(const std::string& needle) {
   return found;
 }
 
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) n++;
-  return n;
-}
-
-// ---- Checkpoints -------------------------------------------------------------------------
-
-std::string step_dir(const std::string& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08d", step);
-  return run + "/checkpoints/" + name;
-}
-
-// The whole flat parameter buffer of a (sharded) checkpoint, through the single-process
-// loader that reads any writer layout.
-std::vector<float> load_params(const std::string& dir, int64_t* step) {
-  json index;
-  Status s = checkpoint::read_checkpoint_index(dir, &index);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  if (!s.is_ok()) return {};
-  model::GptConfig config;
-  s = checkpoint::checkpoint_model_config(index, &config);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  if (!s.is_ok()) return {};
-  model::Gpt gpt(config);
-  s = checkpoint::load_checkpoint(dir, &gpt, nullptr, nullptr, step);
-  EXPECT_TRUE(s.is_ok()) << dir << ": " << s.message();
-  if (!s.is_ok()) return {};
-  return std::vector<float>(gpt.params(), gpt.params() + gpt.num_elements());
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
-  double worst = 0;
-  *where = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
-    const double d = std::fabs((double)a[i] - (double)b[i]);
-    if (!(d <= worst)) worst = d, *where = i;  // NaN counts as worst
-  }
-  return worst;
-}
+// ---- Parity-matrix flags ------------------------------------------------------------------
 
 // The flags of one parity-matrix cell: global batch 8 = B·A·dp, 20 steps.
 std::string matrix_flags(int dp, int zero, int accum) {
@@ -263,30 +135,21 @@ std::vector<std::string> matrix(const std::vector<int>& dps, const std::vector<i
 
 // ---- Fixture: the corpus (CliTest), a suite folder and the cache of runs -----------------
 
-class DataParallelTest : public cli_test::CliTest {
+// Runs are keyed by their flags; the ranks of a run are its --dp.
+class DataParallelTest : public MultiRankTest<DataParallelTest> {
  protected:
-  static void SetUpTestSuite() {
-    CliTest::SetUpTestSuite();
-    suite_dir_ = (fs::temp_directory_path() / ("meshtrain_dp_" + kPid)).string();
-    fs::remove_all(suite_dir_);
-    fs::create_directories(suite_dir_);
-  }
+  using Base = MultiRankTest<DataParallelTest>;
+  friend Base;
+  static constexpr const char* kTag = "dp";  // folder meshtrain_dp_PID, "[ dp runs  ]" lines
+
   void SetUp() override {
     CliTest::SetUp();
 #ifndef MESHTRAIN_HAVE_MPI
     GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
 #endif
   }
-  static void TearDownTestSuite() {
-    std::printf("[ dp runs  ] %zu cached runs, %.1f s of run wall time in all\n", cache_.size(),
-                run_seconds_);
-    if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
-      for (const auto& [flags, r] : cache_)
-        std::printf("[ dp runs  ] %6.1f s  %s\n", r.job.seconds, flags.c_str());
-    cache_.clear();
-    fs::remove_all(suite_dir_);
-    CliTest::TearDownTestSuite();
-  }
+
+  static int job_capacity() { return core_count(); }
 
   // `meshtrain train` on the Brown corpus, one thread per rank, fixed peak.
   static std::string train(const std::string& args) {
@@ -295,12 +158,6 @@ class DataParallelTest : public cli_test::CliTest {
            " --eval-batches 1 " + kShape + " " + args;
   }
 
-  struct CachedRun {
-    std::string dir;  // --out
-    int ranks = 1;
-    Job job;
-  };
-
   static int ranks_of(const std::string& flags) {
     const size_t at = flags.find("--dp ");
     return at == std::string::npos ? 1 : std::atoi(flags.c_str() + at + 5);
@@ -308,44 +165,12 @@ class DataParallelTest : public cli_test::CliTest {
 
   // Runs (concurrently) every `flags` not run yet in this process; each gets its own --out.
   static void ensure(const std::vector<std::string>& all_flags) {
-    std::vector<Job*> jobs;
-    for (const auto& flags : all_flags) {
-      if (cache_.count(flags)) continue;
-      CachedRun& r = cache_[flags];
-      r.dir = suite_dir_ + "/run" + std::to_string(cache_.size());
-      r.ranks = ranks_of(flags);
-      r.job.cmd = train(flags + " --quiet --out " + r.dir);
-      r.job.ranks = r.ranks;
-      jobs.push_back(&r.job);
-    }
-    const auto t0 = Clock::now();
-    run_jobs(jobs, suite_dir_);
-    run_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    std::vector<RunSpec> specs;
+    for (const auto& flags : all_flags) specs.push_back({flags, ranks_of(flags)});
+    Base::ensure(specs);
   }
-  static const CachedRun& get(const std::string& flags) { return cache_.at(flags); }
-
-  // The records of a cached run; a failed run is reported (with its output) where it is used.
-  static Metrics metrics_of(const std::string& flags) {
-    const CachedRun& r = get(flags);
-    EXPECT_EQ(r.job.result.exit_code, 0) << flags << "\n" << describe(r.job.result);
-    if (r.job.result.exit_code != 0) return {};
-    return read_metrics(r.dir + "/metrics.jsonl");
-  }
-
-  // One job run now (not cached).
-  Job run_now(const std::string& cmd, int ranks = 1, int limit_s = 300) {
-    Job job;
-    job.cmd = cmd;
-    job.ranks = ranks;
-    job.limit_s = limit_s;
-    run_jobs({&job}, dir_);
-    return job;
-  }
-
-  static inline std::string suite_dir_;
-  static inline std::map<std::string, CachedRun> cache_;
-  static inline double run_seconds_ = 0;
 };
+
 
 using DataParallel = DataParallelTest;
 

@@ -29,10 +29,6 @@
 // many cores as it has ranks, every rank with one thread), each bounded by `timeout`.
 // MESHTRAIN_TEST_VERBOSE=1 prints per-run times and the parity margins.
 #include <gtest/gtest.h>
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -44,7 +40,6 @@
 #include <filesystem>
 #include <map>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -53,8 +48,7 @@
 #include "checkpoint/safetensors.h"
 #include "cli_test_util.h"
 #include "model/gpt.h"
-
-extern char** environ;
+#include "multirank_test_util.h"
 
 namespace meshtrain {
 namespace {
@@ -62,19 +56,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-using cli_test::bits;
-using cli_test::describe;
-using cli_test::has_step_line;
-using cli_test::kBinary;
-using cli_test::kPid;
-using cli_test::kVocab;
-using cli_test::lines_of;
-using cli_test::Metrics;
-using cli_test::read_file;
-using cli_test::read_metrics;
-using cli_test::RunResult;
-using cli_test::write_file;
-using Clock = std::chrono::steady_clock;
+// Subprocesses, files, metrics.jsonl and the corpus fixture (cli_test_util.h); the job
+// runner, the run cache and the checkpoint readers shared with the dp suite
+// (multirank_test_util.h).
+using namespace cli_test;
+using namespace multirank_test;
 
 // The model of the parity and communication runs: tiny (2 layers, 4 heads, C = 64), T = 32.
 const std::string kShape = "--model tiny --seq-len 32 --vocab 50257";
@@ -87,137 +73,6 @@ constexpr double kLossTol = 1e-5, kNormRelTol = 1e-5;
 // update difference of a fraction of lr: the worst element may move by lr/20 (seen: 1.1e-5
 // at tp4·dp2, 3e-6 at dp 4 alone), while the bulk (99.9% of the elements) stays within 1e-6.
 constexpr double kWeightTol = 3e-5, kWeightBulkTol = 1e-6;
-
-// ---- Running the binary, several runs at a time ------------------------------------------
-
-struct Job {
-  std::string cmd;  // run with /bin/sh -c, stdout and stderr captured
-  int ranks = 1;    // cores it keeps busy
-  int limit_s = 300;
-  RunResult result;
-  double seconds = 0;
-};
-
-// Runs every job, as many at a time as there are cores (a job counts its ranks, capped at
-// the core count; one job always runs), each under `timeout -k 10 LIMIT`.
-void run_jobs(const std::vector<Job*>& jobs, const std::string& scratch) {
-  const char* slots = std::getenv("MESHTRAIN_TEST_SLOTS");
-  const int capacity =
-      slots ? std::max(1, std::atoi(slots)) : (int)std::max(1u, std::thread::hardware_concurrency());
-  struct Running {
-    Job* job;
-    pid_t pid;
-    int weight;
-    std::string out, err;
-    Clock::time_point t0;
-  };
-  static int counter = 0;
-  std::vector<Running> running;
-  size_t next = 0;
-  int used = 0;
-  while (next < jobs.size() || !running.empty()) {
-    while (next < jobs.size()) {
-      Job* job = jobs[next];
-      const int w = std::min(std::max(job->ranks, 1), capacity);
-      if (!running.empty() && used + w > capacity) break;
-      const std::string base = scratch + "/tpjob" + std::to_string(counter++);
-      Running r{job, -1, w, base + ".out", base + ".err", Clock::now()};
-      posix_spawn_file_actions_t fa;
-      posix_spawn_file_actions_init(&fa);
-      posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-      posix_spawn_file_actions_addopen(&fa, 1, r.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      posix_spawn_file_actions_addopen(&fa, 2, r.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      std::vector<std::string> args = {"timeout", "-k", "10", std::to_string(job->limit_s),
-                                       "/bin/sh", "-c", job->cmd};
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      const int rc = posix_spawnp(&r.pid, "timeout", &fa, nullptr, argv.data(), environ);
-      posix_spawn_file_actions_destroy(&fa);
-      next++;
-      if (rc != 0) {
-        job->result.exit_code = -1;
-        job->result.err = "posix_spawnp failed: " + std::string(std::strerror(rc));
-        continue;
-      }
-      used += w;
-      running.push_back(std::move(r));
-    }
-    bool reaped = false;
-    for (auto it = running.begin(); it != running.end();) {
-      int status = 0;
-      if (::waitpid(it->pid, &status, WNOHANG) != it->pid) {
-        ++it;
-        continue;
-      }
-      Job* job = it->job;
-      job->seconds = std::chrono::duration<double>(Clock::now() - it->t0).count();
-      job->result.exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
-                              : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
-                                                    : -1;
-      job->result.out = read_file(it->out);
-      job->result.err = read_file(it->err);
-      fs::remove(it->out);
-      fs::remove(it->err);
-      used -= it->weight;
-      it = running.erase(it);
-      reaped = true;
-    }
-    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
-size_t count_of(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) n++;
-  return n;
-}
-
-// ---- Checkpoints -------------------------------------------------------------------------
-
-std::string step_dir(const std::string& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step_%08d", step);
-  return run + "/checkpoints/" + name;
-}
-
-// The whole model's flat parameter buffer (tp = 1 layout) of a checkpoint of any tp and dp,
-// through the single-process loader that reassembles tensor-parallel slices.
-std::vector<float> load_params(const std::string& dir, int64_t* step) {
-  json index;
-  Status s = checkpoint::read_checkpoint_index(dir, &index);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  if (!s.is_ok()) return {};
-  model::GptConfig config;
-  s = checkpoint::checkpoint_model_config(index, &config);
-  EXPECT_TRUE(s.is_ok()) << s.message();
-  if (!s.is_ok()) return {};
-  model::Gpt gpt(config);
-  s = checkpoint::load_checkpoint(dir, &gpt, nullptr, nullptr, step);
-  EXPECT_TRUE(s.is_ok()) << dir << ": " << s.message();
-  if (!s.is_ok()) return {};
-  return std::vector<float>(gpt.params(), gpt.params() + gpt.num_elements());
-}
-
-// The q-quantile of |a − b| over the elements.
-double abs_diff_quantile(const std::vector<float>& a, const std::vector<float>& b, double q) {
-  std::vector<double> d(std::min(a.size(), b.size()));
-  for (size_t i = 0; i < d.size(); i++) d[i] = std::fabs((double)a[i] - (double)b[i]);
-  if (d.empty()) return 0;
-  const size_t k = std::min(d.size() - 1, (size_t)(q * (double)d.size()));
-  std::nth_element(d.begin(), d.begin() + (std::ptrdiff_t)k, d.end());
-  return d[k];
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t* where) {
-  double worst = 0;
-  *where = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
-    const double d = std::fabs((double)a[i] - (double)b[i]);
-    if (!(d <= worst)) worst = d, *where = i;  // NaN counts as worst
-  }
-  return worst;
-}
 
 // Elements of the tp = 1 flat buffer: wte padded to 128 rows, wpe (T rows), per block
 // 12C² + 13C, the final LayerNorm 2C.
@@ -372,95 +227,41 @@ double selective_fraction(int64_t T, int64_t C) { return (double)T / (double)(T 
 
 // ---- Fixture: the corpus (CliTest), a suite folder and the cache of runs -----------------
 
-struct RunSpec {
-  std::string args;  // model shape and training flags, without --out
-  int ranks = 1;
-};
-
+// The cached run of a parity layout: model shape, layout flags, 20 steps, one eval batch.
 RunSpec parity_spec(const Layout& c) {
   return {kShape + " " + c.flags() + " --steps " + std::to_string(kSteps) + " --eval-batches 1",
           c.ranks()};
 }
 
-class TensorParallelTest : public cli_test::CliTest {
+// Runs are keyed by their RunSpec::args (model shape and training flags).
+class TensorParallelTest : public MultiRankTest<TensorParallelTest> {
  protected:
-  static void SetUpTestSuite() {
-    CliTest::SetUpTestSuite();
-    suite_dir_ = (fs::temp_directory_path() / ("meshtrain_tp_" + kPid)).string();
-    fs::remove_all(suite_dir_);
-    fs::create_directories(suite_dir_);
-  }
+  using Base = MultiRankTest<TensorParallelTest>;
+  friend Base;
+  static constexpr const char* kTag = "tp";  // folder meshtrain_tp_PID, "[ tp runs  ]" lines
+
   void SetUp() override {
 #ifndef MESHTRAIN_HAVE_MPI
     GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
 #endif
     CliTest::SetUp();
   }
-  static void TearDownTestSuite() {
-    std::printf("[ tp runs  ] %zu cached runs, %.1f s of run wall time in all\n", cache_.size(),
-                run_seconds_);
-    if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
-      for (const auto& [args, r] : cache_)
-        std::printf("[ tp runs  ] %6.1f s  %s\n", r.job.seconds, args.c_str());
-    cache_.clear();
-    fs::remove_all(suite_dir_);
-    CliTest::TearDownTestSuite();
-  }
+
+  static int job_capacity() { return slots_from_env_or_cores(); }
 
   // `meshtrain train` on the Brown corpus, one thread per rank, fixed peak.
   static std::string train(const std::string& args) {
     return kBinary + " train --data " + corpus_ + " --peak-gflops 100 --threads 1 " + args;
   }
 
-  struct CachedRun {
-    std::string dir;  // --out
-    Job job;
-  };
-
-  // Runs (concurrently) every spec not run yet in this process; each gets its own --out.
-  static void ensure(const std::vector<RunSpec>& specs) {
-    std::vector<Job*> jobs;
-    for (const auto& spec : specs) {
-      if (cache_.count(spec.args)) continue;
-      CachedRun& r = cache_[spec.args];
-      r.dir = suite_dir_ + "/run" + std::to_string(cache_.size());
-      r.job.cmd = train(spec.args + " --quiet --out " + r.dir);
-      r.job.ranks = spec.ranks;
-      jobs.push_back(&r.job);
-    }
-    const auto t0 = Clock::now();
-    run_jobs(jobs, suite_dir_);
-    run_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-  }
+  using Base::ensure;
   static void ensure(const std::vector<Layout>& layouts) {
     std::vector<RunSpec> specs;
     for (const Layout& c : layouts) specs.push_back(parity_spec(c));
     ensure(specs);
   }
-  static const CachedRun& get(const std::string& args) { return cache_.at(args); }
-
-  // The records of a cached run; a failed run is reported once per test.
-  static Metrics metrics_of(const std::string& args) {
-    const CachedRun& r = get(args);
-    EXPECT_EQ(r.job.result.exit_code, 0) << args << "\n" << describe(r.job.result);
-    if (r.job.result.exit_code != 0) return {};
-    return read_metrics(r.dir + "/metrics.jsonl");
-  }
-
-  // One job run now (not cached).
-  Job run_now(const std::string& cmd, int ranks = 1, int limit_s = 300) {
-    Job job;
-    job.cmd = cmd;
-    job.ranks = ranks;
-    job.limit_s = limit_s;
-    run_jobs({&job}, dir_);
-    return job;
-  }
-
-  static inline std::string suite_dir_;
-  static inline std::map<std::string, CachedRun> cache_;
-  static inline double run_seconds_ = 0;
 };
+
 
 using TensorParallel = TensorParallelTest;
 

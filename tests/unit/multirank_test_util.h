@@ -1,0 +1,266 @@
+// Shared by the end-to-end multi-rank tests (test_data_parallel.cc, test_tensor_parallel.cc):
+// running many `meshtrain train` jobs at once, each bounded by `timeout` so a hang fails a
+// test instead of stalling the suite; a fixture that caches training runs per suite folder
+// so tests of one process share them; and readers of checkpoints for the parity checks.
+// Every helper is inline so that each test file can include this header.
+#pragma once
+#include <gtest/gtest.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint/checkpoint.h"
+#include "cli_test_util.h"
+#include "model/gpt.h"
+
+extern char** environ;
+
+namespace meshtrain::multirank_test {
+
+using Clock = std::chrono::steady_clock;
+
+// ---- Running the binary, several runs at a time ------------------------------------------
+
+struct Job {
+  std::string cmd;  // run with /bin/sh -c, stdout and stderr captured
+  int ranks = 1;    // cores it keeps busy
+  int limit_s = 300;
+  cli_test::RunResult result;
+  double seconds = 0;
+};
+
+// The machine's core count (at least 1).
+inline int core_count() { return (int)std::max(1u, std::thread::hardware_concurrency()); }
+
+// MESHTRAIN_TEST_SLOTS when set (to run fewer jobs at once than there are cores), else the
+// core count.
+inline int slots_from_env_or_cores() {
+  const char* slots = std::getenv("MESHTRAIN_TEST_SLOTS");
+  return slots ? std::max(1, std::atoi(slots)) : core_count();
+}
+
+// Runs every job, as many at a time as `capacity` allows (a job counts its ranks, capped at
+// the capacity; one job always runs), each under `timeout -k 10 LIMIT`. Output goes through
+// files in `scratch`, removed once read.
+inline void run_jobs(const std::vector<Job*>& jobs, const std::string& scratch, int capacity) {
+  struct Running {
+    Job* job;
+    pid_t pid;
+    int weight;
+    std::string out, err;
+    Clock::time_point t0;
+  };
+  static int counter = 0;  // unique scratch names across calls (and suites) of this process
+  std::vector<Running> running;
+  size_t next = 0;
+  int used = 0;
+  while (next < jobs.size() || !running.empty()) {
+    while (next < jobs.size()) {
+      Job* job = jobs[next];
+      const int w = std::min(std::max(job->ranks, 1), capacity);
+      if (!running.empty() && used + w > capacity) break;
+      const std::string base = scratch + "/job" + std::to_string(counter++);
+      Running r{job, -1, w, base + ".out", base + ".err", Clock::now()};
+      posix_spawn_file_actions_t fa;
+      posix_spawn_file_actions_init(&fa);
+      posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+      posix_spawn_file_actions_addopen(&fa, 1, r.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      posix_spawn_file_actions_addopen(&fa, 2, r.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      std::vector<std::string> args = {"timeout", "-k", "10", std::to_string(job->limit_s),
+                                       "/bin/sh", "-c", job->cmd};
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      const int rc = posix_spawnp(&r.pid, "timeout", &fa, nullptr, argv.data(), environ);
+      posix_spawn_file_actions_destroy(&fa);
+      next++;
+      if (rc != 0) {
+        job->result.exit_code = -1;
+        job->result.err = "posix_spawnp failed: " + std::string(std::strerror(rc));
+        continue;
+      }
+      used += w;
+      running.push_back(std::move(r));
+    }
+    bool reaped = false;
+    for (auto it = running.begin(); it != running.end();) {
+      int status = 0;
+      if (::waitpid(it->pid, &status, WNOHANG) != it->pid) {
+        ++it;
+        continue;
+      }
+      Job* job = it->job;
+      job->seconds = std::chrono::duration<double>(Clock::now() - it->t0).count();
+      job->result.exit_code = WIFEXITED(status)     ? WEXITSTATUS(status)
+                              : WIFSIGNALED(status) ? 128 + WTERMSIG(status)
+                                                    : -1;
+      job->result.out = cli_test::read_file(it->out);
+      job->result.err = cli_test::read_file(it->err);
+      std::filesystem::remove(it->out);
+      std::filesystem::remove(it->err);
+      used -= it->weight;
+      it = running.erase(it);
+      reaped = true;
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Occurrences of `part` in `text` (overlapping ones included): e.g. one message per rank.
+inline size_t count_of(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) n++;
+  return n;
+}
+
+// ---- Checkpoints -------------------------------------------------------------------------
+
+// RUN/checkpoints/step_NNNNNNNN, the folder the trainer writes for `step`.
+inline std::string step_dir(const std::string& run, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08d", step);
+  return run + "/checkpoints/" + name;
+}
+
+// The whole model's flat parameter buffer (tp = 1 layout) of a checkpoint of any writer
+// layout (dp, ZeRO shards, tp slices), through the single-process loader that reassembles
+// them.
+inline std::vector<float> load_params(const std::string& dir, int64_t* step) {
+  nlohmann::json index;
+  Status s = checkpoint::read_checkpoint_index(dir, &index);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  if (!s.is_ok()) return {};
+  model::GptConfig config;
+  s = checkpoint::checkpoint_model_config(index, &config);
+  EXPECT_TRUE(s.is_ok()) << s.message();
+  if (!s.is_ok()) return {};
+  model::Gpt gpt(config);
+  s = checkpoint::load_checkpoint(dir, &gpt, nullptr, nullptr, step);
+  EXPECT_TRUE(s.is_ok()) << dir << ": " << s.message();
+  if (!s.is_ok()) return {};
+  return std::vector<float>(gpt.params(), gpt.params() + gpt.num_elements());
+}
+
+// max |a − b| over the elements, and where it is (a NaN counts as the worst).
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b,
+                           size_t* where) {
+  double worst = 0;
+  *where = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); i++) {
+    const double d = std::fabs((double)a[i] - (double)b[i]);
+    if (!(d <= worst)) worst = d, *where = i;  // NaN counts as worst
+  }
+  return worst;
+}
+
+// The q-quantile of |a − b| over the elements.
+inline double abs_diff_quantile(const std::vector<float>& a, const std::vector<float>& b,
+                                double q) {
+  std::vector<double> d(std::min(a.size(), b.size()));
+  for (size_t i = 0; i < d.size(); i++) d[i] = std::fabs((double)a[i] - (double)b[i]);
+  if (d.empty()) return 0;
+  const size_t k = std::min(d.size() - 1, (size_t)(q * (double)d.size()));
+  std::nth_element(d.begin(), d.begin() + (std::ptrdiff_t)k, d.end());
+  return d[k];
+}
+
+// ---- Fixture: the corpus (CliTest), a suite folder and the cache of runs -----------------
+
+// One cached training run: the flags (model shape and training, without --out) that key it
+// and the ranks it keeps busy.
+struct RunSpec {
+  std::string args;
+  int ranks = 1;
+};
+
+// The fixture of a multi-rank suite. `Suite` (the derived fixture, a template argument so
+// that every suite has a cache of its own) provides
+//   static constexpr const char* kTag;            // "dp": folder meshtrain_dp_PID, "[ dp runs  ]"
+//   static std::string train(const std::string&);  // the `meshtrain train` command for flags
+//   static int job_capacity();                     // cores' worth of jobs run at once
+// and its own SetUp (the MPI skip).
+template <class Suite>
+class MultiRankTest : public cli_test::CliTest {
+ protected:
+  static void SetUpTestSuite() {
+    CliTest::SetUpTestSuite();
+    suite_dir_ = cli_test::fresh_dir(std::filesystem::temp_directory_path() /
+                                     ("meshtrain_" + std::string(Suite::kTag) + "_" + cli_test::kPid));
+  }
+  static void TearDownTestSuite() {
+    std::printf("[ %s runs  ] %zu cached runs, %.1f s of run wall time in all\n", Suite::kTag,
+                cache_.size(), run_seconds_);
+    if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
+      for (const auto& [args, r] : cache_)
+        std::printf("[ %s runs  ] %6.1f s  %s\n", Suite::kTag, r.job.seconds, args.c_str());
+    cache_.clear();
+    std::filesystem::remove_all(suite_dir_);
+    CliTest::TearDownTestSuite();
+  }
+
+  struct CachedRun {
+    std::string dir;  // --out
+    Job job;
+  };
+
+  static void run_jobs(const std::vector<Job*>& jobs, const std::string& scratch) {
+    multirank_test::run_jobs(jobs, scratch, Suite::job_capacity());
+  }
+
+  // Runs (concurrently) every spec not run yet in this process; each gets its own --out.
+  static void ensure(const std::vector<RunSpec>& specs) {
+    std::vector<Job*> jobs;
+    for (const auto& spec : specs) {
+      if (cache_.count(spec.args)) continue;
+      CachedRun& r = cache_[spec.args];
+      r.dir = suite_dir_ + "/run" + std::to_string(cache_.size());
+      r.job.cmd = Suite::train(spec.args + " --quiet --out " + r.dir);
+      r.job.ranks = spec.ranks;
+      jobs.push_back(&r.job);
+    }
+    const auto t0 = Clock::now();
+    run_jobs(jobs, suite_dir_);
+    run_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  static const CachedRun& get(const std::string& args) { return cache_.at(args); }
+
+  // The records of a cached run; a failed run is reported (with its output) where it is used.
+  static cli_test::Metrics metrics_of(const std::string& args) {
+    const CachedRun& r = get(args);
+    EXPECT_EQ(r.job.result.exit_code, 0) << args << "\n" << cli_test::describe(r.job.result);
+    if (r.job.result.exit_code != 0) return {};
+    return cli_test::read_metrics(r.dir + "/metrics.jsonl");
+  }
+
+  // One job run now (not cached).
+  Job run_now(const std::string& cmd, int ranks = 1, int limit_s = 300) {
+    Job job;
+    job.cmd = cmd;
+    job.ranks = ranks;
+    job.limit_s = limit_s;
+    run_jobs({&job}, dir_);
+    return job;
+  }
+
+  static inline std::string suite_dir_;
+  static inline std::map<std::string, CachedRun> cache_;
+  static inline double run_seconds_ = 0;
+};
+
+}  // namespace meshtrain::multirank_test
