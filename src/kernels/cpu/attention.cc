@@ -30,6 +30,21 @@ HeadView head_view(const float* qkv, int b, int h, int T, int C, int NH) {
   return {base, base + C, base + 2 * C, (size_t)b * T * C + (size_t)h * hs};
 }
 
+// Softmax numerator of one score row in place: p[j] = exp(p[j] - max) for j < n.
+// Returns the sum of the exponentials and stores the row's max in *max.
+float exp_shifted(float* p, int n, float* max) {
+  float mx = -INFINITY;
+  for (int j = 0; j < n; j++) mx = std::max(mx, p[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; j++) {
+    p[j] = fast_exp(p[j] - mx);
+    sum += p[j];
+  }
+  *max = mx;
+  return sum;
+}
+
 // probs[r, j] = exp(scores[r, j] - lse_row) for j <= i0 + r (causal), 0 beyond.
 void causal_probs_from_lse(float* probs, const float* lse_rows, int i0, int rows, int kend) {
   for (int r = 0; r < rows; r++) {
@@ -65,14 +80,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
           for (int r = 0; r < rows; r++) {
             float* p = s + (size_t)r * kend;
             int valid = i0 + r + 1;
-            float mx = -INFINITY;
-            for (int j = 0; j < valid; j++) mx = std::max(mx, p[j]);
-            float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int j = 0; j < valid; j++) {
-              p[j] = fast_exp(p[j] - mx);
-              sum += p[j];
-            }
+            float mx;
+            const float sum = exp_shifted(p, valid, &mx);
             float inv = 1.0f / sum;
 #pragma omp simd
             for (int j = 0; j < valid; j++) p[j] *= inv;
@@ -158,14 +167,8 @@ void attention_cached_forward(float* out, const float* q, int ldq, const float* 
         // One query row: a GEMV against the cached keys, softmax, GEMV with the values.
         gemm(false, true, 1, keys, hs, scale, q + (size_t)i * ldq + h * hs, ldq, k_cache + h * hs,
              C, 0.0f, s, keys);
-        float mx = -INFINITY;
-        for (int j = 0; j < keys; j++) mx = std::max(mx, s[j]);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int j = 0; j < keys; j++) {
-          s[j] = fast_exp(s[j] - mx);
-          sum += s[j];
-        }
+        float mx;
+        const float sum = exp_shifted(s, keys, &mx);
         gemm(false, false, 1, hs, keys, 1.0f / sum, s, keys, v_cache + h * hs, C, 0.0f,
              out + (size_t)i * C + h * hs, C);
       }
