@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "core/file_io.h"
@@ -24,11 +25,14 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-std::string shard_file_name(int tp, int tp_rank, int dp_rank) {
-  char buf[40];
-  if (tp > 1) std::snprintf(buf, sizeof buf, "shard_tp%02d_%05d.bin", tp_rank, dp_rank);
-  else std::snprintf(buf, sizeof buf, "shard_%05d.bin", dp_rank);
-  return buf;
+// shard_[tpTT_][ppPP_]RRRRR.bin: the tp and pp parts only when those axes are split.
+std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank) {
+  std::string name = "shard_";
+  char buf[16];
+  if (tp > 1) std::snprintf(buf, sizeof buf, "tp%02d_", tp_rank), name += buf;
+  if (pp > 1) std::snprintf(buf, sizeof buf, "pp%02d_", pp_rank), name += buf;
+  std::snprintf(buf, sizeof buf, "%05d.bin", dp_rank);
+  return name + buf;
 }
 
 json model_json(const model::GptConfig& c) {
@@ -86,7 +90,7 @@ json units_json(const parallel::ShardLayout& shards) {
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, comm::Group& world, const json& run_config,
-                       int keep) {
+                       int keep, int pp_size, int pp_rank) {
   comm::Group& dp = world;  // the collectives below span every rank of the job
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const fs::path final_dir = root / step_dir_name(step);
@@ -109,7 +113,16 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
       buf.insert(buf.end(), src, src + (shards.own_end(u) - shards.own_begin(u)));
     }
   const size_t bytes = buf.size() * sizeof(float);
-  const std::string my_file = shard_file_name(layout.tp(), layout.tp_rank(), shards.rank());
+  // Which slice each world rank wrote: (tp rank, pp rank, dp rank) and its units.
+  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
+  const int n_units = whole.num_units();
+  const int stride = 3 + n_units;
+  std::vector<double> where((size_t)dp.size() * stride, 0.0);
+  double* mine = where.data() + (size_t)dp.rank() * stride;
+  mine[0] = layout.tp_rank(), mine[1] = pp_rank, mine[2] = shards.rank();
+  for (const auto& u : layout.units()) mine[3 + u.id] = 1;
+  dp.all_reduce_f64(where.data(), where.size(), comm::ReduceOp::kSum);
+  const std::string my_file = shard_file_name(layout.tp(), layout.tp_rank(), pp_size, pp_rank, shards.rank());
   Status written = write_file_synced((tmp_dir / my_file).string(), buf.data(), bytes);
   const uint64_t checksum = checksum64(buf.data(), bytes);
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
@@ -117,37 +130,37 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
   if (failed > 0) return written.is_ok() ? Status::error("checkpoint write failed on another rank") : written;
   const auto info = exchange_file_info(dp, bytes, checksum);
-  // Which (tp, dp) slice each world rank wrote.
-  std::vector<double> where((size_t)dp.size() * 2, 0.0);
-  where[(size_t)dp.rank() * 2] = layout.tp_rank();
-  where[(size_t)dp.rank() * 2 + 1] = shards.rank();
-  dp.all_reduce_f64(where.data(), where.size(), comm::ReduceOp::kSum);
 
   Status result;
   if (dp.rank() == 0) {
-    // Ordered by tp rank, then dp rank; with pipeline or dp replicas of a slice only the
-    // first writer of each (tp, dp) slice is listed (the copies are identical).
-    std::map<std::pair<int, int>, json> by_slice;
+    // Ordered by tp rank, then pp rank, then dp rank.
+    std::map<std::tuple<int, int, int>, json> by_slice;
     for (int r = 0; r < dp.size(); r++) {
-      const int t = (int)where[(size_t)r * 2], d = (int)where[(size_t)r * 2 + 1];
-      by_slice.emplace(std::pair{t, d}, json{{"name", shard_file_name(layout.tp(), t, d)},
-                                             {"tp", t}, {"dp", d}, {"bytes", info[r].first},
-                                             {"checksum", to_hex(info[r].second)}});
+      const double* w = where.data() + (size_t)r * stride;
+      const int t = (int)w[0], pr = (int)w[1], d = (int)w[2];
+      json units = json::array();
+      for (int u = 0; u < n_units; u++)
+        if (w[3 + u] > 0) units.push_back(u);
+      by_slice.emplace(std::tuple{t, pr, d},
+                       json{{"name", shard_file_name(layout.tp(), t, pp_size, pr, d)}, {"tp", t},
+                            {"pp", pr}, {"dp", d}, {"units", units}, {"bytes", info[r].first},
+                            {"checksum", to_hex(info[r].second)}});
     }
     json files = json::array();
     for (auto& [key, f] : by_slice) files.push_back(f);
     json tensors = json::array();
-    for (const auto& t : layout.tensors())
+    for (const auto& t : whole.tensors())
       tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
     json index = {{"format", "meshtrain-checkpoint"},
                   {"version", kCheckpointFormatVersion},
                   {"step", step},
                   {"model", model_json(config)},
-                  {"total_elements", layout.total()},
+                  {"total_elements", whole.total()},
                   {"tensors", tensors},
                   {"tp_size", layout.tp()},
+                  {"pp_size", pp_size},
                   {"dp_size", shards.world()},
-                  {"units", units_json(shards)},
+                  {"units", units_json(parallel::ShardLayout(whole, shards.world(), 0))},
                   {"shard_sections", {"params", "adam_m", "adam_v"}},
                   {"files", files},
                   {"run_config", run_config}};
@@ -192,10 +205,11 @@ Status read_checkpoint_index(const std::string& dir, json* index) {
     *index = json::parse(text);
     if ((*index)["format"] != "meshtrain-checkpoint")
       return Status::error(path + " is not a meshtrain checkpoint index");
-    if ((*index)["version"].get<int>() != kCheckpointFormatVersion)
+    const int version = (*index)["version"].get<int>();
+    if (version != kCheckpointFormatVersion && version != 2)
       return Status::error(path + " has checkpoint format version " + (*index)["version"].dump() +
                            ", this build reads version " + std::to_string(kCheckpointFormatVersion));
-    const int n = (*index).at("dp_size").get<int>() * index->value("tp_size", 1);
+    const int n = (*index).at("dp_size").get<int>() * index->value("tp_size", 1) * index->value("pp_size", 1);
     if (n < 1 || (int)(*index).at("files").size() != n)
       return Status::error(path + " lists " + std::to_string((*index).at("files").size()) +
                            " shard files for " + std::to_string(n) + " slices");
@@ -227,58 +241,75 @@ Status checkpoint_model_config(const json& index, model::GptConfig* config) {
 
 namespace {
 
-// Reads global ranges of one kind of state out of the writers' shard files, verifying
-// each file's size and checksum the first time it is used.
+// Reads ranges of units out of the writers' shard files, verifying each file's size and
+// checksum the first time it is used. A unit is found by its whole-model index in the files
+// of the reader's tp rank: any pipeline split and data-parallel size can have written it.
 class ShardReader {
  public:
-  // Reads the files of tensor-parallel rank `tp_rank` (whose local layout is `layout`).
-  ShardReader(std::string dir, const json& index, const model::ParamLayout& layout, int tp_rank)
-      : dir_(std::move(dir)),
-        index_(index),
-        writers_(layout, index["dp_size"].get<int>(), 0),
-        first_file_(tp_rank * index["dp_size"].get<int>()) {}
+  // `whole`: the whole model's layout at the reader's tp rank (the writers' unit table).
+  ShardReader(std::string dir, const json& index, const model::ParamLayout& whole, int tp_rank)
+      : dir_(std::move(dir)), index_(index), writers_(whole, index["dp_size"].get<int>(), 0) {
+    const json& files = index["files"];
+    for (size_t f = 0; f < files.size(); f++) {
+      if (files[f].value("tp", 0) != tp_rank) continue;
+      std::vector<int> units;
+      if (files[f].contains("units")) units = files[f]["units"].get<std::vector<int>>();
+      else for (int u = 0; u < whole.num_units(); u++) units.push_back(u);  // version 2
+      const int d = files[f].value("dp", 0);
+      for (int u : units) where_.emplace(std::pair{u, d}, (int)f);  // the first copy wins
+      units_of_file_[(int)f] = std::move(units);
+    }
+  }
 
-  // Copies the real elements of unit u in [begin, end) (global offsets) into dst.
-  Status copy(int kind, int u, size_t begin, size_t end, float* dst) {
-    const int n = writers_.world();
-    for (int w = 0; w < n; w++) {
-      const size_t a = std::max(begin, writers_.own_begin(u, w));
-      const size_t b = std::min(end, writers_.own_end(u, w));
+  // Copies the elements [begin, end) of unit `id` (offsets inside the unit) into dst.
+  Status copy(int kind, int id, size_t begin, size_t end, float* dst) {
+    const size_t base = writers_.units()[id].global_offset;
+    for (int w = 0; w < writers_.world(); w++) {
+      const size_t own_a = writers_.own_begin(id, w) - base, own_b = writers_.own_end(id, w) - base;
+      const size_t a = std::max(begin, own_a), b = std::min(end, own_b);
       if (a >= b) continue;
+      auto it = where_.find({id, w});
+      if (it == where_.end())
+        return Status::error(dir_ + ": no shard file holds unit " + std::to_string(id) + " of data-parallel rank " +
+                             std::to_string(w));
       const std::string* file = nullptr;
-      RETURN_IF_ERROR(open(w, &file));
-      const size_t at = section_offset(kind, w) + unit_offset(u, w) + (a - writers_.own_begin(u, w));
+      RETURN_IF_ERROR(open(it->second, &file));
+      const size_t at = section_offset(kind, it->second, w) + unit_offset(it->second, id, w) + (a - own_a);
       std::memcpy(dst + (a - begin), file->data() + at * sizeof(float), (b - a) * sizeof(float));
     }
     return Status::ok();
   }
 
  private:
-  size_t owned(int u, int w) const { return writers_.own_end(u, w) - writers_.own_begin(u, w); }
-  size_t unit_offset(int u, int w) const {
+  size_t owned(int id, int w) const { return writers_.own_end(id, w) - writers_.own_begin(id, w); }
+  // Where unit `id` starts in a section of file f (written by dp rank w): after the file's
+  // earlier units.
+  size_t unit_offset(int f, int id, int w) const {
     size_t at = 0;
-    for (int i = 0; i < u; i++) at += owned(i, w);
-    return at;
+    for (int u : units_of_file_.at(f)) {
+      if (u == id) return at;
+      at += owned(u, w);
+    }
+    return at;  // past the end: the section size
   }
-  size_t section_offset(int kind, int w) const {
-    return (size_t)kind * unit_offset((int)writers_.units().size(), w);
-  }
+  size_t section_offset(int kind, int f, int w) const { return (size_t)kind * unit_offset(f, -1, w); }
 
-  Status open(int w, const std::string** file) {
-    auto it = files_.find(w);
+  Status open(int f, const std::string** file) {
+    auto it = files_.find(f);
     if (it == files_.end()) {
-      const json& meta = index_["files"][first_file_ + w];
+      const json& meta = index_["files"][f];
       const std::string path = (fs::path(dir_) / meta["name"].get<std::string>()).string();
       std::string bytes;
       RETURN_IF_ERROR(read_file(path, &bytes));
       const size_t expect = meta["bytes"].get<size_t>();
-      if (bytes.size() != expect || expect != section_offset(kKinds, w) * sizeof(float))
+      const int w = meta.value("dp", 0);
+      if (bytes.size() != expect || expect != section_offset(kKinds, f, w) * sizeof(float))
         return Status::error(path + " is truncated or has the wrong size (" +
                              std::to_string(bytes.size()) + " bytes, index says " +
                              std::to_string(expect) + ")");
       if (to_hex(checksum64(bytes.data(), bytes.size())) != meta["checksum"].get<std::string>())
         return Status::error(path + " is corrupt: checksum mismatch");
-      it = files_.emplace(w, std::move(bytes)).first;
+      it = files_.emplace(f, std::move(bytes)).first;
     }
     *file = &it->second;
     return Status::ok();
@@ -286,11 +317,13 @@ class ShardReader {
 
   std::string dir_;
   const json& index_;
-  parallel::ShardLayout writers_;  // the writers' partition (rank field unused)
-  int first_file_;                 // this tp rank's files start here in the index
+  parallel::ShardLayout writers_;  // the writers' partition of the whole model (rank unused)
+  std::map<std::pair<int, int>, int> where_;     // (unit, writer dp rank) -> file
+  std::map<int, std::vector<int>> units_of_file_;
   std::map<int, std::string> files_;
 };
 
+// The index's unit table against the whole model at the reader's tp rank.
 Status check_units(const json& index, const model::ParamLayout& layout, const std::string& dir) {
   const json& units = index["units"];
   bool same = units.size() == layout.units().size();
@@ -320,8 +353,9 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
     return Status::error(dir + " was written with --tp " + std::to_string(saved_tp) +
                          "; resuming it at --tp " + std::to_string(layout.tp()) +
                          " is not supported (export it and use --init-from to change tp)");
-  RETURN_IF_ERROR(check_units(index, layout, dir));
-  ShardReader reader(dir, index, layout, layout.tp_rank());
+  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
+  RETURN_IF_ERROR(check_units(index, whole, dir));
+  ShardReader reader(dir, index, whole, layout.tp_rank());
   for (int kind = 0; kind < kKinds; kind++) {
     float* base = kind == 0 ? state.params : kind == 1 ? state.m : state.v;
     if (!base) continue;
@@ -329,10 +363,10 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
     for (int u = 0; u < layout.num_units(); u++) {
       const auto& unit = layout.units()[u];
       if (full)
-        RETURN_IF_ERROR(reader.copy(kind, u, unit.offset, unit.offset + unit.numel, base + unit.offset));
+        RETURN_IF_ERROR(reader.copy(kind, unit.id, 0, unit.numel, base + unit.offset));
       else
-        RETURN_IF_ERROR(reader.copy(kind, u, shards.own_begin(u), shards.own_end(u),
-                                    base + shards.units()[u].local_offset));
+        RETURN_IF_ERROR(reader.copy(kind, unit.id, shards.own_begin(u) - unit.offset,
+                                    shards.own_end(u) - unit.offset, base + shards.units()[u].local_offset));
     }
   }
   *step = index["step"].get<int64_t>();

@@ -8,12 +8,15 @@
 //   shard_RRRRR.bin  data-parallel rank R's owned slice of every unit (ZeRO's per-unit
 //                    shards, see parallel/shard_layout.h): params of all units, then Adam
 //                    m, then v; with tensor parallelism one set per tp rank T,
-//                    shard_tpTT_RRRRR.bin, each over that rank's slice of the model.
+//                    shard_tpTT_RRRRR.bin, each over that rank's slice of the model; with
+//                    pipeline parallelism one set per stage rank P, shard_[tpTT_]ppPP_RRRRR.bin,
+//                    each over the units that rank holds (listed in the index; the tied
+//                    embedding appears in the first and the last stage's files).
 // Each rank writes its own shard; rank 0 writes the index and renames the staged ".tmp"
 // folder into place, so a crash never leaves a partial step_* folder. Because the index
-// records global offsets, a checkpoint written by N ranks at any ZeRO stage loads into any
-// other N and stage: a reader asks for global ranges and gets them from whichever shards
-// hold them.
+// records global offsets, a checkpoint written by N ranks at any ZeRO stage and pipeline
+// split loads into any other N, stage and split: a reader asks for ranges of units and gets
+// them from whichever shards hold them.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,7 +30,9 @@
 
 namespace meshtrain::checkpoint {
 
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 3 lists the units each shard file holds (pipeline stages hold some of them);
+// version 2 files (every file holds every unit) still load.
+inline constexpr int kCheckpointFormatVersion = 3;
 
 // What one rank holds: parameters and Adam moments, each either full (indexed by global
 // offset in the flat layout) or this rank's shard (indexed by ShardLayout local offset).
@@ -39,14 +44,15 @@ struct RankState {
   bool moments_full = true;
 };
 
-// Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()) and its
+// Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()), its
+// pipeline stages (the units of `layout`, on pipeline rank pp_rank of pp_size) and its
 // data-parallel shard (shards.world(), shards.rank()).
 // Collective over `world` (every rank of the job): each writes its shard, world rank 0 the
 // index. Keeps the newest `keep` checkpoints (0: all).
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, comm::Group& world, const nlohmann::json& run_config,
-                       int keep = 2);
+                       int keep = 2, int pp_size = 1, int pp_rank = 0);
 
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);
@@ -57,7 +63,8 @@ Status checkpoint_model_config(const nlohmann::json& index, model::GptConfig* co
 
 // Fills `state` for a rank whose shards are `shards` (full parts get every element),
 // after verifying the model shape and the checksums of the shard files it reads. Any
-// data-parallel size and ZeRO stage; the tensor-parallel size must be the writer's.
+// data-parallel size, ZeRO stage and pipeline split; the tensor-parallel size must be the
+// writer's.
 Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, int64_t* step);

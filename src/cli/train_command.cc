@@ -34,6 +34,19 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--dp", o->dp,
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");
+  cmd->add_option("--schedule", o->schedule,
+                  "Pipeline schedule: gpipe, 1f1b or interleaved (needs --virtual-stages >= 2)")
+      ->capture_default_str();
+  cmd->add_option("--virtual-stages", o->virtual_stages,
+                  "Model chunks per pipeline rank (interleaved schedule)")
+      ->capture_default_str();
+  cmd->add_option("--stage-layers", o->stage_layers,
+                  "Layers per pipeline stage, comma-separated (pp x virtual-stages entries; "
+                  "default: balanced by cost, the head counted on the last stage)")
+      ->delimiter(',');
+  cmd->add_option("--trace", o->trace_file,
+                  "Write a Chrome trace (Perfetto, chrome://tracing) of every rank's forward, "
+                  "backward, optimizer and communication spans to FILE");
   cmd->add_flag("--sp", o->sp,
                 "Sequence parallelism: LayerNorms and residuals on 1/tp of the tokens (needs --tp > 1)");
   cmd->add_option("--recompute", o->recompute,

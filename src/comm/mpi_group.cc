@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "trace/trace.h"
 
 namespace meshtrain::comm {
 
@@ -56,8 +57,17 @@ struct CommTask {
   std::mutex mu;
   std::condition_variable cv;
 
+  int64_t bytes = -1;        // traffic counted for the stats (-1: untracked, not traced)
+
   void finish(double busy) {
     busy_s = busy;
+    auto& tracer = trace::Tracer::instance();
+    if (bytes >= 0 && tracer.enabled()) {
+      const double end = trace::Tracer::now_us();
+      tracer.record(trace::Lane::kComm, std::string(name) + " " + axis,
+                    post ? trace::category::kP2p : trace::category::kCollective, end - busy * 1e6,
+                    end, {{"axis", axis}, {"bytes", bytes}});
+    }
     {
       std::lock_guard<std::mutex> lk(mu);
       finished.store(true, std::memory_order_release);
@@ -277,7 +287,8 @@ RequestPtr MpiGroup::submit(std::shared_ptr<CommTask> task, CommOp op, size_t n,
   CHECK_MSG(g_engine != nullptr, "communication after finalize()");
   task->axis = axis_;
   if (track) {
-    stats_.bytes += comm_bytes(op, n, size_, elem_bytes);
+    task->bytes = comm_bytes(op, n, size_, elem_bytes);
+    stats_.bytes += task->bytes;
     stats_.calls += 1;
   }
   auto request = std::make_unique<MpiRequest>(this, task, track);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <utility>
 
 #include "core/check.h"
 #include "kernels/ops.h"
@@ -12,9 +13,11 @@ namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
 
-Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequence_parallel)
+Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequence_parallel,
+         const ModelPart& part)
     : config_(config),
-      layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0),
+      layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0, part),
+      chunks_(part.chunks.empty() ? std::vector<ModelPart::Chunk>{{0, config.layers}} : part.chunks),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(layout_.tp()),
       tp_rank_(layout_.tp_rank()) {
@@ -29,6 +32,7 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   if (local != LocalState::kNone)
     local_ = std::make_unique<LocalParamStore>(layout_, local == LocalState::kParamsAndGrads);
   store_ = local_.get();
+  sets_.resize(chunks_.size());
 }
 
 void Gpt::set_recompute(Recompute mode, int every) {
@@ -101,15 +105,14 @@ void Gpt::set_param_store(ParamStore* store) { store_ = store ? store : local_.g
 
 void Gpt::set_from_global(const float* global) {
   const ParamLayout whole(config_);
-  for (size_t i = 0; i < layout_.tensors().size(); i++)
-    global_to_local(layout_.tensors()[i], tp_size_, tp_rank_, global + whole.tensors()[i].offset,
-                    params() + layout_.tensors()[i].offset);
+  for (const ParamTensor& t : layout_.tensors())
+    global_to_local(t, tp_size_, tp_rank_, global + whole.find(t.name)->offset, params() + t.offset);
 }
 
 void Gpt::init_weights(uint64_t seed) {
-  if (tp_size_ > 1) {
-    // Every tp rank draws the whole model's weights (same seed), then keeps its slice: the
-    // same initial model as tp = 1.
+  if (tp_size_ > 1 || !layout_.is_whole_model()) {
+    // Every rank draws the whole model's weights (same seed), then keeps its slice (tp)
+    // and its stages (pp): the same initial model as one rank.
     Gpt whole(config_, LocalState::kParamsOnly);
     whole.init_weights(seed);
     set_from_global(whole.params());
@@ -140,53 +143,91 @@ void Gpt::ensure_activations(int B, int T) {
   if (B == B_ && T == T_) return;
   B_ = B, T_ = T;
   CHECK_MSG(!sp_ || (B * T) % tp_size_ == 0, "sequence parallelism needs B*T divisible by tp");
-  const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_, Vl = Vl_;
+  const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_;
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
-  // See BlockActivations: 4 residual-stream [Nl,C] tensors and their row statistics, qkv,
-  // the attention output and the two MLP tensors of this rank's slice (all N rows).
-  // Recomputed tensors live once, in scratch_, instead of once per block.
-  const size_t attention_core = N * Cl + N * NH;            // atty, att_lse
-  const size_t whole_block = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NH;
-  size_t stored = 0;
-  for (int l = 0; l < config_.layers; l++) {
-    switch (recompute_of(l)) {
-      case Recompute::kNone: stored += whole_block; break;
-      case Recompute::kSelective: stored += whole_block - attention_core; break;
-      case Recompute::kFull: stored += Nl * C; break;  // the block's output only
-    }
-  }
-  const size_t scratch = recompute_ == Recompute::kNone ? 0
+  for (auto& chunk_sets : sets_) chunk_sets.clear();  // laid out again on first use
+  set_ = nullptr;
+  // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
+  // the gradients of one block's intermediates in backward.
+  const size_t attention_core = N * Cl + N * NH;  // atty, att_lse
+  const size_t scratch = recompute_ == Recompute::kNone        ? 0
                          : recompute_ == Recompute::kSelective ? attention_core
-                                                                : whole_block;
-  const size_t total = Nl * C + stored + scratch + Nl * C + 2 * Nl + (sp_ ? N * C : 0) + N * Vl +
-                       2 * N;
-  acts_.allocate(MemCategory::kActivations, total);
-  float* cursor = acts_.data();
+                                                                : set_floats_per_block(Recompute::kNone);
+  shared_.allocate(MemCategory::kActivations, scratch + gradient_scratch_floats());
+  float* cursor = shared_.data();
   auto take = [&](size_t n) {
     float* p = cursor;
     cursor += n;
     return p;
   };
-  encoded_ = take(Nl * C);
-  auto take_block = [&](BlockActivations& a, bool with_core, bool with_output) {
-    a.ln1 = take(Nl * C), a.ln1_mean = take(Nl), a.ln1_rstd = take(Nl);
-    a.qkv = take(N * 3 * Cl);
-    if (with_core) a.atty = take(N * Cl), a.att_lse = take(N * NH);
-    a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = take(Nl), a.ln2_rstd = take(Nl);
-    a.fch = take(N * Fl), a.fch_gelu = take(N * Fl);
-    if (with_output) a.residual3 = take(Nl * C);
-  };
   scratch_ = BlockActivations{};
   if (recompute_ == Recompute::kSelective) scratch_.atty = take(N * Cl), scratch_.att_lse = take(N * NH);
-  if (recompute_ == Recompute::kFull) take_block(scratch_, true, true);
-  blocks_.assign(config_.layers, BlockActivations{});
-  for (int l = 0; l < config_.layers; l++) {
-    BlockActivations& a = blocks_[l];
+  if (recompute_ == Recompute::kFull) take_block(scratch_, take, true, true);
+  dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
+  dbranch_ = take(Nl * C);
+  datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
+  CHECK(cursor == shared_.data() + shared_.size());
+}
+
+// Floats one block keeps for backward in `mode` (see BlockActivations): 4 residual-stream
+// [Nl,C] tensors and their row statistics, qkv, the attention output and the two MLP
+// tensors of this rank's slice (all N rows).
+size_t Gpt::set_floats_per_block(Recompute mode) const {
+  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
+  const size_t attention_core = N * Cl_ + N * NHl_;
+  const size_t whole_block = Nl * C * 4 + N * Cl_ * 4 + N * Fl_ * 2 + Nl * 4 + N * NHl_;
+  switch (mode) {
+    case Recompute::kNone: return whole_block;
+    case Recompute::kSelective: return whole_block - attention_core;
+    case Recompute::kFull: return Nl * C;  // the block's output only
+  }
+  return 0;
+}
+
+// dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu.
+size_t Gpt::gradient_scratch_floats() const {
+  const size_t N = (size_t)B_ * T_, C = config_.dim;
+  return (size_t)Nl_ * C * 3 + N * C * 2 + N * Cl_ * 4 + N * Fl_ * 2;
+}
+
+// One micro-batch's set for chunk c: its input, its blocks, and the head's tensors.
+size_t Gpt::set_floats(int c) const {
+  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
+  size_t n = Nl * C;
+  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) n += set_floats_per_block(recompute_of(l));
+  if (is_last_stage(c)) n += Nl * C + 2 * Nl + (sp_ ? N * C : 0) + N * Vl_ + 3 * N;
+  return n;
+}
+
+template <typename Take>
+void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const {
+  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
+  a.ln1 = take(Nl * C), a.ln1_mean = take(Nl), a.ln1_rstd = take(Nl);
+  a.qkv = take(N * 3 * Cl_);
+  if (with_core) a.atty = take(N * Cl_), a.att_lse = take(N * NHl_);
+  a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = take(Nl), a.ln2_rstd = take(Nl);
+  a.fch = take(N * Fl_), a.fch_gelu = take(N * Fl_);
+  if (with_output) a.residual3 = take(Nl * C);
+}
+
+void Gpt::layout_set(int c, ActivationSet& s) {
+  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
+  s.data.allocate(MemCategory::kActivations, set_floats(c));
+  float* cursor = s.data.data();
+  auto take = [&](size_t n) {
+    float* p = cursor;
+    cursor += n;
+    return p;
+  };
+  s.input = take(Nl * C);
+  s.blocks.assign(chunks_[c].end - chunks_[c].begin, BlockActivations{});
+  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) {
+    BlockActivations& a = s.blocks[l - chunks_[c].begin];
     switch (recompute_of(l)) {
-      case Recompute::kNone: take_block(a, true, true); break;
+      case Recompute::kNone: take_block(a, take, true, true); break;
       case Recompute::kSelective:
-        take_block(a, false, true);
+        take_block(a, take, false, true);
         a.atty = scratch_.atty, a.att_lse = scratch_.att_lse;
         break;
       case Recompute::kFull: {
@@ -197,19 +238,51 @@ void Gpt::ensure_activations(int B, int T) {
       }
     }
   }
-  lnf_ = take(Nl * C), lnf_mean_ = take(Nl), lnf_rstd_ = take(Nl);
-  lnf_full_ = sp_ ? take(N * C) : lnf_;
-  logits_ = take(N * Vl);
-  lse_ = take(N), target_logit_ = take(N);
-  CHECK(cursor == acts_.data() + total);
-  losses_.allocate(MemCategory::kActivations, N);
+  if (is_last_stage(c)) {
+    s.lnf = take(Nl * C), s.lnf_mean = take(Nl), s.lnf_rstd = take(Nl);
+    s.lnf_full = sp_ ? take(N * C) : s.lnf;
+    s.logits = take(N * Vl_);
+    s.lse = take(N), s.target_logit = take(N), s.losses = take(N);
+  }
+  CHECK(cursor == s.data.data() + s.data.size());
+}
 
-  // Backward scratch: gradients w.r.t. the residual stream and one block's intermediates.
-  grad_acts_.allocate(MemCategory::kActivations, Nl * C * 3 + N * C * 2 + N * Cl * 4 + N * Fl * 2);
-  cursor = grad_acts_.data();
-  dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
-  dbranch_ = take(Nl * C);
-  datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
+Gpt::ActivationSet& Gpt::open_set(int c, int mb) {
+  ActivationSet* free_set = nullptr;
+  for (auto& s : sets_[c]) {
+    if (s->micro_batch == mb) return *s;  // forward again without backward (evaluation)
+    if (s->micro_batch < 0 && !free_set) free_set = s.get();
+  }
+  if (!free_set) {
+    sets_[c].push_back(std::make_unique<ActivationSet>());
+    free_set = sets_[c].back().get();
+    layout_set(c, *free_set);
+  }
+  free_set->micro_batch = mb;
+  return *free_set;
+}
+
+const Gpt::ActivationSet& Gpt::find_set(int c, int mb) const {
+  for (const auto& s : sets_[c])
+    if (s->micro_batch == mb) return *s;
+  CHECK_MSG(false, "backward of a micro-batch whose forward did not run");
+}
+
+Gpt::ActivationSet& Gpt::find_set(int c, int mb) {
+  return const_cast<ActivationSet&>(std::as_const(*this).find_set(c, mb));
+}
+
+int Gpt::sets_in_flight() const {
+  int n = 0;
+  for (const auto& chunk_sets : sets_)
+    for (const auto& s : chunk_sets) n += s->micro_batch >= 0;
+  return n;
+}
+
+int64_t Gpt::activation_set_bytes(int c) const { return (int64_t)(set_floats(c) * sizeof(float)); }
+
+size_t Gpt::boundary_elements(int B, int T) const {
+  return (size_t)B * T / (sp_ ? tp_size_ : 1) * config_.dim;
 }
 
 // Megatron's block: column-parallel QKV and fc (no communication), row-parallel output
@@ -229,10 +302,10 @@ void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
 void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
   count_block_flops(B, T, recomputing, false);
-  const int u = ParamLayout::block_unit(l);
+  const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
-  BlockActivations& a = blocks_[l];
+  BlockActivations& a = acts(l);
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
   k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
   k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
@@ -250,66 +323,103 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   store_->release_params(u);
 }
 
-void Gpt::forward_to_lnf(const int* inputs, int B, int T) {
+// Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
+// the position embedding); summing over tp assembles the embedding (of this rank's rows).
+void Gpt::embedding_forward(const int* inputs, int B, int T) {
+  const float* emb = store_->acquire_params(layout_.embedding_unit());
+  set_->inputs.assign(inputs, inputs + (size_t)B * T);
+  float* embedded = sp_ ? partial_ : set_->input;  // all rows; input keeps this rank's
+  k::encoder_forward(embedded, inputs, tensor(emb, layout_.wte()),
+                     tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr, B, T, config_.dim, vb_, Vl_);
+  store_->release_params(layout_.embedding_unit());
+  reduce_rows(embedded, set_->input);
+  dropout(set_->input, Nl_, 0);
+}
+
+const float* Gpt::blocks_forward(int c, const float* residual, int B, int T) {
+  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) {
+    block_forward(l, residual, B, T);
+    residual = acts(l).residual3;
+  }
+  return residual;
+}
+
+// Final norm and the tied LM head over this rank's real vocabulary columns: logits[N, vn]
+// with row stride Vl.
+void Gpt::head_forward(const float* residual, int B, int T) {
+  const int N = B * T, C = config_.dim, F = layout_.final_unit();
+  const float* fin = store_->acquire_params(F);
+  k::layernorm_forward(set_->lnf, set_->lnf_mean, set_->lnf_rstd, residual,
+                       tensor(fin, layout_.lnf_w()), tensor(fin, layout_.lnf_b()), Nl_, C);
+  store_->release_params(F);
+  gather_rows(set_->lnf, set_->lnf_full);
+  const float* wte = tensor(store_->acquire_params(layout_.embedding_unit()), layout_.wte());
+  k::gemm(false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits, Vl_);
+  store_->release_params(layout_.embedding_unit());
+}
+
+float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, const float* input,
+                         int B, int T) {
   CHECK_MSG(store_, "no parameter store");
   ensure_activations(B, T);
-  const int N = B * T, C = config_.dim;
-  inputs_.assign(inputs, inputs + N);
-  const int E = ParamLayout::kEmbeddingUnit, F = layout_.final_unit();
+  cur_chunk_ = c;
+  set_ = &open_set(c, mb);
+  set_->step = step_, set_->first_token_row = first_token_row_;
   store_->begin_pass(Pass::kForward);
-  const float* emb = store_->acquire_params(E);
-  const float* wte = tensor(emb, layout_.wte());
-  // Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
-  // the position embedding); summing over tp assembles the embedding (of this rank's rows).
-  float* embedded = sp_ ? partial_ : encoded_;  // all rows; encoded_ keeps this rank's
-  k::encoder_forward(embedded, inputs, wte, tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr,
-                     B, T, C, vb_, Vl_);
-  reduce_rows(embedded, encoded_);
-  dropout(encoded_, Nl_, 0);
-  const float* residual = encoded_;
-  for (int l = 0; l < config_.layers; l++) {
-    block_forward(l, residual, B, T);
-    residual = blocks_[l].residual3;
+  const bool first = is_first_stage(c), last = is_last_stage(c);
+  // The embedding unit stays acquired for the whole chunk when it serves both ends.
+  const int E = first && last ? layout_.embedding_unit() : -1;
+  if (E >= 0) store_->acquire_params(E);
+  if (first) embedding_forward(inputs, B, T);
+  else {
+    CHECK_MSG(input, "a stage after the first needs the previous stage's output");
+    std::memcpy(set_->input, input, sizeof(float) * boundary_elements(B, T));
   }
-  const float* fin = store_->acquire_params(F);
-  k::layernorm_forward(lnf_, lnf_mean_, lnf_rstd_, residual, tensor(fin, layout_.lnf_w()),
-                       tensor(fin, layout_.lnf_b()), Nl_, C);
-  store_->release_params(F);
-  gather_rows(lnf_, lnf_full_);
-  // Tied LM head over this rank's real vocabulary columns: logits[N, vn] with row stride Vl.
-  k::gemm(false, true, N, vn_, C, 1.0f, lnf_full_, C, wte, C, 0.0f, logits_, Vl_);
-  store_->release_params(E);
+  const float* out = blocks_forward(c, set_->input, B, T);
+  float loss = 0;
+  if (last) {
+    head_forward(out, B, T);
+    if (targets) {
+      const int N = B * T;
+      set_->targets.assign(targets, targets + N);
+      vocab_parallel_loss(N);
+      double sum = 0;
+      for (int i = 0; i < N; i++) sum += set_->losses[i];
+      loss = static_cast<float>(sum / N);
+    }
+  }
+  if (E >= 0) store_->release_params(E);
+  return loss;
 }
+
+const float* Gpt::chunk_output(int c, int mb) const { return find_set(c, mb).blocks.back().residual3; }
 
 const float* Gpt::forward_logits(const int* inputs, int B, int T) {
   CHECK_MSG(tp_size_ == 1, "forward_logits returns whole-vocabulary logits: tp = 1 only");
-  forward_to_lnf(inputs, B, T);
-  return logits_;
+  CHECK_MSG(layout_.is_whole_model(), "forward_logits needs the whole model");
+  forward_chunk(0, 0, inputs, nullptr, nullptr, B, T);
+  return set_->logits;
 }
 
 // Vocabulary-parallel cross-entropy: no rank holds all logits; the log-sum-exp is combined
 // from each rank's (max-shifted) partial sums, the target logit from the rank that has it.
 void Gpt::vocab_parallel_loss(int N) {
-  k::crossentropy_forward(lse_, target_logit_, logits_, targets_.data(), N, vn_, Vl_, vb_);
+  float *lse = set_->lse, *target_logit = set_->target_logit;
+  k::crossentropy_forward(lse, target_logit, set_->logits, set_->targets.data(), N, vn_, Vl_, vb_);
   if (tp_) {
-    std::vector<float> global_max(lse_, lse_ + N), scaled(N);
+    std::vector<float> global_max(lse, lse + N), scaled(N);
     tp_all_reduce(global_max.data(), N, comm::ReduceOp::kMax);
-    for (int i = 0; i < N; i++) scaled[i] = std::exp(lse_[i] - global_max[i]);  // 0 for -inf
+    for (int i = 0; i < N; i++) scaled[i] = std::exp(lse[i] - global_max[i]);  // 0 for -inf
     tp_all_reduce(scaled.data(), N);
-    for (int i = 0; i < N; i++) lse_[i] = global_max[i] + std::log(scaled[i]);
-    tp_all_reduce(target_logit_, N);
+    for (int i = 0; i < N; i++) lse[i] = global_max[i] + std::log(scaled[i]);
+    tp_all_reduce(target_logit, N);
   }
-  for (int i = 0; i < N; i++) losses_[i] = lse_[i] - target_logit_[i];
+  for (int i = 0; i < N; i++) set_->losses[i] = lse[i] - target_logit[i];
 }
 
 float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
-  forward_to_lnf(inputs, B, T);
-  const int N = B * T;
-  targets_.assign(targets, targets + N);
-  vocab_parallel_loss(N);
-  double sum = 0;
-  for (int i = 0; i < N; i++) sum += losses_[i];
-  return static_cast<float>(sum / N);
+  CHECK_MSG(layout_.is_whole_model(), "forward() runs the whole model; use forward_chunk()");
+  return forward_chunk(0, 0, inputs, targets, nullptr, B, T);
 }
 
 void Gpt::block_backward(int l, const float* block_in, int B, int T) {
@@ -322,12 +432,12 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
     count_block_flops(B, T, false, false);
     flops_.model = before.model + 2 * (flops_.model - before.model);
   }
-  const int u = ParamLayout::block_unit(l);
+  const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
   auto G = [&](LayerTensor t) { return tensor(gunit, layout_.layer(l, t)); };
-  BlockActivations& a = blocks_[l];
+  BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
   k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB),
@@ -358,52 +468,76 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   store_->release_grads(u);
 }
 
-void Gpt::backward(float loss_scale) {
-  CHECK_MSG(!targets_.empty(), "backward() without forward()");
-  const int B = B_, T = T_, N = B * T, C = config_.dim;
-  const int E = ParamLayout::kEmbeddingUnit, F = layout_.final_unit();
-
-  // Head: logits = lnf @ wte^T over this rank's vocabulary slice.
-  store_->begin_pass(Pass::kBackward);
-  float* dlogits = logits_;  // in place
-  k::crossentropy_backward(dlogits, logits_, lse_, targets_.data(), loss_scale, N, vn_, Vl_, vb_);
+// Head: logits = lnf @ wte^T over this rank's vocabulary slice, then the final norm; leaves
+// the gradient of the chunk's output in dresidual_. The embedding unit's gradient is
+// complete for the micro-batch here unless this rank also runs the first stage.
+void Gpt::head_backward(int c, int B, int T, float loss_scale) {
+  const int N = B * T, C = config_.dim;
+  const int E = layout_.embedding_unit(), F = layout_.final_unit();
+  float* dlogits = set_->logits;  // in place
+  k::crossentropy_backward(dlogits, set_->logits, set_->lse, set_->targets.data(), loss_scale, N,
+                           vn_, Vl_, vb_);
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);
-  float* dwte = tensor(gemb, layout_.wte());
   k::gemm(false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f,
           partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, lnf_full_, C, 1.0f, dwte, C);
+  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, set_->lnf_full, C, 1.0f,
+          tensor(gemb, layout_.wte()), C);
   store_->release_params(E);
+  if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
 
   std::memset(dresidual_, 0, sizeof(float) * Nl_ * C);
-  const float* last = config_.layers > 0 ? blocks_.back().residual3 : encoded_;
   const float* fin = store_->acquire_params(F);
   float* gfin = store_->acquire_grads(F);
   layernorm_backward_tp(dresidual_, tensor(gfin, layout_.lnf_w()), tensor(gfin, layout_.lnf_b()),
-                        dlnf, last, tensor(fin, layout_.lnf_w()), lnf_mean_, lnf_rstd_, Nl_);
+                        dlnf, set_->blocks.back().residual3, tensor(fin, layout_.lnf_w()),
+                        set_->lnf_mean, set_->lnf_rstd, Nl_);
   store_->release_params(F);
   store_->release_grads(F);
+}
 
-  for (int l = config_.layers - 1; l >= 0; l--)
-    block_backward(l, l == 0 ? encoded_ : blocks_[l - 1].residual3, B, T);
-
-  // The embedding's gradient is whole on every rank (after gathering the rows): each rank
-  // adds its vocabulary rows and all of dwpe.
-  gemb = store_->acquire_grads(E);
+// The embedding's gradient is whole on every tp rank (after gathering the rows): each rank
+// adds its vocabulary rows and all of dwpe.
+void Gpt::embedding_backward(int B, int T) {
+  const int E = layout_.embedding_unit();
+  float* gemb = store_->acquire_grads(E);
   k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()),
-                      gather_rows(dropout_grad(dresidual_, 0), gathered_), inputs_.data(), B, T, C,
-                      vb_, Vl_);
+                      gather_rows(dropout_grad(dresidual_, 0), gathered_), set_->inputs.data(), B,
+                      T, config_.dim, vb_, Vl_);
   store_->release_grads(E);
+}
+
+void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale) {
+  const int B = B_, T = T_;
+  cur_chunk_ = c;
+  set_ = &find_set(c, mb);
+  store_->begin_pass(Pass::kBackward);
+  if (is_last_stage(c)) {
+    CHECK_MSG(!set_->targets.empty(), "backward of a forward that computed no loss");
+    head_backward(c, B, T, loss_scale);
+  } else if (dout != dresidual_) {  // the next chunk on this rank leaves it in place
+    std::memcpy(dresidual_, dout, sizeof(float) * boundary_elements(B, T));
+  }
+  const ModelPart::Chunk& ch = chunks_[c];
+  for (int l = ch.end - 1; l >= ch.begin; l--)
+    block_backward(l, l == ch.begin ? set_->input : acts(l - 1).residual3, B, T);
+  if (is_first_stage(c)) embedding_backward(B, T);
+  set_->micro_batch = -1;
+}
+
+void Gpt::backward(float loss_scale) {
+  CHECK_MSG(layout_.is_whole_model(), "backward() runs the whole model; use backward_chunk()");
+  backward_chunk(0, 0, nullptr, loss_scale);
 }
 
 // Sites: 0 the embedding, 1 + 2l block l's attention branch, 2 + 2l its MLP branch.
 void Gpt::dropout(float* x, int rows, int site) const {
   if (dropout_p_ <= 0) return;
-  const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)step_ * 0xC2B2AE3D27D4EB4Full ^
+  const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)set_->step * 0xC2B2AE3D27D4EB4Full ^
                        (uint64_t)site * 0x165667B19E3779F9ull;
   // This rank's residual rows start at its share of the micro-batch under sequence parallelism.
-  const int64_t row0 = first_token_row_ + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
+  const int64_t row0 = set_->first_token_row + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
   k::dropout_forward(x, rows, config_.dim, dropout_p_, key, row0);
 }
 
@@ -416,7 +550,9 @@ const float* Gpt::dropout_grad(const float* dresidual, int site) {
 
 int64_t Gpt::stored_activation_bytes(int B, int T) {
   ensure_activations(B, T);
-  return acts_.bytes() + losses_.bytes();
+  int64_t bytes = shared_activation_bytes() - (int64_t)sizeof(float) * gradient_scratch_floats();
+  for (int c = 0; c < num_chunks(); c++) bytes += activation_set_bytes(c);
+  return bytes;
 }
 
 void Gpt::zero_grads() { std::memset(grads(), 0, sizeof(float) * layout_.total()); }

@@ -1,5 +1,7 @@
 // GPT-2 with explicit forward and backward passes over flat parameter and gradient
-// buffers. One object per rank; activations are sized for a micro-batch of B x T.
+// buffers. One object per rank holds the rank's part of the model (all of it, or the
+// pipeline stages it runs); activations are sized for micro-batches of B x T, one stored
+// set per micro-batch in flight.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -55,8 +57,10 @@ class Gpt {
   // on 1/t of the tokens (rows [r*N/t, (r+1)*N/t) of the B*T rows); the tp all-reduces
   // become an all-gather before each column-parallel linear and a reduce-scatter after each
   // row-parallel one (Korthikanti et al. 2022).
+  // `part`: the pipeline stages this rank runs (see ModelPart; empty: the whole model).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
-               comm::Group* tp = nullptr, bool sequence_parallel = false);
+               comm::Group* tp = nullptr, bool sequence_parallel = false,
+               const ModelPart& part = {});
   // Dropout with probability p on the embedding output and on each block's two residual
   // branches (attention and MLP outputs, after their bias). Masks come from a counter-based
   // hash of (seed, step, site, global token row, column) and are never stored.
@@ -71,9 +75,14 @@ class Gpt {
   void set_recompute(Recompute mode, int every = 1);
   const FlopCounts& flops() const { return flops_; }
   // Lays out the activations for a B x T micro-batch (as the first forward would) and
-  // returns the bytes kept for backward (the per-block inventory plus the head's), without
-  // the backward pass's scratch; the tracker's "activations" peak includes both.
+  // returns the bytes kept for backward by one micro-batch in flight through every chunk
+  // (the per-block inventory plus the head's) plus the recomputation scratch, without the
+  // backward pass's gradient scratch; the tracker's "activations" peak includes all three.
   int64_t stored_activation_bytes(int B, int T);
+  // Bytes of one micro-batch's stored set for chunk c, and of the scratch shared by all
+  // sets (recomputation and backward): activation peak = sets alive x set + shared.
+  int64_t activation_set_bytes(int c) const;
+  int64_t shared_activation_bytes() const { return (int64_t)shared_.bytes(); }
   void reset_flops() { flops_ = FlopCounts{}; }
 
   const GptConfig& config() const { return config_; }
@@ -94,7 +103,7 @@ class Gpt {
   // Sets this rank's parameters from whole-model weights in the tp = 1 layout.
   void set_from_global(const float* global_params);
 
-  // Runs the model on inputs[B,T] and returns the mean loss over targets[B,T].
+  // Runs the whole model on inputs[B,T] and returns the mean loss over targets[B,T].
   // Keeps the activations for backward().
   float forward(const int* inputs, const int* targets, int B, int T);
   // Logits only (no targets): returns a pointer to logits[B,T,Vp] valid until the next call.
@@ -104,12 +113,61 @@ class Gpt {
   void backward(float loss_scale);
   void zero_grads();
 
+  // --- pipeline stages: chunk c of this rank's part, micro-batch mb ---
+  int num_chunks() const { return (int)chunks_.size(); }
+  const ModelPart::Chunk& chunk(int c) const { return chunks_[c]; }
+  bool is_first_stage(int c) const { return chunks_[c].begin == 0; }
+  bool is_last_stage(int c) const { return chunks_[c].end == config_.layers; }
+  // Elements of the tensor passed between stages: this rank's residual-stream rows x C
+  // (1/t of the tokens under sequence parallelism).
+  size_t boundary_elements(int B, int T) const;
+  // Forward of chunk c on micro-batch mb: from the tokens inputs[B,T] (first stage) or from
+  // `input`, the previous stage's output. The last stage also needs targets[B,T] and
+  // returns the mean loss over them (others return 0). The activations stay in a set of
+  // their own until backward_chunk(c, mb); the output is chunk_output(c, mb).
+  float forward_chunk(int c, int mb, const int* inputs, const int* targets, const float* input,
+                      int B, int T);
+  const float* chunk_output(int c, int mb) const;
+  // Backward of chunk c on micro-batch mb: from the loss (last stage, scaled as in
+  // backward()) or from `dout`, the gradient of the chunk's output. Frees the set. Except on
+  // the first stage, the gradient of the chunk's input is left in input_grad().
+  void backward_chunk(int c, int mb, const float* dout, float loss_scale);
+  const float* input_grad() const { return dresidual_; }
+  // Frees the set of a forward that will have no backward (evaluation).
+  void drop_activations(int c, int mb) { find_set(c, mb).micro_batch = -1; }
+  // Micro-batches whose activations are held (forward done, backward not yet).
+  int sets_in_flight() const;
+
   // FLOPs per token of forward + backward, llm.c's convention: 6N + 6*L*T*C.
   double flops_per_token(int T) const;
-  const float* losses() const { return losses_.data(); }
 
  private:
+  // One micro-batch's activations of one chunk, kept from its forward to its backward.
+  struct ActivationSet {
+    int micro_batch = -1;  // -1: free
+    Buffer<float> data;    // one allocation for every tensor below
+    float* input = nullptr;  // [Nl,C] the embedding output or the received activation
+    std::vector<BlockActivations> blocks;  // the chunk's layers
+    // Last stage only: the final norm, the head and the loss.
+    float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // [Nl,C], [Nl], [Nl]
+    float* lnf_full = nullptr;     // [B,T,C] the head's input, all rows
+    float* logits = nullptr;       // [B,T,Vp/t], becomes dlogits in backward
+    float* lse = nullptr;          // [B,T] log-sum-exp over the whole vocabulary
+    float* target_logit = nullptr; // [B,T]
+    float* losses = nullptr;       // [B,T]
+    std::vector<int> inputs, targets;
+    int64_t step = 0, first_token_row = 0;  // dropout position
+  };
   void ensure_activations(int B, int T);
+  size_t set_floats(int c) const;
+  size_t set_floats_per_block(Recompute mode) const;
+  size_t gradient_scratch_floats() const;
+  template <typename Take>
+  void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const;
+  ActivationSet& open_set(int c, int mb);  // the set of (c, mb), laid out on first use
+  ActivationSet& find_set(int c, int mb);
+  const ActivationSet& find_set(int c, int mb) const;
+  void layout_set(int c, ActivationSet& s);
   void tp_all_reduce(float* x, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
   // Conjugate pair on the token rows: all of them from this rank's share (identity without
   // sequence parallelism), and this rank's share of their sum over tp (an all-reduce in
@@ -121,7 +179,14 @@ class Gpt {
                              const float* inp, const float* weight, const float* mean,
                              const float* rstd, int rows);
   void vocab_parallel_loss(int N);
-  void forward_to_lnf(const int* inputs, int B, int T);
+  // Pieces of a chunk's forward and backward on the current set.
+  void embedding_forward(const int* inputs, int B, int T);
+  const float* blocks_forward(int c, const float* residual, int B, int T);
+  void head_forward(const float* residual, int B, int T);
+  void head_backward(int c, int B, int T, float loss_scale);
+  void embedding_backward(int B, int T);
+  BlockActivations& acts(int l) { return set_->blocks[l - chunks_[cur_chunk_].begin]; }
+  int cur_chunk_ = 0;
 
   // Pointer to tensor t of the unit whose buffer starts at `unit_base`.
   const float* tensor(const float* unit_base, const ParamTensor& t) const {
@@ -140,21 +205,16 @@ class Gpt {
   std::unique_ptr<LocalParamStore> local_;
   ParamStore* store_ = nullptr;
 
+  std::vector<ModelPart::Chunk> chunks_;
   int B_ = 0, T_ = 0;
-  Buffer<float> acts_;  // one allocation for every activation below
-  float* encoded_ = nullptr;  // [B,T,C]
-  std::vector<BlockActivations> blocks_;
-  float *lnf_ = nullptr, *lnf_mean_ = nullptr, *lnf_rstd_ = nullptr;  // [B,T,C], [B,T], [B,T]
-  float* logits_ = nullptr;  // [B,T,Vp/t], becomes dlogits in backward
-  float* lse_ = nullptr;     // [B,T] log-sum-exp over the whole vocabulary
-  float* target_logit_ = nullptr;  // [B,T]
-  Buffer<float> losses_;     // [B,T]
-  // Gradients of activations, reused by every block in backward.
-  Buffer<float> grad_acts_;
+  std::vector<std::vector<std::unique_ptr<ActivationSet>>> sets_;  // per chunk
+  ActivationSet* set_ = nullptr;  // the set the running forward/backward uses
+  // Scratch shared by every set: recomputed tensors, the gradients of activations reused
+  // by every block in backward, and buffers for the tensor-parallel exchanges.
+  Buffer<float> shared_;
   float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_;
   float* partial_;   // [B,T,C] a row-parallel linear's output before the tp reduction
   float* gathered_;  // [B,T,C] an all-gathered residual-stream tensor (sequence parallel)
-  float* lnf_full_;  // [B,T,C] the head's input, all rows
   bool sp_ = false;
   int Nl_ = 0;  // token rows of the residual stream on this rank
   void dropout(float* x, int rows, int site) const;  // rows = this rank's residual rows
@@ -174,7 +234,6 @@ class Gpt {
   // This rank's slice: attention width Cl = C/t with NHl heads, MLP width Fl = 4C/t,
   // vocabulary rows [vb, vb + Vl) of which vn are real tokens.
   int Cl_, NHl_, Fl_, Vl_, vb_, vn_;
-  std::vector<int> inputs_, targets_;
 };
 
 }  // namespace meshtrain::model

@@ -2,14 +2,35 @@
 
 #include <algorithm>
 
+#include "core/check.h"
+
 namespace meshtrain::model {
 
-ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank) : tp_(tp), tp_rank_(tp_rank) {
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part)
+    : tp_(tp), tp_rank_(tp_rank) {
   using S = TpSplit;
   const int64_t C = c.dim;
-  add("wte.weight", {c.padded_vocab(), C}, S::kRows, true, false, -1);
-  add("wpe.weight", {c.max_seq_len, C}, S::kReplicated, true, false, -1);
-  for (int l = 0; l < c.layers; l++) {
+  const int L = c.layers;
+  std::vector<bool> held(L, part.chunks.empty());
+  bool embedding = part.chunks.empty(), final_norm = part.chunks.empty();
+  for (const auto& ch : part.chunks) {
+    CHECK_MSG(0 <= ch.begin && ch.begin < ch.end && ch.end <= L, "invalid pipeline chunk");
+    for (int l = ch.begin; l < ch.end; l++) held[l] = true;
+    embedding = embedding || ch.begin == 0 || ch.end == L;  // the head is the tied wte
+    final_norm = final_norm || ch.end == L;
+  }
+  whole_ = embedding && final_norm && std::find(held.begin(), held.end(), false) == held.end();
+  block_unit_.assign(L, -1);
+  if (embedding) {
+    const size_t first = tensors_.size();
+    add("wte.weight", {c.padded_vocab(), C}, S::kRows, true, false, -1);
+    add("wpe.weight", {c.max_seq_len, C}, S::kReplicated, true, false, -1);
+    embedding_unit_ = num_units();
+    close_unit(0, first);
+  }
+  for (int l = 0; l < L; l++) {
+    if (!held[l]) continue;
+    const size_t first = tensors_.size();
     const std::string p = "h." + std::to_string(l) + ".";
     add(p + "ln_1.weight", {C}, S::kReplicated, false, false, l);
     add(p + "ln_1.bias", {C}, S::kReplicated, false, false, l);
@@ -23,22 +44,50 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank) : tp_(tp), tp_
     add(p + "mlp.c_fc.bias", {4 * C}, S::kRows, false, false, l);
     add(p + "mlp.c_proj.weight", {C, 4 * C}, S::kCols, true, true, l);
     add(p + "mlp.c_proj.bias", {C}, S::kReplicated, false, false, l);
+    block_unit_[l] = num_units();
+    close_unit(1 + l, first);
   }
-  add("ln_f.weight", {C}, S::kReplicated, false, false, -1);
-  add("ln_f.bias", {C}, S::kReplicated, false, false, -1);
-  // Units follow from the order above: [wte, wpe], each block's 12 tensors, [ln_f].
-  units_.push_back({0, wte().numel + wpe().numel});
-  for (int l = 0; l < c.layers; l++) {
-    const ParamTensor& first = layer(l, kLn1W);
-    const ParamTensor& last = layer(l, kFcProjB);
-    units_.push_back({first.offset, last.offset + last.numel - first.offset});
+  if (final_norm) {
+    const size_t first = tensors_.size();
+    add("ln_f.weight", {C}, S::kReplicated, false, false, -1);
+    add("ln_f.bias", {C}, S::kReplicated, false, false, -1);
+    final_unit_ = num_units();
+    close_unit(L + 1, first);
   }
-  units_.push_back({lnf_w().offset, lnf_w().numel + lnf_b().numel});
+}
+
+// The tensors added since `first_tensor` form the next unit (contiguous by construction).
+void ParamLayout::close_unit(int id, size_t first_tensor) {
+  const ParamTensor& a = tensors_[first_tensor];
+  const ParamTensor& b = tensors_.back();
+  units_.push_back({a.offset, b.offset + b.numel - a.offset, id});
+  unit_first_tensor_.push_back(first_tensor);
+}
+
+int ParamLayout::embedding_unit() const {
+  CHECK_MSG(embedding_unit_ >= 0, "this model part holds no embeddings");
+  return embedding_unit_;
+}
+
+int ParamLayout::block_unit(int l) const {
+  CHECK_MSG(has_layer(l), "this model part does not hold the requested layer");
+  return block_unit_[l];
+}
+
+int ParamLayout::final_unit() const {
+  CHECK_MSG(final_unit_ >= 0, "this model part holds no final norm");
+  return final_unit_;
+}
+
+int ParamLayout::local_unit(int id) const {
+  for (int u = 0; u < num_units(); u++)
+    if (units_[u].id == id) return u;
+  return -1;
 }
 
 int ParamLayout::unit_of(const ParamTensor& t) const {
   if (t.layer >= 0) return block_unit(t.layer);
-  return t.offset < units_[0].numel ? kEmbeddingUnit : final_unit();
+  return t.name.starts_with("ln_f") ? final_unit() : embedding_unit();
 }
 
 size_t ParamLayout::offset_in_unit(const ParamTensor& t) const {

@@ -43,32 +43,57 @@ enum LayerTensor : int {
 struct ParamUnit {
   size_t offset = 0;
   size_t numel = 0;
+  int id = 0;  // the unit's index in the whole model: 0 embeddings, 1 + l block l, L + 1 final norm
+};
+
+// The layers one rank holds: the pipeline stages ("chunks") it runs, in chunk order, each
+// a contiguous range of layers (interleaved schedules give a rank several). A chunk that
+// starts at layer 0 also runs the embedding; one that ends at layer L runs the final norm,
+// the tied head and the loss, so it holds the embedding unit too (the head's weight is
+// wte). No chunks means the whole model.
+struct ModelPart {
+  struct Chunk {
+    int begin = 0, end = 0;  // layers [begin, end)
+  };
+  std::vector<Chunk> chunks;
 };
 
 class ParamLayout {
  public:
-  // The layout of tensor-parallel rank `tp_rank` of `tp` (tp = 1: the whole model).
-  explicit ParamLayout(const GptConfig& config, int tp = 1, int tp_rank = 0);
+  // The layout of tensor-parallel rank `tp_rank` of `tp` (tp = 1: the whole model) for the
+  // layers of `part` (empty: all of them). Tensors keep their whole-model names and
+  // layer indices; offsets are compact over what the part holds.
+  explicit ParamLayout(const GptConfig& config, int tp = 1, int tp_rank = 0,
+                       const ModelPart& part = {});
   int tp() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   size_t total() const { return total_; }
   const ParamTensor* find(const std::string& name) const;
 
-  const ParamTensor& wte() const { return tensors_[0]; }
-  const ParamTensor& wpe() const { return tensors_[1]; }
+  // The tensors of a held unit (the accessors check that it is held).
+  const ParamTensor& wte() const { return tensors_[tensor_index(embedding_unit(), 0)]; }
+  const ParamTensor& wpe() const { return tensors_[tensor_index(embedding_unit(), 1)]; }
   const ParamTensor& layer(int l, LayerTensor t) const {
-    return tensors_[2 + (size_t)l * kNumLayerTensors + t];
+    return tensors_[tensor_index(block_unit(l), t)];
   }
-  const ParamTensor& lnf_w() const { return tensors_[tensors_.size() - 2]; }
-  const ParamTensor& lnf_b() const { return tensors_[tensors_.size() - 1]; }
+  const ParamTensor& lnf_w() const { return tensors_[tensor_index(final_unit(), 0)]; }
+  const ParamTensor& lnf_b() const { return tensors_[tensor_index(final_unit(), 1)]; }
 
-  // Units: 0 = embeddings, 1 + l = block l, num_units() - 1 = final norm.
+  // Held units in whole-model order: embeddings, blocks by layer, final norm. Local unit
+  // indices below are positions in units(); for the whole model, 0 = embeddings, 1 + l =
+  // block l, num_units() - 1 = final norm.
   const std::vector<ParamUnit>& units() const { return units_; }
   int num_units() const { return (int)units_.size(); }
-  static constexpr int kEmbeddingUnit = 0;
-  static int block_unit(int layer) { return 1 + layer; }
-  int final_unit() const { return num_units() - 1; }
+  bool has_embedding() const { return embedding_unit_ >= 0; }
+  bool has_final_norm() const { return final_unit_ >= 0; }
+  bool has_layer(int l) const { return l >= 0 && l < (int)block_unit_.size() && block_unit_[l] >= 0; }
+  int embedding_unit() const;
+  int block_unit(int layer) const;
+  int final_unit() const;
+  // Local index of the unit with whole-model index `id`, or -1 when not held.
+  int local_unit(int id) const;
+  bool is_whole_model() const { return whole_; }
   // Offset of tensor t inside its unit.
   size_t offset_in_unit(const ParamTensor& t) const;
   int unit_of(const ParamTensor& t) const;
@@ -76,9 +101,15 @@ class ParamLayout {
  private:
   void add(std::string name, std::vector<int64_t> global_shape, TpSplit split, bool decay,
            bool hf_transposed, int layer);
+  void close_unit(int id, size_t first_tensor);
+  size_t tensor_index(int unit, int k) const { return unit_first_tensor_[unit] + k; }
   int tp_ = 1, tp_rank_ = 0;
+  bool whole_ = true;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
+  std::vector<size_t> unit_first_tensor_;  // per local unit: its first tensor
+  std::vector<int> block_unit_;            // per layer: local unit or -1
+  int embedding_unit_ = -1, final_unit_ = -1;
   size_t total_ = 0;
 };
 

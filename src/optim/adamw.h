@@ -36,6 +36,7 @@ struct AdamSegment {
   size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
   bool decay = false;
   bool tp_replicated = false;  // every tensor-parallel rank holds these elements
+  int unit = -1;               // the layout unit the elements belong to
 };
 
 // One segment per tensor, all offsets the tensor's offset in the flat layout.

@@ -130,13 +130,24 @@ void DataParallel::zero_grads() {
   else std::memset(grad_shard_.data(), 0, sizeof(float) * grad_shard_.size());
 }
 
-void DataParallel::begin_micro_batch(bool last) {
-  last_micro_batch_ = last;
+void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
+  pp_ = pp && pp->size() > 1 ? pp : nullptr;
+  tied_peer_ = pp_ ? tied_peer : -1;
+  CHECK_MSG(tied_peer_ < 0 || layout_.has_embedding(), "a tied peer needs the embedding unit");
+}
+
+void DataParallel::begin_step(int micro_batches) {
+  CHECK(micro_batches >= 1);
+  zero_grads();
+  micro_batches_ = micro_batches;
+  released_.assign(layout_.num_units(), 0);
   for (auto& b : buckets_) b.ready = 0;
 }
 
-void DataParallel::end_micro_batch() {
-  if (config_.zero_stage == 0 && last_micro_batch_) {
+void DataParallel::end_micro_batch() { wait_pending(); }
+
+void DataParallel::finish_reductions() {
+  if (config_.zero_stage == 0) {
     for (size_t b = 0; b < buckets_.size(); b++) {
       if (!bucket_requests_[b]) start_bucket(b);  // not started: units never released
       bucket_requests_[b]->wait();
@@ -144,6 +155,37 @@ void DataParallel::end_micro_batch() {
     }
   }
   wait_pending();
+  if (tied_peer_ >= 0) sum_tied_embedding();
+}
+
+float* DataParallel::reduced_grads(int u, size_t* n) {
+  switch (config_.zero_stage) {
+    case 0:
+      *n = layout_.units()[u].numel;
+      return full_grads() + layout_.units()[u].offset;
+    case 1:
+      *n = shards_.own_end(u) - shards_.own_begin(u);
+      return full_grads() + shards_.own_begin(u);
+    default:
+      *n = shards_.own_end(u) - shards_.own_begin(u);
+      return grad_shard_.data() + shards_.units()[u].local_offset;
+  }
+}
+
+// The first and the last stage exchange their (data-parallel reduced) embedding gradients
+// and both add the other's: Megatron's embedding all-reduce, as one point-to-point swap.
+// Both hold the same shard of the unit (same dp rank, same per-unit partition).
+void DataParallel::sum_tied_embedding() {
+  size_t n = 0;
+  float* mine = reduced_grads(layout_.embedding_unit(), &n);
+  Buffer<float> theirs(MemCategory::kComm, n);
+  constexpr int kTiedTag = 7;
+  auto recv = pp_->irecv(theirs.data(), n, tied_peer_, kTiedTag);
+  auto send = pp_->isend(mine, n, tied_peer_, kTiedTag);
+  recv->wait();
+  send->wait();
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) mine[i] += theirs[i];
 }
 
 double DataParallel::grad_norm() {
@@ -152,11 +194,17 @@ double DataParallel::grad_norm() {
   // are identical on every tp rank and count on tp rank 0 only.
   const float* grads = config_.zero_stage >= 2 ? grad_shard_.data() : full_grads();
   const bool skip_replicated = tp_ && tp_->rank() > 0;
+  // The pipeline's last stage holds the second copy of the tied embedding.
+  const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
   double local = 0;
-  for (const auto& s : adamw_->segments())
-    if (!(s.tp_replicated && skip_replicated)) local += optim::sum_of_squares(grads + s.grad_offset, s.count);
+  for (const auto& s : adamw_->segments()) {
+    if (s.tp_replicated && skip_replicated) continue;
+    if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
+    local += optim::sum_of_squares(grads + s.grad_offset, s.count);
+  }
   if (config_.zero_stage > 0) dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
   if (tp_) tp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
+  if (pp_) pp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
   return std::sqrt(local);
 }
 
@@ -216,7 +264,7 @@ DataParallel::Gathered& DataParallel::gather(int u) {
 
 // The unit the model will ask for after u in the current pass (-1: none worth fetching).
 int DataParallel::next_unit(int u) const {
-  const int E = model::ParamLayout::kEmbeddingUnit, F = layout_.final_unit();
+  const int E = layout_.embedding_unit(), F = layout_.final_unit();
   if (pass_ == Pass::kForward) return u == F ? -1 : u + 1;  // E, B_0.., F
   if (u == E) return F;                                      // head, then final norm
   return u - 1 > E ? u - 1 : -1;                             // F, B_{L-1}..B_0
@@ -250,7 +298,7 @@ void DataParallel::release_grads(int u) {
     start_unit_reduce_scatter(u, nullptr, /*own_copy=*/true);
     return;
   }
-  if (!last_micro_batch_) return;  // stages 0-1 accumulate locally until the last
+  if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
   if (stage == 1) {
     start_unit_reduce_scatter(u, full_grads() + layout_.units()[u].offset, false);
     return;

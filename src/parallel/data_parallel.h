@@ -6,7 +6,9 @@
 //   stage 2: params 4P, grads 4P/N, optim 8P/N   (per-unit staging buffers in "comm")
 //   stage 3: params 4P/N, grads 4P/N, optim 8P/N (units gathered into "gathered" on use)
 // Reductions start as soon as a unit's (or bucket's) gradients are final, so they overlap
-// the backward pass of earlier units; stages 0-1 reduce only after the last micro-batch.
+// the backward pass of earlier units; stages 0-1 reduce a unit only after its last
+// micro-batch (a unit is final once it has been released once per micro-batch of the step,
+// which holds for any pipeline schedule's order of backward passes).
 #pragma once
 #include <memory>
 #include <vector>
@@ -44,10 +46,17 @@ class DataParallel : public model::ParamStore {
   // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
   float* param_shard() { return param_shard_.data(); }
 
+  // Pipeline: this rank's part holds the embedding unit as the first or the last stage, and
+  // `tied_peer` (its rank in `pp`) holds the other copy (the LM head is the tied wte). The
+  // two copies' reduced gradients are summed in finish_reductions(), so both stay equal
+  // after the update; the last stage's copy is left out of the gradient norm, which is
+  // reduced over `pp` as well. tied_peer < 0: no copy elsewhere.
+  void set_pipeline(comm::Group* pp, int tied_peer);
+
   // --- one optimizer step ---
-  void zero_grads();
-  void begin_micro_batch(bool last);
-  void end_micro_batch();           // waits for this micro-batch's reductions
+  void begin_step(int micro_batches);  // zeroes gradients
+  void end_micro_batch();              // waits for the reductions started so far
+  void finish_reductions();            // after the last backward: every reduction done
   // Global L2 norm of the reduced gradient over dp and tp, tp-replicated parameters
   // counted once.
   double grad_norm();
@@ -78,6 +87,10 @@ class DataParallel : public model::ParamStore {
   void start_unit_reduce_scatter(int u, const float* unit_grads, bool own_copy);
   void retire(Pending& p);
   void wait_pending();
+  void zero_grads();
+  void sum_tied_embedding();
+  // This rank's reduced gradient of unit u: the whole unit (stage 0), or its owned shard.
+  float* reduced_grads(int u, size_t* n);
   Gathered& gather(int u);
   int next_unit(int u) const;
   float* full_grads() { return gpt_.grads(); }
@@ -91,7 +104,10 @@ class DataParallel : public model::ParamStore {
   ShardLayout shards_;
   std::unique_ptr<optim::AdamW> adamw_;
   model::Pass pass_ = model::Pass::kForward;
-  bool last_micro_batch_ = true;
+  int micro_batches_ = 1;
+  std::vector<int> released_;  // per unit: micro-batches whose gradients were released
+  comm::Group* pp_ = nullptr;
+  int tied_peer_ = -1;
 
   Buffer<float> grad_shard_;   // stages 2-3 (grads)
   Buffer<float> param_shard_;  // stage 3 (params)

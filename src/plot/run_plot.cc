@@ -292,7 +292,13 @@ Status plot_runs(const std::vector<std::string>& run_dirs, const std::string& ou
   std::vector<RunSeries> runs(run_dirs.size());
   for (size_t i = 0; i < run_dirs.size(); i++) RETURN_IF_ERROR(read_run(run_dirs[i], &runs[i]));
   make_names_unique(run_dirs, &runs);
-  RETURN_IF_ERROR(write_atomically(out_svg, render_svg(build_figure(runs, options))));
+  return write_figure(render_svg(build_figure(runs, options)), out_svg, options, result);
+}
+
+Status write_figure(const std::string& svg, const std::string& out_svg, const PlotOptions& options,
+                    PlotResult* result) {
+  *result = PlotResult();
+  RETURN_IF_ERROR(write_atomically(out_svg, svg));
   if (options.png) write_png(out_svg, options, result);
   else result->png_note = "PNG not requested";
   return Status::ok();

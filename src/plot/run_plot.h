@@ -42,9 +42,13 @@ struct PlotResult {
 // The four-panel figure (loss vs step, loss vs tokens, tokens/s, peak memory) for runs.
 Figure build_figure(const std::vector<RunSeries>& runs, const PlotOptions& options);
 
-// Reads every run, writes the SVG to `out_svg` atomically (temporary file, fsync, rename)
-// and, when possible, a PNG beside it (FILE.svg -> FILE.png). A missing or failing
-// converter is reported in `result->png_note`, not as an error.
+// Writes an SVG document to `out_svg` atomically (temporary file, fsync, rename) and, when
+// options.png and the converter allow, a PNG beside it (FILE.svg -> FILE.png). A missing or
+// failing converter is reported in `result->png_note`, not as an error.
+Status write_figure(const std::string& svg, const std::string& out_svg, const PlotOptions& options,
+                    PlotResult* result);
+
+// Reads every run and writes their figure with write_figure().
 Status plot_runs(const std::vector<std::string>& run_dirs, const std::string& out_svg,
                  const PlotOptions& options, PlotResult* result);
 

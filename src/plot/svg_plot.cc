@@ -10,22 +10,15 @@ namespace meshtrain::plot {
 namespace {
 
 // ---- Layout constants (px). Fonts are sized for a ~1200 px wide figure. ----
-constexpr double kPad = 18;             // around the whole figure
 constexpr double kGap = 14;             // between panels
 constexpr double kTitleHeight = 40;
 constexpr double kLegendRow = 24;
 constexpr double kLegendSwatch = 30;
 constexpr double kPlotLeft = 74, kPlotRight = 22, kPlotTop = 38, kPlotBottom = 52;
-constexpr double kTickFont = 12, kLabelFont = 13, kPanelTitleFont = 15, kTitleFont = 19;
-constexpr double kLegendFont = 13, kNoteFont = 12;
+constexpr double kPanelTitleFont = 15, kLegendFont = 13, kNoteFont = 12;
 // More markers than this merge into a band that hides the lines; the dashed line alone
 // then reads better.
 constexpr size_t kMaxMarkers = 120;
-constexpr const char* kFont = "DejaVu Sans, Helvetica, Arial, sans-serif";
-constexpr const char* kInk = "#222222";
-constexpr const char* kMutedInk = "#666666";
-constexpr const char* kGridInk = "#e6e6e6";
-constexpr const char* kFrameInk = "#9a9a9a";
 
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string format(const char* fmt, ...) {
@@ -35,20 +28,6 @@ std::string format(const char* fmt, ...) {
   std::vsnprintf(buf, sizeof buf, fmt, args);
   va_end(args);
   return buf;
-}
-
-// Coordinates with two decimals: enough for sub-pixel placement, short in the file.
-std::string px(double v) {
-  std::string s = format("%.2f", v);
-  while (s.back() == '0') s.pop_back();
-  if (s.back() == '.') s.pop_back();
-  return s == "-0" ? "0" : s;
-}
-
-// Rough text width for legend layout. DejaVu Sans averages ~0.55 em per character; erring wide
-// keeps legend entries from colliding.
-double text_width(const std::string& text, double font_size) {
-  return 0.57 * font_size * static_cast<double>(text.size());
 }
 
 // Maps data to pixels inside one panel's plot area (y grows downward in SVG).
@@ -119,13 +98,6 @@ std::string marker(double x, double y, const std::string& color) {
          "\" stroke=\"#ffffff\" stroke-width=\"1\"/>\n";
 }
 
-std::string text(double x, double y, const std::string& body, double size, const char* anchor,
-                 const char* color, const std::string& extra = "") {
-  return "<text x=\"" + px(x) + "\" y=\"" + px(y) + "\" font-size=\"" + px(size) +
-         "\" text-anchor=\"" + anchor + "\" fill=\"" + color + "\"" + extra + ">" + xml_escape(body) +
-         "</text>\n";
-}
-
 void render_series(const Series& s, const Frame& f, std::string* svg) {
   auto points = series_pixels(s, f);
   if (points.empty()) return;
@@ -147,13 +119,13 @@ void render_grid_and_ticks(const Frame& f, std::string* svg) {
     double x = f.x_px(v);
     *svg += "<line x1=\"" + px(x) + "\" y1=\"" + px(f.top) + "\" x2=\"" + px(x) + "\" y2=\"" +
             px(f.top + f.height) + "\" stroke=\"" + kGridInk + "\"/>\n";
-    *svg += text(x, f.top + f.height + 17, format_tick(v, f.xt), kTickFont, "middle", kInk);
+    *svg += svg_text(x, f.top + f.height + 17, format_tick(v, f.xt), kTickFont, "middle", kInk);
   }
   for (double v : f.yt.values) {
     double y = f.y_px(v);
     *svg += "<line x1=\"" + px(f.left) + "\" y1=\"" + px(y) + "\" x2=\"" + px(f.left + f.width) +
             "\" y2=\"" + px(y) + "\" stroke=\"" + kGridInk + "\"/>\n";
-    *svg += text(f.left - 7, y + 4.2, format_tick(v, f.yt), kTickFont, "end", kInk);
+    *svg += svg_text(f.left - 7, y + 4.2, format_tick(v, f.yt), kTickFont, "end", kInk);
   }
   *svg += "<rect x=\"" + px(f.left) + "\" y=\"" + px(f.top) + "\" width=\"" + px(f.width) +
           "\" height=\"" + px(f.height) + "\" fill=\"none\" stroke=\"" + kFrameInk + "\"/>\n";
@@ -175,14 +147,14 @@ void render_panel(const Panel& panel, double x0, double y0, double w, double h, 
   f.yt = nice_ticks(ylo, yhi, 6);
 
   *svg += "<g>\n";
-  *svg += text(x0 + w / 2, y0 + 22, panel.title, kPanelTitleFont, "middle", kInk, " font-weight=\"bold\"");
+  *svg += svg_text(x0 + w / 2, y0 + 22, panel.title, kPanelTitleFont, "middle", kInk, " font-weight=\"bold\"");
   render_grid_and_ticks(f, svg);
-  *svg += text(f.left + f.width / 2, y0 + h - 10, panel.x_label, kLabelFont, "middle", kInk);
+  *svg += svg_text(f.left + f.width / 2, y0 + h - 10, panel.x_label, kLabelFont, "middle", kInk);
   double ly = f.top + f.height / 2, lx = x0 + 16;
-  *svg += text(lx, ly, panel.y_label, kLabelFont, "middle", kInk,
-               " transform=\"rotate(-90 " + px(lx) + " " + px(ly) + ")\"");
+  *svg += svg_text(lx, ly, panel.y_label, kLabelFont, "middle", kInk,
+                   " transform=\"rotate(-90 " + px(lx) + " " + px(ly) + ")\"");
   if (!has_data)
-    *svg += text(f.left + f.width / 2, f.top + f.height / 2, "no data", kLabelFont, "middle", kMutedInk);
+    *svg += svg_text(f.left + f.width / 2, f.top + f.height / 2, "no data", kLabelFont, "middle", kMutedInk);
   // Lines stay inside the plot area even where a marker or stroke would poke out.
   std::string clip = "clip" + std::to_string(id);
   *svg += "<clipPath id=\"" + clip + "\"><rect x=\"" + px(f.left - 4) + "\" y=\"" + px(f.top - 4) +
@@ -215,8 +187,14 @@ std::vector<LegendItem> layout_legend(const std::vector<LegendEntry>& legend, do
 void render_legend_item(const LegendItem& item, std::string* svg) {
   const LegendEntry& e = *item.entry;
   double mid = item.y + kLegendRow / 2;
-  *svg += "<line x1=\"" + px(item.x) + "\" y1=\"" + px(mid) + "\" x2=\"" + px(item.x + kLegendSwatch) +
-          "\" y2=\"" + px(mid) + "\"" + stroke_attrs(e.color, e.width, e.opacity, e.dashed) + "/>\n";
+  if (e.box) {
+    *svg += "<rect x=\"" + px(item.x + 4) + "\" y=\"" + px(mid - 7) + "\" width=\"" + px(kLegendSwatch - 8) +
+            "\" height=\"14\" fill=\"" + xml_escape(e.color) + "\" stroke=\"" + kFrameInk +
+            "\" stroke-width=\"0.6\"/>\n";
+  } else {
+    *svg += "<line x1=\"" + px(item.x) + "\" y1=\"" + px(mid) + "\" x2=\"" + px(item.x + kLegendSwatch) +
+            "\" y2=\"" + px(mid) + "\"" + stroke_attrs(e.color, e.width, e.opacity, e.dashed) + "/>\n";
+  }
   if (e.markers) *svg += marker(item.x + kLegendSwatch / 2, mid, e.color);
   // The note is a <tspan> so the renderer, which knows the font, places it after the label.
   std::string body = xml_escape(e.label);
@@ -296,22 +274,54 @@ std::string xml_escape(const std::string& text) {
   return out;
 }
 
+// Two decimals: enough for sub-pixel placement, short in the file.
+std::string px(double v) {
+  std::string s = format("%.2f", v);
+  while (s.back() == '0') s.pop_back();
+  if (s.back() == '.') s.pop_back();
+  return s == "-0" ? "0" : s;
+}
+
+// DejaVu Sans averages ~0.55 em per character; erring wide keeps labels from colliding.
+double text_width(const std::string& text, double font_size) {
+  return 0.57 * font_size * static_cast<double>(text.size());
+}
+
+std::string svg_text(double x, double y, const std::string& body, double size, const char* anchor,
+                     const char* color, const std::string& extra) {
+  return "<text x=\"" + px(x) + "\" y=\"" + px(y) + "\" font-size=\"" + px(size) +
+         "\" text-anchor=\"" + anchor + "\" fill=\"" + color + "\"" + extra + ">" + xml_escape(body) +
+         "</text>\n";
+}
+
+std::string svg_open(double width, double height) {
+  return "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + px(width) + "\" height=\"" + px(height) +
+         "\" viewBox=\"0 0 " + px(width) + " " + px(height) + "\" font-family=\"" + kFont + "\">\n" +
+         "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+}
+
+double render_legend(const std::vector<LegendEntry>& legend, double x0, double y0, double max_width,
+                     std::string* svg) {
+  auto items = layout_legend(legend, x0, y0, max_width);
+  for (const LegendItem& item : items) render_legend_item(item, svg);
+  return items.empty() ? y0 : items.back().y + kLegendRow;
+}
+
 std::string render_svg(const Figure& figure) {
   int columns = std::max(1, figure.columns);
   int rows = (static_cast<int>(figure.panels.size()) + columns - 1) / columns;
   double width = 2 * kPad + columns * figure.panel_width + (columns - 1) * kGap;
   double y = kPad + (figure.title.empty() ? 0 : kTitleHeight);
-  auto legend = layout_legend(figure.legend, kPad + 8, y, width - 2 * kPad - 16);
-  if (!legend.empty()) y = legend.back().y + kLegendRow + 10;
+  // The legend's height decides the document's, so it is drawn before the header exists.
+  std::string body;
+  double legend_end = render_legend(figure.legend, kPad + 8, y, width - 2 * kPad - 16, &body);
+  if (!figure.legend.empty()) y = legend_end + 10;
   double height = y + rows * figure.panel_height + std::max(0, rows - 1) * kGap + kPad;
 
-  std::string svg = "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + px(width) + "\" height=\"" +
-                    px(height) + "\" viewBox=\"0 0 " + px(width) + " " + px(height) +
-                    "\" font-family=\"" + kFont + "\">\n";
-  svg += "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n";
+  std::string svg = svg_open(width, height);
   if (!figure.title.empty())
-    svg += text(kPad + 8, kPad + 24, figure.title, kTitleFont, "start", kInk, " font-weight=\"bold\"");
-  for (const LegendItem& item : legend) render_legend_item(item, &svg);
+    svg += svg_text(kPad + 8, kPad + 24, figure.title, kTitleFont, "start", kInk, " font-weight=\"bold\"");
+  svg += body;
   for (size_t i = 0; i < figure.panels.size(); i++) {
     double px0 = kPad + (i % columns) * (figure.panel_width + kGap);
     double py0 = y + (i / columns) * (figure.panel_height + kGap);

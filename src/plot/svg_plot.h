@@ -53,6 +53,7 @@ struct LegendEntry {
   std::string note;  // optional grey text after the label (e.g. a run's configuration)
   double opacity = 1.0, width = 2.4;  // of the swatch line
   bool row_break = false;  // start a new legend row here (runs above, style keys below)
+  bool box = false;        // a filled box swatch (timeline blocks) instead of a line
 };
 
 struct Figure {
@@ -66,5 +67,30 @@ struct Figure {
 // The whole figure as an SVG document (starts with "<svg", ends with "</svg>\n"). Every
 // series with at least one finite point is exactly one <polyline>; markers are <circle>s.
 std::string render_svg(const Figure& figure);
+
+// ---- The pieces render_svg is made of, shared with the other figures (timeline_svg.h) ----
+
+inline constexpr const char* kFont = "DejaVu Sans, Helvetica, Arial, sans-serif";
+inline constexpr const char* kInk = "#222222";
+inline constexpr const char* kMutedInk = "#666666";
+inline constexpr const char* kGridInk = "#e6e6e6";
+inline constexpr const char* kFrameInk = "#9a9a9a";
+// Sizes in px; fonts suit a figure about 1200 px wide.
+inline constexpr double kPad = 18;  // around the whole figure
+inline constexpr double kTitleFont = 19, kLabelFont = 13, kTickFont = 12;
+
+// A coordinate with at most two decimals ("12.5", "3").
+std::string px(double v);
+// A rough, generous estimate of the rendered width of `text`, for layout.
+double text_width(const std::string& text, double font_size);
+// A <text> element; `body` is escaped, `extra` is raw attributes (with a leading space).
+std::string svg_text(double x, double y, const std::string& body, double size, const char* anchor,
+                     const char* color, const std::string& extra = "");
+// The opening <svg> tag of a width x height document, with the font and a white background.
+std::string svg_open(double width, double height);
+// Legend entries flowed left to right from (x0, y0), wrapping at max_width; returns the y
+// below the last row (y0 when there are none).
+double render_legend(const std::vector<LegendEntry>& legend, double x0, double y0, double max_width,
+                     std::string* svg);
 
 }  // namespace meshtrain::plot

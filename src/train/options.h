@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,12 @@ struct TrainOptions {
   std::string recompute = "none";  // none | selective | full
   int recompute_every = 1;         // apply it to blocks l with l % k == 0
   float dropout = 0;               // embedding and residual-branch dropout
+  // Pipeline (pp > 1): schedule gpipe | 1f1b | interleaved, v chunks per rank (interleaved),
+  // layers per stage (p*v entries; empty: balanced by cost).
+  std::string schedule = "1f1b";
+  int virtual_stages = 1;
+  std::vector<int> stage_layers;
+  std::string trace_file;     // Chrome trace of every rank (empty: none)
   int zero = 0;               // ZeRO stage 0-3
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)

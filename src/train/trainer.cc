@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -18,7 +19,9 @@
 #include "core/file_io.h"
 #include "train/metrics.h"
 #include "train/peak.h"
+#include "parallel/pp/stages.h"
 #include "train/progress.h"
+#include "trace/trace.h"
 
 namespace meshtrain::train {
 
@@ -37,6 +40,11 @@ struct Run {
   bool has_val = false;
   std::unique_ptr<model::Gpt> gpt;
   std::unique_ptr<parallel::DataParallel> dp;
+  // Pipeline (pp > 1): the layers of each stage, this rank's chunks, the executor.
+  std::vector<int> stage_layers;
+  model::ModelPart part;
+  parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
+  std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
   int64_t start_step = 0;
   double peak_gflops = 0;
   int threads = 1;
@@ -79,13 +87,38 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
+// The pipeline flags against the layout; m = A micro-batches go through the pipeline.
+Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m, Run* run) {
+  namespace pp = parallel::pp;
+  RETURN_IF_ERROR(pp::parse_schedule_kind(o.schedule, &run->schedule));
+  if (o.virtual_stages < 1) return Status::error("--virtual-stages must be >= 1");
+  const bool interleaved = run->schedule == pp::ScheduleKind::kInterleaved;
+  if (interleaved != (o.virtual_stages > 1))
+    return Status::error(interleaved ? "--schedule interleaved needs --virtual-stages >= 2"
+                                     : "--virtual-stages > 1 needs --schedule interleaved");
+  if (shape.pp == 1) {
+    if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
+    if (!o.stage_layers.empty()) return Status::error("--stage-layers needs --pp > 1");
+    return Status::ok();
+  }
+  if (interleaved && m % shape.pp != 0)
+    return Status::error("--schedule interleaved needs the micro-batches per step (" + std::to_string(m) +
+                         ", --grad-accum or --global-batch/(micro-batch x dp)) to be a multiple of --pp " +
+                         std::to_string(shape.pp));
+  if (o.zero >= 2)
+    return Status::error(
+        "--zero " + std::to_string(o.zero) + " cannot be combined with --pp > 1: the pipeline runs "
+        "each micro-batch's backward separately, so ZeRO-2 would reduce-scatter every gradient once "
+        "per micro-batch (m times the data-parallel traffic) and ZeRO-3 would gather every "
+        "layer's parameters again for each micro-batch's forward and backward; use --zero 0 or 1 "
+        "with pipelines (DeepSpeed and Megatron-LM make the same restriction)");
+  return Status::ok();
+}
+
 // Layout and batch: the mesh from the world size, G and A from the flags.
 Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
-  if (shape.pp > 1)
-    return Status::error("pipeline parallelism (--pp > 1) is not available yet; this build "
-                         "trains tensor- and data-parallel layouts (--tp, --dp, --zero)");
   run->mesh_shape = shape;
   BatchShape& b = run->shape;
   b.B = o.micro_batch;
@@ -104,7 +137,7 @@ Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   } else {
     b.A = std::max(1, o.grad_accum);
   }
-  return Status::ok();
+  return check_pipeline(o, shape, b.A, run);
 }
 
 int default_threads(int ranks_on_node) {
@@ -117,6 +150,17 @@ int local_ranks() {
   return 1;
 }
 
+// The trace is written after the last step; its folder is made (and checked) before the first.
+Status check_trace_path(const std::string& file) {
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) return Status::error("--trace " + file + " is a directory, not a file");
+  const fs::path parent = fs::path(file).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    return Status::error("--trace: cannot create the folder " + parent.string());
+  return Status::ok();
+}
+
 // Model and optimizer state: initialised, loaded from a model file, or resumed.
 // This rank's slice of the initial weights: from --init-from (a whole model, sliced for
 // tensor parallelism) or the seeded initialisation (identical to tp = 1's).
@@ -125,7 +169,8 @@ Status initial_weights(const TrainOptions& o, model::Gpt* gpt) {
     gpt->init_weights(o.seed);
     return Status::ok();
   }
-  if (gpt->layout().tp() == 1) return checkpoint::load_model_file(o.init_from, gpt);
+  if (gpt->layout().tp() == 1 && gpt->layout().is_whole_model())
+    return checkpoint::load_model_file(o.init_from, gpt);
   model::Gpt whole(gpt->config(), model::Gpt::LocalState::kParamsOnly);
   RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, &whole));
   gpt->set_from_global(whole.params());
@@ -136,7 +181,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   const bool sharded_params = o.zero == 3;
   comm::Group* tp = &run->mesh->tp();
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp,
-                                          o.sp);
+                                          o.sp, run->part);
   const model::Recompute mode = o.recompute == "full"        ? model::Recompute::kFull
                                 : o.recompute == "selective" ? model::Recompute::kSelective
                                                              : model::Recompute::kNone;
@@ -145,7 +190,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
     // The full initial weights exist only during setup (peaks are reset before training).
-    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp);
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
     RETURN_IF_ERROR(initial_weights(o, &full));
     run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
                                                        full.params(), tp);
@@ -153,6 +198,13 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
     RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
     run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
                                                        nullptr, tp);
+  }
+  if (run->mesh_shape.pp > 1) {
+    // The first stage (rank 0) and the last (rank p - 1) both hold the tied embedding.
+    const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
+    run->dp->set_pipeline(&run->mesh->pp(), r == 0 ? p - 1 : r == p - 1 ? 0 : -1);
+    run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
+        *run->gpt, run->mesh->pp(), run->schedule, o.virtual_stages);
   }
   if (resume_dir.empty()) return Status::ok();
   checkpoint::RankState st;
@@ -204,6 +256,12 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   // load_checkpoint() rejects a checkpoint of another shape.
   RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
+  if (run->mesh_shape.pp > 1) {
+    const int p = run->mesh_shape.pp;
+    RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
+                                               p * o.virtual_stages, o.stage_layers, &run->stage_layers));
+    run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp);
+  }
   if (o.sp && run->mesh_shape.tp < 2)
     return Status::error("--sp (sequence parallelism) needs --tp > 1");
   if (o.sp && (run->shape.B * run->shape.T) % run->mesh_shape.tp != 0)
@@ -211,6 +269,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
                          std::to_string(run->shape.B * run->shape.T) + " tokens) divisible by --tp " +
                          std::to_string(run->mesh_shape.tp));
   if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
+  if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
 
   const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
   const std::string val_path = (fs::path(o.data_dir) / "val.bin").string();
@@ -244,6 +303,7 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
                                        : cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet);
   comm::set_comm_timeout(o.comm_timeout);
+  if (!o.trace_file.empty()) trace::Tracer::instance().enable(world.rank());
   MemoryTracker::instance().reset_peaks();  // setup-only buffers are not training memory
   return Status::ok();
 }
@@ -261,9 +321,78 @@ json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait
   return out;
 }
 
+// The step's measured pipeline bubble over the pp group: idle time inside the pipeline
+// window of every stage over the window (see PipelineTimes), next to the schedule's own
+// bubble from the simulator with the backward costing twice the forward.
+json pipeline_json(Run& run) {
+  if (!run.pipeline) return json::object();
+  const auto& t = run.pipeline->times();
+  double sums[2] = {t.compute_s, t.window_s};
+  run.mesh->pp().all_reduce_f64(sums, 2, comm::ReduceOp::kSum);
+  parallel::pp::SimResult sim;
+  const Status simulated = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A,
+                                                  run.opt.virtual_stages, 1.0, 2.0, &sim);
+  return {{"bubble", sums[1] > 0 ? 1.0 - sums[0] / sums[1] : 0.0},
+          {"bubble_theory", simulated.is_ok() ? sim.bubble_fraction : -1.0},
+          {"pp_compute_ms", t.compute_s * 1e3},
+          {"pp_window_ms", t.window_s * 1e3},
+          {"pp_peak_sets", t.peak_sets}};
+}
+
+// Collective: world rank 0 prints every rank's peak memory by category, and the pipeline's
+// split and last measured bubble.
+void print_summary(Run& run, comm::Group& world, const json& pipeline) {
+  constexpr int kFields = 8;
+  const MemStats m = MemoryTracker::instance().stats();
+  std::vector<double> all((size_t)world.size() * kFields, 0.0);
+  double* mine = all.data() + (size_t)world.rank() * kFields;
+  auto peak = [&](MemCategory c) { return (double)m.peak[(int)c]; };
+  const double other = peak(MemCategory::kComm) + peak(MemCategory::kGathered) + peak(MemCategory::kWorkspace);
+  const double row[kFields] = {(double)run.mesh->tp_rank(), (double)run.mesh->pp_rank(),
+                               (double)run.mesh->dp_rank(), peak(MemCategory::kParams),
+                               peak(MemCategory::kGrads), peak(MemCategory::kOptim),
+                               peak(MemCategory::kActivations) + other, (double)m.total_peak};
+  std::copy(row, row + kFields, mine);
+  world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
+  if (!run.is_main) return;
+  const double mib = 1024.0 * 1024.0;
+  std::printf("peak memory per rank (MiB): params, grads, optimizer state, activations + buffers, total\n");
+  for (int r = 0; r < world.size(); r++) {
+    const double* f = all.data() + (size_t)r * kFields;
+    std::printf("  rank %2d (tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f\n",
+                r, (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib);
+  }
+  if (!run.pipeline) return;
+  std::string split;
+  for (int n : run.stage_layers) {
+    if (!split.empty()) split += ',';
+    split += std::to_string(n);
+  }
+  std::printf("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f, "
+              "schedule %.3f\n",
+              parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(),
+              run.shape.A, pipeline.value("bubble", 0.0), pipeline.value("bubble_theory", 0.0));
+}
+
+// Every rank writes FILE.rank<N>; world rank 0 merges them into FILE.
+Status write_trace(const std::string& file, comm::Group& world) {
+  auto& tracer = trace::Tracer::instance();
+  const std::string part = file + ".rank" + std::to_string(world.rank());
+  Status written = tracer.write(part);
+  tracer.disable();
+  world.barrier();
+  if (world.rank() != 0 || !written.is_ok()) return written;
+  std::vector<std::string> parts;
+  for (int r = 0; r < world.size(); r++) parts.push_back(file + ".rank" + std::to_string(r));
+  RETURN_IF_ERROR(trace::merge_rank_files(parts, file));
+  for (const auto& p : parts) fs::remove(p);
+  return Status::ok();
+}
+
 }  // namespace
 
-float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches) {
+float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches,
+                    parallel::pp::PipelineExecutor* pipeline) {
   // Evaluation runs without dropout.
   struct NoDropout {
     model::Gpt& g;
@@ -276,29 +405,51 @@ float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T
   double sum = 0;
   for (int64_t k = 0; k < n; k++) {
     data.fill(k, B, T, 0, B, inputs.data(), targets.data());
-    sum += gpt.forward(inputs.data(), targets.data(), B, T);
+    sum += pipeline ? pipeline->forward_only(inputs.data(), targets.data(), B, T)
+                    : gpt.forward(inputs.data(), targets.data(), B, T);
   }
   return (float)(sum / n);
 }
 
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
-                      const BatchShape& shape, int64_t k, int total_steps) {
+                      const BatchShape& shape, int64_t k, int total_steps,
+                      parallel::pp::PipelineExecutor* pipeline) {
   const int B = shape.B, T = shape.T, G = shape.G();
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  dp.zero_grads();
+  const float loss_scale = 1.0f / ((float)G * T);
+  // Micro-batch a of this rank: rows first_row + a*B of the step's global batch.
+  auto row = [&](int a) { return shape.first_row() + a * B; };
+  dp.begin_step(shape.A);
   double loss_sum = 0;  // sum of token losses over this rank's rows
-  for (int a = 0; a < shape.A; a++) {
-    data.fill(k, G, T, shape.first_row() + a * B, B, inputs.data(), targets.data());
-    dp.begin_micro_batch(a + 1 == shape.A);
-    gpt.set_batch_position(k, (int64_t)(shape.first_row() + a * B) * T);
-    loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, T) * B * T;
-    gpt.backward(1.0f / ((float)G * T));
-    dp.end_micro_batch();
+  if (pipeline) {
+    parallel::pp::MicroBatches mbs{
+        [&](int a, int* inputs, int* targets) { data.fill(k, G, T, row(a), B, inputs, targets); },
+        [&](int a) { return (int64_t)row(a) * T; }};
+    loss_sum = pipeline->train_step(shape.A, B, T, k, mbs, loss_scale, dp);
+  } else {
+    std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+    for (int a = 0; a < shape.A; a++) {
+      data.fill(k, G, T, row(a), B, inputs.data(), targets.data());
+      gpt.set_batch_position(k, (int64_t)row(a) * T);
+      const json where = {{"step", k + 1}, {"mb", a}, {"chunk", 0}};
+      {
+        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(true, a, 0, 1),
+                                 trace::category::kForward, where);
+        loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, T) * B * T;
+      }
+      {
+        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(false, a, 0, 1),
+                                 trace::category::kBackward, where);
+        gpt.backward(loss_scale);
+      }
+      dp.end_micro_batch();
+    }
   }
+  dp.finish_reductions();
   dp_group.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
   StepResult r;
   r.loss = (float)(loss_sum / ((double)G * T));
+  trace::Tracer::Span span(trace::Lane::kCompute, "optimizer", trace::category::kOptimizer, {{"step", k + 1}});
   r.grad_norm = dp.grad_norm();
   dp.clip(r.grad_norm, cfg.grad_clip);
   r.lr = optim::learning_rate(cfg, (int)k, total_steps);
@@ -331,6 +482,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
   TrainResult local;
   TrainResult& res = result ? *result : local;
   const int world_size = world.size();
+  json last_pipeline;
   for (int64_t k = run.start_step; k < o.steps; k++) {
     comm::set_current_step(k + 1);
     if (world.rank() == o.debug_stall_rank && k + 1 == o.debug_stall_step)
@@ -338,9 +490,14 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     run.mesh->reset_stats();
     run.gpt->reset_flops();
     auto t0 = std::chrono::steady_clock::now();
+    std::optional<trace::Tracer::Span> step_span;
+    if (trace::Tracer::instance().enabled())
+      step_span.emplace(trace::Lane::kCompute, "step " + std::to_string(k + 1), trace::category::kStep,
+                        json{{"step", k + 1}});
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, shape, k,
-                              o.steps);
+                              o.steps, run.pipeline.get());
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    step_span.reset();
     const double tok_s = tokens_per_step / s;
     // MFU per rank: the step's model FLOPs spread over every rank's peak.
     const double mfu = tok_s * flops_per_token / (run.peak_gflops * 1e9 * world_size);
@@ -349,10 +506,12 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                            " (diverged; try a lower --lr)");
     res.losses.push_back(r.loss);
     res.grad_norms.push_back((float)r.grad_norm);
+    json pipeline = pipeline_json(run);
+    last_pipeline = pipeline;
     double wait_ms = 0, busy_ms = 0;
     json comm = comm_json(run.mesh->stats(), &wait_ms, &busy_ms);
     const double hidden = busy_ms > 0 ? std::clamp(1.0 - wait_ms / busy_ms, 0.0, 1.0) : 0.0;
-    metrics.write({{"step", k + 1}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+    json record = {{"step", k + 1}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                    {"tokens", (k + 1) * tokens_per_step}, {"step_ms", s * 1e3},
                    {"tokens_per_s", tok_s}, {"mfu", mfu},
                    {"mem", memory_json(MemoryTracker::instance().stats())}, {"comm", comm},
@@ -361,13 +520,16 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    // work over one forward of the blocks (full recomputation: ~1).
                    {"block_flops", run.gpt->flops().model},
                    {"recompute_flops", run.gpt->flops().recompute},
-                   {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}});
+                   {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
+    record.update(pipeline);
+    metrics.write(record);
     progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu);
 
     const bool last = k + 1 == o.steps;
     if (run.has_val && ((o.eval_every > 0 && (k + 1) % o.eval_every == 0) || last)) {
       // Every rank evaluates the same batches (ZeRO-3 forwards are collective).
-      float val = evaluate_loss(*run.gpt, run.val_data, shape.B, shape.T, o.eval_batches);
+      float val = evaluate_loss(*run.gpt, run.val_data, shape.B, shape.T, o.eval_batches,
+                                run.pipeline.get());
       res.final_val_loss = val;
       metrics.write({{"step", k + 1}, {"val_loss", val}, {"tokens", (k + 1) * tokens_per_step}});
       char line[96];
@@ -379,8 +541,11 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (save)
       RETURN_IF_ERROR(checkpoint::save_checkpoint(o.out_dir, k + 1, run.gpt->layout(), run.config,
                                                   run.dp->shards(), rank_state(run), world,
-                                                  to_json(o), o.keep_checkpoints));
+                                                  to_json(o), o.keep_checkpoints,
+                                                  run.mesh_shape.pp, run.mesh->pp_rank()));
   }
+  if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
+  if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);
   return Status::ok();
 }
 

@@ -8,6 +8,7 @@
 #include "model/gpt.h"
 #include "optim/adamw.h"
 #include "parallel/data_parallel.h"
+#include "parallel/pp/executor.h"
 #include "train/options.h"
 
 namespace meshtrain::train {
@@ -33,14 +34,18 @@ struct StepResult {
 
 // One optimizer step k over the G rows of the global batch: this rank's A micro-batches
 // of B rows, gradients accumulated and reduced by `dp`, clipped on the global norm, AdamW
-// at the scheduled LR. The loss is the mean over all G*T tokens (reduced over dp).
+// at the scheduled LR. The loss is the mean over all G*T tokens (reduced over dp, and over
+// the pipeline when `pipeline` runs the micro-batches through this rank's stages).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
-                      const BatchShape& shape, int64_t k, int total_steps);
+                      const BatchShape& shape, int64_t k, int total_steps,
+                      parallel::pp::PipelineExecutor* pipeline = nullptr);
 
 // Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
 // file holds fewer).
-float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches);
+// With a pipeline, every rank runs its stages and every rank gets the loss.
+float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T, int batches,
+                    parallel::pp::PipelineExecutor* pipeline = nullptr);
 
 // Validates everything before any work, on every rank; then trains. `world` is the job's
 // world group (a one-rank group when not under MPI). Errors carry a user-facing message.

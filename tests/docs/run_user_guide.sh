@@ -20,5 +20,6 @@ bash -euo pipefail -x guide.sh
 # The guide's promises, checked on what it produced.
 test -f runs/tiny/metrics.jsonl && test -f runs/tiny/config.toml
 test -f plots/compare.svg
+test -f plots/timeline.svg && test "$(grep -c '"bubble"' runs/pp/metrics.jsonl)" -eq 5
 test "$(grep -c '"loss"' runs/long/metrics.jsonl)" -eq 40
 echo "user guide: all commands ran"

@@ -398,7 +398,7 @@ TEST_F(DataParallel, WatchdogNamesTheStall) {
 
 // Each is rejected by every rank (each prints the message) before any step runs or any
 // run file is written: a global batch that dp x B does not divide, a ZeRO stage that does
-// not exist, a tensor-parallel size that does not divide the heads, pipeline stages.
+// not exist, a tensor-parallel size that does not divide the heads, ZeRO-2 under a pipeline.
 TEST_F(DataParallel, BadLayoutsAreRejected) {
   struct Case {
     std::string flags;
@@ -410,8 +410,8 @@ TEST_F(DataParallel, BadLayoutsAreRejected) {
        {"--global-batch 8 is not divisible by --micro-batch x dp = 2 x 3"}},
       {"--dp 2 --zero 4 --micro-batch 4", 2, {"--zero must be 0, 1, 2 or 3, got 4"}},
       {"--tp 3 --micro-batch 4", 3, {"--tp 3 does not divide the number of heads (4)"}},
-      // Pipeline stages are not built yet (update this case when they are).
-      {"--pp 2 --micro-batch 4", 2, {"pipeline parallelism (--pp > 1) is not available yet"}},
+      // ZeRO-2/3 would reduce (and gather) once per pipeline micro-batch.
+      {"--pp 2 --zero 2 --micro-batch 4", 2, {"--zero 2 cannot be combined with --pp > 1"}},
   };
   std::vector<Job> jobs(cases.size());
   std::vector<Job*> ptrs;

@@ -12,6 +12,8 @@
 //   SimulateTest.BubbleIsNarayanan                unit costs (tf=1, tb=2): (p-1)/(vm+p-1), v=1
 //                                                 for GPipe and 1F1B; also makespan and busy
 //   SimulateTest.BubbleHoldsForOtherCostRatios  same fraction, all kinds, at tf:tb = 1:1, 1:3, 2:1
+//   SimulateTest.SpansFollowTheSchedule         per rank: the compute actions in order, back to
+//                                                 back or later, tf/tb long, summing to busy
 //   SimulateTest.PeakInFlight                     GPipe m; 1F1B min(p-r, m); interleaved
 //                                                 min(warmup_r + 1, mv) chunk activation sets
 //   ScheduleErrors.InvalidArgumentsAreRejected    p, m, v, m % p, rank, costs
@@ -212,6 +214,34 @@ TEST(SimulateTest, BubbleHoldsForOtherCostRatios) {
       SimResult sim;
       ASSERT_TRUE(simulate(c.kind, c.p, c.m, c.v, tf, tb, &sim).is_ok()) << c.name();
       EXPECT_NEAR(sim.bubble_fraction, narayanan_bubble(c), 1e-12) << c.name() << " tf " << tf << " tb " << tb;
+    }
+  }
+}
+
+TEST(SimulateTest, SpansFollowTheSchedule) {
+  const double tf = 1, tb = 2;
+  for (const Config& c : all_configs()) {
+    SimResult sim;
+    ASSERT_TRUE(simulate(c.kind, c.p, c.m, c.v, tf, tb, &sim).is_ok()) << c.name();
+    ASSERT_EQ(sim.spans.size(), size_t(c.p)) << c.name();
+    for (int r = 0; r < c.p; ++r) {
+      std::vector<Action> compute;
+      for (const Action& a : schedule_of(c, r))
+        if (is_compute(a)) compute.push_back(a);
+      const auto& spans = sim.spans[r];
+      ASSERT_EQ(spans.size(), compute.size()) << c.name();
+      double busy = 0, previous_end = 0;
+      for (size_t i = 0; i < spans.size(); ++i) {
+        EXPECT_EQ(spans[i].kind, compute[i].kind) << c.name();
+        EXPECT_EQ(spans[i].microbatch, compute[i].microbatch) << c.name();
+        EXPECT_EQ(spans[i].chunk, compute[i].chunk) << c.name();
+        EXPECT_GE(spans[i].start, previous_end) << c.name();
+        EXPECT_DOUBLE_EQ(spans[i].end - spans[i].start, spans[i].kind == ActionKind::kForward ? tf : tb);
+        busy += spans[i].end - spans[i].start;
+        previous_end = spans[i].end;
+      }
+      EXPECT_DOUBLE_EQ(busy, sim.busy[r]) << c.name();
+      EXPECT_LE(previous_end, sim.makespan) << c.name();
     }
   }
 }

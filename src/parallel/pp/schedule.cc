@@ -109,6 +109,25 @@ void append_with_comm(const Compute& c, int p, int v, int rank, std::vector<Acti
 
 }  // namespace
 
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGpipe: return "gpipe";
+    case ScheduleKind::k1F1B: return "1f1b";
+    case ScheduleKind::kInterleaved: return "interleaved";
+  }
+  return "?";
+}
+
+Status parse_schedule_kind(const std::string& name, ScheduleKind* out) {
+  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+    if (name == schedule_name(k)) {
+      *out = k;
+      return Status::ok();
+    }
+  }
+  return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b or interleaved)");
+}
+
 Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out) {
   RETURN_IF_ERROR(check_args(kind, p, m, v));
   if (rank < 0 || rank >= p) {
@@ -138,6 +157,7 @@ struct RankState {
   double busy = 0;
   int in_flight = 0;
   int peak = 0;
+  std::vector<SimSpan> spans;
 };
 
 bool is_send(ActionKind k) { return k == ActionKind::kSendActivation || k == ActionKind::kSendGrad; }
@@ -173,6 +193,7 @@ bool advance(int r, int p, double tf, double tb, RankState* s,
       (*channels)[{r, a.peer, carries_grad(a.kind)}].push_back({s->clock, a.microbatch, to_stage});
     } else {
       double cost = a.kind == ActionKind::kForward ? tf : tb;
+      s->spans.push_back({a.kind, a.microbatch, a.chunk, s->clock, s->clock + cost});
       s->clock += cost;
       s->busy += cost;
       s->in_flight += a.kind == ActionKind::kForward ? 1 : -1;
@@ -217,6 +238,7 @@ Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, Si
     out->makespan = std::max(out->makespan, s.clock);
     out->busy.push_back(s.busy);
     out->peak_in_flight.push_back(s.peak);
+    out->spans.push_back(s.spans);
     total_busy += s.busy;
   }
   double capacity = p * out->makespan;

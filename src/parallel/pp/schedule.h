@@ -10,6 +10,7 @@
 // (Megatron's interleaving), so consecutive stages sit on consecutive ranks and the
 // activation of the last rank's chunk c travels to rank 0's chunk c + 1.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -26,6 +27,10 @@ struct Action {
 };
 
 enum class ScheduleKind { kGpipe, k1F1B, kInterleaved };
+
+// "gpipe", "1f1b", "interleaved": the names flags and traces use.
+const char* schedule_name(ScheduleKind kind);
+Status parse_schedule_kind(const std::string& name, ScheduleKind* out);
 
 // The ordered actions of pipeline rank `rank` of p ranks for m micro-batches and v chunks
 // per rank (v must be 1 except for kInterleaved, which needs v >= 2 and m % p == 0).
@@ -46,6 +51,14 @@ Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vect
 // Discrete-event simulation of all p ranks executing their schedules. Each forward costs tf
 // and each backward tb (per chunk); sends take no time; a receive waits until the matching
 // send has been posted, i.e. until the compute that produced the tensor has finished.
+// One forward or backward of one rank in the simulation.
+struct SimSpan {
+  ActionKind kind;  // kForward or kBackward
+  int microbatch;
+  int chunk;
+  double start, end;
+};
+
 struct SimResult {
   double makespan = 0;         // time at which the last rank finishes
   double bubble_fraction = 0;  // idle time of all ranks within the makespan / (p * makespan)
@@ -54,6 +67,9 @@ struct SimResult {
   // (forward done, backward not yet). With v == 1 this is micro-batches; with v chunks a
   // set holds 1/v of the rank's layers, so peak / v is the memory in micro-batch units.
   std::vector<int> peak_in_flight;
+  // Per rank: every forward and backward in execution order with its start and end, the
+  // schedule's theoretical timeline (trace/timeline.h turns it into a drawable trace).
+  std::vector<std::vector<SimSpan>> spans;
 };
 
 // Fails on invalid arguments, on a deadlock (some rank waits on a receive whose send never

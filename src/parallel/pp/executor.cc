@@ -1,0 +1,167 @@
+#include "parallel/pp/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "core/check.h"
+#include "trace/trace.h"
+
+namespace meshtrain::parallel::pp {
+
+namespace {
+
+bool is_compute(ActionKind k) { return k == ActionKind::kForward || k == ActionKind::kBackward; }
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::string span_name(bool forward, int mb, int chunk, int v) {
+  std::string name(forward ? "F" : "B");
+  name += std::to_string(mb);
+  if (v > 1) name.append(1, '.').append(std::to_string(chunk));
+  return name;
+}
+
+PipelineExecutor::PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind,
+                                   int virtual_stages)
+    : gpt_(gpt), pp_(pp), kind_(kind), v_(virtual_stages) {
+  CHECK_MSG(gpt.num_chunks() == v_, "the model part must hold one chunk per virtual stage");
+}
+
+// Receives of one (kind, peer) pair arrive in the order the schedule lists them, so one tag
+// per direction keeps them apart; the key records which micro-batch a buffer is for.
+void PipelineExecutor::post_receive(const Action& a, size_t n) {
+  const Kind kind = a.kind == ActionKind::kRecvActivation ? kActivation : kGrad;
+  Inbox& box = inbox_[{kind, a.microbatch, a.chunk}];
+  box.data.allocate(MemCategory::kComm, n);
+  box.request = pp_.irecv(box.data.data(), n, a.peer, 1 + kind);
+}
+
+const float* PipelineExecutor::take(Kind kind, int mb, int chunk) {
+  auto it = inbox_.find({kind, mb, chunk});
+  CHECK_MSG(it != inbox_.end(), "pipeline: a stage input was never received");
+  it->second.request->wait();
+  received_ = std::move(it->second.data);
+  inbox_.erase(it);
+  return received_.data();
+}
+
+void PipelineExecutor::send(Kind kind, int mb, int chunk, const float* data, size_t n, int peer,
+                            bool copy) {
+  Outgoing out;
+  out.key = {kind, mb, chunk};
+  if (copy) {
+    out.copy.allocate(MemCategory::kComm, n);
+    std::memcpy(out.copy.data(), data, sizeof(float) * n);
+    data = out.copy.data();
+  }
+  out.request = pp_.isend(data, n, peer, 1 + kind);
+  outgoing_.push_back(std::move(out));
+}
+
+// Retires finished sends (all of them, waiting, when `all`).
+void PipelineExecutor::wait_sends(bool all) {
+  auto done = [&](Outgoing& o) {
+    if (all) o.request->wait();
+    return all || o.request->done();
+  };
+  outgoing_.erase(std::remove_if(outgoing_.begin(), outgoing_.end(), done), outgoing_.end());
+}
+
+double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const MicroBatches& data,
+                                    float loss_scale, DataParallel& dp) {
+  std::vector<Action> actions;
+  const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions);
+  CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
+  const size_t n = gpt_.boundary_elements(B, T);
+  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+  double loss_sum = 0;
+  times_ = PipelineTimes{};
+  const double start = now_s();
+  size_t posted = 0;  // actions up to here have had their receives posted
+  for (size_t i = 0; i < actions.size(); i++) {
+    // Post the receives of the next two compute actions ahead of time.
+    for (int computes = 0; posted < actions.size(); posted++) {
+      const Action& a = actions[posted];
+      if (is_compute(a.kind) && posted > i && ++computes > 2) break;
+      if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGrad) post_receive(a, n);
+    }
+    const Action& a = actions[i];
+    const int mb = a.microbatch, c = a.chunk;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+      case ActionKind::kRecvGrad:
+        break;  // posted above; waited for by the compute that needs it
+      case ActionKind::kForward: {
+        if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c)) data.fill(mb, inputs.data(), targets.data());
+        gpt_.set_batch_position(step, data.first_token_row(mb));
+        const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, mb, c);
+        const double t0 = now_s();
+        float loss;
+        {
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name(true, mb, c, v_), trace::category::kForward,
+                                   {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
+          loss = gpt_.forward_chunk(c, mb, inputs.data(), targets.data(), in, B, T);
+        }
+        times_.compute_s += now_s() - t0;
+        if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;
+        times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
+        break;
+      }
+      case ActionKind::kSendActivation:
+        // The output stays in the micro-batch's activation set until its backward.
+        send(kActivation, mb, c, gpt_.chunk_output(c, mb), n, a.peer, false);
+        break;
+      case ActionKind::kBackward: {
+        // The activation sent from this set must be out before the set is reused.
+        for (auto& o : outgoing_)
+          if (o.key == Key{kActivation, mb, c}) o.request->wait();
+        const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, mb, c);
+        const double t0 = now_s();
+        {
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name(false, mb, c, v_),
+                                   trace::category::kBackward, {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
+          gpt_.backward_chunk(c, mb, dout, loss_scale);
+        }
+        times_.compute_s += now_s() - t0;
+        dp.end_micro_batch();
+        break;
+      }
+      case ActionKind::kSendGrad:
+        send(kGrad, mb, c, gpt_.input_grad(), n, a.peer, true);
+        break;
+    }
+    wait_sends(false);
+  }
+  wait_sends(true);
+  received_.release();
+  // Every pipeline rank learns the loss; waiting for the slowest rank here closes the
+  // window in which this rank's idle time (the bubble) is counted.
+  pp_.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
+  times_.window_s = now_s() - start;
+  return loss_sum;
+}
+
+double PipelineExecutor::forward_only(const int* inputs, const int* targets, int B, int T) {
+  const int p = pp_.size(), r = pp_.rank();
+  const size_t n = gpt_.boundary_elements(B, T);
+  Buffer<float> in(MemCategory::kComm, n);
+  double loss = 0;
+  for (int c = 0; c < v_; c++) {
+    const int stage = c * p + r;
+    if (!gpt_.is_first_stage(c)) pp_.recv(in.data(), n, (r + p - 1) % p, 1 + kActivation);
+    const float l = gpt_.forward_chunk(c, 0, inputs, targets, in.data(), B, T);
+    if (gpt_.is_last_stage(c)) loss = l;
+    if (stage + 1 < p * v_) pp_.send(gpt_.chunk_output(c, 0), n, (r + 1) % p, 1 + kActivation);
+    gpt_.drop_activations(c, 0);
+  }
+  pp_.all_reduce_f64(&loss, 1, comm::ReduceOp::kSum);
+  return loss;
+}
+
+}  // namespace meshtrain::parallel::pp

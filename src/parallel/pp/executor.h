@@ -1,0 +1,86 @@
+// Runs a pipeline schedule (schedule.h) on this rank's stages of the model.
+//
+// The executor is a loop over the rank's action list. Activations and their gradients
+// travel between neighbouring pipeline ranks as non-blocking point-to-point messages:
+// receives are posted ahead (up to the next two compute actions, so a message can arrive
+// while the rank still computes), sends return at once and complete in the background.
+// Every forward keeps its micro-batch's activations in a set of its own until the
+// matching backward, so the schedule alone decides the activation memory: GPipe keeps m
+// sets, 1F1B at most p on the first stage.
+#pragma once
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comm/group.h"
+#include "model/gpt.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pp/schedule.h"
+
+namespace meshtrain::parallel::pp {
+
+// Where micro-batch mb of the step comes from: its tokens and targets (B x T each) and the
+// global index of its first token row (for dropout masks).
+struct MicroBatches {
+  std::function<void(int mb, int* inputs, int* targets)> fill;
+  std::function<int64_t(int mb)> first_token_row;
+};
+
+// Time of one rank in one step: compute (forward and backward) and the pipeline window,
+// from entering the schedule to the moment every pipeline rank has finished it.
+// A compute span's name in traces: "F3" / "B3" for micro-batch 3, "F3.1" for chunk 1 when
+// the rank runs several chunks (v > 1).
+std::string span_name(bool forward, int mb, int chunk, int v);
+
+struct PipelineTimes {
+  double compute_s = 0;
+  double window_s = 0;
+  int peak_sets = 0;  // activation sets alive at once (micro-batch x chunk)
+};
+
+class PipelineExecutor {
+ public:
+  // `gpt` holds this rank's chunks (its part must come from rank_part() with pp's size).
+  PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind, int virtual_stages);
+
+  // One step of m micro-batches of B x T: forwards and backwards as the schedule orders,
+  // gradients accumulated through `dp` (end_micro_batch after each backward). Returns the
+  // sum of token losses on the last stage (0 elsewhere), not yet reduced over pp.
+  double train_step(int m, int B, int T, int64_t step, const MicroBatches& data, float loss_scale,
+                    DataParallel& dp);
+  // Forward only, one micro-batch through every stage in order: the mean loss of inputs
+  // on the last stage (0 elsewhere).
+  double forward_only(const int* inputs, const int* targets, int B, int T);
+  const PipelineTimes& times() const { return times_; }
+
+ private:
+  enum Kind { kActivation = 0, kGrad = 1 };
+  using Key = std::tuple<int, int, int>;  // kind, micro-batch, chunk (this rank's)
+  struct Inbox {
+    Buffer<float> data;
+    comm::RequestPtr request;
+  };
+  void post_receive(const Action& a, size_t n);
+  const float* take(Kind kind, int mb, int chunk);
+  void send(Kind kind, int mb, int chunk, const float* data, size_t n, int peer, bool copy);
+  void wait_sends(bool all);
+
+  model::Gpt& gpt_;
+  comm::Group& pp_;
+  ScheduleKind kind_;
+  int v_;
+  std::map<Key, Inbox> inbox_;
+  struct Outgoing {
+    Key key;
+    Buffer<float> copy;  // gradients: dresidual is overwritten by the next backward
+    comm::RequestPtr request;
+  };
+  std::vector<Outgoing> outgoing_;
+  Buffer<float> received_;  // the last taken message (valid until the next take)
+  PipelineTimes times_;
+};
+
+}  // namespace meshtrain::parallel::pp

@@ -1,0 +1,72 @@
+#include "parallel/pp/stages.h"
+
+#include <algorithm>
+#include <limits>
+#include <numeric>
+#include <string>
+
+namespace meshtrain::parallel::pp {
+
+double layer_cost(const model::GptConfig& c, int B, int T) {
+  const double N = (double)B * T, C = c.dim;
+  return 24.0 * N * C * C + 2.0 * N * T * C;  // four linears (12C^2 weights), causal attention
+}
+
+double head_cost(const model::GptConfig& c, int B, int T) {
+  return 2.0 * B * T * (double)c.dim * c.vocab;
+}
+
+Status split_layers(const model::GptConfig& c, int B, int T, int stages,
+                    const std::vector<int>& requested, std::vector<int>* out) {
+  const int L = c.layers;
+  if (stages > L)
+    return Status::error("the pipeline has " + std::to_string(stages) +
+                         " stages (--pp x --virtual-stages) but the model only " + std::to_string(L) +
+                         " layers; every stage needs at least one");
+  if (!requested.empty()) {
+    if ((int)requested.size() != stages)
+      return Status::error("--stage-layers lists " + std::to_string(requested.size()) +
+                           " stages, the pipeline has " + std::to_string(stages) +
+                           " (--pp x --virtual-stages)");
+    if (*std::min_element(requested.begin(), requested.end()) < 1)
+      return Status::error("--stage-layers: every stage needs at least one layer");
+    const int sum = std::accumulate(requested.begin(), requested.end(), 0);
+    if (sum != L)
+      return Status::error("--stage-layers sums to " + std::to_string(sum) + " layers, the model has " +
+                           std::to_string(L));
+    *out = requested;
+    return Status::ok();
+  }
+  // best[s][l]: the smallest possible most-expensive stage when the first s stages hold the
+  // first l layers; the last stage also pays for the head.
+  const double lc = layer_cost(c, B, T), hc = head_cost(c, B, T);
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(L + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; s++)
+    for (int l = s; l <= L; l++)
+      for (int k = s - 1; k < l; k++) {  // stage s holds layers [k, l)
+        const double cost = (l - k) * lc + (s == stages ? hc : 0.0);
+        const double worst = std::max(best[s - 1][k], cost);
+        // Ties keep the earliest cut: earlier stages, which keep more micro-batches in
+        // flight under 1F1B, get fewer layers.
+        if (worst < best[s][l]) best[s][l] = worst, cut[s][l] = k;
+      }
+  out->assign(stages, 0);
+  for (int s = stages, l = L; s >= 1; l = cut[s][l], s--) (*out)[s - 1] = l - cut[s][l];
+  return Status::ok();
+}
+
+model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank) {
+  model::ModelPart part;
+  int begin = 0;
+  for (int s = 0; s < (int)layers_per_stage.size(); s++) {
+    const int end = begin + layers_per_stage[s];
+    if (s % p == rank) part.chunks.push_back({begin, end});
+    begin = end;
+  }
+  return part;
+}
+
+}  // namespace meshtrain::parallel::pp

@@ -1,0 +1,29 @@
+// How the model's depth is cut into pipeline stages, and which stages a rank runs.
+//
+// S = p * v stages of contiguous layers; stage s runs on pipeline rank s % p as that
+// rank's chunk s / p (Megatron's interleaving; v = 1 gives one stage per rank). The first
+// stage also runs the embedding, the last one the final norm, the tied head and the loss.
+#pragma once
+#include <vector>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace meshtrain::parallel::pp {
+
+// Relative forward cost of one transformer layer and of the head on a B x T micro-batch
+// (matmul and attention FLOPs; the embedding lookup is negligible).
+double layer_cost(const model::GptConfig& c, int B, int T);
+double head_cost(const model::GptConfig& c, int B, int T);
+
+// Layers per stage. `requested` (from --stage-layers) is used as given after checking it
+// (S entries, each >= 1, summing to the layer count); empty: the split that minimises the
+// most expensive stage, the head counted on the last one.
+Status split_layers(const model::GptConfig& c, int B, int T, int stages,
+                    const std::vector<int>& requested, std::vector<int>* layers_per_stage);
+
+// The chunks of pipeline rank `rank` of p (stages rank, rank + p, ...), in chunk order.
+model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank);
+
+}  // namespace meshtrain::parallel::pp
