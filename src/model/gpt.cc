@@ -32,7 +32,6 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   if (local != LocalState::kNone)
     local_ = std::make_unique<LocalParamStore>(layout_, local == LocalState::kParamsAndGrads);
   store_ = local_.get();
-  sets_.resize(chunks_.size());
 }
 
 void Gpt::set_recompute(Recompute mode, int every) {
@@ -146,7 +145,7 @@ void Gpt::ensure_activations(int B, int T) {
   const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_;
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
-  for (auto& chunk_sets : sets_) chunk_sets.clear();  // laid out again on first use
+  sets_.clear();  // laid out again on first use
   set_ = nullptr;
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
   // the gradients of one block's intermediates in backward.
@@ -213,7 +212,8 @@ void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_
 
 void Gpt::layout_set(int c, ActivationSet& s) {
   const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
-  s.data.allocate(MemCategory::kActivations, set_floats(c));
+  if (s.data.size() != set_floats(c)) s.data.allocate(MemCategory::kActivations, set_floats(c));
+  s.chunk = c;
   float* cursor = s.data.data();
   auto take = [&](size_t n) {
     float* p = cursor;
@@ -247,24 +247,26 @@ void Gpt::layout_set(int c, ActivationSet& s) {
   CHECK(cursor == s.data.data() + s.data.size());
 }
 
+// Sets of the same size serve any chunk (interleaved chunks of equal layer counts share one
+// pool), so the allocated sets never exceed those alive at once for any one set size.
 Gpt::ActivationSet& Gpt::open_set(int c, int mb) {
   ActivationSet* free_set = nullptr;
-  for (auto& s : sets_[c]) {
-    if (s->micro_batch == mb) return *s;  // forward again without backward (evaluation)
-    if (s->micro_batch < 0 && !free_set) free_set = s.get();
+  for (auto& s : sets_) {
+    if (s->micro_batch == mb && s->chunk == c) return *s;  // forward again without backward (evaluation)
+    if (s->micro_batch < 0 && !free_set && s->data.size() == set_floats(c)) free_set = s.get();
   }
   if (!free_set) {
-    sets_[c].push_back(std::make_unique<ActivationSet>());
-    free_set = sets_[c].back().get();
-    layout_set(c, *free_set);
+    sets_.push_back(std::make_unique<ActivationSet>());
+    free_set = sets_.back().get();
   }
+  if (free_set->chunk != c) layout_set(c, *free_set);
   free_set->micro_batch = mb;
   return *free_set;
 }
 
 const Gpt::ActivationSet& Gpt::find_set(int c, int mb) const {
-  for (const auto& s : sets_[c])
-    if (s->micro_batch == mb) return *s;
+  for (const auto& s : sets_)
+    if (s->micro_batch == mb && s->chunk == c) return *s;
   CHECK_MSG(false, "backward of a micro-batch whose forward did not run");
 }
 
@@ -274,8 +276,7 @@ Gpt::ActivationSet& Gpt::find_set(int c, int mb) {
 
 int Gpt::sets_in_flight() const {
   int n = 0;
-  for (const auto& chunk_sets : sets_)
-    for (const auto& s : chunk_sets) n += s->micro_batch >= 0;
+  for (const auto& s : sets_) n += s->micro_batch >= 0;
   return n;
 }
 

@@ -80,7 +80,8 @@ class Gpt {
   // backward pass's gradient scratch; the tracker's "activations" peak includes all three.
   int64_t stored_activation_bytes(int B, int T);
   // Bytes of one micro-batch's stored set for chunk c, and of the scratch shared by all
-  // sets (recomputation and backward): activation peak = sets alive x set + shared.
+  // sets (recomputation and backward). Sets of equal size are one pool, so the activation
+  // peak = sum over set sizes of (most sets of that size alive at once) x size + shared.
   int64_t activation_set_bytes(int c) const;
   int64_t shared_activation_bytes() const { return (int64_t)shared_.bytes(); }
   void reset_flops() { flops_ = FlopCounts{}; }
@@ -145,6 +146,7 @@ class Gpt {
   // One micro-batch's activations of one chunk, kept from its forward to its backward.
   struct ActivationSet {
     int micro_batch = -1;  // -1: free
+    int chunk = -1;        // the chunk it is laid out for
     Buffer<float> data;    // one allocation for every tensor below
     float* input = nullptr;  // [Nl,C] the embedding output or the received activation
     std::vector<BlockActivations> blocks;  // the chunk's layers
@@ -164,7 +166,7 @@ class Gpt {
   size_t gradient_scratch_floats() const;
   template <typename Take>
   void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const;
-  ActivationSet& open_set(int c, int mb);  // the set of (c, mb), laid out on first use
+  ActivationSet& open_set(int c, int mb);  // a set for (c, mb): reused or new
   ActivationSet& find_set(int c, int mb);
   const ActivationSet& find_set(int c, int mb) const;
   void layout_set(int c, ActivationSet& s);
@@ -207,7 +209,7 @@ class Gpt {
 
   std::vector<ModelPart::Chunk> chunks_;
   int B_ = 0, T_ = 0;
-  std::vector<std::vector<std::unique_ptr<ActivationSet>>> sets_;  // per chunk
+  std::vector<std::unique_ptr<ActivationSet>> sets_;  // a pool, laid out per use (open_set)
   ActivationSet* set_ = nullptr;  // the set the running forward/backward uses
   // Scratch shared by every set: recomputed tensors, the gradients of activations reused
   // by every block in backward, and buffers for the tensor-parallel exchanges.
