@@ -1,5 +1,7 @@
 #include <cstdio>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "cli/commands.h"
 #include "cli/config_file.h"
@@ -13,8 +15,12 @@ Command add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure the machine and the engine");
   cmd->require_subcommand(1);
   auto peak_threads = std::make_shared<int>(0);
-  auto* peak = cmd->add_subcommand("peak", "Measure the fp32 GEMM peak (GFLOP/s) and record it");
+  auto peak_precision = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"fp32", "bf16"});
+  auto* peak = cmd->add_subcommand("peak", "Measure the fp32 and bf16 GEMM peaks (GFLOP/s) and record them");
   peak->add_option("--threads", *peak_threads, "Threads (0 = all cores)");
+  peak->add_option("--precision", *peak_precision, "fp32, bf16 or both (comma-separated)")
+      ->delimiter(',')
+      ->capture_default_str();
 
   auto o = std::make_shared<train::TrainOptions>();
   o->model_preset = "gpt2-124m";
@@ -50,11 +56,16 @@ Command add_bench_command(CLI::App& app) {
             if (peak->parsed()) {
               int threads = *peak_threads > 0 ? *peak_threads
                                               : (int)std::max(1u, std::thread::hardware_concurrency());
-              double gflops = train::measure_gemm_peak_gflops(threads);
-              train::record_gemm_peak_gflops(threads, gflops);
-              std::printf("fp32 GEMM peak: %.1f GFLOP/s on %d threads (2048^3 sgemm, best of 7); "
-                          "MFU uses the best recorded: %.1f\n",
-                          gflops, threads, train::cached_gemm_peak_gflops(threads, false));
+              for (const std::string& name : *peak_precision) {
+                kernels::Precision p;
+                Status s = train::parse_precision(name, &p);
+                if (!s.is_ok()) return fail(s);
+                double gflops = train::measure_gemm_peak_gflops(threads, p);
+                train::record_gemm_peak_gflops(threads, gflops, p);
+                std::printf("%s GEMM peak: %.1f GFLOP/s on %d threads (2048^3, best of 7); "
+                            "MFU uses the best recorded: %.1f\n",
+                            name.c_str(), gflops, threads, train::cached_gemm_peak_gflops(threads, false, p));
+              }
               return 0;
             }
             Status s = train::bench_step(*o, *warmup, *steps);

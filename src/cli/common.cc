@@ -32,7 +32,11 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
   app->add_option("--seed", o->seed, "Seed for weight initialisation")->capture_default_str();
   app->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)")->capture_default_str();
   app->add_option("--peak-gflops", o->peak_gflops,
-                  "Machine peak used for MFU (default: measured fp32 GEMM peak, cached)");
+                  "Machine peak used for MFU (default: the measured GEMM peak at --precision, cached)");
+  app->add_option("--precision", o->precision,
+                  "GEMM precision: fp32, or bf16 (operands rounded to bfloat16, fp32 accumulation; "
+                  "weights, gradients and optimizer state stay fp32)")
+      ->capture_default_str();
   auto& a = o->adamw;
   app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str();
   app->add_option("--min-lr", a.min_lr, "Learning rate at the end of the cosine decay")

@@ -15,6 +15,12 @@
 
 namespace meshtrain::kernels {
 
+// The precision of a GEMM's operands. kBf16: fp32 operands are rounded to bfloat16 (round
+// to nearest even) and multiplied by the CPU's bf16 units (AMX / AVX512-BF16 through
+// oneDNN) with fp32 accumulation and an fp32 result.
+enum class Precision { kFp32, kBf16 };
+const char* precision_name(Precision p);
+
 // out[B,T,C] = wte[inp[b,t] - vb, :] + wpe[t, :] where wte holds the vocabulary rows
 // [vb, vb + vn) (a tensor-parallel rank's slice; all of it when tp = 1). Tokens outside
 // the slice contribute zero; wpe may be null (added by one tp rank only).
@@ -32,10 +38,11 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         int N, int C);
 
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be null)
+// Both GEMMs (and the backward's two) run at precision p; the bias and its gradient in fp32.
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC);
+                    int C, int OC, Precision p = Precision::kFp32);
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC);
+                     const float* weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
 // Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
 // out[B,T,C]; lse[B,NH,T] is the log-sum-exp of each softmax row, all backward needs.
@@ -82,5 +89,18 @@ void crossentropy_backward(float* dlogits, const float* logits, const float* lse
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
+
+// ---- mixed precision ----
+
+// bfloat16 as its 16 bits: the upper half of an IEEE fp32.
+void to_bf16(const float* x, uint16_t* out, size_t n);  // round to nearest even; NaN stays NaN
+void from_bf16(const uint16_t* x, float* out, size_t n);
+// C[M,N] = op(A) @ op(B) + beta * C with bf16 operands, fp32 accumulation; beta is 0 or 1.
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+               const uint16_t* B, int ldb, float beta, float* C, int ldc);
+// gemm() at precision p. kBf16 rounds op(A) and op(B) into a tracked workspace first and
+// needs alpha = 1 and beta in {0, 1}.
+void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
 
 }  // namespace meshtrain::kernels

@@ -308,16 +308,16 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
-  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_);
+  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
   k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
-  k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C);
+  k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
   k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
   k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl, C);
-  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), W(kFcW), W(kFcB), N, C, Fl_);
+  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), W(kFcW), W(kFcB), N, C, Fl_, precision_);
   k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
-  k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C);
+  k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C, precision_);
   proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
   k::bias_residual_forward(a.residual3, a.residual2, proj, nullptr, Nl, C);
@@ -355,7 +355,7 @@ void Gpt::head_forward(const float* residual, int B, int T) {
   store_->release_params(F);
   gather_rows(set_->lnf, set_->lnf_full);
   const float* wte = tensor(store_->acquire_params(layout_.embedding_unit()), layout_.wte());
-  k::gemm(false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits, Vl_);
+  k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits, Vl_);
   store_->release_params(layout_.embedding_unit());
 }
 
@@ -443,11 +443,11 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   // parallel backward needs every row of it (the conjugate of the forward reduction).
   k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB),
                      gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), a.fch_gelu,
-                     W(kFcProjW), N, Fl_, C);
+                     W(kFcProjW), N, Fl_, C, precision_);
   k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
   // The weight gradient needs the fc input of every row: gathered again (not stored).
   k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), W(kFcW), N,
-                     C, Fl_);
+                     C, Fl_, precision_);
   const float* dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
                         a.ln2_rstd, Nl);
@@ -458,10 +458,10 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   }
   k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
-                     W(kAttProjW), N, Cl_, C);
+                     W(kAttProjW), N, Cl_, C, precision_);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
   k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), W(kQkvW),
-                     N, C, 3 * Cl_);
+                     N, C, 3 * Cl_, precision_);
   dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean,
                         a.ln1_rstd, Nl);
@@ -480,10 +480,10 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
                            vn_, Vl_, vb_);
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);
-  k::gemm(false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f,
+  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f,
           partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  k::gemm(true, false, vn_, C, N, 1.0f, dlogits, Vl_, set_->lnf_full, C, 1.0f,
+  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, Vl_, set_->lnf_full, C, 1.0f,
           tensor(gemb, layout_.wte()), C);
   store_->release_params(E);
   if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does

@@ -9,6 +9,7 @@
 
 #include "comm/group.h"
 #include "core/memory.h"
+#include "kernels/ops.h"
 #include "model/config.h"
 #include "model/param_layout.h"
 #include "model/param_store.h"
@@ -71,6 +72,11 @@ class Gpt {
   void set_batch_position(int64_t step, int64_t first_token_row) {
     step_ = step, first_token_row_ = first_token_row;
   }
+  // The precision of every linear layer's and the head's GEMMs (kernels::Precision): bf16
+  // rounds both operands to bfloat16 and accumulates in fp32. Parameters, gradients,
+  // activations, attention, LayerNorm, softmax and the loss stay fp32.
+  void set_precision(kernels::Precision p) { precision_ = p; }
+  kernels::Precision precision() const { return precision_; }
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
   void set_recompute(Recompute mode, int every = 1);
   const FlopCounts& flops() const { return flops_; }
@@ -226,6 +232,7 @@ class Gpt {
   uint64_t dropout_seed_ = 0;
   int64_t step_ = 0, first_token_row_ = 0;
   float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask
+  kernels::Precision precision_ = kernels::Precision::kFp32;
   Recompute recompute_ = Recompute::kNone;
   int recompute_every_ = 1;
   BlockActivations scratch_{};  // where recomputed tensors live (one set, shared by blocks)

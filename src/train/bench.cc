@@ -19,11 +19,13 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   int T = 0;
   RETURN_IF_ERROR(resolve_model(o, &config, &T));
   if (steps < 1 || warmup < 0) return Status::error("--steps must be >= 1 and --warmup >= 0");
+  kernels::Precision precision;
+  RETURN_IF_ERROR(parse_precision(o.precision, &precision));
   const int threads = o.threads > 0 ? o.threads : (int)std::max(1u, std::thread::hardware_concurrency());
   omp_set_num_threads(threads);
   // Measured afresh (and not cached): the figure printed beside the result is this run's.
-  const double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops(threads);
-  if (o.peak_gflops <= 0) record_gemm_peak_gflops(threads, peak);
+  const double peak = o.peak_gflops > 0 ? o.peak_gflops : measure_gemm_peak_gflops(threads, precision);
+  if (o.peak_gflops <= 0) record_gemm_peak_gflops(threads, peak, precision);
 
   BatchShape shape{o.micro_batch, std::max(1, o.grad_accum), T, 1, 0};
   std::mt19937 rng(o.seed);
@@ -33,11 +35,13 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
 
   model::Gpt gpt(config);
   gpt.init_weights(o.seed);
+  gpt.set_precision(precision);
   comm::SelfGroup self("dp");
   parallel::DataParallel dp(gpt, self, {}, o.adamw);
   const double flops_per_token = gpt.flops_per_token(T);
-  std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %d threads\n",
-              config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T, threads);
+  std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %s GEMMs | %d threads\n",
+              config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T,
+              kernels::precision_name(precision), threads);
   std::vector<double> times;
   for (int k = 0; k < warmup + steps; k++) {
     auto t0 = std::chrono::steady_clock::now();
@@ -50,8 +54,9 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   const double tok_s = (double)shape.G() * T / median;
   const double achieved = tok_s * flops_per_token / 1e9;
   std::printf("step time (median of %d): %.1f ms | %.1f tokens/s | %.1f GFLOP/s achieved | "
-              "peak %.1f GFLOP/s (measured fp32 GEMM, %d threads) | MFU %.1f%%\n",
-              steps, median * 1e3, tok_s, achieved, peak, threads, 100 * achieved / peak);
+              "peak %.1f GFLOP/s (measured %s GEMM, %d threads) | MFU %.1f%%\n",
+              steps, median * 1e3, tok_s, achieved, peak, kernels::precision_name(precision), threads,
+              100 * achieved / peak);
   return Status::ok();
 }
 

@@ -27,6 +27,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"recompute", o.recompute},
           {"recompute_every", o.recompute_every},
           {"dropout", o.dropout},
+          {"precision", o.precision},
           {"zero", o.zero},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},
@@ -48,6 +49,16 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"save_every", o.save_every},
           {"keep_checkpoints", o.keep_checkpoints},
           {"peak_gflops", o.peak_gflops}};
+}
+
+Status parse_precision(const std::string& name, kernels::Precision* out) {
+  if (name == "fp32") *out = kernels::Precision::kFp32;
+  else if (name == "bf16") *out = kernels::Precision::kBf16;
+  else if (name == "fp16")
+    return Status::error("--precision fp16 (half-precision GEMMs with dynamic loss scaling) is not "
+                         "implemented yet; use --precision bf16, which needs no loss scaling");
+  else return Status::error("--precision must be fp32 or bf16, got '" + name + "'");
+  return Status::ok();
 }
 
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {

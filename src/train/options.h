@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kernels/ops.h"
 #include "model/config.h"
 #include "optim/adamw.h"
 
@@ -36,6 +37,8 @@ struct TrainOptions {
   int virtual_stages = 1;
   std::vector<int> stage_layers;
   std::string trace_file;     // Chrome trace of every rank (empty: none)
+  // GEMM operand precision: fp32 | bf16 (bf16 x bf16 -> fp32 GEMMs; state stays fp32).
+  std::string precision = "fp32";
   int zero = 0;               // ZeRO stage 0-3
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)
@@ -61,6 +64,9 @@ struct TrainOptions {
 };
 
 nlohmann::json to_json(const TrainOptions& o);
+
+// --precision as the kernels' enum; fp16 and unknown names are errors that say why.
+Status parse_precision(const std::string& name, kernels::Precision* out);
 
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);

@@ -17,14 +17,20 @@ namespace meshtrain::train {
 
 namespace fs = std::filesystem;
 
-double measure_gemm_peak_gflops(int threads) {
+double measure_gemm_peak_gflops(int threads, Precision p) {
   const int n = 2048;
   omp_set_num_threads(threads);
   std::vector<float> a((size_t)n * n, 0.5f), b((size_t)n * n, 0.25f), c((size_t)n * n);
+  std::vector<uint16_t> ha((size_t)n * n), hb((size_t)n * n);
+  kernels::to_bf16(a.data(), ha.data(), a.size());
+  kernels::to_bf16(b.data(), hb.data(), b.size());
   double best = 0;
   for (int rep = 0; rep < 8; rep++) {
     auto t0 = std::chrono::steady_clock::now();
-    kernels::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    if (p == Precision::kBf16)
+      kernels::gemm_bf16(false, true, n, n, n, ha.data(), n, hb.data(), n, 0.0f, c.data(), n);
+    else
+      kernels::gemm(false, true, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (rep > 0) best = std::max(best, 2.0 * n * n * (double)n / s / 1e9);  // rep 0 warms up
   }
@@ -50,13 +56,15 @@ nlohmann::json read_cache() {
   return cache.is_object() ? cache : nlohmann::json::object();
 }
 
-std::string cache_key(int threads) { return "fp32_threads_" + std::to_string(threads); }
+std::string cache_key(int threads, Precision p) {
+  return std::string(kernels::precision_name(p)) + "_threads_" + std::to_string(threads);
+}
 
 }  // namespace
 
-void record_gemm_peak_gflops(int threads, double gflops) {
+void record_gemm_peak_gflops(int threads, double gflops, Precision p) {
   nlohmann::json cache = read_cache();
-  const std::string key = cache_key(threads);
+  const std::string key = cache_key(threads, p);
   if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() >= gflops) return;
   cache[key] = gflops;
   const fs::path path = cache_file();
@@ -65,15 +73,15 @@ void record_gemm_peak_gflops(int threads, double gflops) {
   std::ofstream(path) << cache.dump(1) << "\n";
 }
 
-double cached_gemm_peak_gflops(int threads, bool verbose) {
+double cached_gemm_peak_gflops(int threads, bool verbose, Precision p) {
   nlohmann::json cache = read_cache();
-  const std::string key = cache_key(threads);
+  const std::string key = cache_key(threads, p);
   if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();
   if (verbose)
-    std::fprintf(stderr, "measuring fp32 GEMM peak on %d threads (cached in %s)\n", threads,
-                 cache_file().c_str());
-  double peak = measure_gemm_peak_gflops(threads);
-  record_gemm_peak_gflops(threads, peak);
+    std::fprintf(stderr, "measuring %s GEMM peak on %d threads (cached in %s)\n",
+                 kernels::precision_name(p), threads, cache_file().c_str());
+  double peak = measure_gemm_peak_gflops(threads, p);
+  record_gemm_peak_gflops(threads, peak, p);
   return peak;
 }
 

@@ -44,6 +44,7 @@ struct Run {
   std::vector<int> stage_layers;
   model::ModelPart part;
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
+  kernels::Precision precision = kernels::Precision::kFp32;
   std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
   int64_t start_step = 0;
   double peak_gflops = 0;
@@ -186,6 +187,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
                                 : o.recompute == "selective" ? model::Recompute::kSelective
                                                              : model::Recompute::kNone;
   run->gpt->set_recompute(mode, o.recompute_every);
+  run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
   if (sharded_params) {
@@ -247,6 +249,7 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
 // Checks without communication: flags, layout arithmetic, model shape, data files.
 Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::string* resume_dir) {
   RETURN_IF_ERROR(check_options(o));
+  RETURN_IF_ERROR(parse_precision(o.precision, &run->precision));
   run->opt = o;
   run->is_main = world.rank() == 0;
   run->threads = o.threads > 0 ? o.threads : default_threads(local_ranks());
@@ -301,7 +304,8 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
   RETURN_IF_ERROR(agree(world, build_state(o, resume_dir, run)));
   if (run->is_main && !o.out_dir.empty()) RETURN_IF_ERROR(write_run_files(o, *run));
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
-                                       : cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet);
+                                       : cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
+                                                                 run->precision);
   comm::set_comm_timeout(o.comm_timeout);
   if (!o.trace_file.empty()) trace::Tracer::instance().enable(world.rank());
   MemoryTracker::instance().reset_peaks();  // setup-only buffers are not training memory
@@ -472,10 +476,11 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
   const bool quiet = o.quiet || !run.is_main;
   if (!quiet) {
     std::printf("model: %d layers, %d heads, dim %d, vocab %d, %.2fM parameters | T=%d B=%d A=%d "
-                "G=%d | %s zero=%d | %d threads/rank, peak %.0f GFLOP/s per rank\n",
+                "G=%d | %s zero=%d | %s GEMMs | %d threads/rank, peak %.0f GFLOP/s per rank\n",
                 run.config.layers, run.config.heads, run.config.dim, run.config.vocab,
                 model::num_parameters(run.config) / 1e6, shape.T, shape.B, shape.A, shape.G(),
-                run.mesh->shape().to_string().c_str(), o.zero, run.threads, run.peak_gflops);
+                run.mesh->shape().to_string().c_str(), o.zero, o.precision.c_str(), run.threads,
+                run.peak_gflops);
     if (run.start_step > 0) std::printf("resumed at step %lld\n", (long long)run.start_step);
   }
   Progress progress(run.start_step, o.steps, quiet);

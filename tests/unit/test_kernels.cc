@@ -2,6 +2,9 @@
 // (2) the optimised CPU kernels against the references on random shapes, odd sizes included.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -407,6 +410,97 @@ TEST(CpuKernels, GemmMatchesReferenceForAllTranspositions) {
       gemm(ta, tb, M, N, K, 0.5f, fA.data(), lda, fB.data(), ldb, 2.0f, fC.data(), ldc);
       EXPECT_LT(max_rel_diff(fC, C), 1e-5) << ta << tb;
     }
+}
+
+// ---- mixed precision ----
+
+uint16_t bits_of_bf16(float f) {
+  uint16_t out;
+  to_bf16(&f, &out, 1);
+  return out;
+}
+
+float float_of_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+TEST(Bf16, RoundsToNearestEvenAndKeepsSpecialValues) {
+  EXPECT_EQ(bits_of_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(bits_of_bf16(float_of_bits(0x3F808000)), 0x3F80);  // tie, down to even
+  EXPECT_EQ(bits_of_bf16(float_of_bits(0x3F818000)), 0x3F82);  // tie, up to even
+  EXPECT_EQ(bits_of_bf16(float_of_bits(0x3F808001)), 0x3F81);  // above the tie
+  EXPECT_EQ(bits_of_bf16(float_of_bits(0xBF80FFFF)), 0xBF81);
+  EXPECT_EQ(bits_of_bf16(INFINITY), 0x7F80);
+  EXPECT_EQ(bits_of_bf16(-INFINITY), 0xFF80);
+  const uint16_t nan = bits_of_bf16(NAN);
+  EXPECT_EQ(nan & 0x7F80, 0x7F80);
+  EXPECT_NE(nan & 0x007F, 0) << "NaN must stay NaN, not become infinity";
+  EXPECT_EQ(bits_of_bf16(float_of_bits(0x7F7FFFFF)), 0x7F80) << "the largest float rounds up to inf";
+  // The vectorised path (long arrays) equals the scalar one (tail elements) everywhere,
+  // ties included, and equals the double-precision reference rounding.
+  std::mt19937 rng(3);
+  std::vector<float> x(40000);
+  for (auto& v : x) {
+    const uint32_t u = (uint32_t)(rng() & 0x3FFFFFFFu) | 0x30000000u;  // finite, normal
+    v = float_of_bits((rng() & 1) ? u : (u & 0xFFFF0000u) | 0x8000u);   // half are ties
+  }
+  std::vector<uint16_t> vec(x.size());
+  to_bf16(x.data(), vec.data(), x.size());
+  std::vector<float> back(x.size());
+  from_bf16(vec.data(), back.data(), x.size());
+  for (size_t i = 0; i < x.size(); i++) {
+    ASSERT_EQ(vec[i], bits_of_bf16(x[i])) << i;
+    ASSERT_EQ((double)back[i], ref::bf16_round(x[i])) << i;
+  }
+}
+
+TEST(Bf16, GemmMatchesTheReferenceOnRoundedOperands) {
+  std::mt19937 rng(17);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        const int M = 37, N = 29, K = 70, lda = ta ? M + 2 : K + 3, ldb = tb ? K + 1 : N + 4,
+                  ldc = N + 5;
+        Vec A = random_vec((size_t)(ta ? K : M) * lda, rng), B = random_vec((size_t)(tb ? N : K) * ldb, rng),
+            C = random_vec((size_t)M * ldc, rng);
+        auto fA = to_float(A), fB = to_float(B), fC = to_float(C);
+        for (auto& a : A) a = ref::bf16_round((float)a);
+        for (auto& b : B) b = ref::bf16_round((float)b);
+        ref::gemm(ta, tb, M, N, K, 1.0, A.data(), lda, B.data(), ldb, (double)beta, C.data(), ldc);
+        gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, fA.data(), lda, fB.data(), ldb, beta, fC.data(), ldc);
+        // Products of bf16 values are exact in fp32; only the fp32 accumulation rounds.
+        EXPECT_LT(max_rel_diff(fC, C), 1e-5) << ta << tb << beta;
+      }
+}
+
+TEST(Bf16, MatmulMatchesTheReferenceOnRoundedOperands) {
+  std::mt19937 rng(18);
+  const int N = 45, C = 67, OC = 33;
+  Vec inp = random_vec((size_t)N * C, rng), w = random_vec((size_t)OC * C, rng),
+      bias = random_vec(OC, rng), dout = random_vec((size_t)N * OC, rng);
+  auto round_all = [](Vec v) {
+    for (auto& x : v) x = ref::bf16_round((float)x);
+    return v;
+  };
+  Vec out((size_t)N * OC), dinp((size_t)N * C), dw((size_t)OC * C, 0.0), db(OC, 0.0);
+  const Vec rin = round_all(inp), rw = round_all(w), rdout = round_all(dout);
+  ref::matmul_forward(out.data(), rin.data(), rw.data(), bias.data(), N, C, OC);
+  ref::matmul_backward(dinp.data(), dw.data(), db.data(), rdout.data(), rin.data(), rw.data(), N, C, OC);
+  auto f_in = to_float(inp), f_w = to_float(w), f_b = to_float(bias), f_dout = to_float(dout);
+  std::vector<float> f_out((size_t)N * OC), f_dinp((size_t)N * C), f_dw((size_t)OC * C, 0.f), f_db(OC, 0.f);
+  matmul_forward(f_out.data(), f_in.data(), f_w.data(), f_b.data(), N, C, OC, Precision::kBf16);
+  matmul_backward(f_dinp.data(), f_dw.data(), f_db.data(), f_dout.data(), f_in.data(), f_w.data(), N, C,
+                  OC, Precision::kBf16);
+  EXPECT_LT(max_rel_diff(f_out, out), 1e-5);
+  EXPECT_LT(max_rel_diff(f_dinp, dinp), 1e-5);
+  EXPECT_LT(max_rel_diff(f_dw, dw), 1e-5);
+  // The bias gradient sums the fp32 dout (not rounded).
+  Vec db_exact(OC, 0.0);
+  for (int n = 0; n < N; n++)
+    for (int o = 0; o < OC; o++) db_exact[o] += dout[(size_t)n * OC + o];
+  EXPECT_LT(max_rel_diff(f_db, db_exact), 1e-5);
 }
 
 }  // namespace

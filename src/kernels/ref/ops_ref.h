@@ -9,6 +9,16 @@
 
 namespace meshtrain::kernels::ref {
 
+// x rounded to the nearest bfloat16 (8 significant bits, ties to even), as a double: the
+// value a bf16 GEMM multiplies. Finite, normal inputs only (the test's random data).
+inline double bf16_round(double x) {
+  if (x == 0) return x;
+  int e;
+  const double m = std::frexp(x, &e);   // x = m * 2^e, 0.5 <= |m| < 1
+  const double scaled = std::ldexp(m, 8);  // 8 significant bits kept
+  return std::ldexp(std::nearbyint(scaled), e - 8);  // nearbyint: ties to even
+}
+
 template <typename F>
 void encoder_forward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
                      int vb, int vn) {

@@ -1,0 +1,151 @@
+// bf16 GEMM through oneDNN's matmul primitive (AMX or AVX512-BF16 kernels, fp32
+// accumulation). Primitives are created once per shape and layout and cached: creating
+// one costs far more than running a small GEMM.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
+
+#include "core/check.h"
+#include "core/memory.h"
+#include "kernels/ops.h"
+
+namespace meshtrain::kernels {
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+namespace {
+
+uint16_t round_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
+  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return (uint16_t)(u >> 16);
+}
+
+}  // namespace
+
+void to_bf16(const float* x, uint16_t* out, size_t n) {
+  constexpr size_t kBlock = 4096;
+#pragma omp parallel for schedule(static) if (n >= 4 * kBlock && !omp_in_parallel())
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    size_t i = b;
+#if defined(__AVX512BF16__)
+    // The hardware conversion rounds to nearest even as round_to_bf16 does.
+    for (; i + 16 <= e; i += 16)
+      _mm256_storeu_si256((__m256i*)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+#endif
+    for (; i < e; i++) out[i] = round_to_bf16(x[i]);
+  }
+}
+
+void from_bf16(const uint16_t* x, float* out, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    const uint32_t u = (uint32_t)x[i] << 16;
+    std::memcpy(out + i, &u, sizeof u);
+  }
+}
+
+namespace {
+
+using dnnl::memory;
+
+struct Matmul {
+  dnnl::matmul primitive;
+  memory::desc a, b, c;
+};
+
+struct MatmulCache {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mu;
+  std::map<std::tuple<bool, bool, int, int, int, int, int, int, bool>, Matmul> primitives;
+
+  static MatmulCache& instance() {
+    static MatmulCache cache;
+    return cache;
+  }
+
+  // op(A) is M x K, op(B) is K x N, both given as row-major storage with leading dims.
+  Matmul get(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto key = std::tuple{ta, tb, M, N, K, lda, ldb, ldc, accumulate};
+    auto it = primitives.find(key);
+    if (it != primitives.end()) return it->second;
+    const memory::desc a({M, K}, memory::data_type::bf16,
+                         ta ? memory::dims{1, lda} : memory::dims{lda, 1});
+    const memory::desc b({K, N}, memory::data_type::bf16,
+                         tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
+    const memory::desc c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    Matmul entry{dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine)),
+                 a, b, c};
+    primitives.emplace(key, entry);
+    return entry;
+  }
+};
+
+}  // namespace
+
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+               const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+  if (M == 0 || N == 0) return;
+  CHECK_MSG(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1");
+  if (K == 0) {
+    if (beta == 0.0f)
+      for (int i = 0; i < M; i++) std::memset(C + (size_t)i * ldc, 0, sizeof(float) * N);
+    return;
+  }
+  auto& cache = MatmulCache::instance();
+  const Matmul mm = cache.get(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f);
+  memory a(mm.a, cache.engine, const_cast<uint16_t*>(A));
+  memory b(mm.b, cache.engine, const_cast<uint16_t*>(B));
+  memory c(mm.c, cache.engine, C);
+  dnnl::stream stream(cache.engine);
+  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  stream.wait();
+}
+
+namespace {
+
+// Rounds a rows x cols block (row stride ld) into a packed bf16 buffer.
+const uint16_t* packed_bf16(const float* x, int rows, int cols, int ld, Buffer<uint16_t>& buf) {
+  const size_t n = (size_t)rows * cols;
+  if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
+  if (ld == cols) {
+    to_bf16(x, buf.data(), n);
+  } else {
+    for (int r = 0; r < rows; r++) to_bf16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
+  }
+  return buf.data();
+}
+
+}  // namespace
+
+void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  if (p == Precision::kFp32) {
+    gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  CHECK_MSG(alpha == 1.0f, "bf16 gemm: alpha must be 1");
+  // The stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
+  thread_local Buffer<uint16_t> a_buf, b_buf;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const uint16_t* a = packed_bf16(A, a_rows, a_cols, lda, a_buf);
+  const uint16_t* b = packed_bf16(B, b_rows, b_cols, ldb, b_buf);
+  gemm_bf16(trans_a, trans_b, M, N, K, a, a_cols, b, b_cols, beta, C, ldc);
+}
+
+}  // namespace meshtrain::kernels
