@@ -34,5 +34,6 @@ Command add_export_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
 Command add_timeline_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 
 }  // namespace meshtrain::cli

@@ -1,0 +1,92 @@
+// Model-state accounting (planner/memory.h): the ZeRO paper's Table 1 reproduced to its
+// printed digits, and the same code exact to the byte for the engine's own buffers.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "comm/shape_group.h"
+#include "core/memory.h"
+#include "model/gpt.h"
+#include "parallel/data_parallel.h"
+#include "planner/memory.h"
+
+namespace meshtrain::planner {
+namespace {
+
+// A printed figure p with `decimals` digits after the point matches c when c rounds to it
+// (|c - p| <= half a unit) or truncates to it (p <= c < p + 1 unit): Table 1 truncates some
+// large entries (1T at N_d = 256 prints 4046 for 4046.875).
+bool matches_printed(double c, double p) {
+  int decimals = 0;  // digits after the point as printed: 30 -> 0, 52.5 -> 1, 1.88 -> 2
+  while (std::abs(p * std::pow(10.0, decimals) - std::round(p * std::pow(10.0, decimals))) > 1e-9) decimals++;
+  const double unit = std::pow(10.0, -decimals);
+  return std::abs(c - p) <= unit / 2 + 1e-9 || (c >= p && c < p + unit);
+}
+
+TEST(PlannerMemory, ZeroPaperTable1) {
+  struct Row {
+    double psi;
+    int n;
+    double os, osg, osgp;
+  };
+  // Rajbhandari et al. 2020, Table 1: GB per device for P_os, P_os+g, P_os+g+p
+  // (../shared/reference/published-numbers.md).
+  const std::vector<Row> rows = {
+      {7.5e9, 1, 120, 120, 120},        {7.5e9, 4, 52.5, 41.3, 30},
+      {7.5e9, 16, 35.6, 21.6, 7.5},     {7.5e9, 64, 31.4, 16.6, 1.88},
+      {7.5e9, 256, 30.4, 15.4, 0.47},   {7.5e9, 1024, 30.1, 15.1, 0.12},
+      {128e9, 1, 2048, 2048, 2048},     {128e9, 4, 896, 704, 512},
+      {128e9, 16, 608, 368, 128},       {128e9, 64, 536, 284, 32},
+      {128e9, 256, 518, 263, 8},        {128e9, 1024, 513, 257, 2},
+      {1e12, 1, 16000, 16000, 16000},   {1e12, 4, 7000, 5500, 4000},
+      {1e12, 16, 4750, 2875, 1000},     {1e12, 64, 4187, 2218, 250},
+      {1e12, 256, 4046, 2054, 62.5},    {1e12, 1024, 4011, 2013, 15.6},
+  };
+  for (const Row& r : rows) {
+    SCOPED_TRACE(testing::Message() << "psi " << r.psi << " N_d " << r.n);
+    const double printed[3] = {r.os, r.osg, r.osgp};
+    for (int z = 1; z <= 3; z++) {
+      const double gb = model_state_bytes(r.psi, kMixedState, z, r.n).total() / 1e9;
+      EXPECT_TRUE(matches_printed(gb, printed[z - 1]))
+          << "zero " << z << ": " << gb << " GB, the table prints " << printed[z - 1];
+    }
+    EXPECT_DOUBLE_EQ(model_state_bytes(r.psi, kMixedState, 0, r.n).total(), 16 * r.psi);
+  }
+  // The check: 7.5B on 64 ranks.
+  EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, kMixedState, 0, 64).total(), 120e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, kMixedState, 1, 64).total(), 31.40625e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, kMixedState, 2, 64).total(), 16.640625e9);
+  EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, kMixedState, 3, 64).total(), 1.875e9);
+}
+
+// The tracker's parameter, gradient and optimizer bytes of a real rank (its model and its
+// DataParallel store for a dp group of N, laid out without running) equal the accounting
+// for that rank's shards, to the byte: the whole model and a pipeline stage, every stage.
+TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
+  model::GptConfig c;
+  c.layers = 3, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
+  auto current = [] { return MemoryTracker::instance().stats().current; };
+  auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
+  for (const model::ModelPart& part : {model::ModelPart{}, model::ModelPart{{{1, 3}}}})
+    for (int n : {1, 3, 4})
+      for (int zero = 0; zero <= 3; zero++) {
+        SCOPED_TRACE(testing::Message() << "chunks " << part.chunks.size() << " N " << n << " zero " << zero);
+        model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, nullptr, false, part);
+        full.init_weights(1);
+        comm::ShapeOnlyGroup group(n, n - 1, "dp");
+        const auto before = current();
+        {
+          model::Gpt gpt(c, parallel::model_state_for_stage(zero), nullptr, false, part);
+          parallel::DataParallel dp(gpt, group, {zero, 25, true}, {}, full.params());
+          const auto after = current();
+          const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), kFp32State, zero);
+          EXPECT_EQ(cat(after, MemCategory::kParams) - cat(before, MemCategory::kParams), want.params);
+          EXPECT_EQ(cat(after, MemCategory::kGrads) - cat(before, MemCategory::kGrads), want.grads);
+          EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
+        }
+      }
+}
+
+}  // namespace
+}  // namespace meshtrain::planner
