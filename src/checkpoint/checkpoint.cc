@@ -90,7 +90,7 @@ json units_json(const parallel::ShardLayout& shards) {
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, comm::Group& world, const json& run_config,
-                       int keep, int pp_size, int pp_rank) {
+                       int keep, int pp_size, int pp_rank, const json& train_state) {
   comm::Group& dp = world;  // the collectives below span every rank of the job
   const fs::path root = fs::path(out_dir) / "checkpoints";
   const fs::path final_dir = root / step_dir_name(step);
@@ -163,7 +163,8 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
                   {"units", units_json(parallel::ShardLayout(whole, shards.world(), 0))},
                   {"shard_sections", {"params", "adam_m", "adam_v"}},
                   {"files", files},
-                  {"run_config", run_config}};
+                  {"run_config", run_config},
+                  {"train_state", train_state}};
     const std::string text = index.dump(1);
     result = write_file_synced((tmp_dir / "index.json").string(), text.data(), text.size());
     if (result.is_ok()) {

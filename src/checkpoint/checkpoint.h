@@ -48,11 +48,13 @@ struct RankState {
 // pipeline stages (the units of `layout`, on pipeline rank pp_rank of pp_size) and its
 // data-parallel shard (shards.world(), shards.rank()).
 // Collective over `world` (every rank of the job): each writes its shard, world rank 0 the
-// index. Keeps the newest `keep` checkpoints (0: all).
+// index. Keeps the newest `keep` checkpoints (0: all). `train_state` (world rank 0's) is
+// stored in the index as is, for state outside the model (the fp16 loss scaler).
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, comm::Group& world, const nlohmann::json& run_config,
-                       int keep = 2, int pp_size = 1, int pp_rank = 0);
+                       int keep = 2, int pp_size = 1, int pp_rank = 0,
+                       const nlohmann::json& train_state = nlohmann::json::object());
 
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);

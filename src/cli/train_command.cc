@@ -44,6 +44,18 @@ Command add_train_command(CLI::App& app) {
                   "Layers per pipeline stage, comma-separated (pp x virtual-stages entries; "
                   "default: balanced by cost, the head counted on the last stage)")
       ->delimiter(',');
+  cmd->add_option("--loss-scale", o->loss_scale.initial,
+                  "fp16: initial loss scale (dynamic: halved on overflow, doubled after a window)")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-window", o->loss_scale.growth_interval,
+                  "fp16: good steps in a row before the loss scale grows")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-backoff", o->loss_scale.backoff,
+                  "fp16: factor applied to the loss scale on overflow")
+      ->capture_default_str();
+  cmd->add_option("--loss-scale-min", o->loss_scale.min_scale,
+                  "fp16: the loss scale's floor; 10 overflowing steps in a row there stop the run")
+      ->capture_default_str();
   cmd->add_option("--trace", o->trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every rank's forward, "
                   "backward, optimizer and communication spans to FILE");

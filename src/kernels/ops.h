@@ -17,8 +17,11 @@ namespace meshtrain::kernels {
 
 // The precision of a GEMM's operands. kBf16: fp32 operands are rounded to bfloat16 (round
 // to nearest even) and multiplied by the CPU's bf16 units (AMX / AVX512-BF16 through
-// oneDNN) with fp32 accumulation and an fp32 result.
-enum class Precision { kFp32, kBf16 };
+// oneDNN) with fp32 accumulation and an fp32 result. kFp16: operands are rounded to IEEE
+// half precision (nearest even; beyond 65504 they become inf, below 2^-24 zero), products
+// accumulated in fp32: fp16 numerics, computed by the fp32 GEMM on the rounded values
+// (exact: a product of two halves fits an fp32).
+enum class Precision { kFp32, kBf16, kFp16 };
 const char* precision_name(Precision p);
 
 // out[B,T,C] = wte[inp[b,t] - vb, :] + wpe[t, :] where wte holds the vocabulary rows
@@ -95,11 +98,13 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // bfloat16 as its 16 bits: the upper half of an IEEE fp32.
 void to_bf16(const float* x, uint16_t* out, size_t n);  // round to nearest even; NaN stays NaN
 void from_bf16(const uint16_t* x, float* out, size_t n);
+// x rounded to the nearest IEEE half (ties to even, overflow to inf), returned as fp32.
+void round_to_fp16(const float* x, float* out, size_t n);
 // C[M,N] = op(A) @ op(B) + beta * C with bf16 operands, fp32 accumulation; beta is 0 or 1.
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc);
-// gemm() at precision p. kBf16 rounds op(A) and op(B) into a tracked workspace first and
-// needs alpha = 1 and beta in {0, 1}.
+// gemm() at precision p. kBf16 and kFp16 round op(A) and op(B) into a tracked workspace
+// first; kBf16 needs alpha = 1 and beta in {0, 1}.
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
 

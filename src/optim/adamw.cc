@@ -29,10 +29,11 @@ double sum_of_squares(const float* grads, size_t n) {
   return sum;
 }
 
-float clip_grads(float* grads, size_t n, double norm, float max_norm) {
-  if (max_norm <= 0) return 1.0f;
-  float coef = (float)(max_norm / (norm + 1e-6));
-  if (coef >= 1.0f) return 1.0f;
+float clip_grads(float* grads, size_t n, double norm, float max_norm, double loss_scale) {
+  float clip = max_norm > 0 ? (float)(max_norm / (norm / loss_scale + 1e-6)) : 1.0f;
+  if (clip >= 1.0f) clip = 1.0f;
+  const float coef = (float)(clip / loss_scale);
+  if (coef == 1.0f) return 1.0f;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) grads[i] *= coef;
   return coef;

@@ -28,7 +28,9 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps);
 double grad_norm(const float* grads, size_t n);
 double sum_of_squares(const float* x, size_t n);  // the same fixed-order sum
 // Scales grads by max/(norm + 1e-6) when norm > max; returns the scale applied (1 if none).
-float clip_grads(float* grads, size_t n, double norm, float max_norm);
+// With a loss scale S the gradients hold S times their value and `norm` is theirs: they
+// are divided by S and clipped on norm/S in the same pass.
+float clip_grads(float* grads, size_t n, double norm, float max_norm, double loss_scale = 1.0);
 
 // A run of elements updated alike: param/grad/moment offsets into their own buffers (a
 // ZeRO shard keeps moments locally while parameters may live in a full buffer).

@@ -208,15 +208,15 @@ double DataParallel::grad_norm() {
   return std::sqrt(local);
 }
 
-void DataParallel::clip(double norm, float max_norm) {
+void DataParallel::clip(double norm, float max_norm, double loss_scale) {
   if (config_.zero_stage == 0) {
-    optim::clip_grads(full_grads(), layout_.total(), norm, max_norm);
+    optim::clip_grads(full_grads(), layout_.total(), norm, max_norm, loss_scale);
   } else if (config_.zero_stage == 1) {
     for (int u = 0; u < layout_.num_units(); u++)
       optim::clip_grads(full_grads() + shards_.own_begin(u),
-                        shards_.own_end(u) - shards_.own_begin(u), norm, max_norm);
+                        shards_.own_end(u) - shards_.own_begin(u), norm, max_norm, loss_scale);
   } else {
-    optim::clip_grads(grad_shard_.data(), grad_shard_.size(), norm, max_norm);
+    optim::clip_grads(grad_shard_.data(), grad_shard_.size(), norm, max_norm, loss_scale);
   }
 }
 

@@ -60,7 +60,9 @@ class DataParallel : public model::ParamStore {
   // Global L2 norm of the reduced gradient over dp and tp, tp-replicated parameters
   // counted once.
   double grad_norm();
-  void clip(double norm, float max_norm);
+  // Clips on the global norm; with a loss scale S (norm then of the scaled gradients) the
+  // gradients are also divided by S.
+  void clip(double norm, float max_norm, double loss_scale = 1.0);
   void optimizer_step(float lr, int t);
 
   // --- ParamStore ---

@@ -28,6 +28,10 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"recompute_every", o.recompute_every},
           {"dropout", o.dropout},
           {"precision", o.precision},
+          {"loss_scale", o.loss_scale.initial},
+          {"loss_scale_window", o.loss_scale.growth_interval},
+          {"loss_scale_backoff", o.loss_scale.backoff},
+          {"loss_scale_min", o.loss_scale.min_scale},
           {"zero", o.zero},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},
@@ -54,10 +58,8 @@ nlohmann::json to_json(const TrainOptions& o) {
 Status parse_precision(const std::string& name, kernels::Precision* out) {
   if (name == "fp32") *out = kernels::Precision::kFp32;
   else if (name == "bf16") *out = kernels::Precision::kBf16;
-  else if (name == "fp16")
-    return Status::error("--precision fp16 (half-precision GEMMs with dynamic loss scaling) is not "
-                         "implemented yet; use --precision bf16, which needs no loss scaling");
-  else return Status::error("--precision must be fp32 or bf16, got '" + name + "'");
+  else if (name == "fp16") *out = kernels::Precision::kFp16;
+  else return Status::error("--precision must be fp32, bf16 or fp16, got '" + name + "'");
   return Status::ok();
 }
 

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "model/config.h"
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 
 namespace meshtrain::train {
 
@@ -39,6 +40,7 @@ struct TrainOptions {
   std::string trace_file;     // Chrome trace of every rank (empty: none)
   // GEMM operand precision: fp32 | bf16 (bf16 x bf16 -> fp32 GEMMs; state stays fp32).
   std::string precision = "fp32";
+  optim::LossScaleConfig loss_scale;  // fp16's dynamic loss scaling
   int zero = 0;               // ZeRO stage 0-3
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)

@@ -45,6 +45,7 @@ struct Run {
   model::ModelPart part;
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
   kernels::Precision precision = kernels::Precision::kFp32;
+  std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only
   std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
   int64_t start_step = 0;
   double peak_gflops = 0;
@@ -78,6 +79,11 @@ Status check_options(const TrainOptions& o) {
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
   if (!(o.dropout >= 0 && o.dropout < 1)) return Status::error("--dropout must be in [0, 1)");
   if (!(o.comm_timeout >= 0)) return Status::error("--comm-timeout must be >= 0 (0: never)");
+  const auto& ls = o.loss_scale;
+  if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
+    return Status::error("--loss-scale must be >= --loss-scale-min > 0");
+  if (!(ls.backoff > 0 && ls.backoff < 1)) return Status::error("--loss-scale-backoff must be in (0, 1)");
+  if (ls.growth_interval < 1) return Status::error("--loss-scale-window must be >= 1");
   const auto& a = o.adamw;
   if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
   if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
@@ -178,6 +184,29 @@ Status initial_weights(const TrainOptions& o, model::Gpt* gpt) {
   return Status::ok();
 }
 
+json scaler_json(const optim::DynamicLossScaler& s) {
+  const auto st = s.state();
+  return {{"scale", st.scale}, {"good_in_row", st.good_in_row}, {"skipped", st.skipped},
+          {"floor_skips_in_row", st.floor_skips_in_row}};
+}
+
+// The loss scaler continues where the checkpoint left it (a checkpoint of an fp32 or bf16
+// run has none: the scaler starts afresh).
+Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) {
+  json index;
+  RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
+  const json ts = index.value("train_state", json::object());
+  if (!ts.contains("loss_scaler")) return Status::ok();
+  try {
+    const json& j = ts["loss_scaler"];
+    scaler->restore({j.at("scale").get<double>(), j.at("good_in_row").get<int64_t>(),
+                     j.at("skipped").get<int64_t>(), j.at("floor_skips_in_row").get<int64_t>()});
+  } catch (const std::exception& e) {
+    return Status::error(dir + "/index.json: invalid loss scaler state: " + e.what());
+  }
+  return Status::ok();
+}
+
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   const bool sharded_params = o.zero == 3;
   comm::Group* tp = &run->mesh->tp();
@@ -208,7 +237,10 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
     run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
         *run->gpt, run->mesh->pp(), run->schedule, o.virtual_stages);
   }
+  if (run->precision == kernels::Precision::kFp16)
+    run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
   if (resume_dir.empty()) return Status::ok();
+  if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
   checkpoint::RankState st;
   st.params = sharded_params ? run->dp->param_shard() : run->gpt->params();
   st.params_full = !sharded_params;
@@ -418,9 +450,10 @@ float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
-                      parallel::pp::PipelineExecutor* pipeline) {
+                      parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler) {
   const int B = shape.B, T = shape.T, G = shape.G();
-  const float loss_scale = 1.0f / ((float)G * T);
+  const double S = scaler ? scaler->scale() : 1.0;
+  const float loss_scale = (float)(S / ((double)G * T));
   // Micro-batch a of this rank: rows first_row + a*B of the step's global batch.
   auto row = [&](int a) { return shape.first_row() + a * B; };
   dp.begin_step(shape.A);
@@ -454,10 +487,19 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   StepResult r;
   r.loss = (float)(loss_sum / ((double)G * T));
   trace::Tracer::Span span(trace::Lane::kCompute, "optimizer", trace::category::kOptimizer, {{"step", k + 1}});
-  r.grad_norm = dp.grad_norm();
-  dp.clip(r.grad_norm, cfg.grad_clip);
+  // The norm is reduced over every axis, so every rank reaches the same overflow verdict.
+  const double norm = dp.grad_norm();
+  r.grad_norm = norm / S;
+  r.loss_scale = S;
   r.lr = optim::learning_rate(cfg, (int)k, total_steps);
-  dp.optimizer_step(r.lr, (int)k + 1);
+  const int64_t applied = k - (scaler ? scaler->skipped_steps() : 0);  // updates so far
+  if (scaler) {
+    r.skipped = !std::isfinite(norm);
+    r.status = scaler->update(r.skipped);
+    if (r.skipped) return r;
+  }
+  dp.clip(norm, cfg.grad_clip, S);
+  dp.optimizer_step(r.lr, (int)applied + 1);
   return r;
 }
 
@@ -500,7 +542,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       step_span.emplace(trace::Lane::kCompute, "step " + std::to_string(k + 1), trace::category::kStep,
                         json{{"step", k + 1}});
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, shape, k,
-                              o.steps, run.pipeline.get());
+                              o.steps, run.pipeline.get(), run.scaler.get());
+    RETURN_IF_ERROR(r.status);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_span.reset();
     const double tok_s = tokens_per_step / s;
@@ -527,6 +570,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_flops", run.gpt->flops().recompute},
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
+    if (run.scaler)
+      record.update({{"loss_scale", r.loss_scale}, {"step_skipped", r.skipped},
+                     {"skipped_steps", run.scaler->skipped_steps()}});
     metrics.write(record);
     progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu);
 
@@ -547,7 +593,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       RETURN_IF_ERROR(checkpoint::save_checkpoint(o.out_dir, k + 1, run.gpt->layout(), run.config,
                                                   run.dp->shards(), rank_state(run), world,
                                                   to_json(o), o.keep_checkpoints,
-                                                  run.mesh_shape.pp, run.mesh->pp_rank()));
+                                                  run.mesh_shape.pp, run.mesh->pp_rank(),
+                                                  run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}}
+                                                             : json::object()));
   }
   if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
   if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);

@@ -7,6 +7,7 @@
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/executor.h"
 #include "train/options.h"
@@ -28,18 +29,25 @@ struct BatchShape {
 
 struct StepResult {
   float loss = 0;  // mean over the G*T tokens of the step
-  double grad_norm = 0;  // before clipping
+  double grad_norm = 0;  // before clipping (of the unscaled gradients); inf/NaN on overflow
   float lr = 0;
+  double loss_scale = 1;  // the scale this step's backward used
+  bool skipped = false;   // fp16 overflow: no update
+  Status status;          // the loss scaler gave up (stuck at its floor)
 };
 
 // One optimizer step k over the G rows of the global batch: this rank's A micro-batches
 // of B rows, gradients accumulated and reduced by `dp`, clipped on the global norm, AdamW
 // at the scheduled LR. The loss is the mean over all G*T tokens (reduced over dp, and over
 // the pipeline when `pipeline` runs the micro-batches through this rank's stages).
+// With a loss `scaler` (fp16) the backward runs on the loss times its scale, the gradients
+// are unscaled while clipping, and a step whose gradients overflowed anywhere is skipped
+// (AdamW's step count t counts applied steps only, as torch's GradScaler leaves it).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
-                      parallel::pp::PipelineExecutor* pipeline = nullptr);
+                      parallel::pp::PipelineExecutor* pipeline = nullptr,
+                      optim::DynamicLossScaler* scaler = nullptr);
 
 // Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
 // file holds fewer).

@@ -129,6 +129,38 @@ inline size_t count_of(const std::string& text, const std::string& part) {
   return n;
 }
 
+// `meshtrain eval` of an exported model file and of the run folder it came from: both
+// succeed, print the same, and print the run's final val loss (to its 4 printed decimals).
+inline void expect_evals_reproduce(const Job& of_file, const Job& of_run, double val_loss) {
+  ASSERT_EQ(of_file.result.exit_code, 0) << cli_test::describe(of_file.result);
+  ASSERT_EQ(of_run.result.exit_code, 0) << cli_test::describe(of_run.result);
+  const std::string& out = of_file.result.out;
+  const size_t at = out.find("val loss ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const double printed = std::atof(out.c_str() + at + 9);
+  EXPECT_LE(std::fabs(printed - val_loss), 0.5e-4 + 1e-6)
+      << "eval printed " << out << "the run's final val_loss is " << val_loss;
+  EXPECT_EQ(of_file.result.out, of_run.result.out);
+}
+
+// A run refused before any work: it failed (not by the test's timeout), was launched as
+// `ranks` ranks, printed every part of its message once per rank, no step line, and wrote
+// neither metrics.jsonl nor checkpoints into `out_dir`.
+inline void expect_rejected_by_every_rank(const cli_test::RunResult& r, int ranks,
+                                          const std::vector<std::string>& parts,
+                                          const std::string& out_dir) {
+  using cli_test::describe;
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.exit_code, 124) << "killed by the test's timeout\n" << describe(r);
+  EXPECT_FALSE(cli_test::has_step_line(r.out)) << describe(r);
+  EXPECT_NE(r.err.find("starting " + std::to_string(ranks) + " ranks"), std::string::npos)
+      << "not launched as " << ranks << " ranks\n" << describe(r);
+  for (const auto& p : parts)
+    EXPECT_EQ(count_of(r.err, p), (size_t)ranks) << "'" << p << "' once per rank in\n" << describe(r);
+  EXPECT_FALSE(std::filesystem::exists(out_dir + "/metrics.jsonl"));
+  EXPECT_FALSE(std::filesystem::exists(out_dir + "/checkpoints"));
+}
+
 // ---- Checkpoints -------------------------------------------------------------------------
 
 // RUN/checkpoints/step_NNNNNNNN, the folder the trainer writes for `step`.
@@ -194,10 +226,17 @@ struct RunSpec {
 //   static constexpr const char* kTag;            // "dp": folder meshtrain_dp_PID, "[ dp runs  ]"
 //   static std::string train(const std::string&);  // the `meshtrain train` command for flags
 //   static int job_capacity();                     // cores' worth of jobs run at once
-// and its own SetUp (the MPI skip).
+// Without MPI every test of the suite is skipped.
 template <class Suite>
 class MultiRankTest : public cli_test::CliTest {
  protected:
+  void SetUp() override {
+#ifndef MESHTRAIN_HAVE_MPI
+    GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
+#endif
+    CliTest::SetUp();
+  }
+
   static void SetUpTestSuite() {
     CliTest::SetUpTestSuite();
     suite_dir_ = cli_test::fresh_dir(std::filesystem::temp_directory_path() /

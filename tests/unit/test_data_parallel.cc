@@ -142,12 +142,6 @@ class DataParallelTest : public MultiRankTest<DataParallelTest> {
   friend Base;
   static constexpr const char* kTag = "dp";  // folder meshtrain_dp_PID, "[ dp runs  ]" lines
 
-  void SetUp() override {
-    CliTest::SetUp();
-#ifndef MESHTRAIN_HAVE_MPI
-    GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
-#endif
-  }
 
   static int job_capacity() { return core_count(); }
 
@@ -424,18 +418,8 @@ TEST_F(DataParallel, BadLayoutsAreRejected) {
   run_jobs(ptrs, dir_);
   for (size_t i = 0; i < cases.size(); i++) {
     SCOPED_TRACE(cases[i].flags);
-    const RunResult& r = jobs[i].result;
-    EXPECT_NE(r.exit_code, 0) << describe(r);
-    EXPECT_NE(r.exit_code, 124) << describe(r);
-    EXPECT_FALSE(has_step_line(r.out)) << describe(r);
-    EXPECT_NE(r.err.find("starting " + std::to_string(cases[i].ranks) + " ranks"),
-              std::string::npos)
-        << "not launched as " << cases[i].ranks << " ranks\n" << describe(r);
-    for (const auto& p : cases[i].parts)
-      EXPECT_EQ(count_of(r.err, p), (size_t)cases[i].ranks)
-          << "'" << p << "' once per rank in\n" << describe(r);
-    EXPECT_FALSE(fs::exists(path("bad" + std::to_string(i)) + "/metrics.jsonl"));
-    EXPECT_FALSE(fs::exists(path("bad" + std::to_string(i)) + "/checkpoints"));
+    expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
+                                  path("bad" + std::to_string(i)));
   }
 }
 

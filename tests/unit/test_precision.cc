@@ -7,11 +7,22 @@
 //   Bf16LayoutsMatchOneRank  tp2·pp2·dp2 ZeRO-1, tp2 --sp, dp2 ZeRO-3 and pp2 interleaved,
 //                            all in bf16: every step's loss within 1e-3 of the one-rank bf16
 //                            run (the bound).
-//   UnsupportedPrecisionIsRejected  --precision fp16 (not built yet) and an unknown name are
-//                            refused with a message before any step.
+//   Fp16TracksFp32           --precision fp16 (operands rounded to IEEE half, dynamic loss
+//                            scaling) over the same 200 steps: within the same bounds.
+//   Fp16SkipsOverflowingSteps  a loss scale far too large overflows: those steps are skipped
+//                            and counted in metrics.jsonl, the scale backs off by
+//                            --loss-scale-backoff and
+//                            grows again after --loss-scale-window good steps; a pp2·dp2
+//                            layout skips the same steps and matches one rank within 1e-3.
+//   Fp16ResumeKeepsTheScaler  a run resumed from its step-4 checkpoint continues with the
+//                            same loss scale and skipped-step count, bit for bit.
+//   StuckLossScaleIsAnError  a floor at which every step overflows stops the run with a
+//                            message instead of training nothing.
+//   UnknownPrecisionIsRejected  an unknown --precision is refused before any step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -22,6 +33,8 @@
 namespace meshtrain {
 namespace {
 
+namespace fs = std::filesystem;
+using nlohmann::json;
 using namespace cli_test;
 using namespace multirank_test;
 
@@ -31,12 +44,6 @@ class MixedPrecisionTest : public MultiRankTest<MixedPrecisionTest> {
   friend Base;
   static constexpr const char* kTag = "precision";
 
-  void SetUp() override {
-#ifndef MESHTRAIN_HAVE_MPI
-    GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
-#endif
-    CliTest::SetUp();
-  }
   static int job_capacity() { return slots_from_env_or_cores(); }
   static std::string train(const std::string& args) {
     return kBinary + " train --data " + corpus_ + " --peak-gflops 100 --threads 1 " + args;
@@ -56,11 +63,8 @@ using MixedPrecision = MixedPrecisionTest;
 // cover the larger run.
 constexpr double kStepTol = 0.006, kTailTol = 0.001;
 
-TEST_F(MixedPrecision, Bf16TracksFp32) {
-  const std::string common = "--model tiny --seq-len 32 --micro-batch 4 --steps 200 --eval-batches 1";
-  const std::string fp32 = common + " --precision fp32", bf16 = common + " --precision bf16";
-  ensure({{fp32, 1}, {bf16, 1}});
-  const auto a = losses(fp32), b = losses(bf16);
+// 200 steps of the tiny model at `precision` against fp32.
+void expect_tracks_fp32(const std::vector<double>& a, const std::vector<double>& b) {
   ASSERT_EQ(a.size(), 200u);
   ASSERT_EQ(b.size(), 200u);
   double worst = 0;
@@ -69,10 +73,102 @@ TEST_F(MixedPrecision, Bf16TracksFp32) {
   double tail = 0;
   for (size_t k = 180; k < 200; k++) tail += (b[k] - a[k]) / 20;
   EXPECT_LE(std::abs(tail), kTailTol);
-  EXPECT_LT(b.back(), b.front() - 2.0) << "bf16 training must learn (loss falls from ~10.8)";
-  EXPECT_NE(a, b) << "bf16 GEMMs must change the arithmetic";
+  EXPECT_LT(b.back(), b.front() - 2.0) << "training must learn (loss falls from ~10.8)";
+  EXPECT_NE(a, b) << "half-precision operands must change the arithmetic";
   if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
-    std::printf("[ bf16     ] worst step |diff| %.5f, last-20 mean diff %.5f\n", worst, tail);
+    std::printf("[ half     ] worst step |diff| %.5f, last-20 mean diff %.5f\n", worst, tail);
+}
+
+const std::string kCurve = "--model tiny --seq-len 32 --micro-batch 4 --steps 200 --eval-batches 1";
+
+TEST_F(MixedPrecision, Bf16TracksFp32) {
+  ensure({{kCurve + " --precision fp32", 1}, {kCurve + " --precision bf16", 1}});
+  expect_tracks_fp32(losses(kCurve + " --precision fp32"), losses(kCurve + " --precision bf16"));
+}
+
+TEST_F(MixedPrecision, Fp16TracksFp32) {
+  ensure({{kCurve + " --precision fp32", 1}, {kCurve + " --precision fp16", 1}});
+  expect_tracks_fp32(losses(kCurve + " --precision fp32"), losses(kCurve + " --precision fp16"));
+  for (const auto& j : metrics_of(kCurve + " --precision fp16").steps) {
+    EXPECT_EQ(j["loss_scale"].get<double>(), 65536.0) << "no overflow at the default scale here";
+    EXPECT_FALSE(j["step_skipped"].get<bool>());
+  }
+}
+
+TEST_F(MixedPrecision, Fp16SkipsOverflowingSteps) {
+  // The scaled loss gradient is S/(G·T) per token (G·T = 256): from S = 1e9 on it exceeds
+  // fp16's 65504 at the head's first GEMM operand, so with a backoff of 1e-3 the steps at
+  // S = 1e30 .. 1e9 overflow (8 of them) and S = 1e6 trains (the largest operand is then
+  // ~4e3). A window of 4 good steps doubles the scale.
+  const std::string common =
+      "--model tiny --layers 4 --seq-len 32 --global-batch 8 --steps 16 --eval-batches 1 --precision fp16 "
+      "--loss-scale 1e30 --loss-scale-backoff 1e-3 --loss-scale-window 4";
+  const std::string one = common + " --micro-batch 8", layout = common + " --pp 2 --dp 2 --micro-batch 2";
+  ensure({{one, 1}, {layout, 4}});
+  const auto steps = metrics_of(one).steps;
+  ASSERT_EQ(steps.size(), 16u);
+  int skipped = 0;
+  double scale = 1e30;
+  int good_in_row = 0;
+  for (size_t k = 0; k < steps.size(); k++) {
+    SCOPED_TRACE(k + 1);
+    const json& j = steps[k];
+    EXPECT_DOUBLE_EQ(j["loss_scale"].get<double>(), scale);
+    const bool skip = j["step_skipped"].get<bool>();
+    EXPECT_EQ(skip, scale >= 1e9) << "overflow exactly while the scale is too large";
+    skipped += skip;
+    EXPECT_EQ(j["skipped_steps"].get<int>(), skipped);
+    if (skip) {
+      // JSON has no inf or NaN: metrics.jsonl writes the overflowed norm as null.
+      EXPECT_TRUE(j["grad_norm"].is_null()) << "an overflow shows in the norm: " << j["grad_norm"];
+      scale *= 1e-3, good_in_row = 0;
+    } else if (++good_in_row == 4) {
+      scale *= 2, good_in_row = 0;
+    }
+  }
+  EXPECT_EQ(skipped, 8);
+  EXPECT_LT(steps.back()["loss"].get<double>(), steps.front()["loss"].get<double>()) << "it trains afterwards";
+  // The same verdicts on a pp2·dp2 layout (the norm is reduced over every axis).
+  const auto other = metrics_of(layout).steps;
+  ASSERT_EQ(other.size(), steps.size());
+  for (size_t k = 0; k < steps.size(); k++) {
+    EXPECT_EQ(other[k]["step_skipped"], steps[k]["step_skipped"]) << k + 1;
+    EXPECT_NEAR(other[k]["loss"].get<double>(), steps[k]["loss"].get<double>(), 1e-3) << k + 1;
+  }
+}
+
+TEST_F(MixedPrecision, Fp16ResumeKeepsTheScaler) {
+  const std::string args =
+      "--model tiny --seq-len 32 --micro-batch 4 --steps 8 --eval-batches 1 --precision fp16 "
+      "--loss-scale 1e9 --loss-scale-backoff 0.01 --loss-scale-window 2 --save-every 4 --keep-checkpoints 0";
+  const std::string full = path("full"), cut = path("cut");
+  Job a = run_now(train(args + " --quiet --out " + full));
+  ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
+  fs::create_directories(cut + "/checkpoints");
+  fs::copy(step_dir(full, 4), step_dir(cut, 4), fs::copy_options::recursive);
+  Job b = run_now(train(args + " --quiet --out " + cut + " --resume"));
+  ASSERT_EQ(b.result.exit_code, 0) << describe(b.result);
+  const auto x = read_metrics(full + "/metrics.jsonl").steps, y = read_metrics(cut + "/metrics.jsonl").steps;
+  ASSERT_EQ(x.size(), 8u);
+  ASSERT_EQ(y.size(), 4u);
+  for (size_t k = 0; k < 4; k++) {
+    SCOPED_TRACE(k + 5);
+    EXPECT_EQ(bits(y[k]["loss"]), bits(x[k + 4]["loss"]));
+    EXPECT_EQ(y[k]["loss_scale"], x[k + 4]["loss_scale"]);
+    EXPECT_EQ(y[k]["skipped_steps"], x[k + 4]["skipped_steps"]);
+  }
+  EXPECT_GT(x[3]["skipped_steps"].get<int>(), 0) << "the run must have skipped steps before the checkpoint";
+}
+
+TEST_F(MixedPrecision, StuckLossScaleIsAnError) {
+  Job j = run_now(train("--model tiny --seq-len 32 --micro-batch 4 --steps 30 --precision fp16 "
+                        "--loss-scale 1e30 --loss-scale-min 1e30 --out " + path("stuck")));
+  EXPECT_NE(j.result.exit_code, 0);
+  EXPECT_NE(j.result.err.find("fp16 loss scale stuck at its floor 1e+30"), std::string::npos)
+      << describe(j.result);
+  EXPECT_NE(j.result.err.find("the last 10 steps all overflowed"), std::string::npos) << describe(j.result);
+  const auto steps = read_metrics(path("stuck") + "/metrics.jsonl").steps;
+  EXPECT_EQ(steps.size(), 9u) << "the 10th overflow stops the run before its metrics line";
 }
 
 TEST_F(MixedPrecision, Bf16LayoutsMatchOneRank) {
@@ -103,11 +199,11 @@ TEST_F(MixedPrecision, Bf16LayoutsMatchOneRank) {
   }
 }
 
-TEST_F(MixedPrecision, UnsupportedPrecisionIsRejected) {
-  expect_failure(run(train("--model tiny --seq-len 32 --steps 1 --precision fp16")),
-                 {"--precision fp16", "not implemented yet", "bf16"});
+TEST_F(MixedPrecision, UnknownPrecisionIsRejected) {
   expect_failure(run(train("--model tiny --seq-len 32 --steps 1 --precision fp8")),
-                 {"--precision must be fp32 or bf16, got 'fp8'"});
+                 {"--precision must be fp32, bf16 or fp16, got 'fp8'"});
+  expect_failure(run(train("--model tiny --seq-len 32 --steps 1 --precision fp16 --loss-scale-backoff 2")),
+                 {"--loss-scale-backoff must be in (0, 1)"});
 }
 
 }  // namespace

@@ -240,12 +240,6 @@ class TensorParallelTest : public MultiRankTest<TensorParallelTest> {
   friend Base;
   static constexpr const char* kTag = "tp";  // folder meshtrain_tp_PID, "[ tp runs  ]" lines
 
-  void SetUp() override {
-#ifndef MESHTRAIN_HAVE_MPI
-    GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
-#endif
-    CliTest::SetUp();
-  }
 
   static int job_capacity() { return slots_from_env_or_cores(); }
 
@@ -531,18 +525,8 @@ TEST_F(TensorParallel, BadInputIsRejected) {
   run_jobs(ptrs, dir_);
   for (size_t i = 0; i < cases.size(); i++) {
     SCOPED_TRACE(cases[i].flags);
-    const RunResult& r = jobs[i].result;
-    EXPECT_NE(r.exit_code, 0) << describe(r);
-    EXPECT_NE(r.exit_code, 124) << "killed by the test's timeout\n" << describe(r);
-    EXPECT_FALSE(has_step_line(r.out)) << describe(r);
-    EXPECT_NE(r.err.find("starting " + std::to_string(cases[i].ranks) + " ranks"),
-              std::string::npos)
-        << "not launched as " << cases[i].ranks << " ranks\n" << describe(r);
-    for (const auto& p : cases[i].parts)
-      EXPECT_EQ(count_of(r.err, p), (size_t)cases[i].ranks)
-          << "'" << p << "' once per rank in\n" << describe(r);
-    EXPECT_FALSE(fs::exists(path("bad" + std::to_string(i)) + "/metrics.jsonl"));
-    EXPECT_FALSE(fs::exists(path("bad" + std::to_string(i)) + "/checkpoints"));
+    expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
+                                  path("bad" + std::to_string(i)));
   }
 }
 
@@ -635,16 +619,7 @@ TEST_F(TensorParallel, CheckpointsUnderTp) {
       " --data " + corpus_ + " --threads 1 --micro-batch 8 --seq-len 32 --batches 2";
   Job ev_file = run_now(kBinary + " eval --checkpoint " + st + eval);
   Job ev_run = run_now(kBinary + " eval --checkpoint " + full + eval);
-  ASSERT_EQ(ev_file.result.exit_code, 0) << describe(ev_file.result);
-  ASSERT_EQ(ev_run.result.exit_code, 0) << describe(ev_run.result);
-  const std::string& out = ev_file.result.out;
-  const size_t at = out.find("val loss ");
-  ASSERT_NE(at, std::string::npos) << out;
-  const double printed = std::atof(out.c_str() + at + 9);
-  const double val = ref.evals.back()["val_loss"].get<double>();
-  EXPECT_LE(std::fabs(printed - val), 0.5e-4 + 1e-6)
-      << "eval printed " << out << "the run's final val_loss is " << val;
-  EXPECT_EQ(ev_file.result.out, ev_run.result.out);
+  expect_evals_reproduce(ev_file, ev_run, ref.evals.back()["val_loss"].get<double>());
 }
 
 // ---- 6. The run folder's config.toml reproduces the layout ---------------------------------

@@ -16,7 +16,13 @@
 
 namespace meshtrain::kernels {
 
-const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+    default: return "fp32";
+  }
+}
 
 namespace {
 
@@ -42,6 +48,20 @@ void to_bf16(const float* x, uint16_t* out, size_t n) {
       _mm256_storeu_si256((__m256i*)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
 #endif
     for (; i < e; i++) out[i] = round_to_bf16(x[i]);
+  }
+}
+
+void round_to_fp16(const float* x, float* out, size_t n) {
+  constexpr size_t kBlock = 4096;
+#pragma omp parallel for schedule(static) if (n >= 4 * kBlock && !omp_in_parallel())
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    size_t i = b;
+    // F16C: round to nearest even, overflow to inf, gradual underflow; and back, exactly.
+    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (; i + 8 <= e; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest)));
+    for (; i < e; i++) out[i] = _cvtsh_ss(_cvtss_sh(x[i], kNearest));
   }
 }
 
@@ -130,12 +150,29 @@ const uint16_t* packed_bf16(const float* x, int rows, int cols, int ld, Buffer<u
   return buf.data();
 }
 
+// The same block rounded to fp16 values, kept as fp32 (packed).
+const float* packed_fp16(const float* x, int rows, int cols, int ld, Buffer<float>& buf) {
+  const size_t n = (size_t)rows * cols;
+  if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
+  for (int r = 0; r < rows; r++) round_to_fp16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
+  return buf.data();
+}
+
 }  // namespace
 
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   if (p == Precision::kFp32) {
     gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  if (p == Precision::kFp16) {
+    thread_local Buffer<float> a_buf, b_buf;
+    const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const float* a = packed_fp16(A, a_rows, a_cols, lda, a_buf);
+    const float* b = packed_fp16(B, b_rows, b_cols, ldb, b_buf);
+    gemm(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
     return;
   }
   CHECK_MSG(alpha == 1.0f, "bf16 gemm: alpha must be 1");

@@ -9,6 +9,18 @@
 
 namespace meshtrain::kernels::ref {
 
+// x rounded to the nearest IEEE half (11 significant bits, ties to even; subnormals in
+// steps of 2^-24; |x| >= 65520 becomes infinity), as a double.
+inline double fp16_round(double x) {
+  if (x == 0 || std::isnan(x) || std::isinf(x)) return x;
+  if (std::abs(x) < std::ldexp(1.0, -14))  // subnormal range: a fixed step of 2^-24
+    return std::ldexp(std::nearbyint(std::ldexp(x, 24)), -24);
+  int e;
+  const double m = std::frexp(x, &e);
+  const double r = std::ldexp(std::nearbyint(std::ldexp(m, 11)), e - 11);
+  return std::abs(r) > 65504 ? std::copysign(INFINITY, x) : r;
+}
+
 // x rounded to the nearest bfloat16 (8 significant bits, ties to even), as a double: the
 // value a bf16 GEMM multiplies. Finite, normal inputs only (the test's random data).
 inline double bf16_round(double x) {
