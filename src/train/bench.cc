@@ -55,7 +55,9 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   const double achieved = tok_s * flops_per_token / 1e9;
   std::printf("step time (median of %d): %.1f ms | %.1f tokens/s | %.1f GFLOP/s achieved | "
               "peak %.1f GFLOP/s (measured %s GEMM, %d threads) | MFU %.1f%%\n",
-              steps, median * 1e3, tok_s, achieved, peak, kernels::precision_name(precision), threads,
+              steps, median * 1e3, tok_s, achieved, peak,
+              kernels::precision_name(precision == kernels::Precision::kBf16 ? precision : kernels::Precision::kFp32),
+              threads,
               100 * achieved / peak);
   return Status::ok();
 }

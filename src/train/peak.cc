@@ -17,7 +17,13 @@ namespace meshtrain::train {
 
 namespace fs = std::filesystem;
 
+namespace {
+// fp16 operands are multiplied by the fp32 GEMM (kernels/ops.h), so its peak is fp32's.
+Precision peak_precision(Precision p) { return p == Precision::kFp16 ? Precision::kFp32 : p; }
+}  // namespace
+
 double measure_gemm_peak_gflops(int threads, Precision p) {
+  p = peak_precision(p);
   const int n = 2048;
   omp_set_num_threads(threads);
   std::vector<float> a((size_t)n * n, 0.5f), b((size_t)n * n, 0.25f), c((size_t)n * n);
@@ -63,6 +69,7 @@ std::string cache_key(int threads, Precision p) {
 }  // namespace
 
 void record_gemm_peak_gflops(int threads, double gflops, Precision p) {
+  p = peak_precision(p);
   nlohmann::json cache = read_cache();
   const std::string key = cache_key(threads, p);
   if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() >= gflops) return;
@@ -74,6 +81,7 @@ void record_gemm_peak_gflops(int threads, double gflops, Precision p) {
 }
 
 double cached_gemm_peak_gflops(int threads, bool verbose, Precision p) {
+  p = peak_precision(p);
   nlohmann::json cache = read_cache();
   const std::string key = cache_key(threads, p);
   if (cache.contains(key) && cache[key].is_number()) return cache[key].get<double>();

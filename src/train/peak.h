@@ -10,7 +10,8 @@ namespace meshtrain::train {
 using kernels::Precision;
 
 // Best GFLOP/s of a large square GEMM (2048^3) over a few repetitions on `threads` threads:
-// sgemm for fp32, the bf16 matmul (operands already bf16) for bf16.
+// sgemm for fp32 (and fp16, whose rounded operands the fp32 GEMM multiplies), the bf16
+// matmul (operands already bf16) for bf16.
 double measure_gemm_peak_gflops(int threads, Precision p = Precision::kFp32);
 // Cached value, measuring (and caching) when absent.
 double cached_gemm_peak_gflops(int threads, bool verbose, Precision p = Precision::kFp32);
