@@ -56,6 +56,16 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--loss-scale-min", o->loss_scale.min_scale,
                   "fp16: the loss scale's floor; 10 overflowing steps in a row there stop the run")
       ->capture_default_str();
+  cmd->add_option("--offload", o->offload,
+                  "optimizer=nvme: keep the AdamW moments in files under --offload-dir, streamed "
+                  "in chunks each step (optimizer=cpu: host memory, the default here)");
+  cmd->add_option("--offload-dir", o->offload_dir, "Folder for --offload optimizer=nvme files");
+  cmd->add_option("--offload-chunk-mb", o->offload_chunk_mb,
+                  "Offload streaming chunk per moment (three chunks rotate: read, update, write)")
+      ->capture_default_str();
+  cmd->add_option("--memory-budget", o->memory_budget_gb,
+                  "GB of tracked memory per rank: when the model state and one micro-batch's "
+                  "activations exceed it, the optimizer state is offloaded (needs --offload-dir)");
   cmd->add_option("--trace", o->trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every rank's forward, "
                   "backward, optimizer and communication spans to FILE");

@@ -53,6 +53,7 @@ AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout)
 AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size)
     : config_(config),
       segments_(std::move(segments)),
+      size_(state_size),
       m_(MemCategory::kOptim, state_size),
       v_(MemCategory::kOptim, state_size) {}
 
@@ -63,21 +64,52 @@ void AdamW::step(float* params, const float* grads, float lr, int t) {
   const float bias2 = 1.0f - std::pow(b2, (float)t);
   const float step_size = lr / bias1;
   const float bias2_sqrt = std::sqrt(bias2);
-  for (const AdamSegment& s : segments_) {
+  // Updates the segment's elements [from, to) (offsets into the segment); m and v point at
+  // the moments of element `from`.
+  auto update = [&](const AdamSegment& s, size_t from, size_t to, float* m, float* v) {
     const float decay = s.decay ? 1.0f - lr * config_.weight_decay : 1.0f;
-    float* p = params + s.param_offset;
-    const float* g = grads + s.grad_offset;
-    float* m = m_.data() + s.state_offset;
-    float* v = v_.data() + s.state_offset;
+    float* p = params + s.param_offset + from;
+    const float* g = grads + s.grad_offset + from;
+    const size_t n = to - from;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < s.count; i++) {
+    for (size_t i = 0; i < n; i++) {
       float pi = p[i] * decay;
       m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
       v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
       float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
       p[i] = pi - step_size * m[i] / denom;
     }
+  };
+  if (!offloaded_) {
+    for (const AdamSegment& s : segments_)
+      update(s, 0, s.count, m_.data() + s.state_offset, v_.data() + s.state_offset);
+    return;
   }
+  // Chunk by chunk of the state: the segments' parts that fall into it.
+  offloaded_->for_each_chunk([&](size_t begin, size_t end, float* m, float* v) {
+    for (const AdamSegment& s : segments_) {
+      const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
+      if (a < b) update(s, a - s.state_offset, b - s.state_offset, m + (a - begin), v + (a - begin));
+    }
+  });
+}
+
+Status AdamW::offload(const std::string& dir, int rank, size_t chunk) {
+  RETURN_IF_ERROR(OffloadedMoments::create(dir, rank, size_, chunk, &offloaded_));
+  m_.release();
+  v_.release();
+  return Status::ok();
+}
+
+void AdamW::read_moments(int kind, float* dst) {
+  if (offloaded_) return offloaded_->read(kind, dst);
+  const Buffer<float>& src = kind == 0 ? m_ : v_;
+  std::copy(src.data(), src.data() + size_, dst);
+}
+
+void AdamW::write_moments(int kind, const float* src) {
+  if (offloaded_) return offloaded_->write(kind, src);
+  std::copy(src, src + size_, (kind == 0 ? m_ : v_).data());
 }
 
 }  // namespace meshtrain::optim

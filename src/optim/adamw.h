@@ -2,10 +2,13 @@
 // schedule, and global gradient-norm clipping (torch clip_grad_norm_ semantics).
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/memory.h"
 #include "model/param_layout.h"
+#include "optim/offload.h"
 
 namespace meshtrain::optim {
 
@@ -53,17 +56,30 @@ class AdamW {
   // One update with step number t (1-based, for bias correction) at learning rate lr.
   void step(float* params, const float* grads, float lr, int t);
 
+  // Moves the moments (zero so far) into a file under `dir`, streamed `chunk` elements at a
+  // time by every step (optim/offload.h); the in-memory moments are freed. The update
+  // arithmetic is the same element by element, so losses are bit-identical.
+  Status offload(const std::string& dir, int rank, size_t chunk);
+  const OffloadedMoments* offloaded() const { return offloaded_.get(); }
+  OffloadedMoments* offloaded() { return offloaded_.get(); }
+
+  // The moments in memory (null when offloaded: use read_moments / write_moments).
   float* m() { return m_.data(); }
   float* v() { return v_.data(); }
   const float* m() const { return m_.data(); }
   const float* v() const { return v_.data(); }
-  size_t size() const { return m_.size(); }
+  // Whole-state copies wherever the moments live (kind 0: m, 1: v), for checkpoints.
+  void read_moments(int kind, float* dst);
+  void write_moments(int kind, const float* src);
+  size_t size() const { return size_; }
   const std::vector<AdamSegment>& segments() const { return segments_; }
 
  private:
   AdamWConfig config_;
   std::vector<AdamSegment> segments_;
+  size_t size_;
   Buffer<float> m_, v_;
+  std::unique_ptr<OffloadedMoments> offloaded_;
 };
 
 }  // namespace meshtrain::optim

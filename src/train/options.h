@@ -38,6 +38,12 @@ struct TrainOptions {
   int virtual_stages = 1;
   std::vector<int> stage_layers;
   std::string trace_file;     // Chrome trace of every rank (empty: none)
+  // Optimizer-state offload: "" (none), "optimizer=cpu" (host memory: where it already
+  // lives on this CPU engine), "optimizer=nvme" (files under offload_dir, streamed).
+  std::string offload;
+  std::string offload_dir;
+  double offload_chunk_mb = 16;  // per moment and buffer
+  double memory_budget_gb = 0;   // > 0: offload the optimizer state when it does not fit
   // GEMM operand precision: fp32 | bf16 (bf16 x bf16 -> fp32 GEMMs; state stays fp32).
   std::string precision = "fp32";
   optim::LossScaleConfig loss_scale;  // fp16's dynamic loss scaling

@@ -84,6 +84,14 @@ Status check_options(const TrainOptions& o) {
     return Status::error("--loss-scale must be >= --loss-scale-min > 0");
   if (!(ls.backoff > 0 && ls.backoff < 1)) return Status::error("--loss-scale-backoff must be in (0, 1)");
   if (ls.growth_interval < 1) return Status::error("--loss-scale-window must be >= 1");
+  if (!o.offload.empty() && o.offload != "optimizer=cpu" && o.offload != "optimizer=nvme")
+    return Status::error("--offload must be optimizer=cpu or optimizer=nvme, got '" + o.offload + "'");
+  if ((o.offload == "optimizer=nvme" || o.memory_budget_gb > 0) && o.offload_dir.empty())
+    return Status::error(o.offload == "optimizer=nvme" ? "--offload optimizer=nvme needs --offload-dir DIR"
+                                                       : "--memory-budget needs --offload-dir DIR (where the "
+                                                         "optimizer state goes when it does not fit)");
+  if (!(o.offload_chunk_mb > 0)) return Status::error("--offload-chunk-mb must be > 0");
+  if (!(o.memory_budget_gb >= 0)) return Status::error("--memory-budget must be >= 0 (0: none)");
   const auto& a = o.adamw;
   if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
   if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
@@ -207,6 +215,67 @@ Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) 
   return Status::ok();
 }
 
+// The AdamW moments as memory a checkpoint can read or fill: the live buffers, or (when
+// offloaded) copies made for the occasion, written back by store(). A checkpoint of an
+// offloaded run therefore holds the moments in memory for its duration.
+class MomentCopies {
+ public:
+  explicit MomentCopies(optim::AdamW& adamw) : adamw_(adamw) {
+    if (!adamw.offloaded()) return;
+    for (int kind = 0; kind < 2; kind++) {
+      copies_[kind].allocate(MemCategory::kWorkspace, adamw.size());
+      adamw.read_moments(kind, copies_[kind].data());
+    }
+  }
+  float* m() { return adamw_.offloaded() ? copies_[0].data() : adamw_.m(); }
+  float* v() { return adamw_.offloaded() ? copies_[1].data() : adamw_.v(); }
+  void store() {
+    if (!adamw_.offloaded()) return;
+    for (int kind = 0; kind < 2; kind++) adamw_.write_moments(kind, copies_[kind].data());
+  }
+
+ private:
+  optim::AdamW& adamw_;
+  Buffer<float> copies_[2];
+};
+
+checkpoint::RankState rank_state(Run& run, MomentCopies& moments) {
+  const bool sharded = run.opt.zero == 3;
+  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, moments.m(), moments.v(),
+          run.opt.zero == 0};
+}
+
+// Where the AdamW moments live: in memory, or streamed from files when --offload
+// optimizer=nvme asks for it or when the model state plus one micro-batch's activations
+// would exceed --memory-budget. A budget that even the offloaded run exceeds is an error.
+Status place_optimizer_state(const TrainOptions& o, Run* run) {
+  const double budget = o.memory_budget_gb * 1e9;
+  const auto tracked = [] { return (double)MemoryTracker::instance().stats().total_current; };
+  // What training will hold: what setup allocated (parameters, gradients, optimizer state,
+  // the activation scratch laid out here) plus one micro-batch's stored activations.
+  auto needed = [&] {
+    if (budget <= 0) return 0.0;
+    run->gpt->stored_activation_bytes(run->shape.B, run->shape.T);
+    double sets = 0;
+    for (int c = 0; c < run->gpt->num_chunks(); c++) sets += (double)run->gpt->activation_set_bytes(c);
+    return tracked() + sets;
+  };
+  const bool offload = o.offload == "optimizer=nvme" || (budget > 0 && needed() > budget);
+  if (offload) {
+    const size_t chunk = std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
+    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, run->mesh->world().rank(), chunk));
+  }
+  if (budget > 0 && needed() > budget) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "--memory-budget %.3g GB is too small: this rank needs %.3g GB for parameters, "
+                  "gradients, buffers and one micro-batch's activations%s",
+                  o.memory_budget_gb, needed() / 1e9, offload ? " with the optimizer state offloaded" : "");
+    return Status::error(buf);
+  }
+  return Status::ok();
+}
+
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   const bool sharded_params = o.zero == 3;
   comm::Group* tp = &run->mesh->tp();
@@ -239,27 +308,20 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   }
   if (run->precision == kernels::Precision::kFp16)
     run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
+  RETURN_IF_ERROR(place_optimizer_state(o, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
-  checkpoint::RankState st;
-  st.params = sharded_params ? run->dp->param_shard() : run->gpt->params();
-  st.params_full = !sharded_params;
-  st.m = run->dp->adamw().m();
-  st.v = run->dp->adamw().v();
-  st.moments_full = o.zero == 0;
+  MomentCopies moments(run->dp->adamw());
+  checkpoint::RankState st = rank_state(*run, moments);
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), st, &run->start_step));
+  moments.store();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
                          ", already >= --steps " + std::to_string(o.steps));
   return Status::ok();
 }
 
-checkpoint::RankState rank_state(Run& run) {
-  const bool sharded = run.opt.zero == 3;
-  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, run.dp->adamw().m(),
-          run.dp->adamw().v(), run.opt.zero == 0};
-}
 
 Status write_run_files(const TrainOptions& o, const Run& run) {
   std::error_code ec;
@@ -570,6 +632,12 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_flops", run.gpt->flops().recompute},
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
+    if (auto* off = run.dp->adamw().offloaded()) {
+      const auto& st = off->stats();
+      record["offload"] = {{"read_bytes", st.bytes_read}, {"written_bytes", st.bytes_written},
+                           {"io_ms", st.io_s * 1e3}, {"wait_ms", st.wait_s * 1e3}};
+      off->reset_stats();
+    }
     if (run.scaler)
       record.update({{"loss_scale", r.loss_scale}, {"step_skipped", r.skipped},
                      {"skipped_steps", run.scaler->skipped_steps()}});
@@ -589,13 +657,15 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     }
     // The final step is always saved when there is a run folder (export/generate read it).
     const bool save = !o.out_dir.empty() && ((o.save_every > 0 && (k + 1) % o.save_every == 0) || last);
-    if (save)
+    if (save) {
+      MomentCopies moments(run.dp->adamw());
       RETURN_IF_ERROR(checkpoint::save_checkpoint(o.out_dir, k + 1, run.gpt->layout(), run.config,
-                                                  run.dp->shards(), rank_state(run), world,
+                                                  run.dp->shards(), rank_state(run, moments), world,
                                                   to_json(o), o.keep_checkpoints,
                                                   run.mesh_shape.pp, run.mesh->pp_rank(),
                                                   run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}}
                                                              : json::object()));
+    }
   }
   if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
   if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);

@@ -1,0 +1,98 @@
+#include "optim/offload.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+
+#include "core/check.h"
+
+namespace meshtrain::optim {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+Status OffloadedMoments::create(const std::string& dir, int rank, size_t n, size_t chunk,
+                                std::unique_ptr<OffloadedMoments>* out) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (std::filesystem::path(dir) / ("adam_moments_rank" + std::to_string(rank) + ".bin")).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::error("--offload-dir: cannot create " + path + ": " + std::strerror(errno));
+  // A sparse file of zeros: the moments start at zero.
+  if (::ftruncate(fd, (off_t)(2 * n * sizeof(float))) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::error("--offload-dir: cannot size " + path + ": " + why);
+  }
+  out->reset(new OffloadedMoments(fd, path, n, std::max<size_t>(1, std::min(chunk, std::max<size_t>(n, 1)))));
+  return Status::ok();
+}
+
+OffloadedMoments::OffloadedMoments(int fd, std::string path, size_t n, size_t chunk)
+    : fd_(fd), path_(std::move(path)), n_(n), chunk_(chunk) {
+  for (auto& slot : slots_)
+    for (auto& b : slot) b.allocate(MemCategory::kOptim, chunk_);
+}
+
+OffloadedMoments::~OffloadedMoments() {
+  ::close(fd_);
+  std::error_code ec;
+  std::filesystem::remove(path_, ec);
+}
+
+// Moves count floats of moment `kind` at element `begin` between the file and buf; a disk
+// error ends the job (the optimizer cannot continue without its state).
+void OffloadedMoments::io(bool write, int kind, size_t begin, size_t count, float* buf) {
+  const double t0 = now_s();
+  char* p = reinterpret_cast<char*>(buf);
+  size_t left = count * sizeof(float);
+  off_t at = (off_t)(((size_t)kind * n_ + begin) * sizeof(float));
+  while (left > 0) {
+    const ssize_t done = write ? ::pwrite(fd_, p, left, at) : ::pread(fd_, p, left, at);
+    if (done < 0 && errno == EINTR) continue;
+    CHECK_MSG(done > 0, "offloaded optimizer state: pread/pwrite failed (disk full or removed?)");
+    p += done, left -= (size_t)done, at += done;
+  }
+  (write ? stats_.bytes_written : stats_.bytes_read) += (int64_t)(count * sizeof(float));
+  stats_.io_s += now_s() - t0;
+}
+
+void OffloadedMoments::for_each_chunk(
+    const std::function<void(size_t begin, size_t end, float* m, float* v)>& update) {
+  const size_t chunks = (n_ + chunk_ - 1) / chunk_;
+  auto range = [&](size_t i) { return std::pair{i * chunk_, std::min(n_, (i + 1) * chunk_)}; };
+  auto transfer = [&](bool write, size_t i) {
+    auto [b, e] = range(i);
+    io(write, 0, b, e - b, slots_[i % 3][0].data());
+    io(write, 1, b, e - b, slots_[i % 3][1].data());
+  };
+  if (chunks == 0) return;
+  transfer(false, 0);
+  for (size_t i = 0; i < chunks; i++) {
+    // In the background: write the previous chunk back, read the next one.
+    auto background = std::async(std::launch::async, [&, i] {
+      if (i > 0) transfer(true, i - 1);
+      if (i + 1 < chunks) transfer(false, i + 1);
+    });
+    auto [b, e] = range(i);
+    update(b, e, slots_[i % 3][0].data(), slots_[i % 3][1].data());
+    const double t0 = now_s();
+    background.get();
+    stats_.wait_s += now_s() - t0;
+  }
+  transfer(true, chunks - 1);
+}
+
+void OffloadedMoments::read(int kind, float* dst) { io(false, kind, 0, n_, dst); }
+void OffloadedMoments::write(int kind, const float* src) { io(true, kind, 0, n_, const_cast<float*>(src)); }
+
+}  // namespace meshtrain::optim

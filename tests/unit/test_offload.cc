@@ -1,0 +1,117 @@
+// Optimizer-state offload (--offload optimizer=nvme, --memory-budget; optim/offload.h):
+//
+//   OffloadedTrainingIsBitIdentical  the moments streamed from files in chunks much smaller
+//                            than one tensor give the same losses, bit for bit, as in memory,
+//                            on one rank and on dp2 ZeRO-1 (a file per rank); the optimizer
+//                            bytes fall to the six chunk buffers, and every step reads and
+//                            writes both moments once.
+//   MemoryBudgetOffloadsAndStaysUnder  a budget below the in-memory run's peak and above the
+//                            offloaded one's: the run offloads by itself and its measured peak
+//                            (the tracker's total) stays under the budget.
+//   ResumeAfterACrash        an offloaded run interrupted after its step-3 checkpoint resumes
+//                            (offloaded) with the same losses as the uninterrupted run.
+//   BadInputIsRejected       a budget too small even when offloaded, --offload without a
+//                            folder, an unknown --offload value: refused before any step.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+#include "multirank_test_util.h"
+
+namespace meshtrain {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace cli_test;
+using multirank_test::step_dir;
+
+class Offload : public CliTest {
+ protected:
+  const std::string kRun = "--model tiny --seq-len 32 --micro-batch 4 --steps 6 --eval-batches 1 --quiet";
+  // The tiny model holds 3.32M parameters: m and v are 26.6 MB; 0.05 MB chunks (13107
+  // floats) split every large tensor across chunks.
+  const std::string kChunks = " --offload-chunk-mb 0.05";
+
+  Metrics train_ok(const std::string& args, const std::string& out) {
+    RunResult r = run(train(args + " --out " + out));
+    EXPECT_EQ(r.exit_code, 0) << describe(r);
+    return read_metrics(out + "/metrics.jsonl");
+  }
+};
+
+TEST_F(Offload, OffloadedTrainingIsBitIdentical) {
+  const Metrics mem = train_ok(kRun, path("mem"));
+  const Metrics off = train_ok(kRun + " --offload optimizer=nvme --offload-dir " + path("files") + kChunks,
+                               path("off"));
+  ASSERT_EQ(mem.steps.size(), 6u);
+  ASSERT_EQ(off.steps.size(), 6u);
+  const int64_t state_bytes = mem.steps.back()["mem"]["optim"].get<int64_t>();  // m and v
+  const int64_t chunk_floats = (int64_t)(0.05 * 1024 * 1024 / 4);
+  for (size_t k = 0; k < 6; k++) {
+    SCOPED_TRACE(k + 1);
+    EXPECT_EQ(bits(off.steps[k]["loss"]), bits(mem.steps[k]["loss"]));
+    EXPECT_EQ(bits(off.steps[k]["grad_norm"]), bits(mem.steps[k]["grad_norm"]));
+    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), state_bytes) << "m and v read once";
+    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), state_bytes) << "and written once";
+  }
+  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), 6 * chunk_floats * 4)
+      << "three rotating (m, v) chunk buffers";
+  EXPECT_FALSE(fs::exists(path("files") + "/adam_moments_rank0.bin")) << "the file goes with the run";
+
+#ifdef MESHTRAIN_HAVE_MPI
+  // dp2 ZeRO-1: each rank streams its own shard's moments.
+  const std::string dp = "--model tiny --seq-len 32 --micro-batch 2 --steps 6 --eval-batches 1 --quiet --dp 2 --zero 1";
+  const Metrics dmem = train_ok(dp, path("dmem"));
+  const Metrics doff = train_ok(dp + " --offload optimizer=nvme --offload-dir " + path("dfiles") + kChunks,
+                                path("doff"));
+  ASSERT_EQ(doff.steps.size(), 6u);
+  for (size_t k = 0; k < 6; k++) EXPECT_EQ(bits(doff.steps[k]["loss"]), bits(dmem.steps[k]["loss"])) << k + 1;
+#endif
+}
+
+TEST_F(Offload, MemoryBudgetOffloadsAndStaysUnder) {
+  const Metrics mem = train_ok(kRun, path("mem"));
+  const double in_memory_peak = mem.steps.back()["mem"]["total"].get<double>();
+  const double optim = mem.steps.back()["mem"]["optim"].get<double>();
+  // Between the offloaded need (in-memory peak minus most of the optimizer state) and the
+  // in-memory peak.
+  const double budget_gb = (in_memory_peak - optim / 2) / 1e9;
+  const Metrics off = train_ok(kRun + " --memory-budget " + std::to_string(budget_gb) + " --offload-dir " +
+                                   path("files") + kChunks,
+                               path("off"));
+  ASSERT_EQ(off.steps.size(), 6u);
+  for (const auto& j : off.steps) {
+    EXPECT_TRUE(j.contains("offload")) << "the budget made the run offload";
+    EXPECT_LE(j["mem"]["total"].get<double>(), budget_gb * 1e9) << "measured peak under the budget";
+  }
+  EXPECT_EQ(bits(off.steps.back()["loss"]), bits(mem.steps.back()["loss"]));
+}
+
+TEST_F(Offload, ResumeAfterACrash) {
+  const std::string args = kRun + " --offload optimizer=nvme --offload-dir " + path("files") + kChunks +
+                           " --save-every 3 --keep-checkpoints 0";
+  const Metrics full = train_ok(args, path("full"));
+  // The crash: everything after the step-3 checkpoint is lost (the offload file included).
+  fs::create_directories(path("cut") + "/checkpoints");
+  fs::copy(step_dir(path("full"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);
+  const Metrics resumed = train_ok(args + " --resume", path("cut"));
+  ASSERT_EQ(full.steps.size(), 6u);
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(full.steps[k + 3]["loss"])) << k + 4;
+}
+
+TEST_F(Offload, BadInputIsRejected) {
+  expect_failure(run(train(kRun + " --memory-budget 0.001 --offload-dir " + path("f") + " --out " + path("a"))),
+                 {"--memory-budget 0.001 GB is too small", "with the optimizer state offloaded"});
+  expect_failure(run(train(kRun + " --offload optimizer=nvme --out " + path("b"))),
+                 {"--offload optimizer=nvme needs --offload-dir DIR"});
+  expect_failure(run(train(kRun + " --offload gpu --out " + path("c"))),
+                 {"--offload must be optimizer=cpu or optimizer=nvme, got 'gpu'"});
+  EXPECT_FALSE(fs::exists(path("a") + "/metrics.jsonl"));
+}
+
+}  // namespace
+}  // namespace meshtrain
