@@ -33,7 +33,10 @@ Status OffloadedMoments::create(const std::string& dir, int rank, size_t n, size
     ::close(fd);
     return Status::error("--offload-dir: cannot size " + path + ": " + why);
   }
-  out->reset(new OffloadedMoments(fd, path, n, std::max<size_t>(1, std::min(chunk, std::max<size_t>(n, 1)))));
+  // At most 1/16 of the state per chunk: the six rotating buffers then hold under 40% of
+  // what offloading moves out of memory, for small models too.
+  chunk = std::max<size_t>(1, std::min(chunk, (n + 15) / 16));
+  out->reset(new OffloadedMoments(fd, path, n, chunk));
   return Status::ok();
 }
 

@@ -28,7 +28,7 @@ struct OffloadStats {
 class OffloadedMoments {
  public:
   // Creates (truncates) DIR/adam_moments_rank<R>.bin for `n` elements of m and of v, all
-  // zero, streamed `chunk` elements at a time.
+  // zero, streamed `chunk` elements at a time (at most n/16, rounded up).
   static Status create(const std::string& dir, int rank, size_t n, size_t chunk,
                        std::unique_ptr<OffloadedMoments>* out);
   ~OffloadedMoments();
