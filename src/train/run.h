@@ -1,0 +1,69 @@
+// The state of one training run on this rank, and the steps that build it and report on
+// it: trainer.cc runs the loop; setup.cc validates and builds everything before the first
+// step (every check on every rank, agreed over the world); report.cc writes what a run
+// tells its user beyond metrics.jsonl's basics.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/mesh.h"
+#include "data/loader.h"
+#include "model/gpt.h"
+#include "optim/loss_scale.h"
+#include "parallel/data_parallel.h"
+#include "parallel/pp/executor.h"
+#include "train/options.h"
+#include "train/trainer.h"
+
+namespace meshtrain::train {
+
+struct Run {
+  TrainOptions opt;
+  model::GptConfig config;
+  BatchShape shape;
+  comm::MeshShape mesh_shape;
+  std::unique_ptr<comm::Mesh> mesh;
+  data::TokenLoader train_data, val_data;
+  bool has_val = false;
+  std::unique_ptr<model::Gpt> gpt;
+  std::unique_ptr<parallel::DataParallel> dp;
+  // Pipeline (pp > 1): the layers of each stage, this rank's chunks, the executor.
+  std::vector<int> stage_layers;
+  model::ModelPart part;
+  parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
+  kernels::Precision precision = kernels::Precision::kFp32;
+  std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only
+  std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
+  int64_t start_step = 0;
+  double peak_gflops = 0;
+  int threads = 1;
+  bool is_main = true;  // world rank 0 prints and writes run files
+};
+
+
+// --- setup.cc ---
+// Every check that can fail happens here, before any training work, on every rank; then
+// the mesh, the model part, the optimizer, the pipeline and (on --resume) the checkpoint.
+Status prepare(const TrainOptions& o, comm::Group& world, Run* run);
+// Every rank reaches the same verdict: an error on any rank stops all of them, each with a
+// message, and none is left waiting in a collective.
+Status agree(comm::Group& world, const Status& mine);
+// Collective: the checkpoint of step `step` (model, optimizer and loss-scaler state).
+Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step);
+
+// --- report.cc ---
+// Bytes and calls per axis for metrics.jsonl; wait/busy milliseconds summed over axes.
+nlohmann::json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait_ms,
+                         double* busy_ms);
+// Collective over pp: the step's measured and theoretical pipeline bubble (empty without pp).
+nlohmann::json pipeline_json(Run& run);
+// Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
+void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);
+// Collective: every rank's trace, merged into `file` by world rank 0.
+Status write_trace(const std::string& file, comm::Group& world);
+
+}  // namespace meshtrain::train

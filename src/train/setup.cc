@@ -1,0 +1,389 @@
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/model_file.h"
+#include "core/file_io.h"
+#include "parallel/pp/stages.h"
+#include "train/peak.h"
+#include "train/run.h"
+#include "trace/trace.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+Status write_text(const std::string& path, const std::string& text) {
+  return write_file_synced(path, text.data(), text.size());
+}
+
+Status check_options(const TrainOptions& o) {
+  auto positive = [](const char* flag, int v) -> Status {
+    if (v < 1) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+    return Status::ok();
+  };
+  RETURN_IF_ERROR(positive("--micro-batch", o.micro_batch));
+  if (o.grad_accum < 0) return Status::error("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
+  RETURN_IF_ERROR(positive("--steps", o.steps));
+  RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
+  if (o.global_batch < 0) return Status::error("--global-batch must be >= 1 (or 0: B*A*dp)");
+  if (o.threads < 0) return Status::error("--threads must be >= 0");
+  if (o.keep_checkpoints < 0) return Status::error("--keep-checkpoints must be >= 0 (0 keeps all)");
+  if (o.eval_every < 0 || o.save_every < 0) return Status::error("--eval-every/--save-every must be >= 0");
+  if (o.resume && o.out_dir.empty()) return Status::error("--resume needs --out DIR");
+  if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
+  if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
+  if (!(o.bucket_mb > 0)) return Status::error("--bucket-mb must be > 0");
+  if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
+    return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
+  if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
+  if (!(o.dropout >= 0 && o.dropout < 1)) return Status::error("--dropout must be in [0, 1)");
+  if (!(o.comm_timeout >= 0)) return Status::error("--comm-timeout must be >= 0 (0: never)");
+  const auto& ls = o.loss_scale;
+  if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
+    return Status::error("--loss-scale must be >= --loss-scale-min > 0");
+  if (!(ls.backoff > 0 && ls.backoff < 1)) return Status::error("--loss-scale-backoff must be in (0, 1)");
+  if (ls.growth_interval < 1) return Status::error("--loss-scale-window must be >= 1");
+  if (!o.offload.empty() && o.offload != "optimizer=cpu" && o.offload != "optimizer=nvme")
+    return Status::error("--offload must be optimizer=cpu or optimizer=nvme, got '" + o.offload + "'");
+  if ((o.offload == "optimizer=nvme" || o.memory_budget_gb > 0) && o.offload_dir.empty())
+    return Status::error(o.offload == "optimizer=nvme" ? "--offload optimizer=nvme needs --offload-dir DIR"
+                                                       : "--memory-budget needs --offload-dir DIR (where the "
+                                                         "optimizer state goes when it does not fit)");
+  if (!(o.offload_chunk_mb > 0)) return Status::error("--offload-chunk-mb must be > 0");
+  if (!(o.memory_budget_gb >= 0)) return Status::error("--memory-budget must be >= 0 (0: none)");
+  const auto& a = o.adamw;
+  if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
+  if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
+  if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
+    return Status::error("--beta1 and --beta2 must be in [0, 1)");
+  if (!(a.eps > 0)) return Status::error("--eps must be > 0");
+  if (!(a.weight_decay >= 0)) return Status::error("--weight-decay must be >= 0");
+  return Status::ok();
+}
+
+// The pipeline flags against the layout; m = A micro-batches go through the pipeline.
+Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m, Run* run) {
+  namespace pp = parallel::pp;
+  RETURN_IF_ERROR(pp::parse_schedule_kind(o.schedule, &run->schedule));
+  if (o.virtual_stages < 1) return Status::error("--virtual-stages must be >= 1");
+  const bool interleaved = run->schedule == pp::ScheduleKind::kInterleaved;
+  if (interleaved != (o.virtual_stages > 1))
+    return Status::error(interleaved ? "--schedule interleaved needs --virtual-stages >= 2"
+                                     : "--virtual-stages > 1 needs --schedule interleaved");
+  if (shape.pp == 1) {
+    if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
+    if (!o.stage_layers.empty()) return Status::error("--stage-layers needs --pp > 1");
+    return Status::ok();
+  }
+  if (interleaved && m % shape.pp != 0)
+    return Status::error("--schedule interleaved needs the micro-batches per step (" + std::to_string(m) +
+                         ", --grad-accum or --global-batch/(micro-batch x dp)) to be a multiple of --pp " +
+                         std::to_string(shape.pp));
+  if (o.zero >= 2)
+    return Status::error(
+        "--zero " + std::to_string(o.zero) + " cannot be combined with --pp > 1: the pipeline runs "
+        "each micro-batch's backward separately, so ZeRO-2 would reduce-scatter every gradient once "
+        "per micro-batch (m times the data-parallel traffic) and ZeRO-3 would gather every "
+        "layer's parameters again for each micro-batch's forward and backward; use --zero 0 or 1 "
+        "with pipelines (DeepSpeed and Megatron-LM make the same restriction)");
+  return Status::ok();
+}
+
+// Layout and batch: the mesh from the world size, G and A from the flags.
+Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
+  comm::MeshShape shape;
+  RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
+  run->mesh_shape = shape;
+  BatchShape& b = run->shape;
+  b.B = o.micro_batch;
+  b.dp = shape.dp;
+  b.dp_rank = comm::Mesh::coordinates(world.rank(), shape).dp;
+  if (o.global_batch > 0) {
+    if (o.global_batch % (b.B * b.dp) != 0)
+      return Status::error("--global-batch " + std::to_string(o.global_batch) +
+                           " is not divisible by --micro-batch x dp = " + std::to_string(b.B) +
+                           " x " + std::to_string(b.dp));
+    b.A = o.global_batch / (b.B * b.dp);
+    if (o.grad_accum > 0 && o.grad_accum != b.A)
+      return Status::error("--grad-accum " + std::to_string(o.grad_accum) + " conflicts with --global-batch " +
+                           std::to_string(o.global_batch) + " = micro-batch " + std::to_string(b.B) +
+                           " x dp " + std::to_string(b.dp) + " x grad-accum " + std::to_string(b.A));
+  } else {
+    b.A = std::max(1, o.grad_accum);
+  }
+  return check_pipeline(o, shape, b.A, run);
+}
+
+int default_threads(int ranks_on_node) {
+  int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  return std::max(1, cores / std::max(1, ranks_on_node));
+}
+
+int local_ranks() {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::atoi(s);
+  return 1;
+}
+
+// The trace is written after the last step; its folder is made (and checked) before the first.
+Status check_trace_path(const std::string& file) {
+  std::error_code ec;
+  if (fs::is_directory(file, ec)) return Status::error("--trace " + file + " is a directory, not a file");
+  const fs::path parent = fs::path(file).parent_path();
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    return Status::error("--trace: cannot create the folder " + parent.string());
+  return Status::ok();
+}
+
+// Model and optimizer state: initialised, loaded from a model file, or resumed.
+// This rank's slice of the initial weights: from --init-from (a whole model, sliced for
+// tensor parallelism) or the seeded initialisation (identical to tp = 1's).
+Status initial_weights(const TrainOptions& o, model::Gpt* gpt) {
+  if (o.init_from.empty()) {
+    gpt->init_weights(o.seed);
+    return Status::ok();
+  }
+  if (gpt->layout().tp() == 1 && gpt->layout().is_whole_model())
+    return checkpoint::load_model_file(o.init_from, gpt);
+  model::Gpt whole(gpt->config(), model::Gpt::LocalState::kParamsOnly);
+  RETURN_IF_ERROR(checkpoint::load_model_file(o.init_from, &whole));
+  gpt->set_from_global(whole.params());
+  return Status::ok();
+}
+
+json scaler_json(const optim::DynamicLossScaler& s) {
+  const auto st = s.state();
+  return {{"scale", st.scale}, {"good_in_row", st.good_in_row}, {"skipped", st.skipped},
+          {"floor_skips_in_row", st.floor_skips_in_row}};
+}
+
+// The loss scaler continues where the checkpoint left it (a checkpoint of an fp32 or bf16
+// run has none: the scaler starts afresh).
+Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) {
+  json index;
+  RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
+  const json ts = index.value("train_state", json::object());
+  if (!ts.contains("loss_scaler")) return Status::ok();
+  try {
+    const json& j = ts["loss_scaler"];
+    scaler->restore({j.at("scale").get<double>(), j.at("good_in_row").get<int64_t>(),
+                     j.at("skipped").get<int64_t>(), j.at("floor_skips_in_row").get<int64_t>()});
+  } catch (const std::exception& e) {
+    return Status::error(dir + "/index.json: invalid loss scaler state: " + e.what());
+  }
+  return Status::ok();
+}
+
+// The AdamW moments as memory a checkpoint can read or fill: the live buffers, or (when
+// offloaded) copies made for the occasion, written back by store(). A checkpoint of an
+// offloaded run therefore holds the moments in memory for its duration.
+class MomentCopies {
+ public:
+  explicit MomentCopies(optim::AdamW& adamw) : adamw_(adamw) {
+    if (!adamw.offloaded()) return;
+    for (int kind = 0; kind < 2; kind++) {
+      copies_[kind].allocate(MemCategory::kWorkspace, adamw.size());
+      adamw.read_moments(kind, copies_[kind].data());
+    }
+  }
+  float* m() { return adamw_.offloaded() ? copies_[0].data() : adamw_.m(); }
+  float* v() { return adamw_.offloaded() ? copies_[1].data() : adamw_.v(); }
+  void store() {
+    if (!adamw_.offloaded()) return;
+    for (int kind = 0; kind < 2; kind++) adamw_.write_moments(kind, copies_[kind].data());
+  }
+
+ private:
+  optim::AdamW& adamw_;
+  Buffer<float> copies_[2];
+};
+
+checkpoint::RankState rank_state(Run& run, MomentCopies& moments) {
+  const bool sharded = run.opt.zero == 3;
+  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, moments.m(), moments.v(),
+          run.opt.zero == 0};
+}
+
+// Where the AdamW moments live: in memory, or streamed from files when --offload
+// optimizer=nvme asks for it or when the model state plus one micro-batch's activations
+// would exceed --memory-budget. A budget that even the offloaded run exceeds is an error.
+Status place_optimizer_state(const TrainOptions& o, Run* run) {
+  const double budget = o.memory_budget_gb * 1e9;
+  const auto tracked = [] { return (double)MemoryTracker::instance().stats().total_current; };
+  // What training will hold: what setup allocated (parameters, gradients, optimizer state,
+  // the activation scratch laid out here) plus one micro-batch's stored activations.
+  auto needed = [&] {
+    if (budget <= 0) return 0.0;
+    run->gpt->stored_activation_bytes(run->shape.B, run->shape.T);
+    double sets = 0;
+    for (int c = 0; c < run->gpt->num_chunks(); c++) sets += (double)run->gpt->activation_set_bytes(c);
+    return tracked() + sets;
+  };
+  const bool offload = o.offload == "optimizer=nvme" || (budget > 0 && needed() > budget);
+  if (offload) {
+    const size_t chunk = std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
+    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, run->mesh->world().rank(), chunk));
+  }
+  if (budget > 0 && needed() > budget) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf,
+                  "--memory-budget %.3g GB is too small: this rank needs %.3g GB for parameters, "
+                  "gradients, buffers and one micro-batch's activations%s",
+                  o.memory_budget_gb, needed() / 1e9, offload ? " with the optimizer state offloaded" : "");
+    return Status::error(buf);
+  }
+  return Status::ok();
+}
+
+Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
+  const bool sharded_params = o.zero == 3;
+  comm::Group* tp = &run->mesh->tp();
+  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp,
+                                          o.sp, run->part);
+  const model::Recompute mode = o.recompute == "full"        ? model::Recompute::kFull
+                                : o.recompute == "selective" ? model::Recompute::kSelective
+                                                             : model::Recompute::kNone;
+  run->gpt->set_recompute(mode, o.recompute_every);
+  run->gpt->set_precision(run->precision);
+  run->gpt->set_dropout(o.dropout, o.seed);
+  parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
+  if (sharded_params) {
+    // The full initial weights exist only during setup (peaks are reset before training).
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
+    RETURN_IF_ERROR(initial_weights(o, &full));
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
+                                                       full.params(), tp);
+  } else {
+    RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
+                                                       nullptr, tp);
+  }
+  if (run->mesh_shape.pp > 1) {
+    // The first stage (rank 0) and the last (rank p - 1) both hold the tied embedding.
+    const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
+    run->dp->set_pipeline(&run->mesh->pp(), r == 0 ? p - 1 : r == p - 1 ? 0 : -1);
+    run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
+        *run->gpt, run->mesh->pp(), run->schedule, o.virtual_stages);
+  }
+  if (run->precision == kernels::Precision::kFp16)
+    run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
+  RETURN_IF_ERROR(place_optimizer_state(o, run));
+  if (resume_dir.empty()) return Status::ok();
+  if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
+  MomentCopies moments(run->dp->adamw());
+  checkpoint::RankState st = rank_state(*run, moments);
+  RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
+                                              run->dp->shards(), st, &run->start_step));
+  moments.store();
+  if (run->start_step >= o.steps)
+    return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
+                         ", already >= --steps " + std::to_string(o.steps));
+  return Status::ok();
+}
+
+
+Status write_run_files(const TrainOptions& o, const Run& run) {
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  if (ec) return Status::error("cannot create --out " + o.out_dir + ": " + ec.message());
+  json resolved = to_json(o);
+  resolved["resolved_model"] = {{"layers", run.config.layers}, {"heads", run.config.heads},
+                                {"dim", run.config.dim}, {"vocab", run.config.vocab},
+                                {"max_seq_len", run.config.max_seq_len}, {"seq_len", run.shape.T}};
+  resolved["resolved_layout"] = {{"world", run.mesh_shape.world()}, {"tp", run.mesh_shape.tp},
+                                 {"pp", run.mesh_shape.pp}, {"dp", run.mesh_shape.dp},
+                                 {"grad_accum", run.shape.A}, {"global_batch", run.shape.G()}};
+  RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.json").string(), resolved.dump(2) + "\n"));
+  if (!o.resolved_config_toml.empty())
+    RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.toml").string(), o.resolved_config_toml));
+  return Status::ok();
+}
+
+// Checks without communication: flags, layout arithmetic, model shape, data files.
+Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::string* resume_dir) {
+  RETURN_IF_ERROR(check_options(o));
+  RETURN_IF_ERROR(parse_precision(o.precision, &run->precision));
+  run->opt = o;
+  run->is_main = world.rank() == 0;
+  run->threads = o.threads > 0 ? o.threads : default_threads(local_ranks());
+  omp_set_num_threads(run->threads);
+  RETURN_IF_ERROR(resolve_layout(o, world, run));
+  // The model shape comes from the flags (the same as the interrupted run's);
+  // load_checkpoint() rejects a checkpoint of another shape.
+  RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
+  RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
+  if (run->mesh_shape.pp > 1) {
+    const int p = run->mesh_shape.pp;
+    RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
+                                               p * o.virtual_stages, o.stage_layers, &run->stage_layers));
+    run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp);
+  }
+  if (o.sp && run->mesh_shape.tp < 2)
+    return Status::error("--sp (sequence parallelism) needs --tp > 1");
+  if (o.sp && (run->shape.B * run->shape.T) % run->mesh_shape.tp != 0)
+    return Status::error("--sp needs micro-batch x seq-len (" +
+                         std::to_string(run->shape.B * run->shape.T) + " tokens) divisible by --tp " +
+                         std::to_string(run->mesh_shape.tp));
+  if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
+  if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
+
+  const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
+  const std::string val_path = (fs::path(o.data_dir) / "val.bin").string();
+  RETURN_IF_ERROR(data::TokenLoader::open(train_path, &run->train_data));
+  RETURN_IF_ERROR(run->train_data.check(run->shape.G(), run->shape.T, run->config.vocab));
+  if (fs::exists(val_path)) {
+    RETURN_IF_ERROR(data::TokenLoader::open(val_path, &run->val_data));
+    run->has_val = run->val_data.check(run->shape.B, run->shape.T, run->config.vocab).is_ok();
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+// Every rank reaches the same verdict: an error on any rank stops all of them at this
+// point, each with a message, and none is left waiting in a collective.
+Status agree(comm::Group& world, const Status& mine) {
+  double failed = mine.is_ok() ? 0.0 : 1.0;
+  world.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
+  if (failed == 0) return Status::ok();
+  if (!mine.is_ok()) return mine;
+  return Status::error("rank " + std::to_string(world.rank()) +
+                       ": stopping because another rank rejected the run (its message says why)");
+}
+
+// Every check that can fail happens here, before any training work, on every rank.
+Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
+  std::string resume_dir;
+  RETURN_IF_ERROR(agree(world, prepare_local(o, world, run, &resume_dir)));
+  run->mesh = std::make_unique<comm::Mesh>(world, run->mesh_shape);
+  RETURN_IF_ERROR(agree(world, build_state(o, resume_dir, run)));
+  if (run->is_main && !o.out_dir.empty()) RETURN_IF_ERROR(write_run_files(o, *run));
+  run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
+                                       : cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
+                                                                 run->precision);
+  comm::set_comm_timeout(o.comm_timeout);
+  if (!o.trace_file.empty()) trace::Tracer::instance().enable(world.rank());
+  MemoryTracker::instance().reset_peaks();  // setup-only buffers are not training memory
+  return Status::ok();
+}
+
+
+Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
+  const TrainOptions& o = run.opt;
+  MomentCopies moments(run.dp->adamw());
+  return checkpoint::save_checkpoint(
+      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), rank_state(run, moments), world,
+      to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
+      run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}} : json::object());
+}
+
+}  // namespace meshtrain::train
