@@ -78,7 +78,7 @@ using dnnl::memory;
 
 struct Matmul {
   dnnl::matmul primitive;
-  memory::desc a, b, c;
+  memory::desc a, b, c, scratchpad;
 };
 
 struct MatmulCache {
@@ -103,13 +103,16 @@ struct MatmulCache {
                          tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
     const memory::desc c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
     dnnl::primitive_attr attr;
+    // The caller provides the scratchpad (packed operands): oneDNN would otherwise allocate
+    // (and the kernel fault in) fresh pages on every call.
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    Matmul entry{dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine)),
-                 a, b, c};
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine);
+    Matmul entry{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()};
     primitives.emplace(key, entry);
     return entry;
   }
@@ -131,8 +134,13 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* 
   memory a(mm.a, cache.engine, const_cast<uint16_t*>(A));
   memory b(mm.b, cache.engine, const_cast<uint16_t*>(B));
   memory c(mm.c, cache.engine, C);
+  thread_local Buffer<uint8_t> scratch;  // reused: grows to the largest GEMM's need
+  const size_t need = mm.scratchpad.get_size();
+  if (scratch.size() < need) scratch.allocate(MemCategory::kWorkspace, need);
+  memory pad(mm.scratchpad, cache.engine, scratch.data());
   dnnl::stream stream(cache.engine);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
+                                {DNNL_ARG_SCRATCHPAD, pad}});
   stream.wait();
 }
 

@@ -10,8 +10,14 @@ namespace meshtrain::kernels {
 // exp(x) with ~2 ulp error: x = k*ln2 + r, exp(r) by a degree-7 polynomial (Cephes
 // coefficients), scaled by 2^k built from the exponent bits.
 inline float fast_exp(float x) {
-  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
-  float k = std::floor(x * 1.44269504088896341f + 0.5f);
+  // Clamped with comparisons, not std::fmin/fmax: GCC calls libm for those (their NaN rules
+  // differ from the min/max instructions), which stops vectorisation. NaN stays NaN.
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  // floor(y) by conversion (y is in [-125, 128]): std::floor also ends up as a libm call.
+  const float y = x * 1.44269504088896341f + 0.5f;
+  const int32_t yi = static_cast<int32_t>(y);
+  float k = static_cast<float>(yi - (y < static_cast<float>(yi)));
   float r = std::fma(k, -0.693359375f, x);
   r = std::fma(k, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
