@@ -287,6 +287,31 @@ class MultiRankTest : public cli_test::CliTest {
     return cli_test::read_metrics(r.dir + "/metrics.jsonl");
   }
 
+  // A run that every rank must refuse before any work, with these message parts.
+  struct RejectedRun {
+    std::string flags;
+    int ranks;
+    std::vector<std::string> parts;  // in the message, once per rank
+  };
+  // Runs every case as `train FLAGS --steps 2 --out DIR/badN` (concurrently; a case weighs
+  // one core when `light`, its ranks otherwise) and checks expect_rejected_by_every_rank.
+  void expect_all_rejected(const std::vector<RejectedRun>& cases, bool light = false) {
+    std::vector<Job> jobs(cases.size());
+    std::vector<Job*> ptrs;
+    for (size_t i = 0; i < cases.size(); i++) {
+      jobs[i].cmd = Suite::train(cases[i].flags + " --steps 2 --out " + path("bad" + std::to_string(i)));
+      jobs[i].ranks = light ? 1 : cases[i].ranks;
+      jobs[i].limit_s = 120;
+      ptrs.push_back(&jobs[i]);
+    }
+    run_jobs(ptrs, dir_);
+    for (size_t i = 0; i < cases.size(); i++) {
+      SCOPED_TRACE(cases[i].flags);
+      expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
+                                    path("bad" + std::to_string(i)));
+    }
+  }
+
   // One job run now (not cached).
   Job run_now(const std::string& cmd, int ranks = 1, int limit_s = 300) {
     Job job;

@@ -394,12 +394,7 @@ TEST_F(DataParallel, WatchdogNamesTheStall) {
 // run file is written: a global batch that dp x B does not divide, a ZeRO stage that does
 // not exist, a tensor-parallel size that does not divide the heads, ZeRO-2 under a pipeline.
 TEST_F(DataParallel, BadLayoutsAreRejected) {
-  struct Case {
-    std::string flags;
-    int ranks;
-    std::vector<std::string> parts;  // in the message
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RejectedRun> cases = {
       {"--dp 3 --global-batch 8 --micro-batch 2", 3,
        {"--global-batch 8 is not divisible by --micro-batch x dp = 2 x 3"}},
       {"--dp 2 --zero 4 --micro-batch 4", 2, {"--zero must be 0, 1, 2 or 3, got 4"}},
@@ -407,20 +402,7 @@ TEST_F(DataParallel, BadLayoutsAreRejected) {
       // ZeRO-2/3 would reduce (and gather) once per pipeline micro-batch.
       {"--pp 2 --zero 2 --micro-batch 4", 2, {"--zero 2 cannot be combined with --pp > 1"}},
   };
-  std::vector<Job> jobs(cases.size());
-  std::vector<Job*> ptrs;
-  for (size_t i = 0; i < cases.size(); i++) {
-    jobs[i].cmd = train(cases[i].flags + " --steps 2 --out " + path("bad" + std::to_string(i)));
-    jobs[i].ranks = cases[i].ranks;
-    jobs[i].limit_s = 120;
-    ptrs.push_back(&jobs[i]);
-  }
-  run_jobs(ptrs, dir_);
-  for (size_t i = 0; i < cases.size(); i++) {
-    SCOPED_TRACE(cases[i].flags);
-    expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
-                                  path("bad" + std::to_string(i)));
-  }
+  expect_all_rejected(cases);
 }
 
 // ---- 6. Checkpoints across layouts ---------------------------------------------------------

@@ -649,13 +649,8 @@ TEST_F(Pipeline, InterleavedPeakActivationsFollowTheSchedule) {
 // Each is rejected by every rank (each prints the message) before any step runs or any run
 // file is written.
 TEST_F(Pipeline, BadInputIsRejected) {
-  struct Case {
-    std::string flags;
-    int ranks;
-    std::vector<std::string> parts;  // in the message, once per rank
-  };
   const std::string base = kShape + " --micro-batch 2";
-  const std::vector<Case> cases = {
+  const std::vector<RejectedRun> cases = {
       {base + " --pp 2 --zero 2", 2, {"--zero 2 cannot be combined with --pp > 1"}},
       {base + " --pp 2 --dp 2 --zero 3", 4, {"--zero 3 cannot be combined with --pp > 1"}},
       {base + " --pp 2 --schedule interleaved --grad-accum 2", 2,
@@ -677,20 +672,7 @@ TEST_F(Pipeline, BadInputIsRejected) {
        2, {"every stage needs at least one"}},
       {base + " --dp 2 --stage-layers 4,4", 2, {"--stage-layers needs --pp > 1"}},
   };
-  std::vector<Job> jobs(cases.size());
-  std::vector<Job*> ptrs;
-  for (size_t i = 0; i < cases.size(); i++) {
-    jobs[i].cmd = train(cases[i].flags + " --steps 2 --out " + path("bad" + std::to_string(i)));
-    jobs[i].ranks = 1;  // rejected before any work: the ranks hardly use a core
-    jobs[i].limit_s = 120;
-    ptrs.push_back(&jobs[i]);
-  }
-  run_jobs(ptrs, dir_);
-  for (size_t i = 0; i < cases.size(); i++) {
-    SCOPED_TRACE(cases[i].flags);
-    expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
-                                  path("bad" + std::to_string(i)));
-  }
+  expect_all_rejected(cases, /*light=*/true);
 }
 
 // ---- 6. Checkpoints under pp ---------------------------------------------------------------

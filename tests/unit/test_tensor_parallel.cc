@@ -497,12 +497,7 @@ TEST_F(TensorParallel, RecomputeFlopsAndMemory) {
 // Each is rejected by every rank (each prints the message) before any step runs or any run
 // file is written.
 TEST_F(TensorParallel, BadInputIsRejected) {
-  struct Case {
-    std::string flags;
-    int ranks;
-    std::vector<std::string> parts;  // in the message, once per rank
-  };
-  const std::vector<Case> cases = {
+  const std::vector<RejectedRun> cases = {
       {kShape + " --tp 3 --micro-batch 8", 3, {"--tp 3 does not divide the number of heads (4)"}},
       // --dp 2 so that two ranks must each say it.
       {kShape + " --tp 1 --dp 2 --sp --micro-batch 4", 2,
@@ -514,20 +509,7 @@ TEST_F(TensorParallel, BadInputIsRejected) {
       {kShape + " --tp 2 --recompute full --recompute-every 0 --micro-batch 8", 2,
        {"--recompute-every must be >= 1"}},
   };
-  std::vector<Job> jobs(cases.size());
-  std::vector<Job*> ptrs;
-  for (size_t i = 0; i < cases.size(); i++) {
-    jobs[i].cmd = train(cases[i].flags + " --steps 2 --out " + path("bad" + std::to_string(i)));
-    jobs[i].ranks = cases[i].ranks;
-    jobs[i].limit_s = 120;
-    ptrs.push_back(&jobs[i]);
-  }
-  run_jobs(ptrs, dir_);
-  for (size_t i = 0; i < cases.size(); i++) {
-    SCOPED_TRACE(cases[i].flags);
-    expect_rejected_by_every_rank(jobs[i].result, cases[i].ranks, cases[i].parts,
-                                  path("bad" + std::to_string(i)));
-  }
+  expect_all_rejected(cases);
 }
 
 // ---- 5. Checkpoints under tp -------------------------------------------------------------
