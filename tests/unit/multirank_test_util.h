@@ -161,6 +161,29 @@ inline void expect_rejected_by_every_rank(const cli_test::RunResult& r, int rank
   EXPECT_FALSE(std::filesystem::exists(out_dir + "/checkpoints"));
 }
 
+// The worst differences of a layout's run from the reference run, and the steps off.
+struct ParityMargins {
+  double loss = 0, norm = 0;  // |loss diff|, relative grad_norm diff
+  int bad = 0;
+};
+
+// Step s (0-based) of a layout's metrics `j` against the reference's `r`: the same step and
+// token count, the loss within loss_tol, the grad norm within norm_rel_tol (relative). The
+// first three steps off of a run are reported one by one; `m` keeps the worst margins.
+inline void expect_step_parity(const nlohmann::json& j, const nlohmann::json& r, int s,
+                               double loss_tol, double norm_rel_tol, ParityMargins* m) {
+  EXPECT_EQ(j["step"], s + 1);
+  EXPECT_EQ(j["tokens"], r["tokens"]);
+  const double dl = std::fabs(j["loss"].get<double>() - r["loss"].get<double>());
+  const double dn = std::fabs(j["grad_norm"].get<double>() / r["grad_norm"].get<double>() - 1);
+  m->loss = std::max(m->loss, dl);
+  m->norm = std::max(m->norm, dn);
+  if (!(dl <= loss_tol && dn <= norm_rel_tol) && m->bad++ < 3)
+    ADD_FAILURE() << "step " << s + 1 << ": loss " << j["loss"] << " vs " << r["loss"] << " (|diff| "
+                  << dl << "), grad_norm " << j["grad_norm"] << " vs " << r["grad_norm"]
+                  << " (relative " << dn << ")";
+}
+
 // ---- Checkpoints -------------------------------------------------------------------------
 
 // RUN/checkpoints/step_NNNNNNNN, the folder the trainer writes for `step`.

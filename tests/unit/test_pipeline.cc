@@ -323,20 +323,10 @@ TEST_F(Pipeline, ParityMatrix) {
     Metrics m = metrics_of(args);
     ASSERT_EQ(m.steps.size(), (size_t)kSteps);
     const int p = c.pp, mb = c.accum;
-    int bad = 0;
-    double worst_loss = 0, worst_norm = 0;
+    ParityMargins margins;
     for (int s = 0; s < kSteps; s++) {
       const json &j = m.steps[s], &r = ref.steps[s];
-      EXPECT_EQ(j["step"], s + 1);
-      EXPECT_EQ(j["tokens"], r["tokens"]);
-      const double dl = std::fabs(j["loss"].get<double>() - r["loss"].get<double>());
-      const double dn = std::fabs(j["grad_norm"].get<double>() / r["grad_norm"].get<double>() - 1);
-      worst_loss = std::max(worst_loss, dl);
-      worst_norm = std::max(worst_norm, dn);
-      if (!(dl <= kLossTol && dn <= kNormRelTol) && bad++ < 3)
-        ADD_FAILURE() << "step " << s + 1 << ": loss " << j["loss"] << " vs " << r["loss"]
-                      << " (|diff| " << dl << "), grad_norm " << j["grad_norm"] << " vs "
-                      << r["grad_norm"] << " (relative " << dn << ")";
+      expect_step_parity(j, r, s, kLossTol, kNormRelTol, &margins);
       // The pipeline's own records: the schedule's bubble, exactly; the sets rank 0 (the
       // first stage) keeps: GPipe every micro-batch, 1F1B at most p, interleaved at most
       // all v·m; activations and gradients cross the pp axis.
@@ -358,8 +348,8 @@ TEST_F(Pipeline, ParityMatrix) {
       const double bubble = j["bubble"].get<double>();
       EXPECT_TRUE(bubble >= 0 && bubble < 1) << "step " << s + 1 << ": bubble " << bubble;
     }
-    EXPECT_EQ(bad, 0) << bad << " steps off, worst loss |diff| " << worst_loss
-                      << ", worst grad_norm relative " << worst_norm;
+    EXPECT_EQ(margins.bad, 0) << margins.bad << " steps off, worst loss |diff| " << margins.loss
+                              << ", worst grad_norm relative " << margins.norm;
 
     int64_t step = 0;
     const std::vector<float> params = load_params(step_dir(get(args).dir, kSteps), &step);
@@ -379,7 +369,7 @@ TEST_F(Pipeline, ParityMatrix) {
     EXPECT_EQ(config["resolved_layout"]["grad_accum"], c.accum) << config.dump();
     if (verbose())
       std::printf("[ parity   ] %-95s loss <= %.3g, norm rel <= %.3g, weights <= %.3g (99.9%% %.3g)\n",
-                  c.flags().c_str(), worst_loss, worst_norm, dw, bulk);
+                  c.flags().c_str(), margins.loss, margins.norm, dw, bulk);
   };
   for (const Layout& c : layouts) check(c);
 }

@@ -299,20 +299,10 @@ TEST_F(TensorParallel, ParityMatrix) {
     SCOPED_TRACE(c.flags());
     Metrics m = metrics_of(args);
     ASSERT_EQ(m.steps.size(), (size_t)kSteps);
-    int bad = 0;
-    double worst_loss = 0, worst_norm = 0;
+    ParityMargins margins;
     for (int s = 0; s < kSteps; s++) {
       const json &j = m.steps[s], &r = ref.steps[s];
-      EXPECT_EQ(j["step"], s + 1);
-      EXPECT_EQ(j["tokens"], r["tokens"]);
-      const double dl = std::fabs(j["loss"].get<double>() - r["loss"].get<double>());
-      const double dn = std::fabs(j["grad_norm"].get<double>() / r["grad_norm"].get<double>() - 1);
-      worst_loss = std::max(worst_loss, dl);
-      worst_norm = std::max(worst_norm, dn);
-      if (!(dl <= kLossTol && dn <= kNormRelTol) && bad++ < 3)
-        ADD_FAILURE() << "step " << s + 1 << ": loss " << j["loss"] << " vs " << r["loss"]
-                      << " (|diff| " << dl << "), grad_norm " << j["grad_norm"] << " vs "
-                      << r["grad_norm"] << " (relative " << dn << ")";
+      expect_step_parity(j, r, s, kLossTol, kNormRelTol, &margins);
 
       // FLOPs: this rank's share of the blocks, recomputation counted apart.
       const double want = block_flops(c.micro_batch(), kSeq, kDim, kLayers, c.tp, c.accum);
@@ -322,8 +312,8 @@ TEST_F(TensorParallel, ParityMatrix) {
                                                            : 0.0;
       EXPECT_NEAR(j["recompute_fraction"].get<double>(), fraction, 1e-9) << "step " << s + 1;
     }
-    EXPECT_EQ(bad, 0) << bad << " steps off, worst loss |diff| " << worst_loss
-                      << ", worst grad_norm relative " << worst_norm;
+    EXPECT_EQ(margins.bad, 0) << margins.bad << " steps off, worst loss |diff| " << margins.loss
+                              << ", worst grad_norm relative " << margins.norm;
 
     // Evaluation runs --eval-batches micro-batches of B rows: comparable at B = 8 only.
     ASSERT_FALSE(m.evals.empty());
@@ -348,7 +338,7 @@ TEST_F(TensorParallel, ParityMatrix) {
     EXPECT_EQ(config["resolved_layout"]["world"], c.ranks()) << config.dump();
     if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
       std::printf("[ parity   ] %-75s loss <= %.3g, norm rel <= %.3g, weights <= %.3g (99.9%% %.3g)\n",
-                  c.flags().c_str(), worst_loss, worst_norm, dw, bulk);
+                  c.flags().c_str(), margins.loss, margins.norm, dw, bulk);
   };
   for (const Layout& c : layouts) check(c);
 }
