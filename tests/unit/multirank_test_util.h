@@ -235,6 +235,24 @@ inline double abs_diff_quantile(const std::vector<float>& a, const std::vector<f
   return d[k];
 }
 
+// The final weights of a layout's run (its checkpoint of step `steps`, reassembled whole)
+// against the reference run's: the largest |diff| within `tol` and the 99.9% quantile within
+// `bulk_tol`. Sets *worst and *bulk (for the verbose margins line).
+inline void expect_final_weights_match(const std::string& run_dir, int steps,
+                                       const std::vector<float>& ref_params, double tol,
+                                       double bulk_tol, double* worst, double* bulk) {
+  int64_t step = 0;
+  const std::vector<float> params = load_params(step_dir(run_dir, steps), &step);
+  ASSERT_EQ(params.size(), ref_params.size());
+  EXPECT_EQ(step, steps);
+  size_t at = 0;
+  *worst = max_abs_diff(params, ref_params, &at);
+  EXPECT_LE(*worst, tol) << "final weights: element " << at << " is " << params[at] << ", single-rank "
+                         << ref_params[at];
+  *bulk = abs_diff_quantile(params, ref_params, 0.999);
+  EXPECT_LE(*bulk, bulk_tol) << "final weights: 99.9% quantile of |diff|";
+}
+
 // ---- Fixture: the corpus (CliTest), a suite folder and the cache of runs -----------------
 
 // One cached training run: the flags (model shape and training, without --out) that key it

@@ -322,16 +322,8 @@ TEST_F(TensorParallel, ParityMatrix) {
                   ref.evals.back()["val_loss"].get<double>(), kLossTol);
     }
 
-    int64_t step = 0;
-    const std::vector<float> params = load_params(step_dir(get(args).dir, kSteps), &step);
-    ASSERT_EQ(params.size(), ref_params.size());
-    EXPECT_EQ(step, kSteps);
-    size_t at = 0;
-    const double dw = max_abs_diff(params, ref_params, &at);
-    EXPECT_LE(dw, kWeightTol) << "final weights: element " << at << " is " << params[at]
-                              << ", single-rank " << ref_params[at];
-    const double bulk = abs_diff_quantile(params, ref_params, 0.999);
-    EXPECT_LE(bulk, kWeightBulkTol) << "final weights: 99.9% quantile of |diff|";
+    double dw = 0, bulk = 0;
+    expect_final_weights_match(get(args).dir, kSteps, ref_params, kWeightTol, kWeightBulkTol, &dw, &bulk);
     const json config = json::parse(read_file(get(args).dir + "/config.json"));
     EXPECT_EQ(config["resolved_layout"]["tp"], c.tp) << config.dump();
     EXPECT_EQ(config["resolved_layout"]["dp"], c.dp) << config.dump();
