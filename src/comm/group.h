@@ -47,6 +47,8 @@ class Group {
   virtual RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) = 0;
   // send[n] -> recv[size()*n] ordered by rank. send may equal recv + rank()*n (in place).
   virtual RequestPtr iall_gather(const float* send, float* recv, size_t n) = 0;
+  // The same for 16-bit words (half-precision parameters): a bit-exact copy.
+  virtual RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) = 0;
   virtual RequestPtr ibroadcast(float* buf, size_t n, int root) = 0;
   // send[size()*n] -> recv[size()*n]: block j of send goes to rank j.
   virtual RequestPtr iall_to_all(const float* send, float* recv, size_t n) = 0;

@@ -333,7 +333,8 @@ RequestPtr MpiGroup::ireduce_scatter(const float* send, float* recv, size_t n, R
       CommOp::kReduceScatter, n, sizeof(float));
 }
 
-RequestPtr MpiGroup::iall_gather(const float* send, float* recv, size_t n) {
+template <typename T>
+RequestPtr MpiGroup::all_gather_of(const T* send, T* recv, size_t n, MPI_Datatype type) {
   to_count(n * static_cast<size_t>(size_), "all_gather larger than 2^31 elements");
   MPI_Comm comm = comm_;
   const int block = static_cast<int>(n);
@@ -342,12 +343,20 @@ RequestPtr MpiGroup::iall_gather(const float* send, float* recv, size_t n) {
                            [=] {
                              if (in_place) {
                                MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, block,
-                                             MPI_FLOAT, comm);
+                                             type, comm);
                              } else {
-                               MPI_Allgather(send, block, MPI_FLOAT, recv, block, MPI_FLOAT, comm);
+                               MPI_Allgather(send, block, type, recv, block, type, comm);
                              }
                            }),
-                CommOp::kAllGather, n, sizeof(float));
+                CommOp::kAllGather, n, sizeof(T));
+}
+
+RequestPtr MpiGroup::iall_gather(const float* send, float* recv, size_t n) {
+  return all_gather_of(send, recv, n, MPI_FLOAT);
+}
+
+RequestPtr MpiGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t n) {
+  return all_gather_of(send, recv, n, MPI_UINT16_T);
 }
 
 RequestPtr MpiGroup::ibroadcast(float* buf, size_t n, int root) {

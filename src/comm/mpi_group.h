@@ -65,6 +65,7 @@ class MpiGroup final : public Group {
   RequestPtr iall_reduce(float* buf, size_t n, ReduceOp op) override;
   RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) override;
   RequestPtr iall_gather(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override;
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;
   // send == recv is allowed (MPI_IN_PLACE).
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
@@ -83,6 +84,8 @@ class MpiGroup final : public Group {
   RequestPtr submit(std::shared_ptr<CommTask> task, CommOp op, size_t n, size_t elem_bytes,
                     bool track = true);
   std::shared_ptr<CommTask> collective(const char* name, std::function<void()> body);
+  template <typename T>
+  RequestPtr all_gather_of(const T* send, T* recv, size_t n, MPI_Datatype type);
 
   MPI_Comm comm_;
   int rank_;

@@ -120,6 +120,12 @@ RequestPtr SelfGroup::iall_gather(const float* send, float* recv, size_t n) {
   });
 }
 
+RequestPtr SelfGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t n) {
+  return run(CommOp::kAllGather, n, sizeof(uint16_t), [&] {
+    if (n > 0 && send != recv) std::memmove(recv, send, n * sizeof(uint16_t));
+  });
+}
+
 RequestPtr SelfGroup::ibroadcast(float* buf, size_t n, int root) {
   CHECK_MSG(root == 0, "broadcast root out of range for a single-rank group");
   return run(CommOp::kBroadcast, n, sizeof(float), [] {});

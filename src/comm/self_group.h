@@ -49,6 +49,7 @@ class SelfGroup final : public Group {
   RequestPtr iall_reduce(float* buf, size_t n, ReduceOp op) override;
   RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) override;
   RequestPtr iall_gather(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override;
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;  // root must be 0
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
   RequestPtr isend(const float* buf, size_t n, int peer, int tag) override;  // CHECK-fails

@@ -100,6 +100,12 @@ void to_bf16(const float* x, uint16_t* out, size_t n);  // round to nearest even
 void from_bf16(const uint16_t* x, float* out, size_t n);
 // x rounded to the nearest IEEE half (ties to even, overflow to inf), returned as fp32.
 void round_to_fp16(const float* x, float* out, size_t n);
+// Half-precision storage as 16-bit words in format p (kBf16 or kFp16), rounded to nearest
+// even; from_half is exact.
+void to_half(Precision p, const float* x, uint16_t* out, size_t n);
+void from_half(Precision p, const uint16_t* x, float* out, size_t n);
+// dst = half(float(dst) + src): the sum in fp32, rounded once (gradient accumulation).
+void add_to_half(Precision p, uint16_t* dst, const float* src, size_t n);
 // C[M,N] = op(A) @ op(B) + beta * C with bf16 operands, fp32 accumulation; beta is 0 or 1.
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc);

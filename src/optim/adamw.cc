@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/check.h"
+
 namespace meshtrain::optim {
 
 float learning_rate(const AdamWConfig& c, int step, int total_steps) {
@@ -29,10 +31,34 @@ double sum_of_squares(const float* grads, size_t n) {
   return sum;
 }
 
-float clip_grads(float* grads, size_t n, double norm, float max_norm, double loss_scale) {
+double sum_of_squares(kernels::Precision p, const uint16_t* grads, size_t n) {
+  constexpr size_t kChunks = 64;
+  double partial[kChunks] = {};
+  const size_t chunk = (n + kChunks - 1) / kChunks;
+#pragma omp parallel for schedule(static)
+  for (size_t c = 0; c < kChunks; c++) {
+    double s = 0;
+    float block[1024];
+    for (size_t b = c * chunk; b < std::min(n, (c + 1) * chunk); b += 1024) {
+      const size_t e = std::min({n, (c + 1) * chunk, b + 1024});
+      kernels::from_half(p, grads + b, block, e - b);
+      for (size_t i = 0; i < e - b; i++) s += (double)block[i] * block[i];
+    }
+    partial[c] = s;
+  }
+  double sum = 0;
+  for (double p : partial) sum += p;
+  return sum;
+}
+
+float clip_coefficient(double norm, float max_norm, double loss_scale) {
   float clip = max_norm > 0 ? (float)(max_norm / (norm / loss_scale + 1e-6)) : 1.0f;
   if (clip >= 1.0f) clip = 1.0f;
-  const float coef = (float)(clip / loss_scale);
+  return (float)(clip / loss_scale);
+}
+
+float clip_grads(float* grads, size_t n, double norm, float max_norm, double loss_scale) {
+  const float coef = clip_coefficient(norm, max_norm, loss_scale);
   if (coef == 1.0f) return 1.0f;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) grads[i] *= coef;
@@ -47,69 +73,142 @@ std::vector<AdamSegment> full_segments(const model::ParamLayout& layout) {
   return out;
 }
 
-AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout)
-    : AdamW(config, full_segments(layout), layout.total()) {}
+AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool master_weights)
+    : AdamW(config, full_segments(layout), layout.total(), master_weights) {}
 
-AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size)
-    : config_(config),
-      segments_(std::move(segments)),
-      size_(state_size),
-      m_(MemCategory::kOptim, state_size),
-      v_(MemCategory::kOptim, state_size) {}
+AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
+             bool master_weights)
+    : config_(config), segments_(std::move(segments)), size_(state_size), master_(master_weights) {
+  for (int k = 0; k < state_kinds(); k++) arrays_[k].allocate(MemCategory::kOptim, state_size);
+}
 
-void AdamW::step(float* params, const float* grads, float lr, int t) {
-  const float b1 = config_.beta1, b2 = config_.beta2, eps = config_.eps;
+struct AdamW::Coefficients {
+  float b1, b2, eps, step_size, bias2_sqrt, decay;
+};
+
+AdamW::Coefficients AdamW::coefficients(float lr, int t) const {
+  const float b1 = config_.beta1, b2 = config_.beta2;
   // Same operation order as torch's single-tensor AdamW.
   const float bias1 = 1.0f - std::pow(b1, (float)t);
   const float bias2 = 1.0f - std::pow(b2, (float)t);
-  const float step_size = lr / bias1;
-  const float bias2_sqrt = std::sqrt(bias2);
-  // Updates the segment's elements [from, to) (offsets into the segment); m and v point at
-  // the moments of element `from`.
-  auto update = [&](const AdamSegment& s, size_t from, size_t to, float* m, float* v) {
-    const float decay = s.decay ? 1.0f - lr * config_.weight_decay : 1.0f;
-    float* p = params + s.param_offset + from;
-    const float* g = grads + s.grad_offset + from;
-    const size_t n = to - from;
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < n; i++) {
-      float pi = p[i] * decay;
-      m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
-      v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
-      float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-      p[i] = pi - step_size * m[i] / denom;
-    }
-  };
+  return {b1, b2, config_.eps, lr / bias1, std::sqrt(bias2), 1.0f - lr * config_.weight_decay};
+}
+
+namespace {
+
+// The AdamW update of n elements (p: fp32 parameters or master weights).
+inline void adam_update(float* p, const float* g, float* m, float* v, size_t n, float decay,
+                        float b1, float b2, float eps, float step_size, float bias2_sqrt) {
+#pragma omp simd
+  for (size_t i = 0; i < n; i++) {
+    float pi = p[i] * decay;
+    m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
+    v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+    float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    p[i] = pi - step_size * m[i] / denom;
+  }
+}
+
+// Work on [0, n) in blocks over the threads.
+constexpr size_t kBlock = 2048;
+template <typename Body>
+void over_blocks(size_t n, Body body) {
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < n; b += kBlock) body(b, std::min(n, b + kBlock));
+}
+
+}  // namespace
+
+template <typename Update>
+void AdamW::for_each_run(Update update) {
   if (!offloaded_) {
-    for (const AdamSegment& s : segments_)
-      update(s, 0, s.count, m_.data() + s.state_offset, v_.data() + s.state_offset);
+    for (const AdamSegment& s : segments_) {
+      float* arrays[3];
+      for (int k = 0; k < state_kinds(); k++) arrays[k] = arrays_[k].data() + s.state_offset;
+      update(s, 0, s.count, arrays);
+    }
     return;
   }
   // Chunk by chunk of the state: the segments' parts that fall into it.
-  offloaded_->for_each_chunk([&](size_t begin, size_t end, float* m, float* v) {
+  offloaded_->for_each_chunk([&](size_t begin, size_t end, float* const* chunk) {
     for (const AdamSegment& s : segments_) {
       const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
-      if (a < b) update(s, a - s.state_offset, b - s.state_offset, m + (a - begin), v + (a - begin));
+      if (a >= b) continue;
+      float* arrays[3];
+      for (int k = 0; k < state_kinds(); k++) arrays[k] = chunk[k] + (a - begin);
+      update(s, a - s.state_offset, b - s.state_offset, arrays);
     }
   });
 }
 
+void AdamW::step(float* params, const float* grads, float lr, int t) {
+  const Coefficients c = coefficients(lr, t);
+  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+    const float decay = s.decay ? c.decay : 1.0f;
+    float* p = params + s.param_offset + from;
+    const float* g = grads + s.grad_offset + from;
+    over_blocks(to - from, [&](size_t b, size_t e) {
+      adam_update(p + b, g + b, st[kMomentM] + b, st[kMomentV] + b, e - b, decay, c.b1, c.b2,
+                  c.eps, c.step_size, c.bias2_sqrt);
+    });
+  });
+}
+
+void AdamW::init_master(const float* params) {
+  CHECK_MSG(master_ && !offloaded_, "init_master: no in-memory master weights");
+  for (const AdamSegment& s : segments_)
+    std::copy(params + s.param_offset, params + s.param_offset + s.count,
+              arrays_[kMasterWeights].data() + s.state_offset);
+}
+
+void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads,
+                       float grad_coef, float lr, int t) {
+  CHECK(master_);
+  const Coefficients c = coefficients(lr, t);
+  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+    const float decay = s.decay ? c.decay : 1.0f;
+    const uint16_t* g16 = grads + s.grad_offset + from;
+    uint16_t* p16 = params + s.param_offset + from;
+    float* w = st[kMasterWeights];
+    over_blocks(to - from, [&](size_t b, size_t e) {
+      float g[kBlock];
+      kernels::from_half(p, g16 + b, g, e - b);
+      if (grad_coef != 1.0f) {
+#pragma omp simd
+        for (size_t i = 0; i < e - b; i++) g[i] *= grad_coef;
+      }
+      adam_update(w + b, g, st[kMomentM] + b, st[kMomentV] + b, e - b, decay, c.b1, c.b2, c.eps,
+                  c.step_size, c.bias2_sqrt);
+      kernels::to_half(p, w + b, p16 + b, e - b);
+    });
+  });
+}
+
+void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
+  CHECK(master_);
+  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+    kernels::to_half(p, st[kMasterWeights], params + s.param_offset + from, to - from);
+  });
+}
+
 Status AdamW::offload(const std::string& dir, int rank, size_t chunk) {
-  RETURN_IF_ERROR(OffloadedMoments::create(dir, rank, size_, chunk, &offloaded_));
-  m_.release();
-  v_.release();
+  RETURN_IF_ERROR(OffloadedState::create(dir, rank, size_, state_kinds(), chunk, &offloaded_));
+  // The moments are zero, as the file starts; master weights are already set.
+  if (master_) offloaded_->write(kMasterWeights, arrays_[kMasterWeights].data());
+  for (auto& a : arrays_) a.release();
   return Status::ok();
 }
 
-void AdamW::read_moments(int kind, float* dst) {
-  if (offloaded_) return offloaded_->read(kind, dst);
-  const Buffer<float>& src = kind == 0 ? m_ : v_;
-  std::copy(src.data(), src.data() + size_, dst);
+void AdamW::read_state(StateKind k, float* dst) {
+  CHECK(k < state_kinds());
+  if (offloaded_) return offloaded_->read(k, dst);
+  std::copy(arrays_[k].data(), arrays_[k].data() + size_, dst);
 }
 
-void AdamW::write_moments(int kind, const float* src) {
-  if (offloaded_) return offloaded_->write(kind, src);
-  std::copy(src, src + size_, (kind == 0 ? m_ : v_).data());
+void AdamW::write_state(StateKind k, const float* src) {
+  CHECK(k < state_kinds());
+  if (offloaded_) return offloaded_->write(k, src);
+  std::copy(src, src + size_, arrays_[k].data());
 }
 
 }  // namespace meshtrain::optim

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "kernels/ops.h"
 #include "model/param_layout.h"
 #include "optim/offload.h"
 
@@ -30,6 +31,9 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps);
 // for any thread count, which bitwise-exact resume relies on).
 double grad_norm(const float* grads, size_t n);
 double sum_of_squares(const float* x, size_t n);  // the same fixed-order sum
+double sum_of_squares(kernels::Precision p, const uint16_t* x, size_t n);  // 16-bit values
+// The factor clip_grads multiplies the gradients by: min(1, max/(norm/S + 1e-6)) / S.
+float clip_coefficient(double norm, float max_norm, double loss_scale = 1.0);
 // Scales grads by max/(norm + 1e-6) when norm > max; returns the scale applied (1 if none).
 // With a loss scale S the gradients hold S times their value and `norm` is theirs: they
 // are divided by S and clipped on norm/S in the same pass.
@@ -47,39 +51,70 @@ struct AdamSegment {
 // One segment per tensor, all offsets the tensor's offset in the flat layout.
 std::vector<AdamSegment> full_segments(const model::ParamLayout& layout);
 
+// The optimizer's state arrays, each indexed by AdamSegment::state_offset.
+enum StateKind : int { kMomentM = 0, kMomentV = 1, kMasterWeights = 2 };
+
 class AdamW {
  public:
   // Moments for every parameter of the layout (single rank, data parallel).
-  AdamW(const AdamWConfig& config, const model::ParamLayout& layout);
-  // Moments of `state_size` elements for the given segments (a ZeRO shard).
-  AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size);
+  AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool master_weights = false);
+  // Moments of `state_size` elements for the given segments (a ZeRO shard). With
+  // master_weights the optimizer also keeps the fp32 parameters (mixed precision: the model
+  // holds 16-bit copies, see step_mixed).
+  AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
+        bool master_weights = false);
   // One update with step number t (1-based, for bias correction) at learning rate lr.
   void step(float* params, const float* grads, float lr, int t);
 
-  // Moves the moments (zero so far) into a file under `dir`, streamed `chunk` elements at a
-  // time by every step (optim/offload.h); the in-memory moments are freed. The update
-  // arithmetic is the same element by element, so losses are bit-identical.
-  Status offload(const std::string& dir, int rank, size_t chunk);
-  const OffloadedMoments* offloaded() const { return offloaded_.get(); }
-  OffloadedMoments* offloaded() { return offloaded_.get(); }
+  // --- mixed precision (master_weights) ---
+  // Sets the fp32 master weights from fp32 parameters addressed like step()'s.
+  void init_master(const float* params);
+  // One update of the master weights from 16-bit gradients (format p) multiplied by
+  // grad_coef (clipping and 1/loss scale), then params = the master rounded to format p.
+  // Element by element the arithmetic is step()'s on the widened, scaled gradient.
+  void step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads, float grad_coef,
+                  float lr, int t);
+  // params = the master weights rounded to format p (after a checkpoint load).
+  void params_from_master(kernels::Precision p, uint16_t* params);
+  bool has_master() const { return master_; }
+  int state_kinds() const { return master_ ? 3 : 2; }
 
-  // The moments in memory (null when offloaded: use read_moments / write_moments).
-  float* m() { return m_.data(); }
-  float* v() { return v_.data(); }
-  const float* m() const { return m_.data(); }
-  const float* v() const { return v_.data(); }
-  // Whole-state copies wherever the moments live (kind 0: m, 1: v), for checkpoints.
-  void read_moments(int kind, float* dst);
-  void write_moments(int kind, const float* src);
+  // Moves the state (zero so far, or as set by init_master) into a file under `dir`,
+  // streamed `chunk` elements at a time by every step (optim/offload.h); the in-memory
+  // arrays are freed. The update arithmetic is the same element by element, so losses are
+  // bit-identical.
+  Status offload(const std::string& dir, int rank, size_t chunk);
+  const OffloadedState* offloaded() const { return offloaded_.get(); }
+  OffloadedState* offloaded() { return offloaded_.get(); }
+
+  // A state array in memory (null when offloaded: use read_state / write_state).
+  float* state(StateKind k) { return arrays_[k].data(); }
+  const float* state(StateKind k) const { return arrays_[k].data(); }
+  float* m() { return state(kMomentM); }
+  float* v() { return state(kMomentV); }
+  const float* m() const { return state(kMomentM); }
+  const float* v() const { return state(kMomentV); }
+  // Whole-array copies wherever the state lives, for checkpoints.
+  void read_state(StateKind k, float* dst);
+  void write_state(StateKind k, const float* src);
   size_t size() const { return size_; }
   const std::vector<AdamSegment>& segments() const { return segments_; }
 
  private:
+  struct Coefficients;
+  Coefficients coefficients(float lr, int t) const;
+  // Calls update(segment, from, to, arrays) for every segment's elements [from, to) in state
+  // order, arrays[k] pointing at element `from`'s entry of state array k (in memory or in
+  // the offloaded chunk).
+  template <typename Update>
+  void for_each_run(Update update);
+
   AdamWConfig config_;
   std::vector<AdamSegment> segments_;
   size_t size_;
-  Buffer<float> m_, v_;
-  std::unique_ptr<OffloadedMoments> offloaded_;
+  bool master_ = false;
+  Buffer<float> arrays_[3];  // m, v, master (StateKind order)
+  std::unique_ptr<OffloadedState> offloaded_;
 };
 
 }  // namespace meshtrain::optim

@@ -20,41 +20,42 @@ double now_s() {
 }
 }  // namespace
 
-Status OffloadedMoments::create(const std::string& dir, int rank, size_t n, size_t chunk,
-                                std::unique_ptr<OffloadedMoments>* out) {
+Status OffloadedState::create(const std::string& dir, int rank, size_t n, int kinds, size_t chunk,
+                              std::unique_ptr<OffloadedState>* out) {
+  CHECK(kinds >= 1 && kinds <= kMaxKinds);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  const std::string path = (std::filesystem::path(dir) / ("adam_moments_rank" + std::to_string(rank) + ".bin")).string();
+  const std::string path = (std::filesystem::path(dir) / ("adam_state_rank" + std::to_string(rank) + ".bin")).string();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error("--offload-dir: cannot create " + path + ": " + std::strerror(errno));
   // A sparse file of zeros: the moments start at zero.
-  if (::ftruncate(fd, (off_t)(2 * n * sizeof(float))) != 0) {
+  if (::ftruncate(fd, (off_t)(kinds * n * sizeof(float))) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
     return Status::error("--offload-dir: cannot size " + path + ": " + why);
   }
-  // At most 1/16 of the state per chunk: the six rotating buffers then hold under 40% of
+  // At most 1/16 of the state per chunk: the three rotating buffers then hold under 20% of
   // what offloading moves out of memory, for small models too.
   chunk = std::max<size_t>(1, std::min(chunk, (n + 15) / 16));
-  out->reset(new OffloadedMoments(fd, path, n, chunk));
+  out->reset(new OffloadedState(fd, path, n, kinds, chunk));
   return Status::ok();
 }
 
-OffloadedMoments::OffloadedMoments(int fd, std::string path, size_t n, size_t chunk)
-    : fd_(fd), path_(std::move(path)), n_(n), chunk_(chunk) {
+OffloadedState::OffloadedState(int fd, std::string path, size_t n, int kinds, size_t chunk)
+    : fd_(fd), path_(std::move(path)), n_(n), chunk_(chunk), kinds_(kinds) {
   for (auto& slot : slots_)
-    for (auto& b : slot) b.allocate(MemCategory::kOptim, chunk_);
+    for (int k = 0; k < kinds_; k++) slot[k].allocate(MemCategory::kOptim, chunk_);
 }
 
-OffloadedMoments::~OffloadedMoments() {
+OffloadedState::~OffloadedState() {
   ::close(fd_);
   std::error_code ec;
   std::filesystem::remove(path_, ec);
 }
 
-// Moves count floats of moment `kind` at element `begin` between the file and buf; a disk
+// Moves count floats of array `kind` at element `begin` between the file and buf; a disk
 // error ends the job (the optimizer cannot continue without its state).
-void OffloadedMoments::io(bool write, int kind, size_t begin, size_t count, float* buf) {
+void OffloadedState::io(bool write, int kind, size_t begin, size_t count, float* buf, bool counted) {
   const double t0 = now_s();
   char* p = reinterpret_cast<char*>(buf);
   size_t left = count * sizeof(float);
@@ -65,18 +66,18 @@ void OffloadedMoments::io(bool write, int kind, size_t begin, size_t count, floa
     CHECK_MSG(done > 0, "offloaded optimizer state: pread/pwrite failed (disk full or removed?)");
     p += done, left -= (size_t)done, at += done;
   }
+  if (!counted) return;
   (write ? stats_.bytes_written : stats_.bytes_read) += (int64_t)(count * sizeof(float));
   stats_.io_s += now_s() - t0;
 }
 
-void OffloadedMoments::for_each_chunk(
-    const std::function<void(size_t begin, size_t end, float* m, float* v)>& update) {
+void OffloadedState::for_each_chunk(
+    const std::function<void(size_t begin, size_t end, float* const* arrays)>& update) {
   const size_t chunks = (n_ + chunk_ - 1) / chunk_;
   auto range = [&](size_t i) { return std::pair{i * chunk_, std::min(n_, (i + 1) * chunk_)}; };
   auto transfer = [&](bool write, size_t i) {
     auto [b, e] = range(i);
-    io(write, 0, b, e - b, slots_[i % 3][0].data());
-    io(write, 1, b, e - b, slots_[i % 3][1].data());
+    for (int k = 0; k < kinds_; k++) io(write, k, b, e - b, slots_[i % 3][k].data());
   };
   if (chunks == 0) return;
   transfer(false, 0);
@@ -87,7 +88,9 @@ void OffloadedMoments::for_each_chunk(
       if (i + 1 < chunks) transfer(false, i + 1);
     });
     auto [b, e] = range(i);
-    update(b, e, slots_[i % 3][0].data(), slots_[i % 3][1].data());
+    float* arrays[kMaxKinds];
+    for (int k = 0; k < kinds_; k++) arrays[k] = slots_[i % 3][k].data();
+    update(b, e, arrays);
     const double t0 = now_s();
     background.get();
     stats_.wait_s += now_s() - t0;
@@ -95,7 +98,7 @@ void OffloadedMoments::for_each_chunk(
   transfer(true, chunks - 1);
 }
 
-void OffloadedMoments::read(int kind, float* dst) { io(false, kind, 0, n_, dst); }
-void OffloadedMoments::write(int kind, const float* src) { io(true, kind, 0, n_, const_cast<float*>(src)); }
+void OffloadedState::read(int kind, float* dst) { io(false, kind, 0, n_, dst, false); }
+void OffloadedState::write(int kind, const float* src) { io(true, kind, 0, n_, const_cast<float*>(src), false); }
 
 }  // namespace meshtrain::optim

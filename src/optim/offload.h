@@ -1,6 +1,7 @@
 // Optimizer state on disk (ZeRO-Infinity's NVMe offload, Rajbhandari et al. 2021): AdamW's
-// two moments of this rank's shard live in one file, [m | v], and each optimizer step
-// streams them through a few chunk-sized buffers. The next chunk is read and the previous
+// state arrays of this rank's shard (the two moments, and the fp32 master weights of a
+// mixed-precision run) live in one file, [m | v | master], and each optimizer step streams
+// them through a few chunk-sized buffers. The next chunk is read and the previous
 // one written by a background I/O task while the current chunk is updated (three buffers
 // rotate: reading, updating, writing), so disk time overlaps the update.
 //
@@ -25,33 +26,38 @@ struct OffloadStats {
   double wait_s = 0;     // time the update waited for I/O (not hidden)
 };
 
-class OffloadedMoments {
+class OffloadedState {
  public:
-  // Creates (truncates) DIR/adam_moments_rank<R>.bin for `n` elements of m and of v, all
+  static constexpr int kMaxKinds = 3;
+  // Creates (truncates) DIR/adam_state_rank<R>.bin for `kinds` arrays of `n` elements, all
   // zero, streamed `chunk` elements at a time (at most n/16, rounded up).
-  static Status create(const std::string& dir, int rank, size_t n, size_t chunk,
-                       std::unique_ptr<OffloadedMoments>* out);
-  ~OffloadedMoments();
+  static Status create(const std::string& dir, int rank, size_t n, int kinds, size_t chunk,
+                       std::unique_ptr<OffloadedState>* out);
+  ~OffloadedState();
 
   size_t size() const { return n_; }
   const std::string& path() const { return path_; }
-  // Calls update(begin, end, m, v) for every chunk [begin, end) of the state in order, with
-  // m and v pointing at the chunk's elements in memory; writes them back afterwards.
-  void for_each_chunk(const std::function<void(size_t begin, size_t end, float* m, float* v)>& update);
-  // Whole-state copies (checkpoints): kind 0 is m, 1 is v.
+  int kinds() const { return kinds_; }
+  // Calls update(begin, end, arrays) for every chunk [begin, end) of the state in order,
+  // arrays[k] pointing at the chunk's elements of array k in memory; writes them back
+  // afterwards.
+  void for_each_chunk(const std::function<void(size_t begin, size_t end, float* const* arrays)>& update);
+  // Whole-array copies (setup, checkpoints), kind in [0, kinds()); not in stats().
   void read(int kind, float* dst);
   void write(int kind, const float* src);
   const OffloadStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
  private:
-  OffloadedMoments(int fd, std::string path, size_t n, size_t chunk);
-  void io(bool write, int kind, size_t begin, size_t count, float* buf);
+  OffloadedState(int fd, std::string path, size_t n, int kinds, size_t chunk);
+  // `counted`: part of a step's streaming (stats_), not a whole-array copy.
+  void io(bool write, int kind, size_t begin, size_t count, float* buf, bool counted = true);
 
   int fd_;
   std::string path_;
   size_t n_, chunk_;
-  Buffer<float> slots_[3][2];  // three rotating (m, v) chunk buffers
+  int kinds_;
+  Buffer<float> slots_[3][kMaxKinds];  // three rotating chunk buffers per array
   OffloadStats stats_;
 };
 

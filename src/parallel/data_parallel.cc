@@ -9,7 +9,8 @@ namespace meshtrain::parallel {
 
 using model::Pass;
 
-model::Gpt::LocalState model_state_for_stage(int zero_stage) {
+model::Gpt::LocalState model_state_for_stage(int zero_stage, kernels::Precision storage) {
+  if (storage != kernels::Precision::kFp32) return model::Gpt::LocalState::kNone;
   if (zero_stage <= 1) return model::Gpt::LocalState::kParamsAndGrads;
   return zero_stage == 2 ? model::Gpt::LocalState::kParamsOnly : model::Gpt::LocalState::kNone;
 }
@@ -25,28 +26,45 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
       shards_(gpt.layout(), dp.size(), dp.rank()) {
   const int stage = config_.zero_stage;
   CHECK(stage >= 0 && stage <= 3);
-  CHECK_MSG(gpt.has_local_params() == (stage < 3) && gpt.has_local_grads() == (stage < 2),
-            "the model's local buffers do not match the ZeRO stage");
+  const bool half = half_storage();
+  CHECK_MSG(gpt.has_local_params() == (!half && stage < 3) &&
+                gpt.has_local_grads() == (!half && stage < 2),
+            "the model's local buffers do not match the ZeRO stage and storage precision");
   const int n = layout_.num_units();
   if (stage == 0) {
-    adamw_ = std::make_unique<optim::AdamW>(adamw, layout_);
+    adamw_ = std::make_unique<optim::AdamW>(adamw, layout_, half);
     build_buckets();
   } else {
     adamw_ = std::make_unique<optim::AdamW>(
-        adamw, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total());
+        adamw, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total(), half);
   }
-  if (stage >= 2) {
-    grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
-    grad_staging_.resize(n);
+  grad_staging_.resize(n);
+  gathered_.resize(n);
+  if (stage >= 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
+  if (stage < 3 && !half) {
+    gpt_.set_param_store(this);
+    return;
   }
+  CHECK_MSG(full_params, "ZeRO-3 and 16-bit storage need the initial parameters");
+  // The initial parameters as the optimizer addresses them: the full buffer, or stage 3's
+  // shard (the fp32 store itself, or a temporary copy to start the master weights from).
+  const float* initial = full_params;
+  Buffer<float> shard;
   if (stage == 3) {
-    CHECK_MSG(full_params, "stage 3 needs the initial parameters");
-    param_shard_.allocate(MemCategory::kParams, shards_.local_total());
+    shard.allocate(half ? MemCategory::kWorkspace : MemCategory::kParams, shards_.local_total());
     for (int u = 0; u < n; u++)
-      std::memcpy(param_shard_.data() + shards_.units()[u].local_offset,
-                  full_params + shards_.own_begin(u),
+      std::memcpy(shard.data() + shards_.units()[u].local_offset, full_params + shards_.own_begin(u),
                   sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
-    gathered_.resize(n);
+    initial = shard.data();
+  }
+  if (half) {
+    const size_t params = stage == 3 ? shards_.local_total() : layout_.total();
+    params16_.allocate(MemCategory::kParams, params);
+    kernels::to_half(storage(), initial, params16_.data(), params);
+    grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
+    adamw_->init_master(initial);
+  } else {
+    param_shard_ = std::move(shard);
   }
   gpt_.set_param_store(this);
 }
@@ -71,31 +89,56 @@ void DataParallel::build_buckets() {
     current.begin = unit.offset;
     bucket_of_unit_[u] = (int)buckets_.size();
     if (current.end - current.begin >= bucket_elems || u == 0) {
-      buckets_.push_back(current);
+      buckets_.push_back(std::move(current));
       current = Bucket{};
     }
   }
-  bucket_requests_.resize(buckets_.size());
 }
 
 void DataParallel::start_bucket(size_t b) {
   Bucket& bk = buckets_[b];
-  bucket_requests_[b] =
-      dp_.iall_reduce(full_grads() + bk.begin, bk.end - bk.begin, comm::ReduceOp::kSum);
-  if (!config_.overlap) bucket_requests_[b]->wait();
+  const size_t n = bk.end - bk.begin;
+  float* data = nullptr;
+  if (half_storage()) {
+    // One fp32 copy in flight: finish the earlier buckets (their reductions ran during the
+    // backward of this bucket's units) before widening this one.
+    for (size_t e = 0; e < buckets_.size(); e++)
+      if (e != b) complete_bucket(e);
+    bk.staging.allocate(MemCategory::kComm, n);
+    kernels::from_half(storage(), grads16_.data() + bk.begin, bk.staging.data(), n);
+    data = bk.staging.data();
+  } else {
+    data = full_grads() + bk.begin;
+  }
+  bk.started = true;
+  bk.request = dp_.iall_reduce(data, n, comm::ReduceOp::kSum);
+  if (!config_.overlap) complete_bucket(b);
+}
+
+void DataParallel::complete_bucket(size_t b) {
+  Bucket& bk = buckets_[b];
+  if (!bk.request) return;
+  bk.request->wait();
+  bk.request.reset();
+  if (bk.staging.empty()) return;
+  kernels::to_half(storage(), bk.staging.data(), grads16_.data() + bk.begin, bk.end - bk.begin);
+  bk.staging.release();
 }
 
 // ---------------------------------------------------------------- reduce-scatter
 
-void DataParallel::start_unit_reduce_scatter(int u, const float* unit_grads, bool own_copy) {
+void DataParallel::start_unit_reduce_scatter(int u) {
   const UnitShard& s = shards_.units()[u];
   Pending p;
   p.unit = u;
-  if (own_copy) {
+  if (config_.zero_stage >= 2) {
     p.send = std::move(grad_staging_[u]);
   } else {  // stage 1: the full gradient stays; reduce a zero-padded copy of the unit
     p.send.allocate(MemCategory::kComm, s.padded);
-    std::memcpy(p.send.data(), unit_grads, sizeof(float) * s.numel);
+    if (half_storage())
+      kernels::from_half(storage(), grads16_.data() + s.global_offset, p.send.data(), s.numel);
+    else
+      std::memcpy(p.send.data(), full_grads() + s.global_offset, sizeof(float) * s.numel);
   }
   p.recv.allocate(MemCategory::kComm, s.shard);
   p.request = dp_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
@@ -109,7 +152,13 @@ void DataParallel::retire(Pending& p) {
   const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
   if (config_.zero_stage == 1) {
     // The reduced shard replaces this rank's slice of the full gradient.
-    std::memcpy(full_grads() + shards_.own_begin(u), p.recv.data(), sizeof(float) * owned);
+    if (half_storage())
+      kernels::to_half(storage(), p.recv.data(), grads16_.data() + shards_.own_begin(u), owned);
+    else
+      std::memcpy(full_grads() + shards_.own_begin(u), p.recv.data(), sizeof(float) * owned);
+  } else if (half_storage()) {
+    kernels::add_to_half(storage(), grads16_.data() + shards_.units()[u].local_offset,
+                         p.recv.data(), owned);
   } else {
     float* dst = grad_shard_.data() + shards_.units()[u].local_offset;
     const float* src = p.recv.data();
@@ -126,7 +175,8 @@ void DataParallel::wait_pending() {
 // ---------------------------------------------------------------- step protocol
 
 void DataParallel::zero_grads() {
-  if (config_.zero_stage < 2) gpt_.zero_grads();
+  if (half_storage()) std::memset(grads16_.data(), 0, grads16_.bytes());
+  else if (config_.zero_stage < 2) gpt_.zero_grads();
   else std::memset(grad_shard_.data(), 0, sizeof(float) * grad_shard_.size());
 }
 
@@ -140,35 +190,33 @@ void DataParallel::begin_step(int micro_batches) {
   CHECK(micro_batches >= 1);
   zero_grads();
   micro_batches_ = micro_batches;
+  grad_coef_ = 1.0f;
   released_.assign(layout_.num_units(), 0);
-  for (auto& b : buckets_) b.ready = 0;
+  for (auto& b : buckets_) b.ready = 0, b.started = false;
 }
 
 void DataParallel::end_micro_batch() { wait_pending(); }
 
 void DataParallel::finish_reductions() {
-  if (config_.zero_stage == 0) {
-    for (size_t b = 0; b < buckets_.size(); b++) {
-      if (!bucket_requests_[b]) start_bucket(b);  // not started: units never released
-      bucket_requests_[b]->wait();
-      bucket_requests_[b].reset();
-    }
+  for (size_t b = 0; b < buckets_.size(); b++) {
+    if (!buckets_[b].started) start_bucket(b);  // not started: units never released
+    complete_bucket(b);
   }
   wait_pending();
   if (tied_peer_ >= 0) sum_tied_embedding();
 }
 
-float* DataParallel::reduced_grads(int u, size_t* n) {
+size_t DataParallel::reduced_range(int u, size_t* n) const {
   switch (config_.zero_stage) {
     case 0:
       *n = layout_.units()[u].numel;
-      return full_grads() + layout_.units()[u].offset;
+      return layout_.units()[u].offset;
     case 1:
       *n = shards_.own_end(u) - shards_.own_begin(u);
-      return full_grads() + shards_.own_begin(u);
+      return shards_.own_begin(u);
     default:
       *n = shards_.own_end(u) - shards_.own_begin(u);
-      return grad_shard_.data() + shards_.units()[u].local_offset;
+      return shards_.units()[u].local_offset;
   }
 }
 
@@ -177,8 +225,16 @@ float* DataParallel::reduced_grads(int u, size_t* n) {
 // Both hold the same shard of the unit (same dp rank, same per-unit partition).
 void DataParallel::sum_tied_embedding() {
   size_t n = 0;
-  float* mine = reduced_grads(layout_.embedding_unit(), &n);
-  Buffer<float> theirs(MemCategory::kComm, n);
+  const size_t offset = reduced_range(layout_.embedding_unit(), &n);
+  Buffer<float> widened, theirs(MemCategory::kComm, n);
+  float* mine = nullptr;
+  if (half_storage()) {  // exchanged and summed in fp32, rounded once (alike on both stages)
+    widened.allocate(MemCategory::kComm, n);
+    kernels::from_half(storage(), grads16_.data() + offset, widened.data(), n);
+    mine = widened.data();
+  } else {
+    mine = reduced_fp32() + offset;
+  }
   constexpr int kTiedTag = 7;
   auto recv = pp_->irecv(theirs.data(), n, tied_peer_, kTiedTag);
   auto send = pp_->isend(mine, n, tied_peer_, kTiedTag);
@@ -186,13 +242,13 @@ void DataParallel::sum_tied_embedding() {
   send->wait();
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) mine[i] += theirs[i];
+  if (half_storage()) kernels::to_half(storage(), mine, grads16_.data() + offset, n);
 }
 
 double DataParallel::grad_norm() {
   // The optimizer's segments are exactly this rank's reduced gradient elements. Stage 0
   // ranks all hold the whole gradient, stages 1-3 a shard each; tp-replicated elements
   // are identical on every tp rank and count on tp rank 0 only.
-  const float* grads = config_.zero_stage >= 2 ? grad_shard_.data() : full_grads();
   const bool skip_replicated = tp_ && tp_->rank() > 0;
   // The pipeline's last stage holds the second copy of the tied embedding.
   const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
@@ -200,7 +256,8 @@ double DataParallel::grad_norm() {
   for (const auto& s : adamw_->segments()) {
     if (s.tp_replicated && skip_replicated) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
-    local += optim::sum_of_squares(grads + s.grad_offset, s.count);
+    local += half_storage() ? optim::sum_of_squares(storage(), grads16_.data() + s.grad_offset, s.count)
+                            : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
   }
   if (config_.zero_stage > 0) dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
   if (tp_) tp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
@@ -209,7 +266,9 @@ double DataParallel::grad_norm() {
 }
 
 void DataParallel::clip(double norm, float max_norm, double loss_scale) {
-  if (config_.zero_stage == 0) {
+  if (half_storage()) {  // applied by the update, so the 16-bit gradients are not re-rounded
+    grad_coef_ = optim::clip_coefficient(norm, max_norm, loss_scale);
+  } else if (config_.zero_stage == 0) {
     optim::clip_grads(full_grads(), layout_.total(), norm, max_norm, loss_scale);
   } else if (config_.zero_stage == 1) {
     for (int u = 0; u < layout_.num_units(); u++)
@@ -222,21 +281,36 @@ void DataParallel::clip(double norm, float max_norm, double loss_scale) {
 
 void DataParallel::optimizer_step(float lr, int t) {
   const int stage = config_.zero_stage;
+  if (half_storage()) {
+    adamw_->step_mixed(storage(), params16_.data(), grads16_.data(), grad_coef_, lr, t);
+    gather_updated_params(params16_.data());
+    return;
+  }
   float* params = stage == 3 ? param_shard_.data() : full_params();
   const float* grads = stage >= 2 ? grad_shard_.data() : full_grads();
   adamw_->step(params, grads, lr, t);
-  if (stage == 0 || stage == 3) return;
-  // Stages 1-2: every rank updated its shard of the full parameters; gather the rest,
-  // unit by unit with two in flight (the next gather overlaps copying out the last).
+  gather_updated_params(params);
+}
+
+void DataParallel::params_from_master() {
+  CHECK(half_storage());
+  adamw_->params_from_master(storage(), params16_.data());
+  gather_updated_params(params16_.data());
+}
+
+template <typename T>
+void DataParallel::gather_updated_params(T* params) {
+  if (config_.zero_stage == 0 || config_.zero_stage == 3) return;
+  // Unit by unit with two in flight (the next gather overlaps copying out the last).
   const int n = layout_.num_units();
-  std::vector<Buffer<float>> staging(n);
+  std::vector<Buffer<T>> staging(n);
   std::vector<comm::RequestPtr> requests(n);
   auto start = [&](int u) {
     const UnitShard& s = shards_.units()[u];
     staging[u].allocate(MemCategory::kComm, s.padded);
-    float* mine = staging[u].data() + (size_t)dp_.rank() * s.shard;
+    T* mine = staging[u].data() + (size_t)dp_.rank() * s.shard;
     std::memcpy(mine, params + shards_.own_begin(u),
-                sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
+                sizeof(T) * (shards_.own_end(u) - shards_.own_begin(u)));
     requests[u] = dp_.iall_gather(mine, staging[u].data(), s.shard);
   };
   start(0);
@@ -244,19 +318,26 @@ void DataParallel::optimizer_step(float lr, int t) {
     if (u + 1 < n) start(u + 1);
     requests[u]->wait();
     const UnitShard& s = shards_.units()[u];
-    std::memcpy(params + s.global_offset, staging[u].data(), sizeof(float) * s.numel);
+    std::memcpy(params + s.global_offset, staging[u].data(), sizeof(T) * s.numel);
     staging[u].release();
   }
 }
 
 // ---------------------------------------------------------------- ParamStore
 
+// Starts making unit u's fp32 parameters available: stage 3 starts gathering the shards
+// (16-bit or fp32); 16-bit stages 0-2 widen in acquire_params.
 DataParallel::Gathered& DataParallel::gather(int u) {
   if (!gathered_[u]) {
     const UnitShard& s = shards_.units()[u];
     auto g = std::make_unique<Gathered>();
-    g->data.allocate(MemCategory::kGathered, s.padded);
-    g->request = dp_.iall_gather(param_shard_.data() + s.local_offset, g->data.data(), s.shard);
+    if (config_.zero_stage == 3 && half_storage()) {
+      g->half.allocate(MemCategory::kGathered, s.padded);
+      g->request = dp_.iall_gather(params16_.data() + s.local_offset, g->half.data(), s.shard);
+    } else if (config_.zero_stage == 3) {
+      g->data.allocate(MemCategory::kGathered, s.padded);
+      g->request = dp_.iall_gather(param_shard_.data() + s.local_offset, g->data.data(), s.shard);
+    }
     gathered_[u] = std::move(g);
   }
   return *gathered_[u];
@@ -271,36 +352,53 @@ int DataParallel::next_unit(int u) const {
 }
 
 const float* DataParallel::acquire_params(int u) {
-  if (config_.zero_stage < 3) return full_params() + layout_.units()[u].offset;
+  const int stage = config_.zero_stage;
+  if (stage < 3 && !half_storage()) return full_params() + layout_.units()[u].offset;
   Gathered& g = gather(u);
-  g.request->wait();
+  if (g.request) g.request->wait();
+  if (half_storage() && g.data.empty()) {
+    const auto& unit = layout_.units()[u];
+    g.data.allocate(MemCategory::kGathered, unit.numel);
+    kernels::from_half(storage(), stage == 3 ? g.half.data() : params16_.data() + unit.offset,
+                       g.data.data(), unit.numel);
+    g.half.release();
+  }
   g.refs++;
-  if (int next = next_unit(u); next >= 0) gather(next);  // prefetch: overlaps this unit's compute
+  if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
+    if (int next = next_unit(u); next >= 0) gather(next);
   return g.data.data();
 }
 
 void DataParallel::release_params(int u) {
-  if (config_.zero_stage < 3) return;
+  if (config_.zero_stage < 3 && !half_storage()) return;
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
   if (--gathered_[u]->refs == 0) gathered_[u].reset();
 }
 
 float* DataParallel::acquire_grads(int u) {
-  if (config_.zero_stage < 2) return full_grads() + layout_.units()[u].offset;
-  if (grad_staging_[u].empty())
-    grad_staging_[u].allocate(MemCategory::kComm, shards_.units()[u].padded);
+  const int stage = config_.zero_stage;
+  if (stage < 2 && !half_storage()) return full_grads() + layout_.units()[u].offset;
+  if (grad_staging_[u].empty()) {
+    if (stage >= 2) grad_staging_[u].allocate(MemCategory::kComm, shards_.units()[u].padded);
+    else grad_staging_[u].allocate(MemCategory::kWorkspace, layout_.units()[u].numel);
+  }
   return grad_staging_[u].data();
 }
 
 void DataParallel::release_grads(int u) {
   const int stage = config_.zero_stage;
   if (stage >= 2) {
-    start_unit_reduce_scatter(u, nullptr, /*own_copy=*/true);
+    start_unit_reduce_scatter(u);
     return;
+  }
+  if (half_storage()) {  // this micro-batch's fp32 gradient into the 16-bit accumulation
+    const auto& unit = layout_.units()[u];
+    kernels::add_to_half(storage(), grads16_.data() + unit.offset, grad_staging_[u].data(), unit.numel);
+    grad_staging_[u].release();
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
   if (stage == 1) {
-    start_unit_reduce_scatter(u, full_grads() + layout_.units()[u].offset, false);
+    start_unit_reduce_scatter(u);
     return;
   }
   Bucket& b = buckets_[bucket_of_unit_[u]];

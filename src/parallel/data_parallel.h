@@ -1,10 +1,19 @@
 // Data parallelism and ZeRO stages 0-3 over one data-parallel group, as a ParamStore that
-// the model calls unit by unit. Memory per rank for P parameters and N ranks (fp32, up to
-// the per-unit shard padding documented in docs/parallelism.md):
-//   stage 0: params 4P, grads 4P, optim 8P       (all-reduce of gradient buckets)
-//   stage 1: params 4P, grads 4P, optim 8P/N     (reduce-scatter, shard update, all-gather)
-//   stage 2: params 4P, grads 4P/N, optim 8P/N   (per-unit staging buffers in "comm")
-//   stage 3: params 4P/N, grads 4P/N, optim 8P/N (units gathered into "gathered" on use)
+// the model calls unit by unit. Memory per rank for P parameters and N ranks (up to the
+// per-unit shard padding documented in docs/parallelism.md):
+//            fp32 storage                  16-bit storage (bf16/fp16, fp32 master in optim)
+//   stage 0: params 4P,   grads 4P,   optim 8P      2P,   2P,   12P   (bucket all-reduce)
+//   stage 1: params 4P,   grads 4P,   optim 8P/N    2P,   2P,   12P/N (reduce-scatter, all-gather)
+//   stage 2: params 4P,   grads 4P/N, optim 8P/N    2P,   2P/N, 12P/N (staging buffers in "comm")
+//   stage 3: params 4P/N, grads 4P/N, optim 8P/N    2P/N, 2P/N, 12P/N (units gathered on use)
+// With 16-bit storage (ZeRO's mixed-precision Adam, K = 12) the model holds no buffers of
+// its own: a unit's parameters are widened to fp32 into "gathered" while in use, and its
+// gradient is accumulated in fp32 ("workspace", or the "comm" staging of stages 2-3) and
+// added into the 16-bit gradient once per micro-batch (the sum in fp32, one rounding).
+// Gradients are reduced in fp32: 16-bit values are widened into the fp32 send buffer and
+// the reduced result is rounded back. The optimizer updates its fp32 master weights from
+// the widened gradients and writes the rounded result into the 16-bit parameters, which
+// stages 1-2 all-gather as 16-bit words.
 // Reductions start as soon as a unit's (or bucket's) gradients are final, so they overlap
 // the backward pass of earlier units; stages 0-1 reduce a unit only after its last
 // micro-batch (a unit is final once it has been released once per micro-batch of the step,
@@ -24,15 +33,20 @@ struct DpConfig {
   int zero_stage = 0;
   double bucket_mb = 25;  // stage 0: gradient bucket size
   bool overlap = true;    // false: start every reduction after backward (for measuring)
+  // kFp32: fp32 parameters and gradients in the model's buffers. kBf16 / kFp16: 16-bit
+  // parameters and gradients in this store, fp32 master weights in the optimizer.
+  kernels::Precision storage = kernels::Precision::kFp32;
 };
 
-// The full buffers a model keeps locally at a ZeRO stage.
-model::Gpt::LocalState model_state_for_stage(int zero_stage);
+// The full buffers a model keeps locally at a ZeRO stage (none with 16-bit storage).
+model::Gpt::LocalState model_state_for_stage(int zero_stage,
+                                             kernels::Precision storage = kernels::Precision::kFp32);
 
 class DataParallel : public model::ParamStore {
  public:
-  // `gpt` must own what the stage keeps full (model_state_for_stage); for stage 3 the
-  // initial parameters are taken from `full_params` (every rank passes the same values).
+  // `gpt` must own what the stage keeps full (model_state_for_stage); for stage 3 and for
+  // 16-bit storage the initial parameters are taken from `full_params` (every rank passes
+  // the same values; fp32, the model's layout).
   // `tp` (may be null) is the tensor-parallel group, for the global gradient norm.
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                const optim::AdamWConfig& adamw, const float* full_params = nullptr,
@@ -44,7 +58,14 @@ class DataParallel : public model::ParamStore {
   optim::AdamW& adamw() { return *adamw_; }
   const optim::AdamW& adamw() const { return *adamw_; }
   // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
+  // Null with 16-bit storage.
   float* param_shard() { return param_shard_.data(); }
+  bool half_storage() const { return config_.storage != kernels::Precision::kFp32; }
+  // 16-bit storage: the fp32 parameters of this rank's optimizer state are its master
+  // weights (optim::kMasterWeights; the whole model at stage 0, the owned shard otherwise,
+  // as checkpoints store them). After they are set, e.g. loaded, this rewrites the 16-bit
+  // parameters from them (and gathers them at stages 1-2).
+  void params_from_master();
 
   // Pipeline: this rank's part holds the embedding unit as the first or the last stage, and
   // `tied_peer` (its rank in `pp`) holds the other copy (the LM head is the tied wte). The
@@ -79,24 +100,36 @@ class DataParallel : public model::ParamStore {
     Buffer<float> send, recv;  // staging (comm)
   };
   struct Gathered {
-    Buffer<float> data;  // padded unit (gathered)
+    Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
+    Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit before widening
     comm::RequestPtr request;
     int refs = 0;
   };
 
   void build_buckets();
   void start_bucket(size_t b);
-  void start_unit_reduce_scatter(int u, const float* unit_grads, bool own_copy);
+  void complete_bucket(size_t b);
+  // Reduce-scatter of unit u's gradient: from its staging buffer (stages 2-3), or from a
+  // zero-padded fp32 copy of the accumulated gradient (stage 1).
+  void start_unit_reduce_scatter(int u);
   void retire(Pending& p);
   void wait_pending();
   void zero_grads();
   void sum_tied_embedding();
-  // This rank's reduced gradient of unit u: the whole unit (stage 0), or its owned shard.
-  float* reduced_grads(int u, size_t* n);
+  // This rank's reduced gradient of unit u: [offset, offset + n) of the reduced gradient
+  // (grads16_, grad_shard_ or the model's grads): the whole unit (stage 0), or its owned
+  // shard.
+  size_t reduced_range(int u, size_t* n) const;
+  float* reduced_fp32() { return config_.zero_stage >= 2 ? grad_shard_.data() : full_grads(); }
+  // Stages 1-2 after an update: every rank updated its shard of the full parameters; gather
+  // the rest.
+  template <typename T>
+  void gather_updated_params(T* params);
   Gathered& gather(int u);
   int next_unit(int u) const;
   float* full_grads() { return gpt_.grads(); }
   float* full_params() { return gpt_.params(); }
+  kernels::Precision storage() const { return config_.storage; }
 
   model::Gpt& gpt_;
   comm::Group& dp_;
@@ -111,9 +144,15 @@ class DataParallel : public model::ParamStore {
   comm::Group* pp_ = nullptr;
   int tied_peer_ = -1;
 
-  Buffer<float> grad_shard_;   // stages 2-3 (grads)
-  Buffer<float> param_shard_;  // stage 3 (params)
-  std::vector<Buffer<float>> grad_staging_;  // stages 2-3: per unit, while in backward
+  Buffer<float> grad_shard_;   // fp32 stages 2-3 (grads)
+  Buffer<float> param_shard_;  // fp32 stage 3 (params)
+  // 16-bit storage: parameters (full, or stage 3's shard) and gradients (full at stages
+  // 0-1, the shard at 2-3); grad_coef_ is the clip and loss-scale factor for the update.
+  Buffer<uint16_t> params16_, grads16_;
+  float grad_coef_ = 1.0f;
+  // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
+  // the fp32 accumulator of one micro-batch.
+  std::vector<Buffer<float>> grad_staging_;
   std::vector<std::unique_ptr<Gathered>> gathered_;  // stage 3: per unit
   std::vector<Pending> pending_;
 
@@ -122,10 +161,12 @@ class DataParallel : public model::ParamStore {
     std::vector<int> units;
     size_t begin = 0, end = 0;
     int ready = 0;
+    bool started = false;
+    comm::RequestPtr request;
+    Buffer<float> staging;  // 16-bit storage: the fp32 copy being reduced
   };
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
-  std::vector<comm::RequestPtr> bucket_requests_;
 };
 
 }  // namespace meshtrain::parallel

@@ -183,34 +183,39 @@ Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) 
   return Status::ok();
 }
 
-// The AdamW moments as memory a checkpoint can read or fill: the live buffers, or (when
-// offloaded) copies made for the occasion, written back by store(). A checkpoint of an
-// offloaded run therefore holds the moments in memory for its duration.
-class MomentCopies {
+// The AdamW state (moments, and the master weights of a 16-bit run) as memory a
+// checkpoint can read or fill: the live buffers, or (when offloaded) copies made for the
+// occasion, written back by store(). A checkpoint of an offloaded run therefore holds the
+// state in memory for its duration.
+class StateCopies {
  public:
-  explicit MomentCopies(optim::AdamW& adamw) : adamw_(adamw) {
+  explicit StateCopies(optim::AdamW& adamw) : adamw_(adamw) {
     if (!adamw.offloaded()) return;
-    for (int kind = 0; kind < 2; kind++) {
-      copies_[kind].allocate(MemCategory::kWorkspace, adamw.size());
-      adamw.read_moments(kind, copies_[kind].data());
+    for (int k = 0; k < adamw.state_kinds(); k++) {
+      copies_[k].allocate(MemCategory::kWorkspace, adamw.size());
+      adamw.read_state(optim::StateKind(k), copies_[k].data());
     }
   }
-  float* m() { return adamw_.offloaded() ? copies_[0].data() : adamw_.m(); }
-  float* v() { return adamw_.offloaded() ? copies_[1].data() : adamw_.v(); }
+  float* get(optim::StateKind k) { return adamw_.offloaded() ? copies_[k].data() : adamw_.state(k); }
   void store() {
     if (!adamw_.offloaded()) return;
-    for (int kind = 0; kind < 2; kind++) adamw_.write_moments(kind, copies_[kind].data());
+    for (int k = 0; k < adamw_.state_kinds(); k++) adamw_.write_state(optim::StateKind(k), copies_[k].data());
   }
 
  private:
   optim::AdamW& adamw_;
-  Buffer<float> copies_[2];
+  Buffer<float> copies_[3];
 };
 
-checkpoint::RankState rank_state(Run& run, MomentCopies& moments) {
+// What a checkpoint holds of this rank: its fp32 parameters (the model's, stage 3's shard,
+// or the optimizer's master weights with 16-bit storage, addressed like the moments) and
+// the moments.
+checkpoint::RankState rank_state(Run& run, StateCopies& state) {
+  const bool moments_full = run.opt.zero == 0;
+  float* m = state.get(optim::kMomentM), *v = state.get(optim::kMomentV);
+  if (run.dp->half_storage()) return {state.get(optim::kMasterWeights), moments_full, m, v, moments_full};
   const bool sharded = run.opt.zero == 3;
-  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, moments.m(), moments.v(),
-          run.opt.zero == 0};
+  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full};
 }
 
 // Where the AdamW moments live: in memory, or streamed from files when --offload
@@ -245,18 +250,21 @@ Status place_optimizer_state(const TrainOptions& o, Run* run) {
 }
 
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
-  const bool sharded_params = o.zero == 3;
+  // bf16 and fp16 runs store 16-bit parameters and gradients (fp32 master weights in the
+  // optimizer); the store then takes its initial weights from a full fp32 copy, as ZeRO-3.
+  const kernels::Precision storage = run->precision;
+  const bool initial_copy = o.zero == 3 || storage != kernels::Precision::kFp32;
   comm::Group* tp = &run->mesh->tp();
-  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero), tp,
-                                          o.sp, run->part);
+  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero, storage),
+                                          tp, o.sp, run->part);
   const model::Recompute mode = o.recompute == "full"        ? model::Recompute::kFull
                                 : o.recompute == "selective" ? model::Recompute::kSelective
                                                              : model::Recompute::kNone;
   run->gpt->set_recompute(mode, o.recompute_every);
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
-  parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap};
-  if (sharded_params) {
+  parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
+  if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
     model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
     RETURN_IF_ERROR(initial_weights(o, &full));
@@ -279,11 +287,12 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(place_optimizer_state(o, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
-  MomentCopies moments(run->dp->adamw());
-  checkpoint::RankState st = rank_state(*run, moments);
+  StateCopies state(run->dp->adamw());
+  checkpoint::RankState st = rank_state(*run, state);
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), st, &run->start_step));
-  moments.store();
+  state.store();
+  if (run->dp->half_storage()) run->dp->params_from_master();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
                          ", already >= --steps " + std::to_string(o.steps));
@@ -379,9 +388,9 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 
 Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
   const TrainOptions& o = run.opt;
-  MomentCopies moments(run.dp->adamw());
+  StateCopies state(run.dp->adamw());
   return checkpoint::save_checkpoint(
-      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), rank_state(run, moments), world,
+      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), rank_state(run, state), world,
       to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
       run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}} : json::object());
 }

@@ -10,6 +10,10 @@
 //                            (the tracker's total) stays under the budget.
 //   ResumeAfterACrash        an offloaded run interrupted after its step-3 checkpoint resumes
 //                            (offloaded) with the same losses as the uninterrupted run.
+//   Bf16MasterWeightsStreamToo  a bf16 run (16-bit weights, fp32 master weights in the
+//                            optimizer) streams master, m and v: bit-identical losses, 12
+//                            bytes per parameter read and written per step, nine chunk
+//                            buffers resident; and it resumes bit-exactly from a checkpoint.
 //   BadInputIsRejected       a budget too small even when offloaded, --offload without a
 //                            folder, an unknown --offload value: refused before any step.
 #include <gtest/gtest.h>
@@ -59,7 +63,7 @@ TEST_F(Offload, OffloadedTrainingIsBitIdentical) {
   }
   EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), 6 * chunk_floats * 4)
       << "three rotating (m, v) chunk buffers";
-  EXPECT_FALSE(fs::exists(path("files") + "/adam_moments_rank0.bin")) << "the file goes with the run";
+  EXPECT_FALSE(fs::exists(path("files") + "/adam_state_rank0.bin")) << "the file goes with the run";
 
 #ifdef MESHTRAIN_HAVE_MPI
   // dp2 ZeRO-1: each rank streams its own shard's moments.
@@ -101,6 +105,33 @@ TEST_F(Offload, ResumeAfterACrash) {
   ASSERT_EQ(full.steps.size(), 6u);
   ASSERT_EQ(resumed.steps.size(), 3u);
   for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(full.steps[k + 3]["loss"])) << k + 4;
+}
+
+TEST_F(Offload, Bf16MasterWeightsStreamToo) {
+  const std::string bf16 = kRun + " --precision bf16 --save-every 3 --keep-checkpoints 0";
+  const std::string offload = " --offload optimizer=nvme --offload-dir " + path("files") + kChunks;
+  const Metrics mem = train_ok(bf16, path("mem"));
+  const Metrics off = train_ok(bf16 + offload, path("off"));
+  ASSERT_EQ(mem.steps.size(), 6u);
+  ASSERT_EQ(off.steps.size(), 6u);
+  const int64_t state_bytes = mem.steps.back()["mem"]["optim"].get<int64_t>();  // master, m, v
+  const int64_t params = mem.steps.back()["mem"]["params"].get<int64_t>() / 2;  // 16-bit weights
+  EXPECT_EQ(state_bytes, 12 * params) << "fp32 master weights and both moments in memory";
+  const int64_t chunk_floats = (int64_t)(0.05 * 1024 * 1024 / 4);
+  for (size_t k = 0; k < 6; k++) {
+    SCOPED_TRACE(k + 1);
+    EXPECT_EQ(bits(off.steps[k]["loss"]), bits(mem.steps[k]["loss"]));
+    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), state_bytes) << "read once";
+    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), state_bytes) << "written once";
+  }
+  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), 9 * chunk_floats * 4)
+      << "three rotating (master, m, v) chunk buffers";
+  // Resume from the step-3 checkpoint: the master weights come back from it.
+  fs::create_directories(path("cut") + "/checkpoints");
+  fs::copy(step_dir(path("off"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);
+  const Metrics resumed = train_ok(bf16 + offload + " --resume", path("cut"));
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(mem.steps[k + 3]["loss"])) << k + 4;
 }
 
 TEST_F(Offload, BadInputIsRejected) {

@@ -62,25 +62,30 @@ TEST(PlannerMemory, ZeroPaperTable1) {
 
 // The tracker's parameter, gradient and optimizer bytes of a real rank (its model and its
 // DataParallel store for a dp group of N, laid out without running) equal the accounting
-// for that rank's shards, to the byte: the whole model and a pipeline stage, every stage.
+// for that rank's shards, to the byte: the whole model and a pipeline stage, every stage,
+// fp32 storage (4 + 4 + 8) and 16-bit storage with fp32 master weights (2 + 2 + 12).
 TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
   model::GptConfig c;
   c.layers = 3, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
   auto current = [] { return MemoryTracker::instance().stats().current; };
   auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
+  using kernels::Precision;
+  for (Precision storage : {Precision::kFp32, Precision::kBf16, Precision::kFp16})
   for (const model::ModelPart& part : {model::ModelPart{}, model::ModelPart{{{1, 3}}}})
     for (int n : {1, 3, 4})
       for (int zero = 0; zero <= 3; zero++) {
-        SCOPED_TRACE(testing::Message() << "chunks " << part.chunks.size() << " N " << n << " zero " << zero);
+        SCOPED_TRACE(testing::Message() << kernels::precision_name(storage) << " chunks "
+                                        << part.chunks.size() << " N " << n << " zero " << zero);
         model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, nullptr, false, part);
         full.init_weights(1);
         comm::ShapeOnlyGroup group(n, n - 1, "dp");
         const auto before = current();
         {
-          model::Gpt gpt(c, parallel::model_state_for_stage(zero), nullptr, false, part);
-          parallel::DataParallel dp(gpt, group, {zero, 25, true}, {}, full.params());
+          model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), nullptr, false, part);
+          parallel::DataParallel dp(gpt, group, {zero, 25, true, storage}, {}, full.params());
           const auto after = current();
-          const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), kFp32State, zero);
+          const StateDtypes bytes = storage == Precision::kFp32 ? kFp32State : kMixedState;
+          const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), bytes, zero);
           EXPECT_EQ(cat(after, MemCategory::kParams) - cat(before, MemCategory::kParams), want.params);
           EXPECT_EQ(cat(after, MemCategory::kGrads) - cat(before, MemCategory::kGrads), want.grads);
           EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);

@@ -26,57 +26,6 @@ const char* precision_name(Precision p) {
 
 namespace {
 
-uint16_t round_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return (uint16_t)(u >> 16);
-}
-
-// Calls convert(begin, end) on blocks of [0, n), over the threads when n is large (a
-// conversion inside another parallel region stays on its thread).
-template <typename Convert>
-void in_blocks(size_t n, Convert convert) {
-  constexpr size_t kBlock = 4096;
-#pragma omp parallel for schedule(static) if (n >= 4 * kBlock && !omp_in_parallel())
-  for (size_t b = 0; b < n; b += kBlock) convert(b, std::min(n, b + kBlock));
-}
-
-}  // namespace
-
-void to_bf16(const float* x, uint16_t* out, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) {
-    size_t i = b;
-#if defined(__AVX512BF16__)
-    // The hardware conversion rounds to nearest even as round_to_bf16 does.
-    for (; i + 16 <= e; i += 16)
-      _mm256_storeu_si256((__m256i*)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
-#endif
-    for (; i < e; i++) out[i] = round_to_bf16(x[i]);
-  });
-}
-
-void round_to_fp16(const float* x, float* out, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) {
-    size_t i = b;
-    // F16C: round to nearest even, overflow to inf, gradual underflow; and back, exactly.
-    constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    for (; i + 8 <= e; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest)));
-    for (; i < e; i++) out[i] = _cvtsh_ss(_cvtss_sh(x[i], kNearest));
-  });
-}
-
-void from_bf16(const uint16_t* x, float* out, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    const uint32_t u = (uint32_t)x[i] << 16;
-    std::memcpy(out + i, &u, sizeof u);
-  }
-}
-
-namespace {
-
 using dnnl::memory;
 
 struct Matmul {
