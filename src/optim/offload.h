@@ -5,9 +5,10 @@
 // one written by a background I/O task while the current chunk is updated (three buffers
 // rotate: reading, updating, writing), so disk time overlaps the update.
 //
-// I/O is pread/pwrite through the page cache; O_DIRECT is not used (the buffers would need
-// 4 KiB alignment and sizes); the resident set is what the tracker counts, the chunk
-// buffers, not the file.
+// I/O is pread/pwrite. The streaming uses O_DIRECT where the file system supports it, so
+// the state does not sit in the page cache either (chunks, buffers and the arrays' file
+// offsets are 4 KiB aligned); elsewhere (tmpfs) it goes through the page cache. The
+// resident set is what the tracker counts: the chunk buffers, not the file.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -38,6 +39,7 @@ class OffloadedState {
   size_t size() const { return n_; }
   const std::string& path() const { return path_; }
   int kinds() const { return kinds_; }
+  bool direct_io() const { return direct_; }  // streaming bypasses the page cache
   // Calls update(begin, end, arrays) for every chunk [begin, end) of the state in order,
   // arrays[k] pointing at the chunk's elements of array k in memory; writes them back
   // afterwards.
@@ -49,13 +51,18 @@ class OffloadedState {
   void reset_stats() { stats_ = {}; }
 
  private:
-  OffloadedState(int fd, std::string path, size_t n, int kinds, size_t chunk);
+  static constexpr size_t kAlignFloats = 1024;  // 4 KiB, O_DIRECT's alignment
+  OffloadedState(int fd, int stream_fd, bool direct, std::string path, size_t n, size_t stride,
+                 int kinds, size_t chunk);
   // `counted`: part of a step's streaming (stats_), not a whole-array copy.
-  void io(bool write, int kind, size_t begin, size_t count, float* buf, bool counted = true);
+  void io(int fd, bool write, int kind, size_t begin, size_t count, float* buf, bool counted = true);
+  float* slot(int i, int kind);  // rotating buffer i of array `kind`, 4 KiB aligned
 
-  int fd_;
+  int fd_;         // through the page cache: setup and checkpoints
+  int stream_fd_;  // O_DIRECT where supported: the per-step streaming
+  bool direct_;
   std::string path_;
-  size_t n_, chunk_;
+  size_t n_, stride_, chunk_;  // stride_: elements between arrays in the file
   int kinds_;
   Buffer<float> slots_[3][kMaxKinds];  // three rotating chunk buffers per array
   OffloadStats stats_;

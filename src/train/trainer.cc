@@ -164,7 +164,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (auto* off = run.dp->adamw().offloaded()) {
       const auto& st = off->stats();
       record["offload"] = {{"read_bytes", st.bytes_read}, {"written_bytes", st.bytes_written},
-                           {"io_ms", st.io_s * 1e3}, {"wait_ms", st.wait_s * 1e3}};
+                           {"io_ms", st.io_s * 1e3}, {"wait_ms", st.wait_s * 1e3},
+                           {"direct_io", off->direct_io()}};
       off->reset_stats();
     }
     if (run.scaler)

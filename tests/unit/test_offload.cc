@@ -3,8 +3,9 @@
 //   OffloadedTrainingIsBitIdentical  the moments streamed from files in chunks much smaller
 //                            than one tensor give the same losses, bit for bit, as in memory,
 //                            on one rank and on dp2 ZeRO-1 (a file per rank); the optimizer
-//                            bytes fall to the six chunk buffers, and every step reads and
-//                            writes both moments once.
+//                            bytes fall to the six chunk buffers, every step reads and
+//                            writes both moments once, with O_DIRECT where the file system
+//                            takes it.
 //   MemoryBudgetOffloadsAndStaysUnder  a budget below the in-memory run's peak and above the
 //                            offloaded one's: the run offloads by itself and its measured peak
 //                            (the tracker's total) stays under the budget.
@@ -16,7 +17,9 @@
 //                            buffers resident; and it resumes bit-exactly from a checkpoint.
 //   BadInputIsRejected       a budget too small even when offloaded, --offload without a
 //                            folder, an unknown --offload value: refused before any step.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -36,8 +39,28 @@ class Offload : public CliTest {
  protected:
   const std::string kRun = "--model tiny --seq-len 32 --micro-batch 4 --steps 6 --eval-batches 1 --quiet";
   // The tiny model holds 3.32M parameters: m and v are 26.6 MB; 0.05 MB chunks (13107
-  // floats) split every large tensor across chunks.
+  // floats, rounded up to 13312 = 13 O_DIRECT units of 1024) split every large tensor
+  // across chunks.
   const std::string kChunks = " --offload-chunk-mb 0.05";
+  static constexpr int64_t kUnit = 1024;  // floats per 4 KiB
+  static int64_t aligned(int64_t floats) { return (floats + kUnit - 1) / kUnit * kUnit; }
+  // Resident bytes of the three rotating buffers of `arrays` state arrays (each one unit
+  // longer than the chunk, to align it).
+  static int64_t chunk_buffer_bytes(int arrays) {
+    return 3 * arrays * (aligned((int64_t)(0.05 * 1024 * 1024 / 4)) + kUnit) * 4;
+  }
+  // Bytes one step streams each way for `state_bytes` of `arrays` arrays: whole units.
+  static int64_t streamed_bytes(int64_t state_bytes, int arrays) {
+    return arrays * aligned(state_bytes / 4 / arrays) * 4;
+  }
+  // Whether this file system takes O_DIRECT (ext4 does, tmpfs does not).
+  bool supports_direct_io() {
+    fs::create_directories(path("probe"));
+    const std::string f = path("probe") + "/f";
+    int fd = ::open(f.c_str(), O_RDWR | O_CREAT | O_DIRECT, 0644);
+    if (fd >= 0) ::close(fd);
+    return fd >= 0;
+  }
 
   Metrics train_ok(const std::string& args, const std::string& out) {
     RunResult r = run(train(args + " --out " + out));
@@ -53,15 +76,17 @@ TEST_F(Offload, OffloadedTrainingIsBitIdentical) {
   ASSERT_EQ(mem.steps.size(), 6u);
   ASSERT_EQ(off.steps.size(), 6u);
   const int64_t state_bytes = mem.steps.back()["mem"]["optim"].get<int64_t>();  // m and v
-  const int64_t chunk_floats = (int64_t)(0.05 * 1024 * 1024 / 4);
   for (size_t k = 0; k < 6; k++) {
     SCOPED_TRACE(k + 1);
     EXPECT_EQ(bits(off.steps[k]["loss"]), bits(mem.steps[k]["loss"]));
     EXPECT_EQ(bits(off.steps[k]["grad_norm"]), bits(mem.steps[k]["grad_norm"]));
-    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), state_bytes) << "m and v read once";
-    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), state_bytes) << "and written once";
+    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), streamed_bytes(state_bytes, 2))
+        << "m and v read once";
+    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), streamed_bytes(state_bytes, 2))
+        << "and written once";
+    EXPECT_EQ(off.steps[k]["offload"]["direct_io"].get<bool>(), supports_direct_io());
   }
-  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), 6 * chunk_floats * 4)
+  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), chunk_buffer_bytes(2))
       << "three rotating (m, v) chunk buffers";
   EXPECT_FALSE(fs::exists(path("files") + "/adam_state_rank0.bin")) << "the file goes with the run";
 
@@ -117,14 +142,14 @@ TEST_F(Offload, Bf16MasterWeightsStreamToo) {
   const int64_t state_bytes = mem.steps.back()["mem"]["optim"].get<int64_t>();  // master, m, v
   const int64_t params = mem.steps.back()["mem"]["params"].get<int64_t>() / 2;  // 16-bit weights
   EXPECT_EQ(state_bytes, 12 * params) << "fp32 master weights and both moments in memory";
-  const int64_t chunk_floats = (int64_t)(0.05 * 1024 * 1024 / 4);
   for (size_t k = 0; k < 6; k++) {
     SCOPED_TRACE(k + 1);
     EXPECT_EQ(bits(off.steps[k]["loss"]), bits(mem.steps[k]["loss"]));
-    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), state_bytes) << "read once";
-    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), state_bytes) << "written once";
+    EXPECT_EQ(off.steps[k]["offload"]["read_bytes"].get<int64_t>(), streamed_bytes(state_bytes, 3)) << "read once";
+    EXPECT_EQ(off.steps[k]["offload"]["written_bytes"].get<int64_t>(), streamed_bytes(state_bytes, 3))
+        << "written once";
   }
-  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), 9 * chunk_floats * 4)
+  EXPECT_EQ(off.steps.back()["mem"]["optim"].get<int64_t>(), chunk_buffer_bytes(3))
       << "three rotating (master, m, v) chunk buffers";
   // Resume from the step-3 checkpoint: the master weights come back from it.
   fs::create_directories(path("cut") + "/checkpoints");
