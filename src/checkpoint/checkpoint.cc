@@ -1,6 +1,10 @@
 #include "checkpoint/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -8,7 +12,9 @@
 #include <tuple>
 #include <vector>
 
+#include "core/check.h"
 #include "core/file_io.h"
+#include "core/memory.h"
 
 namespace meshtrain::checkpoint {
 
@@ -40,11 +46,53 @@ json model_json(const model::GptConfig& c) {
           {"max_seq_len", c.max_seq_len}, {"vocab", c.vocab}};
 }
 
-// Source (or destination) address of unit u's owned slice for one kind of state.
-float* owned_slice(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
-  float* base = kind == 0 ? st.params : kind == 1 ? st.m : st.v;
+// Where unit u's owned slice of one kind of state sits in its buffer (element offset).
+size_t owned_offset(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
   const bool full = kind == 0 ? st.params_full : st.moments_full;
-  return base + (full ? shards.own_begin(u) : shards.units()[u].local_offset);
+  return full ? shards.own_begin(u) : shards.units()[u].local_offset;
+}
+
+float* section_base(const RankState& st, int kind) { return kind == 0 ? st.params : kind == 1 ? st.m : st.v; }
+
+// Writes this rank's shard file (owned slices of params, then m, then v, unit by unit)
+// straight from the state's buffers, or through state.read in pieces of at most 4 MiB for
+// sections that are not in memory, so a checkpoint needs no copy of the shard. Returns the
+// file's byte count and checksum.
+Status write_shard(const std::string& path, const RankState& state, const parallel::ShardLayout& shards,
+                   uint64_t* bytes, uint64_t* checksum) {
+  size_t elements = 0;
+  for (int u = 0; u < (int)shards.units().size(); u++) elements += shards.own_end(u) - shards.own_begin(u);
+  *bytes = (uint64_t)(kKinds * elements * sizeof(float));
+  Checksum64 sum(*bytes);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::error("cannot create " + path + ": " + std::strerror(errno));
+  constexpr size_t kPiece = 1 << 20;  // elements
+  Buffer<float> piece;
+  Status s;
+  auto put = [&](const float* data, size_t n) {
+    if (s.is_ok()) s = write_all(fd, data, n * sizeof(float));
+    sum.update(data, n * sizeof(float));
+  };
+  for (int kind = 0; kind < kKinds && s.is_ok(); kind++)
+    for (int u = 0; u < (int)shards.units().size(); u++) {
+      const size_t offset = owned_offset(state, shards, kind, u);
+      const size_t n = shards.own_end(u) - shards.own_begin(u);
+      if (float* base = section_base(state, kind)) {
+        put(base + offset, n);
+        continue;
+      }
+      CHECK_MSG(state.read, "checkpoint: a section has neither memory nor a reader");
+      if (piece.empty()) piece.allocate(MemCategory::kWorkspace, kPiece);
+      for (size_t i = 0; i < n; i += kPiece) {
+        const size_t c = std::min(kPiece, n - i);
+        state.read(kind, offset + i, c, piece.data());
+        put(piece.data(), c);
+      }
+    }
+  if (s.is_ok() && ::fsync(fd) != 0) s = Status::error("syncing " + path + ": " + std::strerror(errno));
+  if (::close(fd) != 0 && s.is_ok()) s = Status::error("closing " + path + ": " + std::strerror(errno));
+  *checksum = sum.finish();
+  return s.is_ok() ? Status::ok() : Status::error("writing " + path + ": " + s.message());
 }
 
 void remove_old_checkpoints(const fs::path& root, int keep) {
@@ -105,14 +153,6 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   if (!fs::is_directory(tmp_dir))
     return Status::error("cannot create checkpoint directory " + tmp_dir.string());
 
-  // This rank's shard: owned slices of params, then m, then v, unit by unit.
-  std::vector<float> buf;
-  for (int kind = 0; kind < kKinds; kind++)
-    for (int u = 0; u < (int)shards.units().size(); u++) {
-      const float* src = owned_slice(state, shards, kind, u);
-      buf.insert(buf.end(), src, src + (shards.own_end(u) - shards.own_begin(u)));
-    }
-  const size_t bytes = buf.size() * sizeof(float);
   // Which slice each world rank wrote: (tp rank, pp rank, dp rank) and its units.
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
   const int n_units = whole.num_units();
@@ -123,8 +163,8 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   for (const auto& u : layout.units()) mine[3 + u.id] = 1;
   dp.all_reduce_f64(where.data(), where.size(), comm::ReduceOp::kSum);
   const std::string my_file = shard_file_name(layout.tp(), layout.tp_rank(), pp_size, pp_rank, shards.rank());
-  Status written = write_file_synced((tmp_dir / my_file).string(), buf.data(), bytes);
-  const uint64_t checksum = checksum64(buf.data(), bytes);
+  uint64_t bytes = 0, checksum = 0;
+  Status written = write_shard((tmp_dir / my_file).string(), state, shards, &bytes, &checksum);
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
   double failed = written.is_ok() ? 0.0 : 1.0;
   dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);

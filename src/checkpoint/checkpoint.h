@@ -19,6 +19,7 @@
 // them from whichever shards hold them.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -42,6 +43,10 @@ struct RankState {
   float* m = nullptr;  // null: not wanted (loading weights only)
   float* v = nullptr;
   bool moments_full = true;
+  // Saving only: a section whose pointer is null is read through this instead, in pieces
+  // (optimizer state offloaded to disk): copies `count` elements of section `kind` (0
+  // params, 1 m, 2 v) starting at element `offset` of the buffer the pointer would address.
+  std::function<void(int kind, size_t offset, size_t count, float* dst)> read;
 };
 
 // Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()), its

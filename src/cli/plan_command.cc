@@ -1,48 +1,255 @@
+#include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "cli/cluster_file.h"
 #include "cli/commands.h"
 #include "planner/memory.h"
+#include "planner/models.h"
+#include "planner/search.h"
 
 namespace meshtrain::cli {
 
+namespace {
+
+using nlohmann::json;
+using planner::Candidate;
+
+// Everything `meshtrain plan` reads from its flags.
+struct PlanFlags {
+  bool memory = false;  // the ZeRO model-state table only
+  double params = 0;
+  std::vector<int> dp_values;  // --memory: N_d sizes; otherwise one fixed dp
+  std::string state = "mixed";
+  std::string model = "gpt3-175b", cluster = "a100-80g", precision = "bf16";
+  int layers = 0, heads = 0, dim = 0, seq_len = 0, vocab = 0;
+  int gpus = 0, global_batch = 0, top = 10;
+  double tokens = 0;
+  bool as_json = false, sp = false, no_sp = false;
+  // Fixed choices: 0 (zero: -1) means searched.
+  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0;
+  std::string schedule, recompute;
+};
+
+int memory_table(const PlanFlags& f) {
+  if (!(f.params > 0)) return fail(Status::error("--memory needs --params > 0"));
+  if (f.state != "mixed" && f.state != "fp32")
+    return fail(Status::error("--state must be mixed or fp32, got '" + f.state + "'"));
+  const std::vector<int> sizes = f.dp_values.empty() ? std::vector<int>{1, 4, 16, 64, 256, 1024} : f.dp_values;
+  for (int n : sizes)
+    if (n < 1) return fail(Status::error("--dp sizes must be >= 1, got " + std::to_string(n)));
+  const planner::StateDtypes d = f.state == "mixed" ? planner::kMixedState : planner::kFp32State;
+  std::printf("model state per rank, %.4g parameters, %s (%g + %g + %g bytes per parameter), decimal GB\n",
+              f.params, f.state.c_str(), d.param, d.grad, d.optim);
+  std::printf("%8s | %12s | %12s | %12s | %12s\n", "N_d", "zero 0", "zero 1 (os)", "zero 2 (os+g)",
+              "zero 3 (os+g+p)");
+  for (int n : sizes) {
+    std::printf("%8d", n);
+    for (int z = 0; z <= 3; z++) std::printf(" | %12.4g", planner::model_state_bytes(f.params, d, z, n).total() / 1e9);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+// The model to plan: a preset, with any of its dimensions overridden.
+Status plan_model(const PlanFlags& f, planner::ModelShape* m) {
+  RETURN_IF_ERROR(planner::planning_model(f.model, m));
+  for (auto [flag, v] : {std::pair{"--layers", f.layers}, {"--heads", f.heads}, {"--dim", f.dim},
+                         {"--seq-len", f.seq_len}, {"--vocab", f.vocab}})
+    if (v < 0) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+  if (f.layers) m->layers = f.layers;
+  if (f.heads) m->heads = f.heads;
+  if (f.dim) m->hidden = f.dim;
+  if (f.seq_len) m->seq = f.seq_len;
+  if (f.vocab) m->vocab = f.vocab;
+  if (m->hidden % m->heads != 0)
+    return Status::error("--heads " + std::to_string(m->heads) + " must divide --dim " + std::to_string(m->hidden));
+  return Status::ok();
+}
+
+Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
+  auto fixed = [](const char* flag, int v, int lowest, std::optional<int>* out) -> Status {
+    if (v == (lowest == 0 ? -1 : 0)) return Status::ok();
+    if (v < lowest) return Status::error(std::string(flag) + " must be >= " + std::to_string(lowest) + ", got " + std::to_string(v));
+    *out = v;
+    return Status::ok();
+  };
+  RETURN_IF_ERROR(fixed("--tp", f.tp, 1, &s->tp));
+  RETURN_IF_ERROR(fixed("--pp", f.pp, 1, &s->pp));
+  RETURN_IF_ERROR(fixed("--micro-batch", f.micro_batch, 1, &s->micro_batch));
+  RETURN_IF_ERROR(fixed("--virtual-stages", f.virtual_stages, 1, &s->virtual_stages));
+  RETURN_IF_ERROR(fixed("--zero", f.zero, 0, &s->zero));
+  if (s->zero && *s->zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(*s->zero));
+  if (f.dp_values.size() > 1) return Status::error("--dp takes one size when planning (several only with --memory)");
+  if (f.dp_values.size() == 1) RETURN_IF_ERROR(fixed("--dp", f.dp_values[0], 1, &s->dp));
+  if (f.sp && f.no_sp) return Status::error("--sp and --no-sp contradict each other");
+  if (f.sp) s->sp = true;
+  if (f.no_sp) s->sp = false;
+  if (!f.schedule.empty()) {
+    parallel::pp::ScheduleKind k;
+    RETURN_IF_ERROR(parallel::pp::parse_schedule_kind(f.schedule, &k));
+    s->schedule = k;
+  }
+  if (!f.recompute.empty()) {
+    planner::Recompute r;
+    RETURN_IF_ERROR(planner::parse_recompute(f.recompute, &r));
+    s->recompute = r;
+  }
+  return Status::ok();
+}
+
+std::string layout_name(const planner::Layout& l) {
+  char buf[160];
+  std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
+  if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
+  std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, l.zero,
+                l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
+  return buf;
+}
+
+json candidate_json(const Candidate& c) {
+  const planner::Layout& l = c.layout;
+  const planner::Prediction& p = c.prediction;
+  auto comm = [](const planner::CommTime& t) { return json{{"hidden", t.hidden}, {"exposed", t.exposed}}; };
+  const auto& m = p.memory;
+  return {{"layout",
+           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+            {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
+            {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)}}},
+          {"step_s", p.step_s},
+          {"tokens_per_s", p.tokens_per_s},
+          {"tflops_per_gpu", p.tflops_per_gpu},
+          {"mfu", p.mfu},
+          {"bubble", p.bubble},
+          {"comm_s", {{"tp", comm(p.tp)}, {"pp", comm(p.pp)}, {"dp", comm(p.dp)}}},
+          {"mem_gb",
+           {{"params", m.params / 1e9}, {"grads", m.grads / 1e9}, {"optim", m.optim / 1e9},
+            {"activations", m.activations / 1e9}, {"buffers", m.buffers / 1e9}, {"total", m.total() / 1e9},
+            {"available", p.memory_available / 1e9}}},
+          {"fits", p.fits()},
+          {"over_gb", std::max(0.0, c.over_bytes() / 1e9)}};
+}
+
+void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, const PlanFlags& f,
+                 const std::vector<Candidate>& all) {
+  int fitting = 0;
+  for (const auto& c : all) fitting += c.prediction.fits();
+  std::printf("plan: L=%d h=%d heads=%d s=%d V=%d (%.3g parameters) on %d x %s, global batch %d, %s\n",
+              m.layers, m.hidden, m.heads, m.seq, m.vocab, planner::parameter_count(m), f.gpus,
+              cluster.name.c_str(), f.global_batch, f.precision.c_str());
+  std::printf("%zu layouts predicted, %d fit in %.1f GB per GPU; the fastest %d that fit:\n\n", all.size(), fitting,
+              all.empty() ? 0.0 : all.front().prediction.memory_available / 1e9, std::min(f.top, fitting));
+  std::printf("%3s  %-52s %8s %9s %7s %5s %6s | %6s %6s %6s %6s %6s %6s | %-23s\n", "#", "layout", "step s",
+              "tokens/s", "TFLOP/s", "MFU", "bubble", "param", "grad", "optim", "act", "buf", "total",
+              "comm s exposed (hidden)");
+  auto row = [&](int i, const Candidate& c) {
+    const auto& p = c.prediction;
+    const auto& mem = p.memory;
+    char comm[96];
+    std::snprintf(comm, sizeof comm, "tp %.2g pp %.2g dp %.2g (%.2g)", p.tp.exposed, p.pp.exposed, p.dp.exposed,
+                  p.tp.hidden + p.pp.hidden + p.dp.hidden);
+    std::printf("%3d  %-52s %8.3f %9.4g %7.1f %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i,
+                layout_name(c.layout).c_str(), p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, p.bubble,
+                mem.params / 1e9, mem.grads / 1e9, mem.optim / 1e9, mem.activations / 1e9, mem.buffers / 1e9,
+                mem.total() / 1e9, comm);
+  };
+  int shown = 0;
+  for (const auto& c : all)
+    if (c.prediction.fits() && shown < f.top) row(++shown, c);
+  if (fitting == 0) {
+    std::printf("\nno layout fits; the closest ones (memory in GB per GPU over what is available):\n");
+    for (size_t i = 0; i < all.size() && (int)i < f.top; i++)
+      std::printf("  %-52s needs %.1f GB more\n", layout_name(all[i].layout).c_str(), all[i].over_bytes() / 1e9);
+    return;
+  }
+  const auto& best = all.front().prediction;
+  if (f.tokens > 0)
+    std::printf("\n%.3g tokens at the best layout's %.4g tokens/s: %.1f days\n", f.tokens, best.tokens_per_s,
+                f.tokens / best.tokens_per_s / 86400);
+  // The nearest misses of the layouts that do not fit: how much they are over.
+  int over = 0;
+  for (const auto& c : all)
+    if (!c.prediction.fits() && over++ < 3)
+      std::printf("%s  %-52s does not fit: %.1f GB over\n", over == 1 ? "\n" : "", layout_name(c.layout).c_str(),
+                  c.over_bytes() / 1e9);
+}
+
+int run_plan(const PlanFlags& f) {
+  if (f.memory) return memory_table(f);
+  planner::ModelShape m;
+  if (Status s = plan_model(f, &m); !s.is_ok()) return fail(s);
+  planner::Cluster cluster;
+  if (Status s = resolve_cluster(f.cluster, &cluster); !s.is_ok()) return fail(s);
+  planner::Precision precision;
+  if (Status s = planner::parse_precision(f.precision, &precision); !s.is_ok()) return fail(s);
+  if (f.gpus < 1) return fail(Status::error("--gpus must be >= 1 (the number of GPUs to plan for)"));
+  if (f.global_batch < 1) return fail(Status::error("--global-batch must be >= 1 (sequences per step)"));
+  if (f.top < 1) return fail(Status::error("--top must be >= 1"));
+  planner::SearchSpace space;
+  if (Status s = search_space(f, &space); !s.is_ok()) return fail(s);
+  std::vector<Candidate> all;
+  if (Status s = planner::search_layouts(m, f.gpus, f.global_batch, precision, cluster, space, &all); !s.is_ok())
+    return fail(s);
+  if (f.as_json) {
+    json layouts = json::array();
+    for (size_t i = 0; i < all.size() && (int)i < f.top; i++) layouts.push_back(candidate_json(all[i]));
+    json out = {{"model", {{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"seq", m.seq},
+                           {"vocab", m.vocab}, {"parameters", planner::parameter_count(m)}}},
+                {"cluster", cluster.name},
+                {"gpus", f.gpus},
+                {"global_batch", f.global_batch},
+                {"precision", f.precision},
+                {"predicted", all.size()},
+                {"layouts", layouts}};
+    std::printf("%s\n", out.dump(1).c_str());
+    return 0;
+  }
+  print_table(m, cluster, f, all);
+  return 0;
+}
+
+}  // namespace
+
 Command add_plan_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Predict per-rank memory of layouts");
-  auto memory = std::make_shared<bool>(false);
-  auto params = std::make_shared<double>(0);
-  auto dp = std::make_shared<std::vector<int>>(std::vector<int>{1, 4, 16, 64, 256, 1024});
-  auto state = std::make_shared<std::string>("mixed");
-  cmd->add_flag("--memory", *memory, "Model-state bytes per rank for every ZeRO stage");
-  cmd->add_option("--params", *params, "Parameters (e.g. 7.5e9)")->required();
-  cmd->add_option("--dp", *dp, "Data-parallel sizes N_d (comma-separated)")->delimiter(',')->capture_default_str();
-  cmd->add_option("--state", *state,
-                  "Bytes per parameter: mixed (2 weights + 2 gradients + 12 fp32 master, momentum, "
-                  "variance; the ZeRO paper's accounting) or fp32 (4 + 4 + 8, the engine's fp32 runs)")
+  auto* cmd = app.add_subcommand("plan", "Predict memory and speed of layouts on a cluster and rank them");
+  auto f = std::make_shared<PlanFlags>();
+  cmd->add_flag("--memory", f->memory, "Only the model-state bytes per rank for every ZeRO stage (with --params)");
+  cmd->add_option("--params", f->params, "--memory: parameters (e.g. 7.5e9)");
+  cmd->add_option("--dp", f->dp_values,
+                  "Data-parallel size (fixed; searched when absent). With --memory: sizes N_d, comma-separated "
+                  "(default 1,4,16,64,256,1024)")
+      ->delimiter(',');
+  cmd->add_option("--state", f->state,
+                  "--memory: bytes per parameter, mixed (2 + 2 + 12, the ZeRO paper's) or fp32 (4 + 4 + 8)")
       ->capture_default_str();
-  return {cmd, [=] {
-            if (!*memory)
-              return fail(Status::error("meshtrain plan predicts model-state memory (--memory) for now; "
-                                        "layout search and step-time prediction are not built yet"));
-            if (!(*params > 0)) return fail(Status::error("--params must be > 0"));
-            if (*state != "mixed" && *state != "fp32")
-              return fail(Status::error("--state must be mixed or fp32, got '" + *state + "'"));
-            for (int n : *dp)
-              if (n < 1) return fail(Status::error("--dp sizes must be >= 1, got " + std::to_string(n)));
-            const planner::StateDtypes d = *state == "mixed" ? planner::kMixedState : planner::kFp32State;
-            std::printf("model state per rank, %.4g parameters, %s (%g + %g + %g bytes per parameter), "
-                        "decimal GB\n",
-                        *params, state->c_str(), d.param, d.grad, d.optim);
-            std::printf("%8s | %12s | %12s | %12s | %12s\n", "N_d", "zero 0", "zero 1 (os)",
-                        "zero 2 (os+g)", "zero 3 (os+g+p)");
-            for (int n : *dp) {
-              std::printf("%8d", n);
-              for (int z = 0; z <= 3; z++)
-                std::printf(" | %12.4g", planner::model_state_bytes(*params, d, z, n).total() / 1e9);
-              std::printf("\n");
-            }
-            return 0;
-          }};
+  cmd->add_option("--model", f->model, "Model: gpt3-1.3b, gpt3-13b, gpt3-175b, megatron-1t, llama-7b/13b/70b, or an "
+                                       "engine preset (tiny, small, gpt2-124m, gpt2-350m)")
+      ->capture_default_str();
+  cmd->add_option("--layers", f->layers, "Override the model's layers");
+  cmd->add_option("--heads", f->heads, "Override the model's attention heads");
+  cmd->add_option("--dim", f->dim, "Override the model's hidden size");
+  cmd->add_option("--seq-len", f->seq_len, "Override the sequence length");
+  cmd->add_option("--vocab", f->vocab, "Override the vocabulary");
+  cmd->add_option("--cluster", f->cluster, "a100-80g, h100-80g, h200, or a cluster TOML file")->capture_default_str();
+  cmd->add_option("--gpus", f->gpus, "GPUs to lay the model out on");
+  cmd->add_option("--global-batch", f->global_batch, "Sequences per optimizer step");
+  cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32")->capture_default_str();
+  cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
+  cmd->add_option("--pp", f->pp, "Pipeline stages (fixed)");
+  cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (fixed)");
+  cmd->add_option("--micro-batch", f->micro_batch, "Sequences per micro-batch (fixed)");
+  cmd->add_option("--schedule", f->schedule, "gpipe, 1f1b or interleaved (fixed)");
+  cmd->add_option("--virtual-stages", f->virtual_stages, "Chunks per pipeline rank, interleaved (fixed)");
+  cmd->add_flag("--sp", f->sp, "Sequence parallelism on (fixed)");
+  cmd->add_flag("--no-sp", f->no_sp, "Sequence parallelism off (fixed)");
+  cmd->add_option("--recompute", f->recompute, "none, selective or full (fixed)");
+  cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
+  cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
+  cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");
+  return {cmd, [f] { return run_plan(*f); }};
 }
 
 }  // namespace meshtrain::cli

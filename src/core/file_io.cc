@@ -73,25 +73,47 @@ Status fsync_dir(const std::string& dir) {
   return Status::ok();
 }
 
+namespace {
+uint64_t mix(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xFF51AFD7ED558CCDull;
+  x ^= x >> 33;
+  return x;
+}
+uint64_t absorb(uint64_t h, uint64_t word) { return (h ^ mix(word)) * 0xC4CEB9FE1A85EC53ull; }
+}  // namespace
+
 uint64_t checksum64(const void* data, size_t size, uint64_t seed) {
+  Checksum64 c(size, seed);
+  c.update(data, size);
+  return c.finish();
+}
+
+Checksum64::Checksum64(size_t size, uint64_t seed) : h_(seed ^ (size * 0x9E3779B97F4A7C15ull)) {}
+
+// Whole 8-byte words in order; a word split between pieces waits in carry_.
+void Checksum64::update(const void* data, size_t n) {
   const unsigned char* p = static_cast<const unsigned char*>(data);
-  uint64_t h = seed ^ (size * 0x9E3779B97F4A7C15ull);
-  auto mix = [](uint64_t x) {
-    x ^= x >> 33;
-    x *= 0xFF51AFD7ED558CCDull;
-    x ^= x >> 33;
-    return x;
-  };
-  size_t i = 0;
-  for (; i + 8 <= size; i += 8) {
-    uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    h = (h ^ mix(w)) * 0xC4CEB9FE1A85EC53ull;
+  while (n > 0 && (carried_ > 0 || n < 8)) {
+    carry_[carried_++] = *p++, n--;
+    if (carried_ == 8) {
+      uint64_t w;
+      std::memcpy(&w, carry_, 8);
+      h_ = absorb(h_, w), carried_ = 0;
+    }
   }
+  for (; n >= 8; p += 8, n -= 8) {
+    uint64_t w;
+    std::memcpy(&w, p, 8);
+    h_ = absorb(h_, w);
+  }
+  while (n > 0) carry_[carried_++] = *p++, n--;
+}
+
+uint64_t Checksum64::finish() {
   uint64_t tail = 0;
-  std::memcpy(&tail, p + i, size - i);
-  h = (h ^ mix(tail)) * 0xC4CEB9FE1A85EC53ull;
-  return mix(h);
+  std::memcpy(&tail, carry_, carried_);
+  return mix(absorb(h_, tail));
 }
 
 std::string to_hex(uint64_t v) {

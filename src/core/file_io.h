@@ -21,6 +21,18 @@ Status fsync_dir(const std::string& dir);
 // A fast 64-bit checksum over bytes (8 bytes per round, multiply-xorshift mixing);
 // detects corruption, not adversaries.
 uint64_t checksum64(const void* data, size_t size, uint64_t seed = 0);
+// checksum64 of `size` bytes fed in pieces of any length.
+class Checksum64 {
+ public:
+  explicit Checksum64(size_t size, uint64_t seed = 0);
+  void update(const void* data, size_t n);
+  uint64_t finish();  // after exactly `size` bytes
+
+ private:
+  uint64_t h_;
+  unsigned char carry_[8];
+  size_t carried_ = 0;
+};
 std::string to_hex(uint64_t v);
 
 }  // namespace meshtrain

@@ -1,10 +1,12 @@
 // Tracked memory: every buffer the engine allocates belongs to a category, and the
 // tracker keeps current and peak bytes per category, so reports are measured, not guessed.
 #pragma once
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace meshtrain {
 
@@ -60,6 +62,7 @@ class Buffer {
 
   T* data() { return data_; }
   const T* data() const { return data_; }
+  MemCategory category() const { return category_; }
   size_t size() const { return count_; }
   int64_t bytes() const { return static_cast<int64_t>(count_ * sizeof(T)); }
   bool empty() const { return count_ == 0; }
@@ -74,6 +77,43 @@ class Buffer {
   T* data_ = nullptr;
   size_t count_ = 0;
   MemCategory category_ = MemCategory::kWorkspace;
+};
+
+// Keeps freed buffers for reuse by the next request of the same category and size: a
+// buffer allocated and freed many times per step (a unit's widened weights, its gradient
+// accumulator) would otherwise fault in and zero fresh pages every time. Spares stay
+// allocated, and tracked, until clear(), until more than `max_spares` are kept, or until a
+// buffer of the same category and another size is asked for (so a spare of one size, such
+// as the embeddings' after the forward pass, does not sit beside the next buffers of
+// another). Buffers under 64 KiB are not kept: their pages cost little.
+template <typename T>
+class BufferPool {
+ public:
+  explicit BufferPool(size_t max_spares = 6) : max_spares_(max_spares) {}
+  // A buffer of `count` elements: a spare if one fits exactly (zeroed when `zero`), else new
+  // (always zero).
+  Buffer<T> take(MemCategory category, size_t count, bool zero) {
+    for (size_t i = 0; i < spares_.size(); i++) {
+      if (spares_[i].category() != category || spares_[i].size() != count) continue;
+      Buffer<T> b = static_cast<Buffer<T>&&>(spares_[i]);
+      spares_.erase(spares_.begin() + (long)i);
+      if (zero) std::fill(b.begin(), b.end(), T{});
+      return b;
+    }
+    std::erase_if(spares_, [&](const Buffer<T>& s) { return s.category() == category; });
+    return Buffer<T>(category, count);
+  }
+  void give(Buffer<T>&& b) {
+    if (b.bytes() < kMinBytes) return b.release();
+    spares_.push_back(static_cast<Buffer<T>&&>(b));
+    if (spares_.size() > max_spares_) spares_.erase(spares_.begin());  // the oldest goes
+  }
+  void clear() { spares_.clear(); }
+
+ private:
+  static constexpr int64_t kMinBytes = 64 * 1024;
+  size_t max_spares_;
+  std::vector<Buffer<T>> spares_;
 };
 
 void* tracked_alloc(MemCategory category, size_t bytes);

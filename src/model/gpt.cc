@@ -137,6 +137,43 @@ void Gpt::init_weights(uint64_t seed) {
   }
 }
 
+int64_t ActivationInventory::block(Recompute mode) const {
+  switch (mode) {
+    case Recompute::kNone: return block_none;
+    case Recompute::kSelective: return block_selective;
+    case Recompute::kFull: return block_full;
+  }
+  return 0;
+}
+
+int64_t ActivationInventory::recompute_scratch(Recompute mode) const {
+  switch (mode) {
+    case Recompute::kNone: return 0;
+    case Recompute::kSelective: return recompute_selective;
+    case Recompute::kFull: return recompute_full;
+  }
+  return 0;
+}
+
+ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel) {
+  const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp, Fl = 4 * C / tp;
+  const int64_t Vl = config.padded_vocab() / tp;
+  const bool sp = sequence_parallel && tp > 1;
+  const int64_t Nl = sp ? N / tp : N;
+  ActivationInventory a;
+  const int64_t attention_core = N * Cl + N * NHl;  // atty, att_lse
+  a.block_none = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NHl;
+  a.block_selective = a.block_none - attention_core;
+  a.block_full = Nl * C;  // the block's output only
+  a.set_input = Nl * C;
+  a.head = Nl * C + 2 * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
+  a.recompute_selective = attention_core;
+  a.recompute_full = a.block_none;
+  // dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu.
+  a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl * 4 + N * Fl * 2;
+  return a;
+}
+
 void Gpt::ensure_activations(int B, int T) {
   CHECK_MSG(T <= config_.max_seq_len, "sequence longer than the position embedding");
   if (B == B_ && T == T_) return;
@@ -145,15 +182,13 @@ void Gpt::ensure_activations(int B, int T) {
   const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_;
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
+  inventory_ = activation_inventory(config_, B, T, tp_size_, sp_);
   sets_.clear();  // laid out again on first use
   set_ = nullptr;
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
   // the gradients of one block's intermediates in backward.
-  const size_t attention_core = N * Cl + N * NH;  // atty, att_lse
-  const size_t scratch = recompute_ == Recompute::kNone        ? 0
-                         : recompute_ == Recompute::kSelective ? attention_core
-                                                                : set_floats_per_block(Recompute::kNone);
-  shared_.allocate(MemCategory::kActivations, scratch + gradient_scratch_floats());
+  shared_.allocate(MemCategory::kActivations,
+                   inventory_.recompute_scratch(recompute_) + inventory_.gradient_scratch);
   float* cursor = shared_.data();
   auto take = [&](size_t n) {
     float* p = cursor;
@@ -169,34 +204,12 @@ void Gpt::ensure_activations(int B, int T) {
   CHECK(cursor == shared_.data() + shared_.size());
 }
 
-// Floats one block keeps for backward in `mode` (see BlockActivations): 4 residual-stream
-// [Nl,C] tensors and their row statistics, qkv, the attention output and the two MLP
-// tensors of this rank's slice (all N rows).
-size_t Gpt::set_floats_per_block(Recompute mode) const {
-  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
-  const size_t attention_core = N * Cl_ + N * NHl_;
-  const size_t whole_block = Nl * C * 4 + N * Cl_ * 4 + N * Fl_ * 2 + Nl * 4 + N * NHl_;
-  switch (mode) {
-    case Recompute::kNone: return whole_block;
-    case Recompute::kSelective: return whole_block - attention_core;
-    case Recompute::kFull: return Nl * C;  // the block's output only
-  }
-  return 0;
-}
-
-// dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu.
-size_t Gpt::gradient_scratch_floats() const {
-  const size_t N = (size_t)B_ * T_, C = config_.dim;
-  return (size_t)Nl_ * C * 3 + N * C * 2 + N * Cl_ * 4 + N * Fl_ * 2;
-}
-
 // One micro-batch's set for chunk c: its input, its blocks, and the head's tensors.
 size_t Gpt::set_floats(int c) const {
-  const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
-  size_t n = Nl * C;
-  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) n += set_floats_per_block(recompute_of(l));
-  if (is_last_stage(c)) n += Nl * C + 2 * Nl + (sp_ ? N * C : 0) + N * Vl_ + 3 * N;
-  return n;
+  int64_t n = inventory_.set_input;
+  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) n += inventory_.block(recompute_of(l));
+  if (is_last_stage(c)) n += inventory_.head;
+  return (size_t)n;
 }
 
 template <typename Take>
@@ -551,7 +564,7 @@ const float* Gpt::dropout_grad(const float* dresidual, int site) {
 
 int64_t Gpt::stored_activation_bytes(int B, int T) {
   ensure_activations(B, T);
-  int64_t bytes = shared_activation_bytes() - (int64_t)sizeof(float) * gradient_scratch_floats();
+  int64_t bytes = shared_activation_bytes() - (int64_t)sizeof(float) * inventory_.gradient_scratch;
   for (int c = 0; c < num_chunks(); c++) bytes += activation_set_bytes(c);
   return bytes;
 }

@@ -40,6 +40,32 @@ struct BlockActivations {
 //   block's input), the whole block recomputed in backward.
 enum class Recompute { kNone, kSelective, kFull };
 
+// The activation inventory of one tensor-parallel rank for B x T micro-batches, in floats
+// (activations are fp32), as a Gpt lays it out; computed without a model or an allocation,
+// so the planner predicts activation memory with the engine's own accounting. N = B*T token
+// rows, Nl = N/t residual-stream rows under sequence parallelism (else N), Cl = C/t,
+// NHl = NH/t, Fl = 4C/t.
+struct ActivationInventory {
+  // One block's stored tensors per recompute mode (BlockActivations): kNone 4 [Nl,C]
+  // residual-stream tensors, their 4 row statistics, qkv [N,3Cl], the attention output
+  // [N,Cl], its log-sum-exp [N,NHl] and the MLP's two [N,Fl]; kSelective all but the
+  // attention output and log-sum-exp; kFull the block's output [Nl,C] only.
+  int64_t block_none = 0, block_selective = 0, block_full = 0;
+  int64_t set_input = 0;  // every set's input [Nl,C]
+  // A last-stage set's head: final norm [Nl,C] and its statistics, the gathered head input
+  // [N,C] (sequence parallel only), logits [N,Vp/t], log-sum-exp, target logit and loss [N].
+  int64_t head = 0;
+  // Scratch shared by every set: what recomputation rebuilds (kSelective the attention
+  // output and log-sum-exp, kFull one whole block) and the backward pass's gradients of a
+  // block's intermediates and tensor-parallel exchange buffers.
+  int64_t recompute_selective = 0, recompute_full = 0;
+  int64_t gradient_scratch = 0;
+
+  int64_t block(Recompute mode) const;
+  int64_t recompute_scratch(Recompute mode) const;
+};
+ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel);
+
 // FLOPs the model executed (matmuls and attention, 2 per multiply-add), split into the
 // model's own forward/backward and the forward work repeated by recomputation.
 struct FlopCounts {
@@ -168,8 +194,6 @@ class Gpt {
   };
   void ensure_activations(int B, int T);
   size_t set_floats(int c) const;
-  size_t set_floats_per_block(Recompute mode) const;
-  size_t gradient_scratch_floats() const;
   template <typename Take>
   void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const;
   ActivationSet& open_set(int c, int mb);  // a set for (c, mb): reused or new
@@ -215,6 +239,7 @@ class Gpt {
 
   std::vector<ModelPart::Chunk> chunks_;
   int B_ = 0, T_ = 0;
+  ActivationInventory inventory_;  // for B_ x T_ (activation_inventory)
   std::vector<std::unique_ptr<ActivationSet>> sets_;  // a pool, laid out per use (open_set)
   ActivationSet* set_ = nullptr;  // the set the running forward/backward uses
   // Scratch shared by every set: recomputed tensors, the gradients of activations reused

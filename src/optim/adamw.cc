@@ -205,6 +205,12 @@ void AdamW::read_state(StateKind k, float* dst) {
   std::copy(arrays_[k].data(), arrays_[k].data() + size_, dst);
 }
 
+void AdamW::read_state(StateKind k, size_t begin, size_t count, float* dst) {
+  CHECK(k < state_kinds() && begin + count <= size_);
+  if (offloaded_) return offloaded_->read(k, begin, count, dst);
+  std::copy(arrays_[k].data() + begin, arrays_[k].data() + begin + count, dst);
+}
+
 void AdamW::write_state(StateKind k, const float* src) {
   CHECK(k < state_kinds());
   if (offloaded_) return offloaded_->write(k, src);

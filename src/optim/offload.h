@@ -46,6 +46,7 @@ class OffloadedState {
   void for_each_chunk(const std::function<void(size_t begin, size_t end, float* const* arrays)>& update);
   // Whole-array copies (setup, checkpoints), kind in [0, kinds()); not in stats().
   void read(int kind, float* dst);
+  void read(int kind, size_t begin, size_t count, float* dst);  // elements [begin, begin + count)
   void write(int kind, const float* src);
   const OffloadStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -89,6 +89,7 @@ void DataParallel::build_buckets() {
     current.begin = unit.offset;
     bucket_of_unit_[u] = (int)buckets_.size();
     if (current.end - current.begin >= bucket_elems || u == 0) {
+      max_bucket_ = std::max(max_bucket_, current.end - current.begin);
       buckets_.push_back(std::move(current));
       current = Bucket{};
     }
@@ -104,7 +105,7 @@ void DataParallel::start_bucket(size_t b) {
     // backward of this bucket's units) before widening this one.
     for (size_t e = 0; e < buckets_.size(); e++)
       if (e != b) complete_bucket(e);
-    bk.staging.allocate(MemCategory::kComm, n);
+    bk.staging = pool_.take(MemCategory::kComm, max_bucket_, false);  // one size: reused
     kernels::from_half(storage(), grads16_.data() + bk.begin, bk.staging.data(), n);
     data = bk.staging.data();
   } else {
@@ -122,7 +123,7 @@ void DataParallel::complete_bucket(size_t b) {
   bk.request.reset();
   if (bk.staging.empty()) return;
   kernels::to_half(storage(), bk.staging.data(), grads16_.data() + bk.begin, bk.end - bk.begin);
-  bk.staging.release();
+  pool_.give(std::move(bk.staging));
 }
 
 // ---------------------------------------------------------------- reduce-scatter
@@ -134,13 +135,13 @@ void DataParallel::start_unit_reduce_scatter(int u) {
   if (config_.zero_stage >= 2) {
     p.send = std::move(grad_staging_[u]);
   } else {  // stage 1: the full gradient stays; reduce a zero-padded copy of the unit
-    p.send.allocate(MemCategory::kComm, s.padded);
+    p.send = pool_.take(MemCategory::kComm, s.padded, true);
     if (half_storage())
       kernels::from_half(storage(), grads16_.data() + s.global_offset, p.send.data(), s.numel);
     else
       std::memcpy(p.send.data(), full_grads() + s.global_offset, sizeof(float) * s.numel);
   }
-  p.recv.allocate(MemCategory::kComm, s.shard);
+  p.recv = pool_.take(MemCategory::kComm, s.shard, false);
   p.request = dp_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
   pending_.push_back(std::move(p));
   if (!config_.overlap) retire(pending_.back()), pending_.pop_back();
@@ -165,6 +166,8 @@ void DataParallel::retire(Pending& p) {
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < owned; i++) dst[i] += src[i];
   }
+  pool_.give(std::move(p.send));
+  pool_.give(std::move(p.recv));
 }
 
 void DataParallel::wait_pending() {
@@ -332,10 +335,10 @@ DataParallel::Gathered& DataParallel::gather(int u) {
     const UnitShard& s = shards_.units()[u];
     auto g = std::make_unique<Gathered>();
     if (config_.zero_stage == 3 && half_storage()) {
-      g->half.allocate(MemCategory::kGathered, s.padded);
+      g->half = pool16_.take(MemCategory::kGathered, s.padded, false);
       g->request = dp_.iall_gather(params16_.data() + s.local_offset, g->half.data(), s.shard);
     } else if (config_.zero_stage == 3) {
-      g->data.allocate(MemCategory::kGathered, s.padded);
+      g->data = pool_.take(MemCategory::kGathered, s.padded, false);
       g->request = dp_.iall_gather(param_shard_.data() + s.local_offset, g->data.data(), s.shard);
     }
     gathered_[u] = std::move(g);
@@ -358,10 +361,10 @@ const float* DataParallel::acquire_params(int u) {
   if (g.request) g.request->wait();
   if (half_storage() && g.data.empty()) {
     const auto& unit = layout_.units()[u];
-    g.data.allocate(MemCategory::kGathered, unit.numel);
+    g.data = pool_.take(MemCategory::kGathered, unit.numel, false);
     kernels::from_half(storage(), stage == 3 ? g.half.data() : params16_.data() + unit.offset,
                        g.data.data(), unit.numel);
-    g.half.release();
+    pool16_.give(std::move(g.half));
   }
   g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
@@ -372,15 +375,17 @@ const float* DataParallel::acquire_params(int u) {
 void DataParallel::release_params(int u) {
   if (config_.zero_stage < 3 && !half_storage()) return;
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
-  if (--gathered_[u]->refs == 0) gathered_[u].reset();
+  if (--gathered_[u]->refs > 0) return;
+  pool_.give(std::move(gathered_[u]->data));
+  gathered_[u].reset();
 }
 
 float* DataParallel::acquire_grads(int u) {
   const int stage = config_.zero_stage;
   if (stage < 2 && !half_storage()) return full_grads() + layout_.units()[u].offset;
   if (grad_staging_[u].empty()) {
-    if (stage >= 2) grad_staging_[u].allocate(MemCategory::kComm, shards_.units()[u].padded);
-    else grad_staging_[u].allocate(MemCategory::kWorkspace, layout_.units()[u].numel);
+    grad_staging_[u] = stage >= 2 ? pool_.take(MemCategory::kComm, shards_.units()[u].padded, true)
+                                  : pool_.take(MemCategory::kWorkspace, layout_.units()[u].numel, true);
   }
   return grad_staging_[u].data();
 }
@@ -394,7 +399,7 @@ void DataParallel::release_grads(int u) {
   if (half_storage()) {  // this micro-batch's fp32 gradient into the 16-bit accumulation
     const auto& unit = layout_.units()[u];
     kernels::add_to_half(storage(), grads16_.data() + unit.offset, grad_staging_[u].data(), unit.numel);
-    grad_staging_[u].release();
+    pool_.give(std::move(grad_staging_[u]));
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
   if (stage == 1) {

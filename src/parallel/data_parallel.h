@@ -153,6 +153,10 @@ class DataParallel : public model::ParamStore {
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.
   std::vector<Buffer<float>> grad_staging_;
+  // Per-unit buffers (views, accumulators, staging, gathers) are reused, within a step and
+  // from one step to the next.
+  BufferPool<float> pool_;
+  BufferPool<uint16_t> pool16_;
   std::vector<std::unique_ptr<Gathered>> gathered_;  // stage 3: per unit
   std::vector<Pending> pending_;
 
@@ -167,6 +171,7 @@ class DataParallel : public model::ParamStore {
   };
   std::vector<Bucket> buckets_;
   std::vector<int> bucket_of_unit_;
+  size_t max_bucket_ = 0;  // elements of the largest bucket
 };
 
 }  // namespace meshtrain::parallel

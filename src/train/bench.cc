@@ -33,11 +33,15 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   for (auto& t : tokens) t = (uint16_t)(rng() % config.vocab);
   auto data = data::TokenLoader::from_tokens(std::move(tokens));
 
-  model::Gpt gpt(config);
-  gpt.init_weights(o.seed);
+  // As training stores it: fp32, or 16-bit weights and gradients with fp32 master weights.
+  model::Gpt init(config, model::Gpt::LocalState::kParamsOnly);
+  init.init_weights(o.seed);
+  model::Gpt gpt(config, parallel::model_state_for_stage(0, precision));
   gpt.set_precision(precision);
   comm::SelfGroup self("dp");
-  parallel::DataParallel dp(gpt, self, {}, o.adamw);
+  parallel::DpConfig dpc;
+  dpc.storage = precision;
+  parallel::DataParallel dp(gpt, self, dpc, o.adamw, init.params());
   const double flops_per_token = gpt.flops_per_token(T);
   std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %s GEMMs | %d threads\n",
               config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T,

@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_file.h"
+#include "core/check.h"
 #include "core/file_io.h"
 #include "parallel/pp/stages.h"
 #include "train/peak.h"
@@ -210,12 +211,15 @@ class StateCopies {
 // What a checkpoint holds of this rank: its fp32 parameters (the model's, stage 3's shard,
 // or the optimizer's master weights with 16-bit storage, addressed like the moments) and
 // the moments.
-checkpoint::RankState rank_state(Run& run, StateCopies& state) {
+checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
   const bool moments_full = run.opt.zero == 0;
-  float* m = state.get(optim::kMomentM), *v = state.get(optim::kMomentV);
-  if (run.dp->half_storage()) return {state.get(optim::kMasterWeights), moments_full, m, v, moments_full};
+  if (run.dp->half_storage()) return {master, moments_full, m, v, moments_full};
   const bool sharded = run.opt.zero == 3;
   return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full};
+}
+
+checkpoint::RankState rank_state(Run& run, StateCopies& state) {
+  return rank_state(run, state.get(optim::kMasterWeights), state.get(optim::kMomentM), state.get(optim::kMomentV));
 }
 
 // Where the AdamW moments live: in memory, or streamed from files when --offload
@@ -386,11 +390,27 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 }
 
 
+// Offloaded optimizer state is streamed from its file into the checkpoint in pieces, so a
+// checkpoint holds no copy of it in memory.
 Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
   const TrainOptions& o = run.opt;
-  StateCopies state(run.dp->adamw());
+  optim::AdamW& adamw = run.dp->adamw();
+  checkpoint::RankState st;
+  if (adamw.offloaded()) {
+    // Sections 1-2 (m, v), and the parameters when they are the offloaded master weights.
+    st = rank_state(run, nullptr, nullptr, nullptr);
+    const bool master_params = run.dp->half_storage();
+    st.read = [&adamw, master_params](int kind, size_t offset, size_t count, float* dst) {
+      const optim::StateKind k = kind == 1 ? optim::kMomentM : kind == 2 ? optim::kMomentV : optim::kMasterWeights;
+      CHECK(kind != 0 || master_params);
+      adamw.read_state(k, offset, count, dst);
+    };
+  } else {
+    StateCopies state(adamw);
+    st = rank_state(run, state);
+  }
   return checkpoint::save_checkpoint(
-      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), rank_state(run, state), world,
+      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
       to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
       run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}} : json::object());
 }

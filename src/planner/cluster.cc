@@ -1,0 +1,237 @@
+#include "planner/cluster.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <type_traits>
+
+namespace meshtrain::planner {
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kBf16:
+      return "bf16";
+    case Precision::kFp16:
+      return "fp16";
+    case Precision::kFp32:
+      return "fp32";
+  }
+  return "?";
+}
+
+Status parse_precision(const std::string& name, Precision* out) {
+  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32})
+    if (name == precision_name(p)) return *out = p, Status::ok();
+  return Status::error("unknown precision '" + name + "' (choose bf16, fp16 or fp32)");
+}
+
+double GemmEfficiency::at(double m, double n, double k) const {
+  const double d = std::min({m, n, k});
+  return d <= 0 ? 0 : max_fraction * d / (d + half_dim);
+}
+
+namespace {
+
+constexpr double kGB = 1e9, kTFLOPS = 1e12, kUs = 1e-6;
+
+// Calibrated once on the A100 against Narayanan et al. 2021 (arXiv 2104.04473) Table 1 and
+// Korthikanti et al. 2022 (arXiv 2205.05198) Tables 4-5 (tests/unit/test_planner_time.cc,
+// docs/planning.md). No published run on H100/H200 is checked here: those presets reuse the
+// A100's fractions, an assumption to replace by a measured cluster file.
+void a100_efficiencies(Cluster* c) {
+  c->gemm.max_fraction = 0.78;
+  c->gemm.half_dim = 64;
+  c->hbm_efficiency = 0.60;
+  c->link_efficiency = 0.70;
+}
+
+// DGX A100 80GB node.
+//  - 312 TFLOP/s dense BF16/FP16 tensor core, 19.5 TFLOP/s FP32, 80 GB HBM2e at 2,039 GB/s:
+//    NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB column); 312 is also the peak both
+//    Narayanan et al. 2021 and Korthikanti et al. 2022 divide by.
+//  - NVLink 3: 600 GB/s total per GPU = 300 GB/s per direction (A100 datasheet).
+//  - 8 GPUs per node, one 200 Gb/s HDR InfiniBand ConnectX-6 port per GPU for compute
+//    traffic: 200/8 = 25 GB/s per GPU per direction (NVIDIA DGX A100 datasheet / user guide;
+//    Narayanan et al. 2021 §5 describe the same 8x200 Gb/s HDR per node).
+//  - Latencies are not datasheet figures: order-of-magnitude NCCL ring step latencies
+//    (a few microseconds on NVLink, more across the network), docs/planning.md.
+Cluster a100() {
+  Cluster c;
+  c.name = "a100-80g";
+  c.peak_flops_16 = 312 * kTFLOPS;
+  c.peak_flops_32 = 19.5 * kTFLOPS;
+  c.memory_bytes = 80 * kGB;
+  c.hbm_bandwidth = 2039 * kGB;
+  c.gpus_per_node = 8;
+  c.intra = {300 * kGB, 2 * kUs};
+  c.inter = {25 * kGB, 5 * kUs};
+  c.reserved_bytes = 2 * kGB;
+  a100_efficiencies(&c);
+  return c;
+}
+
+// DGX H100 node.
+//  - 989 TFLOP/s dense BF16/FP16 tensor core (1,979 with sparsity), 67 TFLOP/s FP32, 80 GB
+//    HBM3 at 3.35 TB/s: NVIDIA H100 Tensor Core GPU datasheet (SXM5 column).
+//  - NVLink 4: 900 GB/s total per GPU = 450 GB/s per direction (H100 datasheet).
+//  - 8 GPUs per node, 8x 400 Gb/s NDR InfiniBand ConnectX-7 (DGX H100 datasheet): 50 GB/s
+//    per GPU per direction.
+Cluster h100() {
+  Cluster c = a100();
+  c.name = "h100-80g";
+  c.peak_flops_16 = 989 * kTFLOPS;
+  c.peak_flops_32 = 67 * kTFLOPS;
+  c.memory_bytes = 80 * kGB;
+  c.hbm_bandwidth = 3350 * kGB;
+  c.intra = {450 * kGB, 2 * kUs};
+  c.inter = {50 * kGB, 5 * kUs};
+  return c;
+}
+
+// H200 SXM: the H100's compute, NVLink 4 and node (NVIDIA H200 Tensor Core GPU datasheet:
+// 989 TFLOP/s dense BF16, 67 TFLOP/s FP32, 900 GB/s NVLink) with 141 GB of HBM3e at
+// 4.8 TB/s (same datasheet); DGX H200 keeps 8x 400 Gb/s NDR per node.
+Cluster h200() {
+  Cluster c = h100();
+  c.name = "h200";
+  c.memory_bytes = 141 * kGB;
+  c.hbm_bandwidth = 4800 * kGB;
+  return c;
+}
+
+// One entry per file key: the field it sets (an lvalue expression on a Cluster), and the
+// file's unit as a factor to SI.
+struct FieldSpec {
+  ClusterField doc;
+  double scale;
+  bool whole;  // an integer field
+  double (*get)(const Cluster&);
+  void (*set)(Cluster*, double);
+};
+
+#define FIELD(key, unit, help, scale, field)                                              \
+  FieldSpec {                                                                             \
+    {key, unit, help}, scale, std::is_integral_v<decltype(Cluster::field)>,               \
+        [](const Cluster& c) { return (double)c.field; },                                 \
+        [](Cluster* c, double v) { c->field = static_cast<decltype(Cluster::field)>(v); } \
+  }
+
+const std::vector<FieldSpec>& specs() {
+  // clang-format off
+  static const std::vector<FieldSpec> s = {
+      FIELD("peak_tflops_bf16", "TFLOP/s", "dense bf16/fp16 tensor-core peak per GPU", kTFLOPS, peak_flops_16),
+      FIELD("peak_tflops_fp32", "TFLOP/s", "fp32 peak per GPU", kTFLOPS, peak_flops_32),
+      FIELD("memory_gb", "GB", "HBM per GPU", kGB, memory_bytes),
+      FIELD("hbm_gbps", "GB/s", "HBM bandwidth per GPU", kGB, hbm_bandwidth),
+      FIELD("gpus_per_node", "", "GPUs sharing the intra-node link", 1, gpus_per_node),
+      FIELD("intra_node_gbps", "GB/s", "intra-node (NVLink) bandwidth per GPU, one direction", kGB, intra.bandwidth),
+      FIELD("intra_node_latency_us", "us", "intra-node latency per ring step", kUs, intra.latency),
+      FIELD("inter_node_gbps", "GB/s", "inter-node (InfiniBand) bandwidth per GPU, one direction", kGB, inter.bandwidth),
+      FIELD("inter_node_latency_us", "us", "inter-node latency per ring step", kUs, inter.latency),
+      FIELD("gemm_max_fraction", "", "GEMM efficiency: asymptotic fraction of peak", 1, gemm.max_fraction),
+      FIELD("gemm_half_dim", "", "GEMM efficiency: smallest dimension at half of gemm_max_fraction", 1, gemm.half_dim),
+      FIELD("hbm_efficiency", "", "achieved fraction of HBM bandwidth in memory-bound kernels", 1, hbm_efficiency),
+      FIELD("link_efficiency", "", "achieved fraction of link bandwidth in collectives", 1, link_efficiency),
+      FIELD("reserved_gb", "GB", "memory per GPU not available to the model", kGB, reserved_bytes),
+  };
+  // clang-format on
+  return s;
+}
+#undef FIELD
+
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+// The range of one field's value (SI units): an error naming the key, or OK.
+Status check_field(const FieldSpec& s, double v) {
+  const std::string key = s.doc.key;
+  const bool fraction = key == "gemm_max_fraction" || key == "hbm_efficiency" || key == "link_efficiency";
+  const bool may_be_zero = key.ends_with("latency_us") || key == "reserved_gb";
+  if (!std::isfinite(v) || v < 0 || (v == 0 && !may_be_zero))
+    return Status::error("'" + key + "' must be " + (may_be_zero ? ">= 0" : "> 0") + ", got " + num(v / s.scale));
+  if (fraction && v > 1) return Status::error("'" + key + "' is a fraction in (0, 1], got " + num(v));
+  if (s.whole && v > 1e6) return Status::error("'" + key + "' must be at most 1e6, got " + num(v));
+  return Status::ok();
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); j++) row[j] = j;
+  for (size_t i = 1; i <= a.size(); i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); j++) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+}  // namespace
+
+Status cluster_preset(const std::string& name, Cluster* out) {
+  if (name == "a100-80g") return *out = a100(), Status::ok();
+  if (name == "h100-80g") return *out = h100(), Status::ok();
+  if (name == "h200") return *out = h200(), Status::ok();
+  std::string known;
+  for (const std::string& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
+  return Status::error("unknown cluster preset '" + name + "' (known: " + known + ")");
+}
+
+std::vector<std::string> cluster_preset_names() { return {"a100-80g", "h100-80g", "h200"}; }
+
+const std::vector<ClusterField>& cluster_fields() {
+  static const std::vector<ClusterField> fields = [] {
+    std::vector<ClusterField> f;
+    for (const FieldSpec& s : specs()) f.push_back(s.doc);
+    return f;
+  }();
+  return fields;
+}
+
+Status set_cluster_field(const std::string& key, const std::string& value, const std::string& where, Cluster* c) {
+  const std::string at = "'" + key + "' in " + where;
+  if (key == "name") {
+    if (value.empty()) return Status::error(at + " must not be empty");
+    c->name = value;
+    return Status::ok();
+  }
+  const FieldSpec* spec = nullptr;
+  for (const FieldSpec& s : specs())
+    if (key == s.doc.key) spec = &s;
+  if (!spec) {
+    std::string best;
+    size_t best_d = std::max<size_t>(2, key.size() / 3) + 1;
+    for (const FieldSpec& s : specs())
+      if (size_t d = edit_distance(key, s.doc.key); d < best_d) best = s.doc.key, best_d = d;
+    return Status::error("unknown key '" + key + "' in " + where +
+                         (best.empty() ? "" : " (did you mean '" + best + "'?)"));
+  }
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || errno != 0 || !std::isfinite(v))
+    return Status::error(at + " must be a number" +
+                         (spec->doc.unit[0] ? std::string(" (") + spec->doc.unit + ")" : "") + ", got '" + value + "'");
+  if (spec->whole && v != std::floor(v)) return Status::error(at + " must be a whole number, got '" + value + "'");
+  RETURN_IF_ERROR(check_field(*spec, v * spec->scale).with_context(where));
+  spec->set(c, v * spec->scale);
+  return Status::ok();
+}
+
+Status validate(const Cluster& c) {
+  for (const FieldSpec& s : specs()) RETURN_IF_ERROR(check_field(s, s.get(c)));
+  if (c.reserved_bytes >= c.memory_bytes)
+    return Status::error("'reserved_gb' (" + num(c.reserved_bytes / kGB) + ") must be below 'memory_gb' (" +
+                         num(c.memory_bytes / kGB) + ")");
+  return Status::ok();
+}
+
+}  // namespace meshtrain::planner

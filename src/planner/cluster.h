@@ -1,0 +1,84 @@
+// A cluster as the planner sees it: per-GPU compute, memory and links, and how much of the
+// peak a GEMM of a given shape achieves. Presets for DGX-style nodes of A100, H100 and H200;
+// any field can be overridden by a TOML cluster file (cli/cluster_file.h reads the file,
+// set_cluster_field() below interprets each key, so both share one list of fields).
+//
+// Every figure of a preset is cited where the preset is defined (cluster.cc) and in
+// docs/planning.md. Efficiency parameters are not datasheet figures: they were calibrated
+// once per GPU against published runs (docs/planning.md, "Time model").
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace meshtrain::planner {
+
+enum class Precision { kBf16, kFp16, kFp32 };
+
+// "bf16", "fp16", "fp32".
+const char* precision_name(Precision p);
+Status parse_precision(const std::string& name, Precision* out);
+// Bytes of one element of activations, gradients and messages in this precision.
+inline double element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
+
+// A link as one GPU sees it: bandwidth in bytes/s in one direction, latency (the alpha of an
+// alpha-beta model) in seconds per message step.
+struct Link {
+  double bandwidth = 0;
+  double latency = 0;
+};
+
+// Achievable fraction of peak for a GEMM (C[M,N] = A[M,K] B[K,N], any transposition) as a
+// saturating curve in its smallest dimension d = min(M, N, K):
+//   fraction(d) = max_fraction * d / (d + half_dim)
+// Small dimensions (attention's head size, thin tensor-parallel slices) starve the tensor
+// cores of reuse; large square-ish GEMMs approach max_fraction.
+struct GemmEfficiency {
+  double max_fraction = 0.78;
+  double half_dim = 64;
+  double at(double m, double n, double k) const;
+};
+
+struct Cluster {
+  std::string name;
+  double peak_flops_16 = 0;  // dense bf16/fp16 tensor-core FLOP/s per GPU
+  double peak_flops_32 = 0;  // fp32 FLOP/s per GPU (no TF32)
+  double memory_bytes = 0;   // HBM per GPU
+  double hbm_bandwidth = 0;  // bytes/s per GPU
+  int gpus_per_node = 8;
+  Link intra;  // inside a node (NVLink), per GPU, one direction
+  Link inter;  // between nodes (InfiniBand), per GPU (one NIC per GPU), one direction
+  // Calibrated efficiencies (fractions of the nominal figures above).
+  GemmEfficiency gemm;
+  double hbm_efficiency = 0.6;   // memory-bound kernels (norms, softmax, dropout, optimizer)
+  double link_efficiency = 0.7;  // ring collectives and p2p on either link
+  // Memory a GPU cannot give to the model: CUDA context, library workspaces, allocator
+  // fragmentation (an allowance, docs/planning.md).
+  double reserved_bytes = 0;
+
+  double peak_flops(Precision p) const { return p == Precision::kFp32 ? peak_flops_32 : peak_flops_16; }
+};
+
+// Presets: "a100-80g", "h100-80g", "h200". An unknown name gets an error listing them.
+Status cluster_preset(const std::string& name, Cluster* out);
+std::vector<std::string> cluster_preset_names();
+
+// The fields a cluster file may set, with the units the file uses (TFLOP/s, GB, GB/s, us;
+// decimal units): what `meshtrain plan --cluster` documents and the loader accepts.
+struct ClusterField {
+  const char* key;   // e.g. "peak_tflops_bf16"
+  const char* unit;  // e.g. "TFLOP/s"
+  const char* help;
+};
+const std::vector<ClusterField>& cluster_fields();
+
+// Sets one field from its file key and textual value ("312", "2.0e3"); `where` names the
+// source for messages ("a100.toml"). Errors name the key: an unknown key (with the nearest
+// known one), a value that is not a number, or one out of its range.
+Status set_cluster_field(const std::string& key, const std::string& value, const std::string& where, Cluster* c);
+
+// Rejects a cluster the time model cannot use, naming the field by its file key.
+Status validate(const Cluster& c);
+
+}  // namespace meshtrain::planner

@@ -1,0 +1,90 @@
+#include "planner/search.h"
+
+#include <algorithm>
+#include <string>
+
+namespace meshtrain::planner {
+
+namespace {
+
+using parallel::pp::ScheduleKind;
+
+// The values of one choice: the fixed one, or every candidate.
+template <typename T>
+std::vector<T> choices(const std::optional<T>& fixed, std::vector<T> all) {
+  if (fixed) return {*fixed};
+  return all;
+}
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; d++)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+std::vector<int> powers_of_two_up_to(int n) {
+  std::vector<int> out;
+  for (int p = 1; p <= n; p *= 2) out.push_back(p);
+  return out;
+}
+
+}  // namespace
+
+Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
+                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out,
+                      PredictFn predict_fn) {
+  out->clear();
+  if (gpus < 1) return Status::error("--gpus must be >= 1, got " + std::to_string(gpus));
+  if (global_batch < 1) return Status::error("--global-batch must be >= 1, got " + std::to_string(global_batch));
+  Status last_error = Status::error("no layout of " + std::to_string(gpus) + " GPUs matches the fixed choices");
+  for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, cluster.gpus_per_node))))
+    for (int pp : choices(space.pp, divisors(model.layers))) {
+      if (gpus % (tp * pp) != 0) continue;
+      const int dp = gpus / (tp * pp);
+      if (space.dp && *space.dp != dp) continue;
+      if (global_batch % dp != 0) continue;
+      for (int b : choices(space.micro_batch, {1, 2, 4, 8, 16})) {
+        if ((global_batch / dp) % b != 0) continue;
+        const int m = global_batch / dp / b;
+        std::vector<std::pair<ScheduleKind, int>> schedules;
+        if (pp == 1) {
+          schedules.push_back({space.schedule.value_or(ScheduleKind::k1F1B), 1});
+        } else {
+          for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved})) {
+            if (k != ScheduleKind::kInterleaved) {
+              schedules.push_back({k, 1});
+              continue;
+            }
+            for (int v : choices(space.virtual_stages, {2, 3, 4, 6, 8}))
+              if (v > 1 && model.layers % (pp * v) == 0 && m % pp == 0) schedules.push_back({k, v});
+          }
+        }
+        for (auto [kind, v] : schedules)
+          for (int zero : choices(space.zero, pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3}))
+            for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
+              for (Recompute r : choices(space.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
+                Layout l;
+                l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.global_batch = global_batch;
+                l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
+                l.precision = precision;
+                Candidate c;
+                c.layout = l;
+                if (Status s = predict_fn(model, l, cluster, &c.prediction); !s.is_ok()) {
+                  last_error = s;
+                  continue;
+                }
+                out->push_back(c);
+              }
+      }
+    }
+  if (out->empty()) return last_error;
+  std::stable_sort(out->begin(), out->end(), [](const Candidate& a, const Candidate& b) {
+    const bool fa = a.prediction.fits(), fb = b.prediction.fits();
+    if (fa != fb) return fa;
+    return fa ? a.prediction.step_s < b.prediction.step_s : a.over_bytes() < b.over_bytes();
+  });
+  return Status::ok();
+}
+
+}  // namespace meshtrain::planner

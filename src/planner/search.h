@@ -1,0 +1,42 @@
+// Layout search: every way to lay a model out on N GPUs (tensor, pipeline and data
+// parallel sizes, ZeRO stage, micro-batch, schedule and virtual stages, sequence
+// parallelism, recomputation) that the engine's rules allow, predicted by the time model
+// and ranked. Choices the user fixes are not searched.
+#pragma once
+#include <optional>
+#include <vector>
+
+#include "planner/time_model.h"
+
+namespace meshtrain::planner {
+
+// Fixed choices; unset ones are searched.
+struct SearchSpace {
+  std::optional<int> tp, pp, dp, zero, micro_batch, virtual_stages;
+  std::optional<bool> sp;
+  std::optional<Recompute> recompute;
+  std::optional<parallel::pp::ScheduleKind> schedule;
+};
+
+struct Candidate {
+  Layout layout;
+  Prediction prediction;
+  double over_bytes() const { return prediction.memory.total() - prediction.memory_available; }
+};
+
+// Predicts every valid layout of `gpus` GPUs for global batch `global_batch` (sequences)
+// at `precision`, within `space`. Layouts that fit memory come first, fastest first; then
+// those that do not, least over first. Searched sizes: tp a power of two up to the GPUs of
+// one node (tensor parallelism across nodes is never faster here), pp any divisor of the
+// layers, micro-batches 1-16 (powers of two), interleaving with v chunks per rank where
+// the layers split evenly and the micro-batches are a multiple of pp (Megatron's rule),
+// ZeRO 0-3 (0-1 with pp > 1, as the engine allows), sp with tp > 1, and the three
+// recomputation modes. GPipe is searched only when asked for (1F1B has its bubble with less
+// memory). Errors: no valid layout at all, naming why.
+// `predict_fn` is the prediction to rank by (the GPU time model by default).
+using PredictFn = Status (*)(const ModelShape&, const Layout&, const Cluster&, Prediction*);
+Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
+                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out,
+                      PredictFn predict_fn = predict);
+
+}  // namespace meshtrain::planner

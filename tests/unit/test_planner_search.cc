@@ -1,0 +1,125 @@
+// The layout search (planner/search.h) and `meshtrain plan`:
+//
+//   PublishedLayoutsAreMatchedOrBeaten  for every run of Narayanan et al. 2021 Table 1 and
+//                            Korthikanti et al. 2022 Table 5 (same GPUs, global batch and
+//                            precision), the layout ranked first fits in memory and is
+//                            predicted at least as fast as the published layout, which fits too.
+//   RankingAndFixedChoices   fitting layouts come first, fastest first; the rest by how much
+//                            they are over; fixed choices are kept; every layout is valid.
+//   NothingFitsSaysByHowMuch a model too large for its GPUs: every layout is over, least first.
+//   PlanCommand              the table and --json (every field the issue names) from the CLI,
+//                            and bad input named.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "planner/search.h"
+#include "published_runs.h"
+
+namespace meshtrain::planner {
+namespace {
+
+Cluster a100() {
+  Cluster c;
+  EXPECT_TRUE(cluster_preset("a100-80g", &c).is_ok());
+  return c;
+}
+
+void expect_first_beats(const ModelShape& m, const Layout& published, int gpus, const char* name) {
+  SCOPED_TRACE(name);
+  Prediction theirs;
+  ASSERT_TRUE(predict(m, published, a100(), &theirs).is_ok());
+  EXPECT_TRUE(theirs.fits()) << "the published layout ran on 80 GB A100s";
+  std::vector<Candidate> all;
+  ASSERT_TRUE(search_layouts(m, gpus, published.global_batch, published.precision, a100(), {}, &all).is_ok());
+  ASSERT_FALSE(all.empty());
+  const Prediction& best = all.front().prediction;
+  EXPECT_TRUE(best.fits());
+  EXPECT_LE(best.step_s, theirs.step_s * (1 + 1e-9));
+  if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
+    std::printf("[ search   ] %-8s published %.2f s, first %.2f s (tp%d pp%d dp%d b%d v%d)\n", name, theirs.step_s,
+                best.step_s, all.front().layout.tp, all.front().layout.pp, all.front().layout.dp,
+                all.front().layout.micro_batch, all.front().layout.virtual_stages);
+}
+
+TEST(PlannerSearch, PublishedLayoutsAreMatchedOrBeaten) {
+  for (const auto& r : narayanan_rows())
+    expect_first_beats(ModelShape{r.layers, r.hidden, r.heads, 2048, 51200}, narayanan_layout(r), r.gpus, r.name);
+  for (const auto& r : korthikanti_rows())
+    for (bool sp : {false, true})
+      expect_first_beats(ModelShape{r.layers, r.hidden, r.heads, 2048, 51200}, korthikanti_layout(r, sp),
+                         r.t * r.p, r.name);
+}
+
+TEST(PlannerSearch, RankingAndFixedChoices) {
+  const ModelShape m{24, 2048, 16, 2048, 51200};  // GPT-3 1.3B
+  Cluster c = a100();
+  c.memory_bytes = 24e9;  // so that some layouts do not fit
+  SearchSpace fixed;
+  fixed.tp = 2, fixed.recompute = Recompute::kSelective;
+  std::vector<Candidate> all;
+  ASSERT_TRUE(search_layouts(m, 16, 256, Precision::kBf16, c, fixed, &all).is_ok());
+  ASSERT_GT(all.size(), 10u);
+  bool seen_misfit = false;
+  for (size_t i = 0; i < all.size(); i++) {
+    const Candidate& x = all[i];
+    EXPECT_EQ(x.layout.tp, 2);
+    EXPECT_EQ(x.layout.recompute, Recompute::kSelective);
+    EXPECT_EQ(x.layout.gpus(), 16);
+    EXPECT_TRUE(validate(m, x.layout).is_ok());
+    EXPECT_FALSE(x.layout.pp > 1 && x.layout.zero > 1) << "ZeRO-2/3 with pipelines is not a layout the engine runs";
+    if (!x.prediction.fits()) seen_misfit = true;
+    EXPECT_FALSE(seen_misfit && x.prediction.fits()) << "a fitting layout after one that does not fit, at " << i;
+    if (i == 0) continue;
+    const Candidate& prev = all[i - 1];
+    if (prev.prediction.fits() && x.prediction.fits()) EXPECT_LE(prev.prediction.step_s, x.prediction.step_s);
+    if (!prev.prediction.fits() && !x.prediction.fits()) EXPECT_LE(prev.over_bytes(), x.over_bytes());
+  }
+  EXPECT_TRUE(seen_misfit) << "24 GB leaves some layouts out";
+  EXPECT_TRUE(all.front().prediction.fits());
+}
+
+TEST(PlannerSearch, NothingFitsSaysByHowMuch) {
+  const ModelShape m{96, 12288, 96, 2048, 51200};  // 175B on 8 GPUs
+  std::vector<Candidate> all;
+  ASSERT_TRUE(search_layouts(m, 8, 64, Precision::kBf16, a100(), {}, &all).is_ok());
+  ASSERT_FALSE(all.empty());
+  for (const auto& c : all) EXPECT_FALSE(c.prediction.fits());
+  EXPECT_GT(all.front().over_bytes(), 0);
+  // At least the model state alone over 8 GPUs: 16 bytes per parameter.
+  EXPECT_GT(all.front().prediction.memory.total(), 16 * parameter_count(m) / 8 * 0.99);
+  SearchSpace impossible;
+  impossible.tp = 3;  // 96 heads split 3 ways is fine, but 8 GPUs are not a multiple of 3
+  EXPECT_FALSE(search_layouts(m, 8, 64, Precision::kBf16, a100(), impossible, &all).is_ok());
+}
+
+TEST(PlannerSearch, PlanCommand) {
+  using namespace cli_test;
+  const std::string plan = kBinary + " plan --model gpt3-13b --gpus 64 --global-batch 512 --top 3";
+  RunResult table = run(plan + " --tokens 1e11");
+  ASSERT_EQ(table.exit_code, 0) << describe(table);
+  EXPECT_NE(table.out.find("fit in 78.0 GB per GPU"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("days"), std::string::npos) << table.out;
+  RunResult js = run(plan + " --json");
+  ASSERT_EQ(js.exit_code, 0) << describe(js);
+  const auto j = nlohmann::json::parse(js.out);
+  ASSERT_EQ(j["layouts"].size(), 3u);
+  for (const auto& l : j["layouts"]) {
+    for (const char* k : {"step_s", "tokens_per_s", "tflops_per_gpu", "mfu", "bubble", "fits", "over_gb"})
+      EXPECT_TRUE(l.contains(k)) << k;
+    for (const char* k : {"params", "grads", "optim", "activations", "buffers", "total", "available"})
+      EXPECT_TRUE(l["mem_gb"].contains(k)) << k;
+    for (const char* k : {"tp", "pp", "dp"}) EXPECT_TRUE(l["comm_s"][k].contains("exposed")) << k;
+    EXPECT_EQ(l["layout"]["tp"].get<int>() * l["layout"]["pp"].get<int>() * l["layout"]["dp"].get<int>(), 64);
+  }
+  EXPECT_LE(j["layouts"][0]["step_s"].get<double>(), j["layouts"][1]["step_s"].get<double>());
+  expect_failure(run(kBinary + " plan --model gpt3-13b --global-batch 512"), {"--gpus must be >= 1"});
+  expect_failure(run(kBinary + " plan --model gpt-5 --gpus 8 --global-batch 8"), {"unknown model 'gpt-5'"});
+  expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --cluster v100"), {"v100"});
+  expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --zero 5"), {"--zero must be"});
+  expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --sp --no-sp"), {"contradict"});
+}
+
+}  // namespace
+}  // namespace meshtrain::planner

@@ -1,0 +1,330 @@
+// The planner's time model (planner/time_model.h) held to published runs: Narayanan et al.
+// 2021 (arXiv 2104.04473) Table 1 and Korthikanti et al. 2022 (arXiv 2205.05198) Tables 2,
+// 4 and 5 (figures in ../shared/reference/published-numbers.md), with the A100 preset's
+// efficiencies calibrated once for all rows. Plus properties of the model that could break.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <vector>
+
+#include "planner/cluster.h"
+#include "planner/time_model.h"
+#include "published_runs.h"
+
+namespace meshtrain::planner {
+namespace {
+
+using parallel::pp::ScheduleKind;
+
+Cluster a100() {
+  Cluster c;
+  EXPECT_TRUE(cluster_preset("a100-80g", &c).is_ok());
+  return c;
+}
+
+double rel_err(double predicted, double published) { return (predicted - published) / published; }
+
+ModelShape shape(int layers, int hidden, int heads) { return {layers, hidden, heads, 2048, 51200}; }
+
+// Every row of Table 1 within 15% of the published TFLOP/s per GPU, with the published
+// figure's own formula F (narayanan_flops) over the predicted step time.
+TEST(PlannerTimeNarayanan, Table1WithinFifteenPercent) {
+  const Cluster c = a100();
+  for (const NarayananRow& r : narayanan_rows()) {
+    Prediction p;
+    ASSERT_TRUE(predict(shape(r.layers, r.hidden, r.heads), narayanan_layout(r), c, &p).is_ok()) << r.name;
+    EXPECT_LT(std::abs(rel_err(p.tflops_per_gpu, r.tflops)), 0.15)
+        << r.name << ": predicted " << p.tflops_per_gpu << " TFLOP/s per GPU, published " << r.tflops;
+  }
+}
+
+// Table 1's parameter column from the paper's own count, to its printed digit.
+TEST(PlannerTimeNarayanan, Table1ParameterCounts) {
+  const double printed[] = {1.7, 3.6, 7.5, 18.4, 39.1, 76.1, 145.6, 310.1, 529.6, 1008.0};
+  for (size_t i = 0; i < narayanan_rows().size(); i++) {
+    const NarayananRow& r = narayanan_rows()[i];
+    EXPECT_NEAR(parameter_count(shape(r.layers, r.hidden, r.heads)) / 1e9, printed[i], 0.05) << r.name;
+  }
+}
+
+// Table 5: both iteration times of every model within 15%.
+TEST(PlannerTimeKorthikanti, Table5WithinFifteenPercent) {
+  const Cluster c = a100();
+  for (const KorthikantiRow& r : korthikanti_rows())
+    for (bool selective_sp : {false, true}) {
+      Prediction p;
+      ASSERT_TRUE(predict(shape(r.layers, r.hidden, r.heads), korthikanti_layout(r, selective_sp), c, &p).is_ok());
+      const double published = selective_sp ? r.selective_sp_s : r.full_s;
+      EXPECT_LT(std::abs(rel_err(p.step_s, published)), 0.15)
+          << r.name << (selective_sp ? " sp + selective" : " full recompute") << ": predicted " << p.step_s
+          << " s, published " << published;
+    }
+}
+
+// Table 5's MFU column follows from its times and the model FLOPs formula (to 0.3 points):
+// the formula is the one the paper used.
+TEST(PlannerTimeKorthikanti, Table5MfuFromModelFlops) {
+  const double mfu[] = {0.415, 0.514, 0.560, 0.563};
+  for (size_t i = 0; i < korthikanti_rows().size(); i++) {
+    const KorthikantiRow& r = korthikanti_rows()[i];
+    const double gpus = r.t * r.p;
+    EXPECT_NEAR(model_flops(shape(r.layers, r.hidden, r.heads), r.batch) / (r.selective_sp_s * gpus * 312e12), mfu[i],
+                0.003)
+        << r.name;
+  }
+}
+
+// Table 4: one 22B layer's forward and backward (t = 8, b = 4) in each mode, within 15%.
+TEST(PlannerTimeKorthikanti, Table4LayerTimesWithinFifteenPercent) {
+  struct Mode {
+    const char* name;
+    bool sp;
+    Recompute recompute;
+    double fwd_ms, bwd_ms;
+  };
+  const Mode modes[] = {{"baseline", false, Recompute::kNone, 7.7, 11.9},
+                        {"sp", true, Recompute::kNone, 7.2, 11.8},
+                        {"full recompute", false, Recompute::kFull, 7.7, 19.5},
+                        {"selective", false, Recompute::kSelective, 7.7, 13.2},
+                        {"selective + sp", true, Recompute::kSelective, 7.2, 13.1}};
+  Layout l = korthikanti_layout(korthikanti_rows()[0], false);
+  for (const Mode& mode : modes) {
+    l.sp = mode.sp, l.recompute = mode.recompute;
+    Prediction p;
+    ASSERT_TRUE(predict(shape(48, 6144, 64), l, a100(), &p).is_ok());
+    EXPECT_LT(std::abs(rel_err(1e3 * p.layer_forward.total(), mode.fwd_ms)), 0.15)
+        << mode.name << " forward " << 1e3 * p.layer_forward.total() << " ms";
+    EXPECT_LT(std::abs(rel_err(1e3 * p.layer_backward.total(), mode.bwd_ms)), 0.15)
+        << mode.name << " backward " << 1e3 * p.layer_backward.total() << " ms";
+  }
+}
+
+// Table 2's formulas against hand-computed bytes (sbh = s b h; 5as/h = 80 for the first
+// shape, 320/3 for the second).
+TEST(PlannerTimeActivations, Table2Formulas) {
+  // 175B's layer: s 2048, b 1, h 12288, a 96, t 8: sbh = 25,165,824.
+  const ModelShape big = shape(96, 12288, 96);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 1, false, Recompute::kNone), 2868903936.0);      // 114 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kNone), 578813952.0);       // 23 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kNone), 358612992.0);        // 14.25 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kSelective), 327155712.0);  // 13 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kSelective), 106954752.0);   // 4.25 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kFull), 50331648.0);        // 2 sbh
+  // 22B's layer: s 2048, b 4, h 6144, a 64, t 8: sbh = 50,331,648.
+  const ModelShape small = shape(48, 6144, 64);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 1, false, Recompute::kNone), 7079985152.0);  // 422/3 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kNone), 1325400064.0);  // 79/3 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kNone), 884998144.0);    // 422/24 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kSelective), 654311424.0);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kSelective), 213909504.0);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kFull), 100663296.0);
+}
+
+// With 1F1B the first stage keeps p micro-batches of L/p layers: Korthikanti's
+// sbhL/t (34 + 5as/h) with tp + sp (their pipeline-parallel analysis), plus the embedding's
+// dropout mask.
+TEST(PlannerTimeActivations, FirstStageOf1F1BHoldsAllLayersOnce) {
+  const ModelShape m = shape(96, 12288, 96);
+  Layout l;
+  l.tp = 8, l.pp = 8, l.global_batch = 64, l.sp = true;
+  Prediction p;
+  ASSERT_TRUE(predict(m, l, a100(), &p).is_ok());
+  const double sbh = 2048.0 * 12288;
+  EXPECT_NEAR(p.memory.activations, sbh * 96 / 8 * (34 + 80) + 8 * sbh / 8, 1);
+}
+
+// A cluster where only GEMMs cost time: links and HBM unbounded.
+Cluster compute_only() {
+  Cluster c = a100();
+  c.hbm_bandwidth = 1e30;
+  c.intra = {1e30, 0};
+  c.inter = {1e30, 0};
+  return c;
+}
+
+// Equal stages and no communication: the bubble is (p-1)/(m+p-1) for GPipe and 1F1B
+// (Huang et al. 2019; Narayanan et al. 2021) and (p-1)/(v m + p-1) interleaved.
+TEST(PlannerTimeProperties, BubbleMatchesTheFormula) {
+  const ModelShape m = {16, 4096, 32, 2048, 8};  // a tiny vocabulary: a negligible head
+  const int p = 4, mb = 8;
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+    Layout l;
+    l.pp = p, l.global_batch = mb, l.schedule = kind;
+    l.virtual_stages = kind == ScheduleKind::kInterleaved ? 2 : 1;
+    Prediction pred;
+    ASSERT_TRUE(predict(m, l, compute_only(), &pred).is_ok());
+    const double expected = (p - 1.0) / (l.virtual_stages * mb + p - 1.0);
+    EXPECT_NEAR(pred.bubble, expected, 1e-3) << parallel::pp::schedule_name(kind);
+  }
+}
+
+// Fixed global batch, more data-parallel replicas: fewer micro-batches each, a shorter step,
+// at every ZeRO stage.
+TEST(PlannerTimeProperties, MoreDataParallelIsFasterAtFixedBatch) {
+  const ModelShape m = shape(36, 4096, 32);
+  for (int zero = 0; zero <= 3; zero++) {
+    double previous = 1e30;
+    for (int dp : {2, 4, 8, 16, 32}) {
+      Layout l;
+      l.tp = 4, l.dp = dp, l.micro_batch = 4, l.global_batch = 512, l.zero = zero;
+      Prediction p;
+      ASSERT_TRUE(predict(m, l, a100(), &p).is_ok());
+      EXPECT_LT(p.step_s, previous) << "zero " << zero << " dp " << dp;
+      previous = p.step_s;
+    }
+  }
+}
+
+// Tensor parallelism across nodes: the same layout on nodes of 8 (t = 16 spans two nodes,
+// its collectives on InfiniBand) is slower than on nodes of 16 (all NVLink).
+TEST(PlannerTimeProperties, TensorParallelAcrossNodesIsSlower) {
+  const ModelShape m = shape(48, 8192, 64);
+  Layout l;
+  l.tp = 16, l.dp = 2, l.micro_batch = 2, l.global_batch = 64;
+  Cluster wide = a100();
+  wide.gpus_per_node = 16;
+  Prediction across, inside;
+  ASSERT_TRUE(predict(m, l, a100(), &across).is_ok());
+  ASSERT_TRUE(predict(m, l, wide, &inside).is_ok());
+  EXPECT_GT(across.tp.exposed, 1.2 * inside.tp.exposed);
+  EXPECT_GT(across.step_s, inside.step_s);
+}
+
+// Recompute trades time for memory: none < selective < full in time, the reverse in memory.
+TEST(PlannerTimeProperties, RecomputeTradesTimeForMemory) {
+  const ModelShape m = shape(48, 6144, 64);
+  Prediction p[3];
+  const Recompute modes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
+  for (int i = 0; i < 3; i++) {
+    Layout l;
+    l.tp = 8, l.micro_batch = 4, l.global_batch = 4, l.recompute = modes[i];
+    ASSERT_TRUE(predict(m, l, a100(), &p[i]).is_ok());
+  }
+  EXPECT_LT(p[0].step_s, p[1].step_s);
+  EXPECT_LT(p[1].step_s, p[2].step_s);
+  EXPECT_GT(p[0].memory.activations, p[1].memory.activations);
+  EXPECT_GT(p[1].memory.activations, p[2].memory.activations);
+}
+
+// ZeRO: model-state memory falls stage by stage (planner/memory.h); the data-parallel
+// volume is unchanged through stage 2 and 1.5x at stage 3 (ZeRO §7), here with free
+// latency so that volume alone sets the time; overlap only hides, never adds.
+TEST(PlannerTimeProperties, ZeroStagesMemoryAndVolume) {
+  const ModelShape m = shape(36, 4096, 32);
+  Cluster c = a100();
+  c.intra.latency = c.inter.latency = 0;
+  Prediction p[4];
+  for (int zero = 0; zero <= 3; zero++) {
+    Layout l;
+    l.tp = 4, l.dp = 16, l.micro_batch = 32, l.global_batch = 512, l.zero = zero;
+    ASSERT_TRUE(predict(m, l, c, &p[zero]).is_ok());
+    EXPECT_EQ(p[zero].micro_batches, 1);
+    EXPECT_LE(p[zero].dp.exposed, p[zero].dp.total());
+    if (zero > 0) {
+      EXPECT_LT(p[zero].memory.params + p[zero].memory.grads + p[zero].memory.optim,
+                p[zero - 1].memory.params + p[zero - 1].memory.grads + p[zero - 1].memory.optim);
+    }
+  }
+  EXPECT_NEAR(p[1].dp.total() / p[0].dp.total(), 1.0, 1e-9);
+  EXPECT_NEAR(p[2].dp.total() / p[0].dp.total(), 1.0, 1e-9);
+  EXPECT_NEAR(p[3].dp.total() / p[0].dp.total(), 1.5, 1e-9);
+  Layout serial;
+  serial.tp = 4, serial.dp = 16, serial.micro_batch = 32, serial.global_batch = 512, serial.dp_overlap = false;
+  Prediction q;
+  ASSERT_TRUE(predict(m, serial, c, &q).is_ok());
+  EXPECT_DOUBLE_EQ(q.dp.exposed, q.dp.total());
+  EXPECT_GT(q.step_s, p[0].step_s);
+}
+
+// Outputs agree with each other: tokens/s, the FLOP rates, and memory against the GPU.
+TEST(PlannerTimeProperties, OutputsAreConsistent) {
+  const NarayananRow& r = narayanan_rows().back();
+  const ModelShape m = shape(r.layers, r.hidden, r.heads);
+  const Layout l = narayanan_layout(r);
+  Prediction p;
+  ASSERT_TRUE(predict(m, l, a100(), &p).is_ok());
+  EXPECT_EQ(p.micro_batches, 512);
+  EXPECT_DOUBLE_EQ(p.tokens_per_s, 3072 * 2048 / p.step_s);
+  EXPECT_DOUBLE_EQ(p.mfu, model_flops(m, 3072) / (p.step_s * 3072 * 312e12));
+  EXPECT_DOUBLE_EQ(p.tflops_per_gpu, narayanan_flops(m, 3072) / (p.step_s * 3072) / 1e12);
+  EXPECT_TRUE(p.fits()) << p.memory.total() / 1e9 << " GB";
+  Layout tiny = l;  // the 1T model on one node: it cannot fit
+  tiny.pp = 1, tiny.dp = 1, tiny.global_batch = 8, tiny.schedule = ScheduleKind::k1F1B, tiny.virtual_stages = 1;
+  ASSERT_TRUE(predict(m, tiny, a100(), &p).is_ok());
+  EXPECT_FALSE(p.fits());
+}
+
+TEST(PlannerTimeLayout, RejectsLayoutsThatCannotRun) {
+  const ModelShape m = shape(24, 2304, 24);
+  Prediction p;
+  auto fails = [&](Layout l, const char* field) {
+    const Status s = predict(m, l, a100(), &p);
+    EXPECT_FALSE(s.is_ok()) << field;
+    EXPECT_NE(s.message().find(field), std::string::npos) << s.message();
+  };
+  Layout l;
+  l.global_batch = 8;
+  l.tp = 5, fails(l, "tp");
+  l.tp = 1, l.global_batch = 7, l.micro_batch = 2, fails(l, "global_batch");
+  l.global_batch = 8, l.micro_batch = 1, l.pp = 5, fails(l, "layers");
+  l.pp = 2, l.schedule = ScheduleKind::kInterleaved, l.virtual_stages = 2, l.global_batch = 3,
+  fails(l, "multiple of pp");
+  l = Layout(), l.sp = true, fails(l, "sp");
+  l = Layout(), l.zero = 4, fails(l, "zero");
+}
+
+TEST(PlannerTimeCluster, PresetsCarryTheirDatasheetFigures) {
+  Cluster a, h, h2;
+  ASSERT_TRUE(cluster_preset("a100-80g", &a).is_ok());
+  ASSERT_TRUE(cluster_preset("h100-80g", &h).is_ok());
+  ASSERT_TRUE(cluster_preset("h200", &h2).is_ok());
+  for (const Cluster* c : {&a, &h, &h2}) EXPECT_TRUE(validate(*c).is_ok()) << c->name;
+  EXPECT_EQ(a.peak_flops(Precision::kBf16), 312e12);
+  EXPECT_EQ(a.memory_bytes, 80e9);
+  EXPECT_EQ(a.inter.bandwidth, 25e9);
+  EXPECT_EQ(a.intra.bandwidth, 300e9);
+  EXPECT_EQ(h.peak_flops(Precision::kFp16), 989e12);
+  EXPECT_EQ(h.intra.bandwidth, 450e9);
+  EXPECT_EQ(h.inter.bandwidth, 50e9);
+  EXPECT_EQ(h2.memory_bytes, 141e9);
+  EXPECT_EQ(h2.hbm_bandwidth, 4.8e12);
+  EXPECT_EQ(h2.peak_flops(Precision::kBf16), h.peak_flops(Precision::kBf16));
+  const Status s = cluster_preset("b200", &a);
+  EXPECT_NE(s.message().find("a100-80g, h100-80g, h200"), std::string::npos) << s.message();
+}
+
+// The cluster file's fields (cli/cluster_file.cc reads the TOML, these interpret it).
+TEST(PlannerTimeCluster, FieldErrorsNameTheKey) {
+  Cluster c = a100();
+  ASSERT_TRUE(set_cluster_field("memory_gb", "40", "x.toml", &c).is_ok());
+  EXPECT_EQ(c.memory_bytes, 40e9);
+  ASSERT_TRUE(set_cluster_field("inter_node_latency_us", "8", "x.toml", &c).is_ok());
+  EXPECT_DOUBLE_EQ(c.inter.latency, 8e-6);
+  ASSERT_TRUE(set_cluster_field("gemm_half_dim", "32", "x.toml", &c).is_ok());
+  EXPECT_EQ(c.gemm.half_dim, 32);
+  auto message = [&](const char* key, const char* value) {
+    return set_cluster_field(key, value, "x.toml", &c).message();
+  };
+  EXPECT_EQ(message("memroy_gb", "40"), "unknown key 'memroy_gb' in x.toml (did you mean 'memory_gb'?)");
+  EXPECT_EQ(message("hbm_gbps", "fast"), "'hbm_gbps' in x.toml must be a number (GB/s), got 'fast'");
+  EXPECT_EQ(message("gpus_per_node", "4.5"), "'gpus_per_node' in x.toml must be a whole number, got '4.5'");
+  EXPECT_EQ(message("link_efficiency", "1.5"), "x.toml: 'link_efficiency' is a fraction in (0, 1], got 1.5");
+  EXPECT_EQ(message("peak_tflops_bf16", "0"), "x.toml: 'peak_tflops_bf16' must be > 0, got 0");
+  EXPECT_EQ(cluster_fields().size(), 14u);
+  c.reserved_bytes = 100e9;
+  EXPECT_NE(validate(c).message().find("'reserved_gb'"), std::string::npos);
+}
+
+// The engine's GPT as a planner shape: the padded vocabulary, its sequence length.
+TEST(PlannerTimeLayout, EngineShape) {
+  model::GptConfig g;
+  g.layers = 12, g.heads = 12, g.dim = 768, g.max_seq_len = 1024, g.vocab = 50257;
+  const ModelShape m = model_shape(g);
+  EXPECT_EQ(m.vocab, 50304);
+  EXPECT_EQ(m.seq, 1024);
+  EXPECT_EQ(model_shape(g, 256).seq, 256);
+}
+
+}  // namespace
+}  // namespace meshtrain::planner
