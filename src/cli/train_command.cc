@@ -2,9 +2,37 @@
 #include "cli/config_file.h"
 #include "cli/launch.h"
 #include "comm/group.h"
+#include "train/auto_plan.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
+
+namespace {
+
+// The layout flags given on the command line (or in a config file): --plan auto keeps them.
+Status fixed_layout_flags(CLI::App* cmd, const train::TrainOptions& o, planner::SearchSpace* fixed) {
+  auto given = [&](const char* flag) { return cmd->count(flag) > 0; };
+  if (given("--tp")) fixed->tp = o.tp;
+  if (given("--pp")) fixed->pp = o.pp;
+  if (given("--dp")) fixed->dp = o.dp;
+  if (given("--zero")) fixed->zero = o.zero;
+  if (given("--micro-batch")) fixed->micro_batch = o.micro_batch;
+  if (given("--virtual-stages")) fixed->virtual_stages = o.virtual_stages;
+  if (given("--sp")) fixed->sp = o.sp;
+  if (given("--schedule")) {
+    parallel::pp::ScheduleKind k;
+    RETURN_IF_ERROR(parallel::pp::parse_schedule_kind(o.schedule, &k));
+    fixed->schedule = k;
+  }
+  if (given("--recompute")) {
+    planner::Recompute r;
+    RETURN_IF_ERROR(planner::parse_recompute(o.recompute, &r));
+    fixed->recompute = r;
+  }
+  return Status::ok();
+}
+
+}  // namespace
 
 Command add_train_command(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
@@ -60,6 +88,9 @@ Command add_train_command(CLI::App& app) {
                   "optimizer=nvme: keep the AdamW moments in files under --offload-dir, streamed "
                   "in chunks each step (optimizer=cpu: host memory, the default here)");
   cmd->add_option("--offload-dir", o->offload_dir, "Folder for --offload optimizer=nvme files");
+  cmd->add_flag("--offload-page-cache", o->offload_page_cache,
+                "Stream the offloaded state through the page cache (faster when RAM holds the file; "
+                "default: O_DIRECT where the file system allows)");
   cmd->add_option("--offload-chunk-mb", o->offload_chunk_mb,
                   "Offload streaming chunk per moment (three chunks rotate: read, update, write)")
       ->capture_default_str();
@@ -98,16 +129,40 @@ Command add_train_command(CLI::App& app) {
                   "Testing: this rank stops participating at --debug-stall-step");
   cmd->add_option("--debug-stall-step", o->debug_stall_step, "Testing: see --debug-stall-rank");
   cmd->add_flag("--quiet", o->quiet, "No console output except errors");
+  cmd->add_option("--plan", o->plan,
+                  "auto: the planner chooses tp, pp, dp, zero, micro-batch, schedule, sp and recompute "
+                  "(the fastest predicted layout that fits --memory-budget); layout flags given too are kept");
+  cmd->add_option("--ranks", o->ranks, "Ranks for --plan auto when started from a plain shell");
   return {cmd, [cmd, o, no_overlap] {
             o->overlap = !*no_overlap;
+            planner::SearchSpace fixed;
+            if (!o->plan.empty()) {
+              if (o->plan != "auto") return fail(Status::error("--plan must be auto, got '" + o->plan + "'"));
+              if (Status s = fixed_layout_flags(cmd, *o, &fixed); !s.is_ok()) return fail(s);
+            }
             if (!comm::launched_by_mpi()) {
-              const int ranks = o->tp * o->pp * std::max(1, o->dp);
+              int ranks = o->tp * o->pp * std::max(1, o->dp);
+              if (!o->plan.empty()) {
+                if (o->ranks < 1) return fail(Status::error("--plan auto needs --ranks N: how many ranks to lay out"));
+                // Planned here too, so that a plan that cannot work fails before any rank starts.
+                train::TrainOptions probe = *o;
+                std::string summary;
+                if (Status s = train::choose_layout(&probe, o->ranks, fixed, &summary); !s.is_ok()) return fail(s);
+                ranks = o->ranks;
+              }
               if (ranks > 1) return relaunch_under_mpirun(ranks, o->threads);
             }
             o->resolved_config_toml = resolved_config_toml(
                 cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step"});
             auto world = comm::init_world(nullptr, nullptr);
-            Status s = train::run_training(*o, *world);
+            Status s = Status::ok();
+            if (!o->plan.empty()) {
+              if (o->ranks > 0 && o->ranks != world->size())
+                s = Status::error("--ranks " + std::to_string(o->ranks) + " but the job has " +
+                                  std::to_string(world->size()) + " ranks");
+              if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed);
+            }
+            if (s.is_ok()) s = train::run_training(*o, *world);
             int rc = s.is_ok() ? 0 : fail(s);
             world.reset();
             comm::finalize();

@@ -191,8 +191,8 @@ void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
   });
 }
 
-Status AdamW::offload(const std::string& dir, int rank, size_t chunk) {
-  RETURN_IF_ERROR(OffloadedState::create(dir, rank, size_, state_kinds(), chunk, &offloaded_));
+Status AdamW::offload(const std::string& dir, int rank, size_t chunk, bool direct) {
+  RETURN_IF_ERROR(OffloadedState::create(dir, rank, size_, state_kinds(), chunk, direct, &offloaded_));
   // The moments are zero, as the file starts; master weights are already set.
   if (master_) offloaded_->write(kMasterWeights, arrays_[kMasterWeights].data());
   for (auto& a : arrays_) a.release();

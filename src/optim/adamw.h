@@ -83,7 +83,8 @@ class AdamW {
   // streamed `chunk` elements at a time by every step (optim/offload.h); the in-memory
   // arrays are freed. The update arithmetic is the same element by element, so losses are
   // bit-identical.
-  Status offload(const std::string& dir, int rank, size_t chunk);
+  // `direct`: O_DIRECT streaming where supported (else through the page cache).
+  Status offload(const std::string& dir, int rank, size_t chunk, bool direct = true);
   const OffloadedState* offloaded() const { return offloaded_.get(); }
   OffloadedState* offloaded() { return offloaded_.get(); }
 

@@ -23,7 +23,7 @@ double now_s() {
 }  // namespace
 
 Status OffloadedState::create(const std::string& dir, int rank, size_t n, int kinds, size_t chunk,
-                              std::unique_ptr<OffloadedState>* out) {
+                              bool direct, std::unique_ptr<OffloadedState>* out) {
   CHECK(kinds >= 1 && kinds <= kMaxKinds);
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -44,15 +44,15 @@ Status OffloadedState::create(const std::string& dir, int rank, size_t n, int ki
   chunk = round_up(std::max<size_t>(1, std::min(chunk, (n + 15) / 16)), kAlignFloats);
   // The streaming descriptor bypasses the page cache where the file system allows it
   // (tmpfs does not: then it is an ordinary one).
-  int direct = ::open(path.c_str(), O_RDWR | O_DIRECT);
-  const bool is_direct = direct >= 0;
-  if (!is_direct) direct = ::open(path.c_str(), O_RDWR);
-  if (direct < 0) {
+  int stream = direct ? ::open(path.c_str(), O_RDWR | O_DIRECT) : -1;
+  const bool is_direct = stream >= 0;
+  if (!is_direct) stream = ::open(path.c_str(), O_RDWR);
+  if (stream < 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
     return Status::error("--offload-dir: cannot open " + path + ": " + why);
   }
-  out->reset(new OffloadedState(fd, direct, is_direct, path, n, stride, kinds, chunk));
+  out->reset(new OffloadedState(fd, stream, is_direct, path, n, stride, kinds, chunk));
   return Status::ok();
 }
 

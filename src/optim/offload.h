@@ -32,7 +32,8 @@ class OffloadedState {
   static constexpr int kMaxKinds = 3;
   // Creates (truncates) DIR/adam_state_rank<R>.bin for `kinds` arrays of `n` elements, all
   // zero, streamed `chunk` elements at a time (at most n/16, rounded up).
-  static Status create(const std::string& dir, int rank, size_t n, int kinds, size_t chunk,
+  // `direct`: stream with O_DIRECT where the file system supports it.
+  static Status create(const std::string& dir, int rank, size_t n, int kinds, size_t chunk, bool direct,
                        std::unique_ptr<OffloadedState>* out);
   ~OffloadedState();
 

@@ -56,6 +56,10 @@ struct Cluster {
   // Memory a GPU cannot give to the model: CUDA context, library workspaces, allocator
   // fragmentation (an allowance, docs/planning.md).
   double reserved_bytes = 0;
+  // A CPU machine (the "local" cluster, planner/local.h): the cores every rank on it shares;
+  // ranks whose threads outnumber them time-share the cores. 0: each GPU is its own device.
+  // Not a cluster-file key.
+  int cores = 0;
 
   double peak_flops(Precision p) const { return p == Precision::kFp32 ? peak_flops_32 : peak_flops_16; }
 };

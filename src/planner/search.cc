@@ -32,13 +32,18 @@ std::vector<int> powers_of_two_up_to(int n) {
 }  // namespace
 
 Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
-                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out,
-                      PredictFn predict_fn) {
+                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out) {
+  return search_layouts(model, gpus, global_batch, precision, cluster.gpus_per_node, space,
+                        [&](const Layout& l, Prediction* p) { return predict(model, l, cluster, p); }, out);
+}
+
+Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision, int max_tp,
+                      const SearchSpace& space, const Predictor& predictor, std::vector<Candidate>* out) {
   out->clear();
   if (gpus < 1) return Status::error("--gpus must be >= 1, got " + std::to_string(gpus));
   if (global_batch < 1) return Status::error("--global-batch must be >= 1, got " + std::to_string(global_batch));
   Status last_error = Status::error("no layout of " + std::to_string(gpus) + " GPUs matches the fixed choices");
-  for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, cluster.gpus_per_node))))
+  for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, max_tp))))
     for (int pp : choices(space.pp, divisors(model.layers))) {
       if (gpus % (tp * pp) != 0) continue;
       const int dp = gpus / (tp * pp);
@@ -70,7 +75,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
                 l.precision = precision;
                 Candidate c;
                 c.layout = l;
-                if (Status s = predict_fn(model, l, cluster, &c.prediction); !s.is_ok()) {
+                if (Status s = predictor(l, &c.prediction); !s.is_ok()) {
                   last_error = s;
                   continue;
                 }

@@ -3,6 +3,7 @@
 // parallelism, recomputation) that the engine's rules allow, predicted by the time model
 // and ranked. Choices the user fixes are not searched.
 #pragma once
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,10 +34,13 @@ struct Candidate {
 // ZeRO 0-3 (0-1 with pp > 1, as the engine allows), sp with tp > 1, and the three
 // recomputation modes. GPipe is searched only when asked for (1F1B has its bubble with less
 // memory). Errors: no valid layout at all, naming why.
-// `predict_fn` is the prediction to rank by (the GPU time model by default).
-using PredictFn = Status (*)(const ModelShape&, const Layout&, const Cluster&, Prediction*);
+// `predictor` ranks the layouts (layouts it rejects are skipped); tensor parallelism is
+// searched up to `max_tp`.
+using Predictor = std::function<Status(const Layout&, Prediction*)>;
+Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision, int max_tp,
+                      const SearchSpace& space, const Predictor& predictor, std::vector<Candidate>* out);
+// The GPU time model on `cluster`, tensor parallelism up to one node.
 Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
-                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out,
-                      PredictFn predict_fn = predict);
+                      const Cluster& cluster, const SearchSpace& space, std::vector<Candidate>* out);
 
 }  // namespace meshtrain::planner

@@ -28,6 +28,10 @@ struct TrainOptions {
 
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
+  // "auto": the layout flags are chosen by the planner (train/auto_plan.h) for `ranks`
+  // ranks (from a plain shell; under mpirun the world's size).
+  std::string plan;
+  int ranks = 0;
   bool sp = false;            // sequence parallelism (needs tp > 1)
   std::string recompute = "none";  // none | selective | full
   int recompute_every = 1;         // apply it to blocks l with l % k == 0
@@ -42,7 +46,8 @@ struct TrainOptions {
   // lives on this CPU engine), "optimizer=nvme" (files under offload_dir, streamed).
   std::string offload;
   std::string offload_dir;
-  double offload_chunk_mb = 16;  // per moment and buffer
+  double offload_chunk_mb = 16;  // per state array and buffer
+  bool offload_page_cache = false;  // stream through the page cache instead of O_DIRECT
   double memory_budget_gb = 0;   // > 0: offload the optimizer state when it does not fit
   // GEMM operand precision: fp32 | bf16 (bf16 x bf16 -> fp32 GEMMs; state stays fp32).
   std::string precision = "fp32";

@@ -240,7 +240,8 @@ Status place_optimizer_state(const TrainOptions& o, Run* run) {
   const bool offload = o.offload == "optimizer=nvme" || (budget > 0 && needed() > budget);
   if (offload) {
     const size_t chunk = std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
-    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, run->mesh->world().rank(), chunk));
+    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, run->mesh->world().rank(), chunk,
+                                             !o.offload_page_cache));
   }
   if (budget > 0 && needed() > budget) {
     char buf[256];

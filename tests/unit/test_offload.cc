@@ -9,8 +9,9 @@
 //   MemoryBudgetOffloadsAndStaysUnder  a budget below the in-memory run's peak and above the
 //                            offloaded one's: the run offloads by itself and its measured peak
 //                            (the tracker's total) stays under the budget.
-//   ResumeAfterACrash        an offloaded run interrupted after its step-3 checkpoint resumes
-//                            (offloaded) with the same losses as the uninterrupted run.
+//   ResumeAfterACrash        an offloaded run (through the page cache) interrupted after its
+//                            step-3 checkpoint resumes (offloaded) with the same losses as the
+//                            uninterrupted run.
 //   Bf16MasterWeightsStreamToo  a bf16 run (16-bit weights, fp32 master weights in the
 //                            optimizer) streams master, m and v: bit-identical losses, 12
 //                            bytes per parameter read and written per step, nine chunk
@@ -120,9 +121,12 @@ TEST_F(Offload, MemoryBudgetOffloadsAndStaysUnder) {
 }
 
 TEST_F(Offload, ResumeAfterACrash) {
+  // Through the page cache this time (--offload-page-cache), which must not change a bit.
   const std::string args = kRun + " --offload optimizer=nvme --offload-dir " + path("files") + kChunks +
-                           " --save-every 3 --keep-checkpoints 0";
+                           " --offload-page-cache --save-every 3 --keep-checkpoints 0";
   const Metrics full = train_ok(args, path("full"));
+  ASSERT_FALSE(full.steps.empty());
+  EXPECT_FALSE(full.steps[0]["offload"]["direct_io"].get<bool>());
   // The crash: everything after the step-3 checkpoint is lost (the offload file included).
   fs::create_directories(path("cut") + "/checkpoints");
   fs::copy(step_dir(path("full"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);

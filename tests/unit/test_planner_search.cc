@@ -9,6 +9,9 @@
 //   NothingFitsSaysByHowMuch a model too large for its GPUs: every layout is over, least first.
 //   PlanCommand              the table and --json (every field the issue names) from the CLI,
 //                            and bad input named.
+//   PlanAuto.*               `train --plan auto --ranks 2` runs the layout it chose (memory as
+//                            predicted, within 5%), keeps layout flags given with it, and
+//                            names a budget nothing fits and a missing --ranks before any step.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -119,6 +122,43 @@ TEST(PlannerSearch, PlanCommand) {
   expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --cluster v100"), {"v100"});
   expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --zero 5"), {"--zero must be"});
   expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --sp --no-sp"), {"contradict"});
+}
+
+class PlanAuto : public cli_test::CliTest {};
+
+TEST_F(PlanAuto, RunsTheChosenLayoutAndKeepsFixedFlags) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "needs MPI";
+#endif
+  using namespace cli_test;
+  const std::string common = "--model tiny --seq-len 64 --plan auto --ranks 2 --steps 2 --eval-batches 1 ";
+  RunResult r = run(train(common + "--out " + path("a")));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const size_t at = r.out.find("plan auto:");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  const auto config = nlohmann::json::parse(read_file(path("a") + "/config.json"));
+  EXPECT_EQ(config["tp"].get<int>() * config["pp"].get<int>() * std::max(1, config["dp"].get<int>()), 2);
+  // The predicted peak (the summary's "X GB peak per rank") against the tracker's.
+  const size_t gb = r.out.find(" GB peak per rank", at);
+  ASSERT_NE(gb, std::string::npos);
+  const double predicted = std::stod(r.out.substr(r.out.rfind(' ', gb - 1) + 1)) * 1e9;
+  const Metrics m = read_metrics(path("a") + "/metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 2u);
+  const double measured = m.steps.back()["mem"]["total"].get<double>();
+  EXPECT_NEAR(predicted / measured, 1.0, 0.05) << predicted << " predicted, " << measured << " measured";
+  // A layout flag given with --plan auto is kept.
+  RunResult pp = run(train(common + "--pp 2 --out " + path("b")));
+  ASSERT_EQ(pp.exit_code, 0) << describe(pp);
+  EXPECT_EQ(nlohmann::json::parse(read_file(path("b") + "/config.json"))["pp"].get<int>(), 2);
+}
+
+TEST_F(PlanAuto, BadInputIsNamedBeforeAnyStep) {
+  using namespace cli_test;
+  const std::string common = "--model tiny --seq-len 64 --steps 2 --out " + path("x") + " ";
+  expect_failure(run(train(common + "--plan auto --ranks 2 --memory-budget 0.01")),
+                 {"--plan auto: no layout of 2 ranks fits in 0.01 GB per rank", "needs"});
+  expect_failure(run(train(common + "--plan auto")), {"--plan auto needs --ranks N"});
+  expect_failure(run(train(common + "--plan best --ranks 2")), {"--plan must be auto"});
 }
 
 }  // namespace

@@ -1,0 +1,806 @@
+#include "planner/local.h"
+
+#include <unistd.h>
+
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+#include "core/memory.h"
+#include "kernels/ops.h"
+#include "model/gpt.h"
+#include "model/param_layout.h"
+#include "parallel/pp/schedule.h"
+#include "parallel/pp/stages.h"
+#include "parallel/shard_layout.h"
+#include "planner/memory.h"
+#include "train/peak.h"
+
+namespace meshtrain::planner {
+
+namespace pp = parallel::pp;
+
+namespace {
+
+// ---- Calibration: measured once on this machine ------------------------------------------
+// A 2-core Xeon VM (AVX-512, AMX), 23 GB, Open MPI over shared memory; every figure per
+// rank with one OpenMP thread unless noted, medians of repeated runs on an otherwise idle
+// machine (docs/planning.md, "Local runs (this machine)", has the method and the raw numbers).
+
+// GEMM efficiency of kernels::gemm (oneDNN sgemm) relative to the 2048^3 peak of
+// train/peak.h, for the engine's shapes (M, N, K in 64..1024, each of the three
+// transpositions the linear layers use, operands rotated over 56 MB so that every call
+// starts from cold caches as in training): 0.60-0.80 of the peak, almost flat in shape,
+// 0.65 at a smallest dimension of 64 and 0.70 at 256: max_fraction 0.72, half_dim 5 (against
+// the cached best peak, 209 GFLOP/s on one thread; measure_local_cluster measures both now).
+constexpr double kGemmMaxFraction = 0.72, kGemmHalfDim = 5;
+// Memory bandwidth, bytes read + written per second by one thread: std::copy of 32 MB
+// buffers, 21 GB/s (27 GB/s at 4 MB). LayerNorm, bias and residual kernels, memsets and
+// Adam are charged their bytes over it (measured LayerNorm forward: 0.4 ns per element = 8
+// bytes; backward 0.6-1.0 ns = 16 bytes).
+constexpr double kMemoryBandwidth = 21e9;
+// Kernels bound by arithmetic rather than bytes, seconds per element on one thread
+// (kernels::gelu_* on 64K-1M elements; crossentropy_* per logit at V = 512 and 50304;
+// optim::sum_of_squares, the fixed-order fp64 norm).
+constexpr double kGeluForwardS = 0.9e-9, kGeluBackwardS = 1.05e-9;
+constexpr double kCrossEntropyForwardS = 2.0e-9, kCrossEntropyBackwardS = 1.0e-9;
+constexpr double kSumOfSquaresS = 1.05e-9;
+// The fused attention (kernels/cpu/attention.cc) per (sequence, head): S = sum over its
+// 64-query blocks of rows x keys score elements; its small GEMMs (4 S hs FLOPs forward: QK^T
+// and PV; 10 S hs backward: QK^T again, dV, dP, dQ, dK) run at the GEMM curve's efficiency
+// at hs, plus per score element (scale, exp, normalise; dS) and, backward, per block. A
+// least-squares fit over C 128-512, 2-8 heads, T 64 and 128, B 2 and 4 (36 shapes, within
+// 16%): forward 2.0 ns per score element, backward 0.5 ns per element and 2.5 us per block.
+constexpr int kAttentionBlock = 64;  // kBlock of kernels/cpu/attention.cc
+constexpr double kAttentionForwardElementS = 2.0e-9, kAttentionBackwardElementS = 0.5e-9;
+constexpr double kAttentionBackwardBlockS = 2.5e-6;
+// Open MPI over shared memory through the engine's communication thread, 2 ranks
+// (bench/comm.sh, meshtrain_bench_comm: nccl-tests' bus bandwidth), GB/s:
+//                    1 MiB   16 MiB   64 MiB
+//   all-reduce        5.3     6.3      2.0
+//   reduce-scatter    1.7     1.5      0.52
+//   all-gather        6.0     5.2      2.5
+// The benchmark reuses its buffers, so up to 16 MiB they stay in cache; 64 MiB does not.
+// In training, tensor- and pipeline-parallel messages are activations just computed
+// (cached: the 1 MiB column), while data-parallel and ZeRO messages are gradient and
+// parameter buffers last touched a pass ago (cold: the 64 MiB column). Messages of 4 KiB
+// take 4-7 us, about 3 us of it the hand-off to the communication thread. Point-to-point
+// is taken at the all-gather's rate (two ranks' all-gather is one exchange).
+struct BusBandwidth {
+  double all_reduce, reduce_scatter, all_gather;
+};
+constexpr BusBandwidth kCachedBusBw{5.3e9, 1.7e9, 6.0e9}, kColdBusBw{2.0e9, 0.52e9, 2.5e9};
+constexpr double kCommLatency = 3.5e-6;  // per ring step
+// While training, the transport copies on cores that are also computing: the collectives
+// of the dp2 runs of docs/planning.md's model take longer than the benchmark's (the
+// engine's trace, --trace, has their spans: reduce-scatters of a 3.2 MB unit under ZeRO-3
+// at 1.2 GB/s bus bandwidth while the other rank computes). The one fraction of the
+// figures above that the dp2 ZeRO-1 and ZeRO-3 runs' step times imply, fitted once.
+constexpr double kLinkEfficiency = 0.6;
+constexpr double kLocalMemoryReserve = 1e9;  // OS, MPI and the runtime (an allowance)
+
+// ---- Memory: the engine's allocations replayed ---------------------------------------------
+
+// Current and peak bytes per tracker category and of their sum (core/memory.h).
+struct Tracker {
+  std::array<double, kNumMemCategories> current{}, peak{}, at_total_peak{};
+  double total = 0, total_peak = 0;
+  void alloc(MemCategory c, double bytes) {
+    const int i = (int)c;
+    current[i] += bytes;
+    total += bytes;
+    peak[i] = std::max(peak[i], current[i]);
+    if (total > total_peak) total_peak = total, at_total_peak = current;
+  }
+  void free(MemCategory c, double bytes) {
+    current[(int)c] -= bytes;
+    total -= bytes;
+  }
+};
+
+// core/memory.h's BufferPool<float>: spares kept for exact reuse, dropped when a buffer of
+// the same category and another size is asked for, at most `max` kept, none under 64 KiB.
+class Pool {
+ public:
+  explicit Pool(Tracker* t, size_t max = 6) : t_(t), max_(max) {}
+  size_t take(MemCategory c, size_t count) {
+    for (size_t i = 0; i < spares_.size(); i++)
+      if (spares_[i].first == c && spares_[i].second == count) {
+        spares_.erase(spares_.begin() + (long)i);
+        return count;
+      }
+    for (size_t i = 0; i < spares_.size();)
+      if (spares_[i].first == c) {
+        t_->free(c, 4.0 * spares_[i].second);
+        spares_.erase(spares_.begin() + (long)i);
+      } else {
+        i++;
+      }
+    t_->alloc(c, 4.0 * count);
+    return count;
+  }
+  void give(MemCategory c, size_t count) {
+    if (4 * count < 64 * 1024) return t_->free(c, 4.0 * count);
+    spares_.push_back({c, count});
+    if (spares_.size() > max_) {
+      t_->free(spares_.front().first, 4.0 * spares_.front().second);
+      spares_.erase(spares_.begin());
+    }
+  }
+
+ private:
+  Tracker* t_;
+  size_t max_;
+  std::vector<std::pair<MemCategory, size_t>> spares_;
+};
+
+// parallel::DataParallel's buffers for fp32 storage (the ParamStore calls the model makes,
+// the reductions, the parameter all-gather after the step), data_parallel.cc.
+class StoreReplay {
+ public:
+  StoreReplay(const model::ParamLayout& layout, const parallel::ShardLayout& shards, int zero, int micro_batches,
+              Tracker* t)
+      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), t_(t), pool_(t) {
+    const int n = layout.num_units();
+    gathered_.assign(n, false);
+    refs_.assign(n, 0);
+    staging_.assign(n, false);
+    released_.assign(n, 0);
+  }
+  void begin_step() { std::fill(released_.begin(), released_.end(), 0); }
+  void begin_pass(bool forward) { forward_ = forward; }
+  void acquire_params(int u) {
+    if (zero_ < 3) return;
+    gather(u);
+    refs_[u]++;
+    if (int next = next_unit(u); next >= 0) gather(next);
+  }
+  void release_params(int u) {
+    if (zero_ < 3) return;
+    if (--refs_[u] > 0) return;
+    pool_.give(MemCategory::kGathered, shards_.units()[u].padded);
+    gathered_[u] = false;
+  }
+  void acquire_grads(int u) {
+    if (zero_ < 2 || staging_[u]) return;
+    pool_.take(MemCategory::kComm, shards_.units()[u].padded);
+    staging_[u] = true;
+  }
+  void release_grads(int u) {
+    if (zero_ >= 2) return reduce_scatter(u);
+    if (++released_[u] < m_) return;
+    if (zero_ == 1) reduce_scatter(u);  // stage 0 (fp32) reduces in place
+  }
+  void end_micro_batch() {
+    for (const auto& [send, recv] : pending_) {
+      pool_.give(MemCategory::kComm, send);
+      pool_.give(MemCategory::kComm, recv);
+    }
+    pending_.clear();
+  }
+  // The tied embedding's reduced gradient exchanged between the first and last stage.
+  void tied_exchange() {
+    const int E = layout_.embedding_unit();
+    const double n = zero_ == 0 ? (double)layout_.units()[E].numel
+                                : (double)(shards_.own_end(E) - shards_.own_begin(E));
+    t_->alloc(MemCategory::kComm, 4 * n);
+    t_->free(MemCategory::kComm, 4 * n);
+  }
+  // Stages 1-2: every unit's updated parameters all-gathered, two units' buffers at once.
+  void gather_updated_params() {
+    if (zero_ != 1 && zero_ != 2) return;
+    const auto& units = shards_.units();
+    t_->alloc(MemCategory::kComm, 4.0 * units[0].padded);
+    for (size_t u = 0; u < units.size(); u++) {
+      if (u + 1 < units.size()) t_->alloc(MemCategory::kComm, 4.0 * units[u + 1].padded);
+      t_->free(MemCategory::kComm, 4.0 * units[u].padded);
+    }
+  }
+
+ private:
+  void gather(int u) {
+    if (gathered_[u]) return;
+    pool_.take(MemCategory::kGathered, shards_.units()[u].padded);
+    gathered_[u] = true;
+  }
+  int next_unit(int u) const {
+    const int E = layout_.embedding_unit(), F = layout_.final_unit();
+    if (forward_) return u == F ? -1 : u + 1;
+    if (u == E) return F;
+    return u - 1 > E ? u - 1 : -1;
+  }
+  void reduce_scatter(int u) {
+    const auto& s = shards_.units()[u];
+    if (zero_ >= 2) {
+      staging_[u] = false;  // the staging buffer becomes the send buffer
+    } else {
+      pool_.take(MemCategory::kComm, s.padded);
+    }
+    pool_.take(MemCategory::kComm, s.shard);
+    pending_.push_back({s.padded, s.shard});
+  }
+
+  const model::ParamLayout& layout_;
+  const parallel::ShardLayout& shards_;
+  int zero_, m_;
+  Tracker* t_;
+  Pool pool_;
+  bool forward_ = true;
+  std::vector<bool> gathered_, staging_;
+  std::vector<int> refs_, released_;
+  std::vector<std::pair<size_t, size_t>> pending_;
+};
+
+// One pipeline rank's model part and the buffers its model, store and executor allocate
+// over two training steps (the second is the steady state: every activation set and pool
+// spare exists), model/gpt.cc, parallel/pp/executor.cc.
+struct RankReplay {
+  const model::GptConfig& config;
+  const model::ParamLayout& layout;
+  const model::ModelPart& part;  // empty: the whole model
+  const model::ActivationInventory& inv;
+  model::Recompute recompute;
+  int B, T, threads, zero, p, m, v, rank;
+  pp::ScheduleKind schedule;
+  StoreReplay* store;
+  Tracker* t;
+
+  std::vector<model::ModelPart::Chunk> chunks() const {
+    return part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
+  }
+  bool first(int c) const { return chunks()[c].begin == 0; }
+  bool last(int c) const { return chunks()[c].end == config.layers; }
+  double set_floats(int c) const {
+    double n = (double)inv.set_input;
+    for (int l = chunks()[c].begin; l < chunks()[c].end; l++) n += (double)inv.block(recompute);
+    if (last(c)) n += (double)inv.head;
+    return n;
+  }
+  // Attention's per-thread score buffers (kernels/cpu/attention.cc), alive during the call.
+  void attention(bool forward) {
+    const double bytes = 4.0 * threads * (forward ? 1 : 2) * kAttentionBlock * T;
+    t->alloc(MemCategory::kWorkspace, bytes);
+    t->free(MemCategory::kWorkspace, bytes);
+  }
+  void block_forward(int l) {
+    const int u = layout.block_unit(l);
+    store->acquire_params(u);
+    attention(true);
+    store->release_params(u);
+  }
+  void forward(int c) {
+    store->begin_pass(true);
+    const bool hold = first(c) && last(c);
+    const int E = layout.has_embedding() ? layout.embedding_unit() : -1;
+    if (hold) store->acquire_params(E);
+    if (first(c)) store->acquire_params(E), store->release_params(E);
+    for (int l = chunks()[c].begin; l < chunks()[c].end; l++) block_forward(l);
+    if (last(c)) {
+      const int F = layout.final_unit();
+      store->acquire_params(F), store->release_params(F);
+      store->acquire_params(E), store->release_params(E);
+    }
+    if (hold) store->release_params(E);
+  }
+  void backward(int c) {
+    store->begin_pass(false);
+    if (last(c)) {
+      const int E = layout.embedding_unit(), F = layout.final_unit();
+      store->acquire_params(E), store->acquire_grads(E), store->release_params(E);
+      if (!layout.has_layer(0)) store->release_grads(E);
+      store->acquire_params(F), store->acquire_grads(F), store->release_params(F), store->release_grads(F);
+    }
+    for (int l = chunks()[c].end - 1; l >= chunks()[c].begin; l--) {
+      const int u = layout.block_unit(l);
+      if (recompute == model::Recompute::kFull) block_forward(l);
+      store->acquire_params(u), store->acquire_grads(u);
+      if (recompute == model::Recompute::kSelective) attention(true);
+      attention(false);
+      store->release_params(u), store->release_grads(u);
+    }
+    if (first(c)) {
+      const int E = layout.embedding_unit();
+      store->acquire_grads(E), store->release_grads(E);
+    }
+  }
+
+  // Activation sets: one per (micro-batch, chunk) alive, sets of equal size pooled.
+  std::vector<std::pair<double, bool>> sets;  // floats, in use
+  std::vector<std::array<int, 3>> open;       // (mb, chunk, set index)
+  void open_set(int mb, int c) {
+    const double n = set_floats(c);
+    for (size_t i = 0; i < sets.size(); i++)
+      if (!sets[i].second && sets[i].first == n) {
+        sets[i].second = true;
+        open.push_back({mb, c, (int)i});
+        return;
+      }
+    t->alloc(MemCategory::kActivations, 4 * n);
+    sets.push_back({n, true});
+    open.push_back({mb, c, (int)sets.size() - 1});
+  }
+  void close_set(int mb, int c) {
+    for (size_t i = 0; i < open.size(); i++)
+      if (open[i][0] == mb && open[i][1] == c) {
+        sets[open[i][2]].second = false;
+        open.erase(open.begin() + (long)i);
+        return;
+      }
+  }
+
+  void step(bool first_step) {
+    if (first_step)  // ensure_activations: the recomputation and gradient scratch
+      t->alloc(MemCategory::kActivations,
+               4.0 * ((double)inv.recompute_scratch(recompute) + (double)inv.gradient_scratch));
+    store->begin_step();
+    if (p == 1) {
+      for (int a = 0; a < m; a++) {
+        open_set(0, 0);
+        forward(0);
+        backward(0);
+        close_set(0, 0);
+        store->end_micro_batch();
+      }
+    } else {
+      pipeline();
+    }
+    store->end_micro_batch();  // finish_reductions: every reduction retired
+    if (p > 1 && (rank == 0 || rank == p - 1) && layout.has_embedding()) store->tied_exchange();
+    store->gather_updated_params();
+  }
+
+  // PipelineExecutor::train_step: receives posted ahead for the next two computes, the
+  // received tensor kept until the next one is taken, gradient sends copied until they
+  // complete (here: by the end of the following action).
+  void pipeline() {
+    std::vector<pp::Action> actions;
+    (void)pp::make_schedule(schedule, p, m, v, rank, &actions);
+    const double n = 4.0 * (double)inv.set_input;  // boundary elements, fp32
+    std::vector<std::array<int, 3>> inbox;           // (kind, mb, chunk)
+    bool received = false;
+    int pending_copies = 0, copies_due = 0;
+    size_t posted = 0;
+    auto take = [&](int kind, int mb, int c) {
+      for (size_t i = 0; i < inbox.size(); i++)
+        if (inbox[i] == std::array<int, 3>{kind, mb, c}) {
+          inbox.erase(inbox.begin() + (long)i);
+          if (received) t->free(MemCategory::kComm, n);  // the previous one, replaced
+          received = true;
+          return;
+        }
+    };
+    for (size_t i = 0; i < actions.size(); i++) {
+      for (int computes = 0; posted < actions.size(); posted++) {
+        const pp::Action& a = actions[posted];
+        const bool compute = a.kind == pp::ActionKind::kForward || a.kind == pp::ActionKind::kBackward;
+        if (compute && posted > i && ++computes > 2) break;
+        if (a.kind == pp::ActionKind::kRecvActivation || a.kind == pp::ActionKind::kRecvGrad) {
+          t->alloc(MemCategory::kComm, n);
+          inbox.push_back({a.kind == pp::ActionKind::kRecvActivation ? 0 : 1, a.microbatch, a.chunk});
+        }
+      }
+      const pp::Action& a = actions[i];
+      switch (a.kind) {
+        case pp::ActionKind::kForward:
+          if (!first(a.chunk)) take(0, a.microbatch, a.chunk);
+          open_set(a.microbatch, a.chunk);
+          forward(a.chunk);
+          break;
+        case pp::ActionKind::kBackward:
+          if (!last(a.chunk)) take(1, a.microbatch, a.chunk);
+          backward(a.chunk);
+          close_set(a.microbatch, a.chunk);
+          store->end_micro_batch();
+          break;
+        case pp::ActionKind::kSendGrad:
+          t->alloc(MemCategory::kComm, n);
+          pending_copies++;
+          break;
+        default:
+          break;
+      }
+      // Copies sent before this action are done by its end.
+      for (; copies_due > 0; copies_due--, pending_copies--) t->free(MemCategory::kComm, n);
+      copies_due = pending_copies;
+    }
+    for (; pending_copies > 0; pending_copies--) t->free(MemCategory::kComm, n);
+    if (received) t->free(MemCategory::kComm, n);
+  }
+};
+
+// ---- Time -----------------------------------------------------------------------------------
+
+struct Costs {
+  double peak = 0;  // FLOP/s of one rank
+  GemmEfficiency gemm;
+  double bandwidth = 0;  // bytes/s of one rank
+  double per_element = 1;  // scale of the per-element costs: kMemoryBandwidth / bandwidth
+  double latency = 0;
+  double link = 1;  // link efficiency: the fraction of the benchmarks' bandwidth
+
+  double gemm_s(double M, double N, double K) const {
+    return M <= 0 || N <= 0 || K <= 0 ? 0 : 2 * M * N * K / (peak * gemm.at(M, N, K));
+  }
+  double bytes_s(double bytes) const { return bytes / bandwidth; }
+  // Collectives over a group of n, `bytes` the whole tensor (as time_model.cc counts
+  // them), of cached (activations) or cold (gradient and parameter buffers) data.
+  const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
+  double all_reduce_s(double bytes, int n, bool cold = false) const {
+    return n <= 1 ? 0 : 2.0 * (n - 1) * latency + 2.0 * (n - 1) / n * bytes / (bus(cold).all_reduce * link);
+  }
+  double reduce_scatter_s(double bytes, int n, bool cold = false) const {
+    return n <= 1 ? 0 : (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).reduce_scatter * link);
+  }
+  double all_gather_s(double bytes, int n, bool cold = false) const {
+    return n <= 1 ? 0 : (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
+  }
+  double p2p_s(double bytes, bool cold = false) const { return latency + bytes / (bus(cold).all_gather * link); }
+};
+
+// One tp rank's shapes for a B x T micro-batch.
+struct Dims {
+  double B, T, N, Nl, C, Cl, Fl, NHl, hs, vn;
+  int t;
+  bool sp;
+};
+
+double attention_score_elements(int T) {  // S of one (sequence, head)
+  double s = 0;
+  for (int i0 = 0; i0 < T; i0 += kAttentionBlock) {
+    const int rows = std::min(kAttentionBlock, T - i0);
+    s += (double)rows * (i0 + rows);
+  }
+  return s;
+}
+
+struct LayerTime {
+  double gemm_f = 0, mem_f = 0, comm_f = 0, attn_f = 0;
+  double gemm_b = 0, mem_b = 0, comm_b = 0, attn_b = 0;
+  double recompute = 0, recompute_comm = 0;
+  double forward() const { return gemm_f + mem_f + comm_f + attn_f; }
+  double backward() const { return gemm_b + mem_b + comm_b + attn_b + recompute + recompute_comm; }
+};
+
+LayerTime layer_time(const Dims& d, model::Recompute r, const Costs& k) {
+  LayerTime lt;
+  const double N = d.N, Nl = d.Nl, C = d.C, Cl = d.Cl, Fl = d.Fl;
+  // The four linear layers (in, out) of this rank's slice: QKV, projection, fc, fc proj.
+  const double linears[4][2] = {{C, 3 * Cl}, {Cl, C}, {C, Fl}, {Fl, C}};
+  for (const auto& [in, out] : linears) {
+    lt.gemm_f += k.gemm_s(N, out, in);                    // out = inp W^T
+    lt.gemm_b += k.gemm_s(N, in, out) + k.gemm_s(out, in, N);  // dinp, dweight
+  }
+  // Attention: the fused kernel per (sequence, local head).
+  const double S = attention_score_elements((int)d.T), heads = d.B * d.NHl;
+  const double eff = k.peak * k.gemm.at(kAttentionBlock, std::min<double>(d.T, kAttentionBlock), d.hs);
+  const double blocks = std::ceil(d.T / kAttentionBlock);
+  lt.attn_f = heads * (S * kAttentionForwardElementS * k.per_element + 4 * S * d.hs / eff);
+  lt.attn_b = heads * (S * kAttentionBackwardElementS * k.per_element + blocks * kAttentionBackwardBlockS +
+                       10 * S * d.hs / eff);
+  // Elementwise: 2 LayerNorms (8 B per element forward, 16 backward), the QKV and fc bias
+  // seeding (4 B), the 2 branch bias adds (8 B) and residual adds (12 B), GELU; backward
+  // the bias gradients (4 B over each linear's output).
+  lt.mem_f = k.bytes_s(2 * Nl * C * 8 + N * (3 * Cl + Fl) * 4 + 2 * Nl * C * 8 + 2 * Nl * C * 12) +
+             N * Fl * kGeluForwardS * k.per_element;
+  lt.mem_b = k.bytes_s(2 * Nl * C * 16 + N * (3 * Cl + C + Fl + C) * 4) + N * Fl * kGeluBackwardS * k.per_element;
+  // Tensor parallelism (model/gpt.cc): two reductions of the row-parallel outputs forward
+  // and of the column-parallel input gradients backward (all-reduce, or reduce-scatter with
+  // sp); with sp, all-gathers before both column-parallel linears forward and four
+  // backward, and the LayerNorm weight gradients all-reduced.
+  const double act = N * C * 4;
+  const double reduce = d.sp ? k.reduce_scatter_s(act, d.t) : k.all_reduce_s(act, d.t);
+  lt.comm_f = 2 * reduce + (d.sp ? 2 * k.all_gather_s(act, d.t) : 0);
+  lt.comm_b = 2 * reduce + (d.sp ? 4 * k.all_gather_s(act, d.t) + 2 * k.all_reduce_s(2 * C * 4, d.t) : 0);
+  switch (r) {
+    case model::Recompute::kNone:
+      break;
+    case model::Recompute::kSelective:
+      lt.recompute = lt.attn_f;
+      break;
+    case model::Recompute::kFull:
+      lt.recompute = lt.gemm_f + lt.mem_f + lt.attn_f;
+      lt.recompute_comm = lt.comm_f;
+      break;
+  }
+  return lt;
+}
+
+model::Recompute engine_recompute(Recompute r) {
+  switch (r) {
+    case Recompute::kNone:
+      return model::Recompute::kNone;
+    case Recompute::kSelective:
+      return model::Recompute::kSelective;
+    case Recompute::kFull:
+      return model::Recompute::kFull;
+  }
+  return model::Recompute::kNone;
+}
+
+}  // namespace
+
+Cluster local_cluster(int threads_per_rank, double peak_gflops_fp32, double peak_gflops_bf16) {
+  const int threads = std::max(1, threads_per_rank);
+  using kernels::Precision;
+  if (peak_gflops_fp32 <= 0) peak_gflops_fp32 = train::cached_gemm_peak_gflops(threads, false, Precision::kFp32);
+  if (peak_gflops_bf16 <= 0) peak_gflops_bf16 = train::cached_gemm_peak_gflops(threads, false, Precision::kBf16);
+  Cluster c;
+  c.name = "local";
+  c.peak_flops_32 = peak_gflops_fp32 * 1e9;
+  c.peak_flops_16 = peak_gflops_bf16 * 1e9;
+  const double pages = (double)::sysconf(_SC_PHYS_PAGES), page = (double)::sysconf(_SC_PAGE_SIZE);
+  c.memory_bytes = pages > 0 && page > 0 ? pages * page : 16e9;
+  c.reserved_bytes = std::min(kLocalMemoryReserve, c.memory_bytes / 2);
+  c.cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  c.hbm_bandwidth = kMemoryBandwidth * std::min(threads, c.cores);
+  c.hbm_efficiency = 1;
+  // Every rank is on this one machine: one "node", its link the MPI shared-memory
+  // transport (all-reduce bus bandwidth; predict_local uses each collective's own).
+  c.gpus_per_node = 1 << 16;
+  c.intra = c.inter = {kCachedBusBw.all_reduce, kCommLatency};
+  c.link_efficiency = kLinkEfficiency;
+  c.gemm = {kGemmMaxFraction, kGemmHalfDim};
+  return c;
+}
+
+Cluster measure_local_cluster(int threads_per_rank) {
+  const int threads = std::max(1, threads_per_rank);
+  const double peak = train::measure_gemm_peak_gflops(threads, kernels::Precision::kFp32);
+  Cluster c = local_cluster(threads, peak, 0);
+  omp_set_num_threads(threads);
+  using Clock = std::chrono::steady_clock;
+  auto median_s = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  // The engine's linear layers for 256 tokens of width 256: QKV, projection, fc and fc
+  // projection shapes, forward (NT), input gradient (NN) and weight gradient (TN), each call
+  // on operands 4 MB apart from the last so that it starts from cold caches.
+  const size_t stride = (size_t)1 << 20, sets = 14;
+  std::vector<float> a(stride * sets), b(stride * sets), out(stride * sets);
+  const int shapes[4][3] = {{256, 768, 256}, {256, 256, 256}, {256, 1024, 256}, {256, 256, 1024}};
+  double flops = 0, seconds = 0;
+  size_t next = 0;
+  for (const auto& s : shapes)
+    for (int kind = 0; kind < 3; kind++) {
+      const bool ta = kind == 2, tb = kind == 0;
+      std::vector<double> times;
+      for (int rep = 0; rep < 8; rep++) {
+        const size_t o = (next++ % sets) * stride;
+        const auto t0 = Clock::now();
+        kernels::gemm(ta, tb, s[0], s[1], s[2], 1.0f, a.data() + o, ta ? s[0] : s[2], b.data() + o,
+                      tb ? s[2] : s[1], 1.0f, out.data() + o, s[1]);
+        if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      flops += 2.0 * s[0] * s[1] * s[2];
+      seconds += median_s(times);
+    }
+  const double fraction = flops / seconds / c.peak_flops_32;
+  c.gemm.max_fraction = std::min(1.0, fraction * (256 + kGemmHalfDim) / 256);
+  // Memory bandwidth: copies of 32 MB.
+  std::vector<double> times;
+  const size_t n = (size_t)8 << 20;
+  for (int rep = 0; rep < 6; rep++) {
+    const auto t0 = Clock::now();
+    std::copy(a.data(), a.data() + n, out.data());
+    if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  c.hbm_bandwidth = 8.0 * n / median_s(times) * std::min(threads, c.cores);
+  return c;
+}
+
+Status predict_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c,
+                     Prediction* out, std::vector<EngineMemory>* ranks) {
+  RETURN_IF_ERROR(model::validate(config));
+  const int T = run.seq > 0 ? run.seq : config.max_seq_len;
+  if (T > config.max_seq_len) return Status::error("seq (" + std::to_string(T) + ") exceeds the model's max_seq_len");
+  const ModelShape shape = model_shape(config, T);
+  RETURN_IF_ERROR(validate(shape, l));
+  RETURN_IF_ERROR(validate(c));
+  RETURN_IF_ERROR(model::validate_tp(config, l.tp));
+  if (l.precision != Precision::kFp32)
+    return Status::error(std::string("precision ") + precision_name(l.precision) +
+                         ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
+  if (run.threads < 1) return Status::error("threads must be >= 1");
+  if (l.pp > 1 && l.zero >= 2) return Status::error("zero 2 and 3 cannot be combined with pp > 1 (the engine's rule)");
+  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
+  const int m = l.global_batch / (B * d);
+  if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
+  std::vector<int> stage_layers;
+  if (p > 1) RETURN_IF_ERROR(pp::split_layers(config, B, T, p * v, run.stage_layers, &stage_layers));
+  const model::Recompute recompute = engine_recompute(l.recompute);
+  const model::ActivationInventory inv = model::activation_inventory(config, B, T, t, l.sp);
+
+  // ---- Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0) ----
+  std::vector<EngineMemory> mem(p);
+  std::vector<MemoryBreakdown> breakdown(p);
+  std::vector<model::ModelPart> parts(p);
+  for (int r = 0; r < p; r++) {
+    if (p > 1) parts[r] = pp::rank_part(stage_layers, p, r);
+    const model::ParamLayout layout(config, t, 0, parts[r]);
+    const parallel::ShardLayout shards(layout, d, 0);
+    const StateBytes state = model_state_bytes(shards, layout.total(), kFp32State, l.zero);
+    Tracker tracker;
+    tracker.alloc(MemCategory::kParams, state.params);
+    tracker.alloc(MemCategory::kGrads, state.grads);
+    tracker.alloc(MemCategory::kOptim, state.optim);
+    StoreReplay store(layout, shards, l.zero, m, &tracker);
+    RankReplay replay{config, layout, parts[r], inv, recompute, B, T, run.threads, l.zero, p, m, v, r,
+                      l.schedule, &store, &tracker, {}, {}};
+    replay.step(true);
+    replay.step(false);
+    EngineMemory& e = mem[r];
+    auto peak = [&](MemCategory k) { return tracker.peak[(int)k]; };
+    e = {peak(MemCategory::kParams), peak(MemCategory::kGrads), peak(MemCategory::kOptim),
+         peak(MemCategory::kActivations), peak(MemCategory::kWorkspace), peak(MemCategory::kComm),
+         peak(MemCategory::kGathered), tracker.total_peak};
+    auto at = [&](MemCategory k) { return tracker.at_total_peak[(int)k]; };
+    breakdown[r] = {at(MemCategory::kParams), at(MemCategory::kGrads), at(MemCategory::kOptim),
+                    at(MemCategory::kActivations),
+                    at(MemCategory::kWorkspace) + at(MemCategory::kComm) + at(MemCategory::kGathered)};
+  }
+
+  // ---- Time ----
+  *out = Prediction();
+  Prediction& pr = *out;
+  pr.micro_batches = m;
+  Costs k;
+  k.peak = c.peak_flops(l.precision);
+  k.gemm = c.gemm;
+  k.bandwidth = c.hbm_bandwidth * c.hbm_efficiency;
+  // Per-element costs were measured on one thread at kMemoryBandwidth: they scale with the
+  // threads and with the machine's measured speed (measure_local_cluster) through it.
+  k.per_element = kMemoryBandwidth / k.bandwidth;
+  k.latency = c.intra.latency;
+  k.link = c.link_efficiency;
+  Dims dims;
+  dims.B = B, dims.T = T, dims.N = (double)B * T, dims.t = t, dims.sp = l.sp && t > 1;
+  dims.Nl = dims.sp ? dims.N / t : dims.N;
+  dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
+  dims.NHl = (double)config.heads / t, dims.hs = (double)config.dim / config.heads;
+  dims.vn = std::min(config.vocab, config.padded_vocab() / t);  // tp rank 0's real columns
+  const LayerTime lt = layer_time(dims, recompute, k);
+  pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
+  pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
+
+  const double N = dims.N, Nl = dims.Nl, C = dims.C, act = N * C * 4;
+  const double reduce_rows = dims.sp ? k.reduce_scatter_s(act, t) : k.all_reduce_s(act, t);
+  const double gather_rows = dims.sp ? k.all_gather_s(act, t) : 0;
+  // Embedding (first stage): lookup and position add, its tp reduction; backward the
+  // scatter-add of its gradient.
+  const double emb_f = k.bytes_s(N * C * 12) + reduce_rows;
+  const double emb_b = k.bytes_s(N * C * 12) + gather_rows;
+  // Head (last stage): final LayerNorm, the tied head GEMM over this rank's vocabulary
+  // columns, the vocabulary-parallel cross-entropy (three all-reduces of N values);
+  // backward its two GEMMs, the input gradient's reduction, the LayerNorm backward.
+  const double head_f = k.bytes_s(Nl * C * 8) + gather_rows + k.gemm_s(N, dims.vn, C) +
+                        N * dims.vn * kCrossEntropyForwardS * k.per_element + 3 * k.all_reduce_s(N * 4, t);
+  const double head_b = N * dims.vn * kCrossEntropyBackwardS * k.per_element + k.gemm_s(N, C, dims.vn) +
+                        k.gemm_s(dims.vn, C, N) + reduce_rows + k.bytes_s(Nl * C * 4 + Nl * C * 16) +
+                        (dims.sp ? k.all_reduce_s(2 * C * 4, t) : 0);
+  // Pipeline sends: the boundary tensor (Nl x C), gradients copied before they go.
+  const double send_f = p > 1 ? k.p2p_s(Nl * C * 4) : 0;
+  const double send_b = p > 1 ? k.p2p_s(Nl * C * 4) + k.bytes_s(Nl * C * 8) : 0;
+
+  // Data parallelism and ZeRO: the collectives and the copies around them are CPU work on
+  // the same cores as compute (Open MPI's shared-memory transport copies and reduces on
+  // them), so every byte counts; grad-norm reductions are latency.
+  std::vector<double> busy(p), tail(p);
+  double dp_total = 0, tp_total = 0, pp_total = 0, opt_s = 0;
+  double tf = 0, tb = 0;
+  for (int r = 0; r < p; r++) {
+    const model::ParamLayout layout(config, t, 0, parts[r]);
+    const parallel::ShardLayout shards(layout, d, 0);
+    double layers = 0, f = 0, b = 0, extra = 0;
+    const auto chunks = parts[r].chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}}
+                                                : parts[r].chunks;
+    for (const auto& ch : chunks) {
+      const double n = ch.end - ch.begin;
+      layers += n;
+      const double cf = n * lt.forward() + (ch.end < config.layers ? send_f : 0);
+      const double cb = n * lt.backward() + (ch.begin > 0 ? send_b : 0);
+      f += cf, b += cb;
+      tf = std::max(tf, cf), tb = std::max(tb, cb);
+      if (ch.begin == 0) extra += emb_f + emb_b;
+      if (ch.end == config.layers) extra += head_f + head_b;
+    }
+    busy[r] = m * (f + b + extra);
+    // Communication on this rank, for the per-axis account.
+    const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
+    double tp_s = m * layers * tp_layer;
+    for (const auto& ch : chunks) {
+      if (ch.begin == 0) tp_s += m * (reduce_rows + gather_rows);
+      if (ch.end == config.layers) tp_s += m * (2 * gather_rows + 3 * k.all_reduce_s(N * 4, t) + reduce_rows);
+    }
+    double pp_s = 0;
+    for (const auto& ch : chunks) pp_s += m * ((ch.end < config.layers ? send_f : 0) + (ch.begin > 0 ? send_b : 0));
+    // The step around the pipeline.
+    const double total = (double)layout.total();
+    double owned = 0, padded = 0;
+    for (int u = 0; u < layout.num_units(); u++) {
+      owned += (double)(shards.own_end(u) - shards.own_begin(u));
+      padded += (double)shards.units()[u].padded;
+    }
+    double dp_s = 0;
+    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total));
+    if (d > 1) {
+      switch (l.zero) {
+        case 0:
+          dp_s = k.all_reduce_s(4 * total, d, true);
+          break;
+        case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
+          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(4 * padded, d, true);
+          break;
+        default: {  // 2, 3: every micro-batch reduce-scatters the zeroed staging buffers
+          double per_mb = k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(4 * padded, d, true);
+          if (l.zero == 3) {  // parameters gathered before each forward and backward use
+            const double gathers = recompute == model::Recompute::kFull ? 3 : 2;
+            per_mb += gathers * k.all_gather_s(4 * padded, d, true);
+          }
+          dp_s = m * per_mb;
+        }
+      }
+      if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, d, true) + k.bytes_s(12 * padded);
+    }
+    // The tied embedding's gradients swapped between the first and last stage.
+    double tied = 0;
+    if (p > 1 && (r == 0 || r == p - 1)) {
+      const int E = layout.embedding_unit();
+      const double n = l.zero == 0 ? (double)layout.units()[E].numel
+                                   : (double)(shards.own_end(E) - shards.own_begin(E));
+      tied = k.p2p_s(4 * n, true) + k.bytes_s(12 * n);
+      pp_s += tied;
+    }
+    // Optimizer: the global norm (fixed-order fp64 sum), clipping (8 B), AdamW (28 B).
+    const double n_opt = l.zero == 0 ? total : owned;
+    const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) + 3 * k.all_reduce_s(8, 2);
+    tail[r] = zero_grads + dp_s + tied + opt;
+    if (r == 0) dp_total = dp_s, tp_total = tp_s, opt_s = opt;
+    pp_total = std::max(pp_total, pp_s);
+  }
+
+  // The pipeline at full speed, by the engine's schedule generator on the slowest chunk's
+  // costs; the first and last stages' extra work lies on the critical path of every
+  // micro-batch (as in predict()).
+  pp::SimResult sim;
+  RETURN_IF_ERROR(pp::simulate(l.schedule, p, m, v, tf, tb, &sim));
+  const double extra_first = emb_f + emb_b, extra_last = head_f + head_b;
+  const double extra = p == 1 ? extra_first + extra_last : std::max(extra_first, extra_last);
+  const double pipeline = sim.makespan + m * extra;
+  const double critical = pipeline + *std::max_element(tail.begin(), tail.end());
+  // Time-sharing: the t x d ranks of every stage run at once; when all ranks' threads
+  // outnumber the cores, the step is at least all ranks' CPU work over the cores.
+  double cpu = 0;
+  for (int r = 0; r < p; r++) cpu += (double)t * d * (busy[r] + tail[r]);
+  const int cores = c.cores > 0 ? c.cores : l.gpus() * run.threads;
+  const double shared = cpu * run.threads / cores;
+  pr.step_s = std::max(critical, shared);
+  const double slow = pr.step_s / critical;  // time-sharing stretch of every part
+
+  double busy_sum = 0;
+  for (double b : busy) busy_sum += b;
+  pr.pipeline_s = pipeline * slow;
+  pr.bubble = std::max(0.0, 1 - busy_sum / (p * pipeline));
+  pr.optimizer_s = opt_s * slow;
+  pr.tp = {0, tp_total * slow};
+  pr.pp = {0, pp_total * slow};
+  pr.dp = {0, dp_total * slow};
+  pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
+  pr.model_flops = model_flops(shape, l.global_batch);
+  pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.gpus()) / 1e12;
+  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * k.peak);
+
+  int worst = 0;
+  for (int r = 1; r < p; r++)
+    if (mem[r].total > mem[worst].total) worst = r;
+  pr.memory = breakdown[worst];
+  pr.memory_available = c.memory_bytes - c.reserved_bytes;
+  if (ranks) *ranks = mem;
+  return Status::ok();
+}
+
+}  // namespace meshtrain::planner

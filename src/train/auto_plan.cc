@@ -1,0 +1,93 @@
+#include "train/auto_plan.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+#include "planner/local.h"
+#include "train/options.h"
+
+namespace meshtrain::train {
+
+namespace {
+
+double machine_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+}
+
+std::string describe(const planner::Candidate& c) {
+  const planner::Layout& l = c.layout;
+  char buf[320];
+  std::string sched = l.pp > 1 ? std::string(" ") + parallel::pp::schedule_name(l.schedule) : "";
+  if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
+  std::snprintf(buf, sizeof buf,
+                "tp %d, pp %d, dp %d, zero %d, micro-batch %d x %d%s%s, recompute %s: predicted %.0f ms per "
+                "step, %.3g GB peak per rank",
+                l.tp, l.pp, l.dp, l.zero, l.micro_batch, c.prediction.micro_batches, sched.c_str(),
+                l.sp ? ", sp" : "", planner::recompute_name(l.recompute), c.prediction.step_s * 1e3,
+                c.prediction.memory.total() / 1e9);
+  return buf;
+}
+
+}  // namespace
+
+Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fixed, std::string* summary) {
+  model::GptConfig config;
+  int T = 0;
+  RETURN_IF_ERROR(resolve_model(*o, &config, &T));
+  planner::Precision precision;
+  RETURN_IF_ERROR(planner::parse_precision(o->precision, &precision));
+  const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
+  planner::LocalRun run;
+  run.threads = o->threads > 0 ? o->threads : std::max(1, cores / ranks);
+  run.seq = T;
+  planner::Cluster cluster = planner::local_cluster(run.threads);
+  const double budget = o->memory_budget_gb > 0 ? o->memory_budget_gb * 1e9 : machine_memory_bytes() / ranks;
+  cluster.memory_bytes = budget, cluster.reserved_bytes = 0;
+  const int rows = o->global_batch > 0 ? o->global_batch : o->micro_batch * std::max(1, o->grad_accum) * ranks;
+  std::vector<planner::Candidate> all;
+  RETURN_IF_ERROR(planner::search_layouts(
+      planner::model_shape(config, T), ranks, rows, precision, ranks, fixed,
+      [&](const planner::Layout& l, planner::Prediction* p) { return planner::predict_local(config, l, run, cluster, p); },
+      &all));
+  const planner::Candidate& best = all.front();
+  if (!best.prediction.fits()) {
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "--plan auto: no layout of %d ranks fits in %.3g GB per rank; the closest needs %.3g GB more: ",
+                  ranks, budget / 1e9, best.over_bytes() / 1e9);
+    return Status::error(buf + describe(best));
+  }
+  const planner::Layout& l = best.layout;
+  o->tp = l.tp, o->pp = l.pp, o->dp = l.dp, o->zero = l.zero;
+  o->micro_batch = l.micro_batch, o->global_batch = rows, o->grad_accum = 0;
+  o->schedule = parallel::pp::schedule_name(l.schedule), o->virtual_stages = l.virtual_stages;
+  o->sp = l.sp, o->recompute = planner::recompute_name(l.recompute);
+  int fitting = 0;
+  for (const auto& c : all) fitting += c.prediction.fits();
+  *summary = "plan auto: " + std::to_string(all.size()) + " layouts of " + std::to_string(ranks) + " ranks predicted, " +
+             std::to_string(fitting) + " fit; running " + describe(best);
+  return Status::ok();
+}
+
+Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const planner::SearchSpace& fixed) {
+  std::string summary;
+  Status s = choose_layout(o, world.size(), fixed, &summary);
+  // Every rank must have chosen alike (and failed alike): compare the choice's fields.
+  double mine[7] = {s.is_ok() ? 1.0 : 0.0, (double)o->tp, (double)o->pp, (double)o->zero, (double)o->micro_batch,
+                    (double)o->virtual_stages, (double)(o->sp ? 1 : 0) + 2.0 * (o->recompute == "full") + 4.0 * (o->recompute == "selective")};
+  double lo[7], hi[7];
+  for (int i = 0; i < 7; i++) lo[i] = -mine[i], hi[i] = mine[i];
+  world.all_reduce_f64(lo, 7, comm::ReduceOp::kMax);
+  world.all_reduce_f64(hi, 7, comm::ReduceOp::kMax);
+  for (int i = 0; i < 7; i++)
+    if (-lo[i] != hi[i])
+      return Status::error("--plan auto: the ranks chose different layouts (is the GEMM peak cache readable by "
+                           "every rank?); give the layout flags instead");
+  if (!s.is_ok()) return s;
+  if (world.rank() == 0 && !o->quiet) std::printf("%s\n", summary.c_str());
+  return Status::ok();
+}
+
+}  // namespace meshtrain::train
