@@ -173,7 +173,7 @@ void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, 
   int over = 0;
   for (const auto& c : all)
     if (!c.prediction.fits() && over++ < 3)
-      std::printf("%s  %-52s does not fit: %.1f GB over\n", over == 1 ? "\n" : "", layout_name(c.layout).c_str(),
+      std::printf("%s  %-52s does not fit: %.2f GB over\n", over == 1 ? "\n" : "", layout_name(c.layout).c_str(),
                   c.over_bytes() / 1e9);
 }
 

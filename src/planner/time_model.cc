@@ -344,6 +344,9 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
       dp_exposed += ag;
     }
   }
+  // One link carries all of it: what does not fit in the pipeline's time cannot be hidden
+  // behind it (ZeRO-3's gathers and the reduce-scatters share the data-parallel link).
+  dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
   r.dp = {dp_total - std::min(dp_total, dp_exposed), std::min(dp_total, dp_exposed)};
   // dp_exposed beyond the ZeRO-3 part that already sits inside the pipeline time.
   const double dp_tail = r.dp.exposed - mb * v * z3_exposed;

@@ -39,6 +39,9 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   RETURN_IF_ERROR(resolve_model(*o, &config, &T));
   planner::Precision precision;
   RETURN_IF_ERROR(planner::parse_precision(o->precision, &precision));
+  if (precision != planner::Precision::kFp32)
+    return Status::error("--plan auto models the engine's fp32 runs; --precision " + o->precision +
+                         " (16-bit storage) is not modelled yet: give the layout flags instead");
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
   planner::LocalRun run;
   run.threads = o->threads > 0 ? o->threads : std::max(1, cores / ranks);

@@ -16,7 +16,8 @@ namespace meshtrain::train {
 // the budget (--memory-budget GB, else the machine's memory shared by the ranks), and
 // writes the fastest that fits into `o`: tp, pp, dp, zero, micro-batch, gradient
 // accumulation, schedule, virtual stages, sp and recomputation. `summary` describes it.
-// Errors: no layout fits (with the closest one and by how much), or none is valid.
+// Errors: no layout fits (with the closest one and by how much), none is valid, or the
+// run is bf16/fp16 (the local model covers fp32 runs only).
 Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fixed, std::string* summary);
 
 // choose_layout() on every rank of `world` (the prediction is a pure function of the flags

@@ -159,6 +159,7 @@ TEST_F(PlanAuto, BadInputIsNamedBeforeAnyStep) {
                  {"--plan auto: no layout of 2 ranks fits in 0.01 GB per rank", "needs"});
   expect_failure(run(train(common + "--plan auto")), {"--plan auto needs --ranks N"});
   expect_failure(run(train(common + "--plan best --ranks 2")), {"--plan must be auto"});
+  expect_failure(run(train(common + "--plan auto --ranks 2 --precision bf16")), {"models the engine's fp32 runs"});
 }
 
 }  // namespace

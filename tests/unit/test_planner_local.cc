@@ -1,0 +1,269 @@
+// The planner's local predictor (planner/local.h) held to the engine's own runs on this
+// machine: for nine layouts on 2-4 ranks covering dp (2 and 4), ZeRO 0/1/3, tp with sp,
+// selective and full recomputation, 1F1B and interleaved pipelines and tp x pp (four ranks
+// on two cores: time-shared), the predicted peak memory of
+// world rank 0 is within 5% of the tracker's mem.total in metrics.jsonl, and the predicted
+// step time within 25% of the measured median step_ms (steps after the first).
+//
+//   LocalLayoutsMatchTheEngine   the runs (one at a time: a timing), the predictions on a
+//                                cluster measured just before them, the bounds; a layout
+//                                whose time misses is run again (at most 3 runs), each
+//                                repeat predicted on the machine measured again, and the
+//                                closest attempt counts (a virtual machine's speed drifts
+//                                and other processes share its two cores; the bound is not
+//                                widened, and a wrong model misses every attempt).
+//   MemoryReplayMatchesTheModel  without runs: the predicted activations are
+//                                model::activation_inventory's sets plus scratch, the
+//                                predicted model states planner::model_state_bytes's, and
+//                                what the engine refuses the predictor refuses.
+//
+// The model: 4 layers, width 256, 4 heads, T = 64, micro-batches of 4, a 512-token
+// vocabulary (synthetic tokens, so the blocks dominate the step rather than a 50K head),
+// fp32, one thread per rank. MESHTRAIN_TEST_VERBOSE=1 prints the table of predicted and
+// measured memory and time (docs/planning.md, "Local runs (this machine)", shows it).
+// Runs 9 layouts of 6 steps: about 15 s on two cores (25 s with retries). ctest should run it alone
+// (RUN_SERIAL): other tests on the same cores would add to the measured times.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_test_util.h"
+#include "data/token_file.h"
+#include "model/gpt.h"
+#include "parallel/pp/stages.h"
+#include "parallel/shard_layout.h"
+#include "planner/local.h"
+#include "planner/memory.h"
+
+namespace meshtrain::planner {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using parallel::pp::ScheduleKind;
+
+bool verbose() { return std::getenv("MESHTRAIN_TEST_VERBOSE") != nullptr; }
+
+constexpr double kMemoryTol = 0.05, kTimeTol = 0.25;
+constexpr int kSteps = 6, kAttempts = 3;
+
+model::GptConfig test_model() {
+  model::GptConfig c;
+  c.layers = 4, c.dim = 256, c.heads = 4, c.max_seq_len = 64, c.vocab = 512;
+  return c;
+}
+const std::string kModelFlags = "--layers 4 --dim 256 --heads 4 --seq-len 64 --vocab 512 --micro-batch 4";
+
+struct LocalCase {
+  std::string name;
+  std::string flags;  // the layout's `meshtrain train` flags
+  Layout layout;
+  int ranks() const { return layout.gpus(); }
+};
+
+Layout layout(int tp, int pp, int dp, int zero, int m, bool sp = false, Recompute r = Recompute::kNone,
+              ScheduleKind s = ScheduleKind::k1F1B, int v = 1) {
+  Layout l;
+  l.tp = tp, l.pp = pp, l.dp = dp, l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = s;
+  l.virtual_stages = v, l.micro_batch = 4, l.global_batch = 4 * m * dp, l.precision = Precision::kFp32;
+  return l;
+}
+
+const std::vector<LocalCase>& cases() {
+  static const std::vector<LocalCase> c = {
+      {"dp2 zero0", "--dp 2 --grad-accum 2", layout(1, 1, 2, 0, 2)},
+      {"dp2 zero3", "--dp 2 --zero 3 --grad-accum 2", layout(1, 1, 2, 3, 2)},
+      {"dp2 zero1 selective", "--dp 2 --zero 1 --recompute selective --grad-accum 2",
+       layout(1, 1, 2, 1, 2, false, Recompute::kSelective)},
+      {"dp2 full recompute", "--dp 2 --recompute full --grad-accum 2", layout(1, 1, 2, 0, 2, false, Recompute::kFull)},
+      {"tp2 sp", "--tp 2 --sp --grad-accum 2", layout(2, 1, 1, 0, 2, true)},
+      {"pp2 1f1b m4", "--pp 2 --schedule 1f1b --grad-accum 4", layout(1, 2, 1, 0, 4)},
+      {"pp2 interleaved v2 m4", "--pp 2 --schedule interleaved --virtual-stages 2 --grad-accum 4",
+       layout(1, 2, 1, 0, 4, false, Recompute::kNone, ScheduleKind::kInterleaved, 2)},
+      {"tp2 pp2 m4 (4 ranks)", "--tp 2 --pp 2 --grad-accum 4", layout(2, 2, 1, 0, 4)},
+      {"dp4 zero1 (4 ranks)", "--dp 4 --zero 1 --grad-accum 2", layout(1, 1, 4, 1, 2)},
+  };
+  return c;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return NAN;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+class PlannerLocal : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = cli_test::fresh_dir(fs::temp_directory_path() / ("meshtrain_planner_local_" + cli_test::kPid));
+    // Random tokens below the vocabulary: what the step costs does not depend on them.
+    std::mt19937 rng(1);
+    std::vector<uint16_t> tokens(100000);
+    for (auto& t : tokens) t = (uint16_t)(rng() % 512);
+    data_ok_ = data::write_token_file(dir_ + "/train.bin", tokens).is_ok();
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+
+  struct Measured {
+    std::vector<double> step_ms;  // steps after the first
+    double mem_total = 0;
+    std::string error;
+  };
+  // One run of a layout (its ranks started by meshtrain itself), alone on the machine.
+  static Measured run(const LocalCase& c, int attempt) {
+    const std::string out = dir_ + "/run_" + std::to_string(&c - cases().data()) + "_" + std::to_string(attempt);
+    const std::string cmd = cli_test::kBinary + " train --data " + dir_ + " " + kModelFlags + " " + c.flags +
+                            " --steps " + std::to_string(kSteps) +
+                            " --threads 1 --eval-every 0 --peak-gflops 100 --quiet --out " + out;
+    const cli_test::RunResult r = cli_test::run("timeout -k 10 120 " + cmd);
+    Measured m;
+    if (r.exit_code != 0) {
+      m.error = cmd + "\n" + cli_test::describe(r);
+      return m;
+    }
+    const cli_test::Metrics metrics = cli_test::read_metrics(out + "/metrics.jsonl");
+    for (const json& j : metrics.steps)
+      if (j["step"].get<int>() >= 2) m.step_ms.push_back(j["step_ms"].get<double>());
+    if (!metrics.steps.empty()) m.mem_total = metrics.steps.back()["mem"]["total"].get<double>();
+    if ((int)metrics.steps.size() != kSteps) m.error = "expected " + std::to_string(kSteps) + " steps in " + out;
+    fs::remove_all(out);
+    return m;
+  }
+
+  static inline std::string dir_;
+  static inline bool data_ok_ = false;
+};
+
+TEST_F(PlannerLocal, LocalLayoutsMatchTheEngine) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
+#endif
+  ASSERT_TRUE(data_ok_);
+  const model::GptConfig config = test_model();
+  LocalRun lr;
+  lr.threads = 1;
+  Cluster cluster = measure_local_cluster(1);
+  const Cluster first_cluster = cluster;
+  struct Row {
+    Prediction p;
+    std::vector<EngineMemory> ranks;
+    Measured m;
+    double mem_err = 0, time_err = 0;
+    int runs = 0;
+  };
+  std::vector<Row> rows(cases().size());
+  for (size_t i = 0; i < cases().size(); i++) {
+    // Memory is deterministic: the first run decides. Time: a run that misses is repeated
+    // (up to kAttempts runs), each repeat predicted on the machine measured again just
+    // before it; the attempt closest to its prediction counts (another process on these two
+    // cores, or the host, can slow one run; a wrong model misses every attempt).
+    for (int attempt = 0; attempt < kAttempts; attempt++) {
+      if (attempt > 0) cluster = measure_local_cluster(1);
+      Row row;
+      row.m = run(cases()[i], attempt);
+      ASSERT_TRUE(row.m.error.empty()) << cases()[i].name << ": " << row.m.error;
+      const Status s = predict_local(config, cases()[i].layout, lr, cluster, &row.p, &row.ranks);
+      ASSERT_TRUE(s.is_ok()) << cases()[i].name << ": " << s.message();
+      row.mem_err = row.ranks[0].total / row.m.mem_total - 1;
+      row.time_err = row.p.step_s * 1e3 / median(row.m.step_ms) - 1;
+      row.runs = attempt + 1;
+      if (attempt == 0) {
+        rows[i] = row;
+      } else if (std::abs(row.time_err) < std::abs(rows[i].time_err)) {
+        row.mem_err = rows[i].mem_err, row.ranks = rows[i].ranks, row.m.mem_total = rows[i].m.mem_total;
+        rows[i] = row;
+      }
+      rows[i].runs = attempt + 1;
+      if (std::abs(rows[i].time_err) <= kTimeTol) break;
+    }
+  }
+  cluster = first_cluster;
+  if (verbose()) {
+    std::printf("[ local    ] cluster: fp32 peak %.0f GFLOP/s, GEMM max fraction %.3f, memory %.1f GB/s, %d cores\n",
+                cluster.peak_flops_32 / 1e9, cluster.gemm.max_fraction, cluster.hbm_bandwidth / 1e9, cluster.cores);
+    std::printf("[ local    ] %-24s %5s | %10s %10s %6s | %8s %8s %6s | %s\n", "layout", "ranks", "mem pred",
+                "mem meas", "err", "ms pred", "ms meas", "err", "runs");
+  }
+  for (size_t i = 0; i < cases().size(); i++) {
+    const LocalCase& c = cases()[i];
+    const Row& r = rows[i];
+    if (verbose())
+      std::printf("[ local    ] %-24s %5d | %7.2f MB %7.2f MB %+5.1f%% | %8.1f %8.1f %+5.1f%% | %d\n", c.name.c_str(),
+                  c.ranks(), r.ranks[0].total / 1e6, r.m.mem_total / 1e6, 100 * r.mem_err, r.p.step_s * 1e3,
+                  median(r.m.step_ms), 100 * r.time_err, r.runs);
+    EXPECT_LE(std::abs(r.mem_err), kMemoryTol) << c.name << ": predicted " << r.ranks[0].total << " bytes, measured "
+                                               << r.m.mem_total;
+    EXPECT_LE(std::abs(r.time_err), kTimeTol) << c.name << ": predicted " << r.p.step_s * 1e3 << " ms, measured median "
+                                              << median(r.m.step_ms) << " ms";
+  }
+}
+
+// Without runs: the replayed memory is built from the engine's own accounting.
+TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
+  const model::GptConfig config = test_model();
+  const Cluster cluster = local_cluster(1, 200, 600);
+  LocalRun lr;
+  for (const LocalCase& c : cases()) {
+    SCOPED_TRACE(c.name);
+    Prediction p;
+    std::vector<EngineMemory> ranks;
+    ASSERT_TRUE(predict_local(config, c.layout, lr, cluster, &p, &ranks).is_ok());
+    ASSERT_EQ((int)ranks.size(), c.layout.pp);
+    const EngineMemory& e = ranks[0];
+    // Model states: planner/memory.h over the rank's real shard layout.
+    model::ModelPart part;
+    if (c.layout.pp > 1) {
+      std::vector<int> split;
+      ASSERT_TRUE(parallel::pp::split_layers(config, 4, 64, c.layout.pp * c.layout.virtual_stages, {}, &split).is_ok());
+      part = parallel::pp::rank_part(split, c.layout.pp, 0);
+    }
+    const model::ParamLayout layout(config, c.layout.tp, 0, part);
+    const parallel::ShardLayout shards(layout, c.layout.dp, 0);
+    const StateBytes st = model_state_bytes(shards, layout.total(), kFp32State, c.layout.zero);
+    EXPECT_EQ(e.params, st.params);
+    EXPECT_EQ(e.grads, st.grads);
+    EXPECT_EQ(e.optim, st.optim);
+    // Activations: whole sets of the inventory plus the shared scratch.
+    const model::ActivationInventory inv = model::activation_inventory(config, 4, 64, c.layout.tp, c.layout.sp);
+    const model::Recompute r = c.layout.recompute == Recompute::kFull        ? model::Recompute::kFull
+                               : c.layout.recompute == Recompute::kSelective ? model::Recompute::kSelective
+                                                                             : model::Recompute::kNone;
+    const double shared = 4.0 * (double)(inv.recompute_scratch(r) + inv.gradient_scratch);
+    EXPECT_GT(e.activations, shared);
+    if (c.layout.pp == 1) {  // one set: the whole model
+      const double set = 4.0 * (double)(inv.set_input + config.layers * inv.block(r) + inv.head);
+      EXPECT_EQ(e.activations, shared + set);
+    }
+    EXPECT_LE(e.total, e.params + e.grads + e.optim + e.activations + e.workspace + e.comm + e.gathered);
+    EXPECT_NEAR(p.memory.total(), e.total, 1.0);
+    EXPECT_GT(p.step_s, 0);
+  }
+  // The engine's own model agrees with the inventory: a whole-model Gpt's stored bytes.
+  {
+    model::Gpt gpt(config);
+    const model::ActivationInventory inv = model::activation_inventory(config, 4, 64, 1, false);
+    EXPECT_EQ(gpt.stored_activation_bytes(4, 64),
+              4 * (inv.set_input + config.layers * inv.block(model::Recompute::kNone) + inv.head));
+  }
+  // What the engine refuses.
+  Prediction p;
+  Layout bad = cases()[0].layout;
+  bad.precision = Precision::kBf16;
+  EXPECT_FALSE(predict_local(config, bad, lr, cluster, &p).is_ok());
+  bad = layout(1, 2, 2, 3, 4);
+  const Status s = predict_local(config, bad, lr, cluster, &p);
+  EXPECT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("zero"), std::string::npos) << s.message();
+}
+
+}  // namespace
+}  // namespace meshtrain::planner
