@@ -7,6 +7,7 @@
 
 #include "cli/cluster_file.h"
 #include "cli/commands.h"
+#include "planner/local.h"
 #include "planner/memory.h"
 #include "planner/models.h"
 #include "planner/search.h"
@@ -24,7 +25,7 @@ struct PlanFlags {
   double params = 0;
   std::vector<int> dp_values;  // --memory: N_d sizes; otherwise one fixed dp
   std::string state = "mixed";
-  std::string model = "gpt3-175b", cluster = "a100-80g", precision = "bf16";
+  std::string model = "gpt3-175b", cluster = "a100-80g", precision;  // precision: bf16 (fp32 on local)
   int layers = 0, heads = 0, dim = 0, seq_len = 0, vocab = 0;
   int gpus = 0, global_batch = 0, top = 10;
   double tokens = 0;
@@ -134,27 +135,30 @@ json candidate_json(const Candidate& c) {
 }
 
 void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, const PlanFlags& f,
-                 const std::vector<Candidate>& all) {
+                 planner::Precision precision, const std::vector<Candidate>& all) {
   int fitting = 0;
   for (const auto& c : all) fitting += c.prediction.fits();
   std::printf("plan: L=%d h=%d heads=%d s=%d V=%d (%.3g parameters) on %d x %s, global batch %d, %s\n",
               m.layers, m.hidden, m.heads, m.seq, m.vocab, planner::parameter_count(m), f.gpus,
-              cluster.name.c_str(), f.global_batch, f.precision.c_str());
+              cluster.name.c_str(), f.global_batch, planner::precision_name(precision));
   std::printf("%zu layouts predicted, %d fit in %.1f GB per GPU; the fastest %d that fit:\n\n", all.size(), fitting,
               all.empty() ? 0.0 : all.front().prediction.memory_available / 1e9, std::min(f.top, fitting));
+  // Memory in GB, or in MB for models whose best layout needs under a GB.
+  const bool mb = all.front().prediction.memory.total() < 1e9;
+  const double unit = mb ? 1e6 : 1e9;
   std::printf("%3s  %-52s %8s %9s %7s %5s %6s | %6s %6s %6s %6s %6s %6s | %-23s\n", "#", "layout", "step s",
-              "tokens/s", "TFLOP/s", "MFU", "bubble", "param", "grad", "optim", "act", "buf", "total",
-              "comm s exposed (hidden)");
+              "tokens/s", "TFLOP/s", "MFU", "bubble", "param", "grad", "optim", "act", "buf",
+              mb ? "tot MB" : "tot GB", "comm s exposed (hidden)");
   auto row = [&](int i, const Candidate& c) {
     const auto& p = c.prediction;
     const auto& mem = p.memory;
     char comm[96];
     std::snprintf(comm, sizeof comm, "tp %.2g pp %.2g dp %.2g (%.2g)", p.tp.exposed, p.pp.exposed, p.dp.exposed,
                   p.tp.hidden + p.pp.hidden + p.dp.hidden);
-    std::printf("%3d  %-52s %8.3f %9.4g %7.1f %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i,
+    std::printf("%3d  %-52s %8.3g %9.4g %7.4g %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i,
                 layout_name(c.layout).c_str(), p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, p.bubble,
-                mem.params / 1e9, mem.grads / 1e9, mem.optim / 1e9, mem.activations / 1e9, mem.buffers / 1e9,
-                mem.total() / 1e9, comm);
+                mem.params / unit, mem.grads / unit, mem.optim / unit, mem.activations / unit, mem.buffers / unit,
+                mem.total() / unit, comm);
   };
   int shown = 0;
   for (const auto& c : all)
@@ -181,18 +185,43 @@ int run_plan(const PlanFlags& f) {
   if (f.memory) return memory_table(f);
   planner::ModelShape m;
   if (Status s = plan_model(f, &m); !s.is_ok()) return fail(s);
+  // "local": this machine, one rank per "GPU", predicted by the engine's own accounting and
+  // the local calibration (planner/local.h; fp32 runs only).
+  const bool local = f.cluster == "local";
   planner::Cluster cluster;
-  if (Status s = resolve_cluster(f.cluster, &cluster); !s.is_ok()) return fail(s);
+  if (local) {
+    cluster = planner::local_cluster(1);
+    cluster.name = "local (1 thread per rank)";
+  } else if (Status s = resolve_cluster(f.cluster, &cluster); !s.is_ok()) {
+    return fail(s);
+  }
   planner::Precision precision;
-  if (Status s = planner::parse_precision(f.precision, &precision); !s.is_ok()) return fail(s);
+  const std::string precision_name = f.precision.empty() ? (local ? "fp32" : "bf16") : f.precision;
+  if (Status s = planner::parse_precision(precision_name, &precision); !s.is_ok()) return fail(s);
+  if (local && precision != planner::Precision::kFp32)
+    return fail(Status::error("--cluster local models the engine's fp32 runs only; 16-bit storage is not modelled yet"));
   if (f.gpus < 1) return fail(Status::error("--gpus must be >= 1 (the number of GPUs to plan for)"));
   if (f.global_batch < 1) return fail(Status::error("--global-batch must be >= 1 (sequences per step)"));
   if (f.top < 1) return fail(Status::error("--top must be >= 1"));
   planner::SearchSpace space;
   if (Status s = search_space(f, &space); !s.is_ok()) return fail(s);
   std::vector<Candidate> all;
-  if (Status s = planner::search_layouts(m, f.gpus, f.global_batch, precision, cluster, space, &all); !s.is_ok())
-    return fail(s);
+  Status searched;
+  if (local) {
+    model::GptConfig config;
+    config.layers = m.layers, config.heads = m.heads, config.dim = m.hidden, config.max_seq_len = m.seq;
+    config.vocab = m.vocab;
+    if (Status s = model::validate(config); !s.is_ok()) return fail(s);
+    planner::LocalRun run;
+    run.seq = m.seq;
+    searched = planner::search_layouts(
+        m, f.gpus, f.global_batch, precision, f.gpus, space,
+        [&](const planner::Layout& l, planner::Prediction* p) { return planner::predict_local(config, l, run, cluster, p); },
+        &all);
+  } else {
+    searched = planner::search_layouts(m, f.gpus, f.global_batch, precision, cluster, space, &all);
+  }
+  if (!searched.is_ok()) return fail(searched);
   if (f.as_json) {
     json layouts = json::array();
     for (size_t i = 0; i < all.size() && (int)i < f.top; i++) layouts.push_back(candidate_json(all[i]));
@@ -201,13 +230,13 @@ int run_plan(const PlanFlags& f) {
                 {"cluster", cluster.name},
                 {"gpus", f.gpus},
                 {"global_batch", f.global_batch},
-                {"precision", f.precision},
+                {"precision", precision_name},
                 {"predicted", all.size()},
                 {"layouts", layouts}};
     std::printf("%s\n", out.dump(1).c_str());
     return 0;
   }
-  print_table(m, cluster, f, all);
+  print_table(m, cluster, f, precision, all);
   return 0;
 }
 
@@ -233,10 +262,12 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--dim", f->dim, "Override the model's hidden size");
   cmd->add_option("--seq-len", f->seq_len, "Override the sequence length");
   cmd->add_option("--vocab", f->vocab, "Override the vocabulary");
-  cmd->add_option("--cluster", f->cluster, "a100-80g, h100-80g, h200, or a cluster TOML file")->capture_default_str();
+  cmd->add_option("--cluster", f->cluster,
+                  "a100-80g, h100-80g, h200, local (this machine, one rank per GPU), or a cluster TOML file")
+      ->capture_default_str();
   cmd->add_option("--gpus", f->gpus, "GPUs to lay the model out on");
   cmd->add_option("--global-batch", f->global_batch, "Sequences per optimizer step");
-  cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32")->capture_default_str();
+  cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
   cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
   cmd->add_option("--pp", f->pp, "Pipeline stages (fixed)");
   cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (fixed)");

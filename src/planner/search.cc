@@ -66,7 +66,9 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
           }
         }
         for (auto [kind, v] : schedules)
-          for (int zero : choices(space.zero, pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3}))
+          // (ZeRO stages differ only with dp > 1.)
+          for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0}
+                                              : pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3}))
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
               for (Recompute r : choices(space.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
                 Layout l;

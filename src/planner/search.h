@@ -31,7 +31,7 @@ struct Candidate {
 // one node (tensor parallelism across nodes is never faster here), pp any divisor of the
 // layers, micro-batches 1-16 (powers of two), interleaving with v chunks per rank where
 // the layers split evenly and the micro-batches are a multiple of pp (Megatron's rule),
-// ZeRO 0-3 (0-1 with pp > 1, as the engine allows), sp with tp > 1, and the three
+// ZeRO 0-3 (0-1 with pp > 1, as the engine allows; 0 alone without dp), sp with tp > 1, and the three
 // recomputation modes. GPipe is searched only when asked for (1F1B has its bubble with less
 // memory). Errors: no valid layout at all, naming why.
 // `predictor` ranks the layouts (layouts it rejects are skipped); tensor parallelism is

@@ -8,7 +8,7 @@
 //                            they are over; fixed choices are kept; every layout is valid.
 //   NothingFitsSaysByHowMuch a model too large for its GPUs: every layout is over, least first.
 //   PlanCommand              the table and --json (every field the issue names) from the CLI,
-//                            and bad input named.
+//                            --cluster local, and bad input named.
 //   PlanAuto.*               `train --plan auto --ranks 2` runs the layout it chose (memory as
 //                            predicted, within 5%), keeps layout flags given with it, and
 //                            names a budget nothing fits and a missing --ranks before any step.
@@ -117,6 +117,15 @@ TEST(PlannerSearch, PlanCommand) {
     EXPECT_EQ(l["layout"]["tp"].get<int>() * l["layout"]["pp"].get<int>() * l["layout"]["dp"].get<int>(), 64);
   }
   EXPECT_LE(j["layouts"][0]["step_s"].get<double>(), j["layouts"][1]["step_s"].get<double>());
+  // This machine as the cluster: the engine's own accounting (fp32 runs only).
+  RunResult local = run(kBinary + " plan --model tiny --seq-len 64 --cluster local --gpus 2 --global-batch 8 --json");
+  ASSERT_EQ(local.exit_code, 0) << describe(local);
+  const auto lj = nlohmann::json::parse(local.out);
+  EXPECT_EQ(lj["precision"], "fp32");
+  ASSERT_FALSE(lj["layouts"].empty());
+  EXPECT_TRUE(lj["layouts"][0]["fits"].get<bool>());
+  expect_failure(run(kBinary + " plan --model tiny --cluster local --gpus 2 --global-batch 8 --precision bf16"),
+                 {"--cluster local models the engine's fp32 runs only"});
   expect_failure(run(kBinary + " plan --model gpt3-13b --global-batch 512"), {"--gpus must be >= 1"});
   expect_failure(run(kBinary + " plan --model gpt-5 --gpus 8 --global-batch 8"), {"unknown model 'gpt-5'"});
   expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --cluster v100"), {"v100"});
