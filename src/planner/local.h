@@ -20,7 +20,8 @@
 //     engine's schedule generator); communication is CPU work here (the MPI shared-memory
 //     transport copies and reduces on the ranks' cores), so it adds to the step rather than
 //     hiding behind compute; ranks whose threads outnumber the cores time-share them.
-// Calibration and validation: docs/planning.md, "Local runs (this machine)".
+// The memory replay is planner/local_memory.h. Calibration and validation: docs/planning.md,
+// "Local runs (this machine)".
 #pragma once
 #include <vector>
 

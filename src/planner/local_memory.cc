@@ -1,0 +1,374 @@
+#include "planner/local_memory.h"
+
+#include <algorithm>
+#include <array>
+#include <vector>
+
+#include "core/memory.h"
+#include "parallel/pp/schedule.h"
+#include "planner/memory.h"
+
+namespace meshtrain::planner {
+
+namespace pp = parallel::pp;
+
+namespace {
+
+constexpr int kAttentionBlock = 64;  // kBlock of kernels/cpu/attention.cc
+
+// Current and peak bytes per tracker category and of their sum (core/memory.h).
+struct Tracker {
+  std::array<double, kNumMemCategories> current{}, peak{}, at_total_peak{};
+  double total = 0, total_peak = 0;
+  void alloc(MemCategory c, double bytes) {
+    const int i = (int)c;
+    current[i] += bytes;
+    total += bytes;
+    peak[i] = std::max(peak[i], current[i]);
+    if (total > total_peak) total_peak = total, at_total_peak = current;
+  }
+  void free(MemCategory c, double bytes) {
+    current[(int)c] -= bytes;
+    total -= bytes;
+  }
+};
+
+// core/memory.h's BufferPool<float>: spares kept for exact reuse, dropped when a buffer of
+// the same category and another size is asked for, at most `max` kept, none under 64 KiB.
+class Pool {
+ public:
+  explicit Pool(Tracker* t, size_t max = 6) : t_(t), max_(max) {}
+  size_t take(MemCategory c, size_t count) {
+    for (size_t i = 0; i < spares_.size(); i++)
+      if (spares_[i].first == c && spares_[i].second == count) {
+        spares_.erase(spares_.begin() + (long)i);
+        return count;
+      }
+    for (size_t i = 0; i < spares_.size();)
+      if (spares_[i].first == c) {
+        t_->free(c, 4.0 * spares_[i].second);
+        spares_.erase(spares_.begin() + (long)i);
+      } else {
+        i++;
+      }
+    t_->alloc(c, 4.0 * count);
+    return count;
+  }
+  void give(MemCategory c, size_t count) {
+    if (4 * count < 64 * 1024) return t_->free(c, 4.0 * count);
+    spares_.push_back({c, count});
+    if (spares_.size() > max_) {
+      t_->free(spares_.front().first, 4.0 * spares_.front().second);
+      spares_.erase(spares_.begin());
+    }
+  }
+
+ private:
+  Tracker* t_;
+  size_t max_;
+  std::vector<std::pair<MemCategory, size_t>> spares_;
+};
+
+// parallel::DataParallel's buffers for fp32 storage (the ParamStore calls the model makes,
+// the reductions, the parameter all-gather after the step), data_parallel.cc.
+class StoreReplay {
+ public:
+  StoreReplay(const model::ParamLayout& layout, const parallel::ShardLayout& shards, int zero, int micro_batches,
+              Tracker* t)
+      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), t_(t), pool_(t) {
+    const int n = layout.num_units();
+    gathered_.assign(n, false);
+    refs_.assign(n, 0);
+    staging_.assign(n, false);
+    released_.assign(n, 0);
+  }
+  void begin_step() { std::fill(released_.begin(), released_.end(), 0); }
+  void begin_pass(bool forward) { forward_ = forward; }
+  void acquire_params(int u) {
+    if (zero_ < 3) return;
+    gather(u);
+    refs_[u]++;
+    if (int next = next_unit(u); next >= 0) gather(next);
+  }
+  void release_params(int u) {
+    if (zero_ < 3) return;
+    if (--refs_[u] > 0) return;
+    pool_.give(MemCategory::kGathered, shards_.units()[u].padded);
+    gathered_[u] = false;
+  }
+  void acquire_grads(int u) {
+    if (zero_ < 2 || staging_[u]) return;
+    pool_.take(MemCategory::kComm, shards_.units()[u].padded);
+    staging_[u] = true;
+  }
+  void release_grads(int u) {
+    if (zero_ >= 2) return reduce_scatter(u);
+    if (++released_[u] < m_) return;
+    if (zero_ == 1) reduce_scatter(u);  // stage 0 (fp32) reduces in place
+  }
+  void end_micro_batch() {
+    for (const auto& [send, recv] : pending_) {
+      pool_.give(MemCategory::kComm, send);
+      pool_.give(MemCategory::kComm, recv);
+    }
+    pending_.clear();
+  }
+  // The tied embedding's reduced gradient exchanged between the first and last stage.
+  void tied_exchange() {
+    const int E = layout_.embedding_unit();
+    const double n = zero_ == 0 ? (double)layout_.units()[E].numel
+                                : (double)(shards_.own_end(E) - shards_.own_begin(E));
+    t_->alloc(MemCategory::kComm, 4 * n);
+    t_->free(MemCategory::kComm, 4 * n);
+  }
+  // Stages 1-2: every unit's updated parameters all-gathered, two units' buffers at once.
+  void gather_updated_params() {
+    if (zero_ != 1 && zero_ != 2) return;
+    const auto& units = shards_.units();
+    t_->alloc(MemCategory::kComm, 4.0 * units[0].padded);
+    for (size_t u = 0; u < units.size(); u++) {
+      if (u + 1 < units.size()) t_->alloc(MemCategory::kComm, 4.0 * units[u + 1].padded);
+      t_->free(MemCategory::kComm, 4.0 * units[u].padded);
+    }
+  }
+
+ private:
+  void gather(int u) {
+    if (gathered_[u]) return;
+    pool_.take(MemCategory::kGathered, shards_.units()[u].padded);
+    gathered_[u] = true;
+  }
+  int next_unit(int u) const {
+    const int E = layout_.embedding_unit(), F = layout_.final_unit();
+    if (forward_) return u == F ? -1 : u + 1;
+    if (u == E) return F;
+    return u - 1 > E ? u - 1 : -1;
+  }
+  void reduce_scatter(int u) {
+    const auto& s = shards_.units()[u];
+    if (zero_ >= 2) {
+      staging_[u] = false;  // the staging buffer becomes the send buffer
+    } else {
+      pool_.take(MemCategory::kComm, s.padded);
+    }
+    pool_.take(MemCategory::kComm, s.shard);
+    pending_.push_back({s.padded, s.shard});
+  }
+
+  const model::ParamLayout& layout_;
+  const parallel::ShardLayout& shards_;
+  int zero_, m_;
+  Tracker* t_;
+  Pool pool_;
+  bool forward_ = true;
+  std::vector<bool> gathered_, staging_;
+  std::vector<int> refs_, released_;
+  std::vector<std::pair<size_t, size_t>> pending_;
+};
+
+// One pipeline rank's model part and the buffers its model, store and executor allocate
+// over two training steps (the second is the steady state: every activation set and pool
+// spare exists), model/gpt.cc, parallel/pp/executor.cc.
+struct RankReplay {
+  const model::GptConfig& config;
+  const model::ParamLayout& layout;
+  const model::ModelPart& part;  // empty: the whole model
+  const model::ActivationInventory& inv;
+  model::Recompute recompute;
+  int B, T, threads, zero, p, m, v, rank;
+  pp::ScheduleKind schedule;
+  StoreReplay* store;
+  Tracker* t;
+
+  std::vector<model::ModelPart::Chunk> chunks() const {
+    return part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
+  }
+  bool first(int c) const { return chunks()[c].begin == 0; }
+  bool last(int c) const { return chunks()[c].end == config.layers; }
+  double set_floats(int c) const {
+    double n = (double)inv.set_input;
+    for (int l = chunks()[c].begin; l < chunks()[c].end; l++) n += (double)inv.block(recompute);
+    if (last(c)) n += (double)inv.head;
+    return n;
+  }
+  // Attention's per-thread score buffers (kernels/cpu/attention.cc), alive during the call.
+  void attention(bool forward) {
+    const double bytes = 4.0 * threads * (forward ? 1 : 2) * kAttentionBlock * T;
+    t->alloc(MemCategory::kWorkspace, bytes);
+    t->free(MemCategory::kWorkspace, bytes);
+  }
+  void block_forward(int l) {
+    const int u = layout.block_unit(l);
+    store->acquire_params(u);
+    attention(true);
+    store->release_params(u);
+  }
+  void forward(int c) {
+    store->begin_pass(true);
+    const bool hold = first(c) && last(c);
+    const int E = layout.has_embedding() ? layout.embedding_unit() : -1;
+    if (hold) store->acquire_params(E);
+    if (first(c)) store->acquire_params(E), store->release_params(E);
+    for (int l = chunks()[c].begin; l < chunks()[c].end; l++) block_forward(l);
+    if (last(c)) {
+      const int F = layout.final_unit();
+      store->acquire_params(F), store->release_params(F);
+      store->acquire_params(E), store->release_params(E);
+    }
+    if (hold) store->release_params(E);
+  }
+  void backward(int c) {
+    store->begin_pass(false);
+    if (last(c)) {
+      const int E = layout.embedding_unit(), F = layout.final_unit();
+      store->acquire_params(E), store->acquire_grads(E), store->release_params(E);
+      if (!layout.has_layer(0)) store->release_grads(E);
+      store->acquire_params(F), store->acquire_grads(F), store->release_params(F), store->release_grads(F);
+    }
+    for (int l = chunks()[c].end - 1; l >= chunks()[c].begin; l--) {
+      const int u = layout.block_unit(l);
+      if (recompute == model::Recompute::kFull) block_forward(l);
+      store->acquire_params(u), store->acquire_grads(u);
+      if (recompute == model::Recompute::kSelective) attention(true);
+      attention(false);
+      store->release_params(u), store->release_grads(u);
+    }
+    if (first(c)) {
+      const int E = layout.embedding_unit();
+      store->acquire_grads(E), store->release_grads(E);
+    }
+  }
+
+  // Activation sets: one per (micro-batch, chunk) alive, sets of equal size pooled.
+  std::vector<std::pair<double, bool>> sets;  // floats, in use
+  std::vector<std::array<int, 3>> open;       // (mb, chunk, set index)
+  void open_set(int mb, int c) {
+    const double n = set_floats(c);
+    for (size_t i = 0; i < sets.size(); i++)
+      if (!sets[i].second && sets[i].first == n) {
+        sets[i].second = true;
+        open.push_back({mb, c, (int)i});
+        return;
+      }
+    t->alloc(MemCategory::kActivations, 4 * n);
+    sets.push_back({n, true});
+    open.push_back({mb, c, (int)sets.size() - 1});
+  }
+  void close_set(int mb, int c) {
+    for (size_t i = 0; i < open.size(); i++)
+      if (open[i][0] == mb && open[i][1] == c) {
+        sets[open[i][2]].second = false;
+        open.erase(open.begin() + (long)i);
+        return;
+      }
+  }
+
+  void step(bool first_step) {
+    if (first_step)  // ensure_activations: the recomputation and gradient scratch
+      t->alloc(MemCategory::kActivations,
+               4.0 * ((double)inv.recompute_scratch(recompute) + (double)inv.gradient_scratch));
+    store->begin_step();
+    if (p == 1) {
+      for (int a = 0; a < m; a++) {
+        open_set(0, 0);
+        forward(0);
+        backward(0);
+        close_set(0, 0);
+        store->end_micro_batch();
+      }
+    } else {
+      pipeline();
+    }
+    store->end_micro_batch();  // finish_reductions: every reduction retired
+    if (p > 1 && (rank == 0 || rank == p - 1) && layout.has_embedding()) store->tied_exchange();
+    store->gather_updated_params();
+  }
+
+  // PipelineExecutor::train_step: receives posted ahead for the next two computes, the
+  // received tensor kept until the next one is taken, gradient sends copied until they
+  // complete (here: by the end of the following action).
+  void pipeline() {
+    std::vector<pp::Action> actions;
+    (void)pp::make_schedule(schedule, p, m, v, rank, &actions);
+    const double n = 4.0 * (double)inv.set_input;  // boundary elements, fp32
+    std::vector<std::array<int, 3>> inbox;           // (kind, mb, chunk)
+    bool received = false;
+    int pending_copies = 0, copies_due = 0;
+    size_t posted = 0;
+    auto take = [&](int kind, int mb, int c) {
+      for (size_t i = 0; i < inbox.size(); i++)
+        if (inbox[i] == std::array<int, 3>{kind, mb, c}) {
+          inbox.erase(inbox.begin() + (long)i);
+          if (received) t->free(MemCategory::kComm, n);  // the previous one, replaced
+          received = true;
+          return;
+        }
+    };
+    for (size_t i = 0; i < actions.size(); i++) {
+      for (int computes = 0; posted < actions.size(); posted++) {
+        const pp::Action& a = actions[posted];
+        const bool compute = a.kind == pp::ActionKind::kForward || a.kind == pp::ActionKind::kBackward;
+        if (compute && posted > i && ++computes > 2) break;
+        if (a.kind == pp::ActionKind::kRecvActivation || a.kind == pp::ActionKind::kRecvGrad) {
+          t->alloc(MemCategory::kComm, n);
+          inbox.push_back({a.kind == pp::ActionKind::kRecvActivation ? 0 : 1, a.microbatch, a.chunk});
+        }
+      }
+      const pp::Action& a = actions[i];
+      switch (a.kind) {
+        case pp::ActionKind::kForward:
+          if (!first(a.chunk)) take(0, a.microbatch, a.chunk);
+          open_set(a.microbatch, a.chunk);
+          forward(a.chunk);
+          break;
+        case pp::ActionKind::kBackward:
+          if (!last(a.chunk)) take(1, a.microbatch, a.chunk);
+          backward(a.chunk);
+          close_set(a.microbatch, a.chunk);
+          store->end_micro_batch();
+          break;
+        case pp::ActionKind::kSendGrad:
+          t->alloc(MemCategory::kComm, n);
+          pending_copies++;
+          break;
+        default:
+          break;
+      }
+      // Copies sent before this action are done by its end.
+      for (; copies_due > 0; copies_due--, pending_copies--) t->free(MemCategory::kComm, n);
+      copies_due = pending_copies;
+    }
+    for (; pending_copies > 0; pending_copies--) t->free(MemCategory::kComm, n);
+    if (received) t->free(MemCategory::kComm, n);
+  }
+};
+
+}  // namespace
+
+RankMemory replay_rank_memory(const model::GptConfig& config, const model::ParamLayout& layout,
+                              const parallel::ShardLayout& shards, const model::ModelPart& part,
+                              const model::ActivationInventory& inv, model::Recompute recompute, const Layout& l,
+                              int m, int T, int threads, int rank) {
+  const StateBytes state = model_state_bytes(shards, layout.total(), kFp32State, l.zero);
+  Tracker tracker;
+  tracker.alloc(MemCategory::kParams, state.params);
+  tracker.alloc(MemCategory::kGrads, state.grads);
+  tracker.alloc(MemCategory::kOptim, state.optim);
+  StoreReplay store(layout, shards, l.zero, m, &tracker);
+  RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
+                    l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};
+  replay.step(true);
+  replay.step(false);
+  RankMemory out;
+  auto peak = [&](MemCategory k) { return tracker.peak[(int)k]; };
+  out.peaks = {peak(MemCategory::kParams), peak(MemCategory::kGrads), peak(MemCategory::kOptim),
+               peak(MemCategory::kActivations), peak(MemCategory::kWorkspace), peak(MemCategory::kComm),
+               peak(MemCategory::kGathered), tracker.total_peak};
+  auto at = [&](MemCategory k) { return tracker.at_total_peak[(int)k]; };
+  out.at_peak = {at(MemCategory::kParams), at(MemCategory::kGrads), at(MemCategory::kOptim),
+                 at(MemCategory::kActivations),
+                 at(MemCategory::kWorkspace) + at(MemCategory::kComm) + at(MemCategory::kGathered)};
+  return out;
+}
+
+}  // namespace meshtrain::planner
