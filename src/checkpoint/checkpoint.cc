@@ -52,6 +52,9 @@ size_t owned_offset(const RankState& st, const parallel::ShardLayout& shards, in
   return full ? shards.own_begin(u) : shards.units()[u].local_offset;
 }
 
+// Offloaded sections move through a buffer of this many elements (4 MiB).
+constexpr size_t kPieceElements = 1 << 20;
+
 float* section_base(const RankState& st, int kind) { return kind == 0 ? st.params : kind == 1 ? st.m : st.v; }
 
 // Writes this rank's shard file (owned slices of params, then m, then v, unit by unit)
@@ -66,7 +69,7 @@ Status write_shard(const std::string& path, const RankState& state, const parall
   Checksum64 sum(*bytes);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error("cannot create " + path + ": " + std::strerror(errno));
-  constexpr size_t kPiece = 1 << 20;  // elements
+  constexpr size_t kPiece = kPieceElements;
   Buffer<float> piece;
   Status s;
   auto put = [&](const float* data, size_t n) {
@@ -397,17 +400,27 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
   RETURN_IF_ERROR(check_units(index, whole, dir));
   ShardReader reader(dir, index, whole, layout.tp_rank());
+  Buffer<float> piece;  // sections filled through state.write
   for (int kind = 0; kind < kKinds; kind++) {
-    float* base = kind == 0 ? state.params : kind == 1 ? state.m : state.v;
-    if (!base) continue;
+    float* base = section_base(state, kind);
+    if (!base && !state.write) continue;
     const bool full = kind == 0 ? state.params_full : state.moments_full;
     for (int u = 0; u < layout.num_units(); u++) {
       const auto& unit = layout.units()[u];
-      if (full)
-        RETURN_IF_ERROR(reader.copy(kind, unit.id, 0, unit.numel, base + unit.offset));
-      else
-        RETURN_IF_ERROR(reader.copy(kind, unit.id, shards.own_begin(u) - unit.offset,
-                                    shards.own_end(u) - unit.offset, base + shards.units()[u].local_offset));
+      // Unit u's elements [begin, end) (all, or the owned shard) go to element `at` onward.
+      const size_t begin = full ? 0 : shards.own_begin(u) - unit.offset;
+      const size_t end = full ? unit.numel : shards.own_end(u) - unit.offset;
+      const size_t at = full ? unit.offset : shards.units()[u].local_offset;
+      if (base) {
+        RETURN_IF_ERROR(reader.copy(kind, unit.id, begin, end, base + at));
+        continue;
+      }
+      if (piece.empty()) piece.allocate(MemCategory::kWorkspace, kPieceElements);
+      for (size_t i = begin; i < end; i += kPieceElements) {
+        const size_t c = std::min(kPieceElements, end - i);
+        RETURN_IF_ERROR(reader.copy(kind, unit.id, i, i + c, piece.data()));
+        state.write(kind, at + (i - begin), c, piece.data());
+      }
     }
   }
   *step = index["step"].get<int64_t>();
@@ -420,7 +433,7 @@ Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float*
   const int tp = index.value("tp_size", 1);
   if (tp == 1) {
     parallel::ShardLayout whole(gpt->layout(), 1, 0);
-    RankState st{gpt->params(), true, m, v, true};
+    RankState st{gpt->params(), true, m, v, true, {}, {}};
     return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
   }
   if (m || v) return Status::error(dir + ": optimizer state of a --tp > 1 checkpoint loads only at the same tp");
@@ -429,7 +442,7 @@ Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float*
     model::ParamLayout slice(gpt->config(), tp, r);
     std::vector<float> local(slice.total());
     parallel::ShardLayout shards(slice, 1, 0);
-    RankState st{local.data(), true, nullptr, nullptr, true};
+    RankState st{local.data(), true, nullptr, nullptr, true, {}, {}};
     RETURN_IF_ERROR(load_checkpoint(dir, slice, gpt->config(), shards, st, step));
     for (size_t i = 0; i < slice.tensors().size(); i++)
       model::local_to_global(slice.tensors()[i], tp, r, local.data() + slice.tensors()[i].offset,

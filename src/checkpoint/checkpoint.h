@@ -47,6 +47,9 @@ struct RankState {
   // (optimizer state offloaded to disk): copies `count` elements of section `kind` (0
   // params, 1 m, 2 v) starting at element `offset` of the buffer the pointer would address.
   std::function<void(int kind, size_t offset, size_t count, float* dst)> read;
+  // Loading: the same for filling such a section in pieces. A null section with neither is
+  // not wanted (loading weights only).
+  std::function<void(int kind, size_t offset, size_t count, const float* src)> write;
 };
 
 // Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()), its

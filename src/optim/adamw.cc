@@ -211,6 +211,12 @@ void AdamW::read_state(StateKind k, size_t begin, size_t count, float* dst) {
   std::copy(arrays_[k].data() + begin, arrays_[k].data() + begin + count, dst);
 }
 
+void AdamW::write_state(StateKind k, size_t begin, size_t count, const float* src) {
+  CHECK(k < state_kinds() && begin + count <= size_);
+  if (offloaded_) return offloaded_->write(k, begin, count, src);
+  std::copy(src, src + count, arrays_[k].data() + begin);
+}
+
 void AdamW::write_state(StateKind k, const float* src) {
   CHECK(k < state_kinds());
   if (offloaded_) return offloaded_->write(k, src);

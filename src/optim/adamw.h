@@ -98,6 +98,7 @@ class AdamW {
   // Whole-array copies wherever the state lives, for checkpoints.
   void read_state(StateKind k, float* dst);
   void read_state(StateKind k, size_t begin, size_t count, float* dst);  // a range
+  void write_state(StateKind k, size_t begin, size_t count, const float* src);
   void write_state(StateKind k, const float* src);
   size_t size() const { return size_; }
   const std::vector<AdamSegment>& segments() const { return segments_; }

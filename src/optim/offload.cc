@@ -128,6 +128,11 @@ void OffloadedState::for_each_chunk(
 
 // Through the page cache (any buffer alignment); Linux keeps it coherent with O_DIRECT.
 void OffloadedState::read(int kind, float* dst) { io(fd_, false, kind, 0, n_, dst, false); }
+void OffloadedState::write(int kind, size_t begin, size_t count, const float* src) {
+  CHECK(begin + count <= n_);
+  io(fd_, true, kind, begin, count, const_cast<float*>(src), false);
+}
+
 void OffloadedState::read(int kind, size_t begin, size_t count, float* dst) {
   CHECK(begin + count <= n_);
   io(fd_, false, kind, begin, count, dst, false);

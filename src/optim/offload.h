@@ -48,6 +48,7 @@ class OffloadedState {
   // Whole-array copies (setup, checkpoints), kind in [0, kinds()); not in stats().
   void read(int kind, float* dst);
   void read(int kind, size_t begin, size_t count, float* dst);  // elements [begin, begin + count)
+  void write(int kind, size_t begin, size_t count, const float* src);
   void write(int kind, const float* src);
   const OffloadStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

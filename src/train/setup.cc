@@ -184,42 +184,32 @@ Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) 
   return Status::ok();
 }
 
-// The AdamW state (moments, and the master weights of a 16-bit run) as memory a
-// checkpoint can read or fill: the live buffers, or (when offloaded) copies made for the
-// occasion, written back by store(). A checkpoint of an offloaded run therefore holds the
-// state in memory for its duration.
-class StateCopies {
- public:
-  explicit StateCopies(optim::AdamW& adamw) : adamw_(adamw) {
-    if (!adamw.offloaded()) return;
-    for (int k = 0; k < adamw.state_kinds(); k++) {
-      copies_[k].allocate(MemCategory::kWorkspace, adamw.size());
-      adamw.read_state(optim::StateKind(k), copies_[k].data());
-    }
-  }
-  float* get(optim::StateKind k) { return adamw_.offloaded() ? copies_[k].data() : adamw_.state(k); }
-  void store() {
-    if (!adamw_.offloaded()) return;
-    for (int k = 0; k < adamw_.state_kinds(); k++) adamw_.write_state(optim::StateKind(k), copies_[k].data());
-  }
-
- private:
-  optim::AdamW& adamw_;
-  Buffer<float> copies_[3];
-};
-
-// What a checkpoint holds of this rank: its fp32 parameters (the model's, stage 3's shard,
-// or the optimizer's master weights with 16-bit storage, addressed like the moments) and
-// the moments.
 checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
   const bool moments_full = run.opt.zero == 0;
-  if (run.dp->half_storage()) return {master, moments_full, m, v, moments_full};
+  if (run.dp->half_storage()) return {master, moments_full, m, v, moments_full, {}, {}};
   const bool sharded = run.opt.zero == 3;
-  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full};
+  return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full, {}, {}};
 }
 
-checkpoint::RankState rank_state(Run& run, StateCopies& state) {
-  return rank_state(run, state.get(optim::kMasterWeights), state.get(optim::kMomentM), state.get(optim::kMomentV));
+// What a checkpoint reads or fills of this rank: the optimizer state in memory, or, when it
+// is offloaded, through `read` / `write` in pieces (state.read for saving, state.write for
+// loading), so a checkpoint never holds a copy of it.
+checkpoint::RankState rank_state(Run& run) {
+  optim::AdamW& adamw = run.dp->adamw();
+  if (!adamw.offloaded())
+    return rank_state(run, adamw.state(optim::kMasterWeights), adamw.m(), adamw.v());
+  // Sections 1-2 (m, v), and the parameters when they are the offloaded master weights.
+  checkpoint::RankState st = rank_state(run, nullptr, nullptr, nullptr);
+  auto kind_of = [](int section) {
+    return section == 1 ? optim::kMomentM : section == 2 ? optim::kMomentV : optim::kMasterWeights;
+  };
+  st.read = [&adamw, kind_of](int section, size_t offset, size_t count, float* dst) {
+    adamw.read_state(kind_of(section), offset, count, dst);
+  };
+  st.write = [&adamw, kind_of](int section, size_t offset, size_t count, const float* src) {
+    adamw.write_state(kind_of(section), offset, count, src);
+  };
+  return st;
 }
 
 // Where the AdamW moments live: in memory, or streamed from files when --offload
@@ -292,11 +282,8 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(place_optimizer_state(o, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
-  StateCopies state(run->dp->adamw());
-  checkpoint::RankState st = rank_state(*run, state);
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
-                                              run->dp->shards(), st, &run->start_step));
-  state.store();
+                                              run->dp->shards(), rank_state(*run), &run->start_step));
   if (run->dp->half_storage()) run->dp->params_from_master();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
@@ -391,25 +378,9 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 }
 
 
-// Offloaded optimizer state is streamed from its file into the checkpoint in pieces, so a
-// checkpoint holds no copy of it in memory.
 Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
   const TrainOptions& o = run.opt;
-  optim::AdamW& adamw = run.dp->adamw();
-  checkpoint::RankState st;
-  if (adamw.offloaded()) {
-    // Sections 1-2 (m, v), and the parameters when they are the offloaded master weights.
-    st = rank_state(run, nullptr, nullptr, nullptr);
-    const bool master_params = run.dp->half_storage();
-    st.read = [&adamw, master_params](int kind, size_t offset, size_t count, float* dst) {
-      const optim::StateKind k = kind == 1 ? optim::kMomentM : kind == 2 ? optim::kMomentV : optim::kMasterWeights;
-      CHECK(kind != 0 || master_params);
-      adamw.read_state(k, offset, count, dst);
-    };
-  } else {
-    StateCopies state(adamw);
-    st = rank_state(run, state);
-  }
+  const checkpoint::RankState st = rank_state(run);
   return checkpoint::save_checkpoint(
       o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
       to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
