@@ -85,14 +85,15 @@ Command add_train_command(CLI::App& app) {
                   "fp16: the loss scale's floor; 10 overflowing steps in a row there stop the run")
       ->capture_default_str();
   cmd->add_option("--offload", o->offload,
-                  "optimizer=nvme: keep the AdamW moments in files under --offload-dir, streamed "
-                  "in chunks each step (optimizer=cpu: host memory, the default here)");
+                  "optimizer=nvme: keep the AdamW state (moments, and the fp32 master weights of "
+                  "bf16/fp16 runs) in files under --offload-dir, streamed in chunks each step "
+                  "(optimizer=cpu: host memory, the default here)");
   cmd->add_option("--offload-dir", o->offload_dir, "Folder for --offload optimizer=nvme files");
   cmd->add_flag("--offload-page-cache", o->offload_page_cache,
                 "Stream the offloaded state through the page cache (faster when RAM holds the file; "
                 "default: O_DIRECT where the file system allows)");
   cmd->add_option("--offload-chunk-mb", o->offload_chunk_mb,
-                  "Offload streaming chunk per moment (three chunks rotate: read, update, write)")
+                  "Offload streaming chunk per state array (three chunks rotate: read, update, write)")
       ->capture_default_str();
   cmd->add_option("--memory-budget", o->memory_budget_gb,
                   "GB of tracked memory per rank: when the model state and one micro-batch's "

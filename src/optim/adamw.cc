@@ -16,14 +16,26 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps) {
 
 double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
 
-double sum_of_squares(const float* grads, size_t n) {
-  constexpr size_t kChunks = 64;
+namespace {
+
+// Sum of squares over [0, n) in 64 fixed chunks, each in double, added in chunk order: the
+// same result for any thread count (bitwise-exact resume relies on it). `values(b, e, out)`
+// writes elements [b, e) as floats (at most 1024 at a time).
+template <typename Values>
+double fixed_order_sum_of_squares(size_t n, Values values) {
+  constexpr size_t kChunks = 64, kBlock = 1024;
   double partial[kChunks] = {};
   const size_t chunk = (n + kChunks - 1) / kChunks;
 #pragma omp parallel for schedule(static)
   for (size_t c = 0; c < kChunks; c++) {
     double s = 0;
-    for (size_t i = c * chunk; i < std::min(n, (c + 1) * chunk); i++) s += (double)grads[i] * grads[i];
+    float block[kBlock];
+    const size_t end = std::min(n, (c + 1) * chunk);
+    for (size_t b = c * chunk; b < end; b += kBlock) {
+      const size_t e = std::min(end, b + kBlock);
+      const float* x = values(b, e, block);
+      for (size_t i = 0; i < e - b; i++) s += (double)x[i] * x[i];
+    }
     partial[c] = s;
   }
   double sum = 0;
@@ -31,24 +43,17 @@ double sum_of_squares(const float* grads, size_t n) {
   return sum;
 }
 
+}  // namespace
+
+double sum_of_squares(const float* grads, size_t n) {
+  return fixed_order_sum_of_squares(n, [&](size_t b, size_t, float*) { return grads + b; });
+}
+
 double sum_of_squares(kernels::Precision p, const uint16_t* grads, size_t n) {
-  constexpr size_t kChunks = 64;
-  double partial[kChunks] = {};
-  const size_t chunk = (n + kChunks - 1) / kChunks;
-#pragma omp parallel for schedule(static)
-  for (size_t c = 0; c < kChunks; c++) {
-    double s = 0;
-    float block[1024];
-    for (size_t b = c * chunk; b < std::min(n, (c + 1) * chunk); b += 1024) {
-      const size_t e = std::min({n, (c + 1) * chunk, b + 1024});
-      kernels::from_half(p, grads + b, block, e - b);
-      for (size_t i = 0; i < e - b; i++) s += (double)block[i] * block[i];
-    }
-    partial[c] = s;
-  }
-  double sum = 0;
-  for (double p : partial) sum += p;
-  return sum;
+  return fixed_order_sum_of_squares(n, [&](size_t b, size_t e, float* block) {
+    kernels::from_half(p, grads + b, block, e - b);
+    return (const float*)block;
+  });
 }
 
 float clip_coefficient(double norm, float max_norm, double loss_scale) {

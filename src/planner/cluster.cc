@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <type_traits>
 
+#include "core/text.h"
+
 namespace meshtrain::planner {
 
 const char* precision_name(Precision p) {
@@ -157,21 +159,6 @@ Status check_field(const FieldSpec& s, double v) {
   if (fraction && v > 1) return Status::error("'" + key + "' is a fraction in (0, 1], got " + num(v));
   if (s.whole && v > 1e6) return Status::error("'" + key + "' must be at most 1e6, got " + num(v));
   return Status::ok();
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); j++) row[j] = j;
-  for (size_t i = 1; i <= a.size(); i++) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); j++) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1])});
-      diag = up;
-    }
-  }
-  return row[b.size()];
 }
 
 }  // namespace

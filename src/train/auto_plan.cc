@@ -1,7 +1,5 @@
 #include "train/auto_plan.h"
 
-#include <unistd.h>
-
 #include <cstdio>
 #include <thread>
 
@@ -11,11 +9,6 @@
 namespace meshtrain::train {
 
 namespace {
-
-double machine_memory_bytes() {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  return pages > 0 && page > 0 ? (double)pages * (double)page : 0;
-}
 
 std::string describe(const planner::Candidate& c) {
   const planner::Layout& l = c.layout;
@@ -47,7 +40,8 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   run.threads = o->threads > 0 ? o->threads : std::max(1, cores / ranks);
   run.seq = T;
   planner::Cluster cluster = planner::local_cluster(run.threads);
-  const double budget = o->memory_budget_gb > 0 ? o->memory_budget_gb * 1e9 : machine_memory_bytes() / ranks;
+  // local_cluster() gives the machine's memory; the ranks share it.
+  const double budget = o->memory_budget_gb > 0 ? o->memory_budget_gb * 1e9 : cluster.memory_bytes / ranks;
   cluster.memory_bytes = budget, cluster.reserved_bytes = 0;
   const int rows = o->global_batch > 0 ? o->global_batch : o->micro_batch * std::max(1, o->grad_accum) * ranks;
   std::vector<planner::Candidate> all;
