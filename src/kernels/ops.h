@@ -29,6 +29,9 @@ const char* precision_name(Precision p);
 // the slice contribute zero; wpe may be null (added by one tp rank only).
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
                      int C, int vb, int vn);
+// The same with wte in bfloat16 (16-bit weight storage): its rows are widened as they are read.
+void encoder_forward(float* out, const int* inp, const uint16_t* wte, const float* wpe, int B,
+                     int T, int C, int vb, int vn);
 // dwte rows of the slice and (when dwpe is not null) all of dwpe accumulate.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
                       int C, int vb, int vn);
@@ -40,12 +43,23 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int N, int C);
 
+// A GEMM operand: fp32 values, which a kBf16 or kFp16 GEMM rounds on every call, or values
+// already in bfloat16 (16-bit stored weights, a tensor rounded once for two GEMMs), which
+// only a kBf16 GEMM takes. Leading dimensions count elements either way.
+struct GemmInput {
+  const float* fp32 = nullptr;
+  const uint16_t* bf16 = nullptr;
+  GemmInput(const float* values) : fp32(values) {}
+  explicit GemmInput(const uint16_t* bf16_values) : bf16(bf16_values) {}
+};
+
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be null)
-// Both GEMMs (and the backward's two) run at precision p; the bias and its gradient in fp32.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC, Precision p = Precision::kFp32);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, Precision p = Precision::kFp32);
+// Both GEMMs (and the backward's three) run at precision p; the bias and its gradient in
+// fp32. At kBf16 the backward rounds dout once for both of its GEMMs.
+void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bias, int N, int C,
+                    int OC, Precision p = Precision::kFp32);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmInput inp,
+                     GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
 // Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
 // out[B,T,C]; lse[B,NH,T] is the log-sum-exp of each softmax row, all backward needs.
@@ -62,6 +76,9 @@ void attention_cached_forward(float* out, const float* q, int ldq, const float* 
 
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);
+// The same rounded to bfloat16 (to nearest even): the output of a bf16 run's MLP feeds only
+// the bf16 GEMMs of fc_proj, which would round it anyway.
+void gelu_forward(uint16_t* out, const float* inp, size_t n);
 void gelu_backward(float* dinp, const float* inp, const float* dout, size_t n);
 
 void residual_forward(float* out, const float* a, const float* b, size_t n);
@@ -88,6 +105,12 @@ void crossentropy_forward(float* lse, float* target_logit, const float* logits,
 // global lse. dlogits may alias logits.
 void crossentropy_backward(float* dlogits, const float* logits, const float* lse,
                            const int* targets, float dloss, int N, int vn, int ld, int vb);
+// The same gradient rounded to bfloat16 and written in place over the logits: row n's vn
+// words start where row n's floats start (the bf16 row stride is 2 * ld), so a bf16 head
+// backward reads half the bytes and rounds nothing again. Equal to crossentropy_backward
+// followed by to_bf16.
+uint16_t* crossentropy_backward_bf16_inplace(float* logits, const float* lse, const int* targets,
+                                             float dloss, int N, int vn, int ld, int vb);
 
 // Row-major GEMM: C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C.
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
@@ -106,12 +129,16 @@ void to_half(Precision p, const float* x, uint16_t* out, size_t n);
 void from_half(Precision p, const uint16_t* x, float* out, size_t n);
 // dst = half(float(dst) + src): the sum in fp32, rounded once (gradient accumulation).
 void add_to_half(Precision p, uint16_t* dst, const float* src, size_t n);
-// C[M,N] = op(A) @ op(B) + beta * C with bf16 operands, fp32 accumulation; beta is 0 or 1.
+// C[M,N] = op(A) @ op(B) + bias + beta * C with bf16 operands, fp32 accumulation; beta is 0
+// or 1; bias[N] (fp32, added to every row) may be null.
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
-               const uint16_t* B, int ldb, float beta, float* C, int ldc);
-// gemm() at precision p. kBf16 and kFp16 round op(A) and op(B) into a tracked workspace
-// first; kBf16 needs alpha = 1 and beta in {0, 1}.
+               const uint16_t* B, int ldb, float beta, float* C, int ldc,
+               const float* bias = nullptr);
+// gemm() at precision p, plus bias[N] on every row when given. kBf16 and kFp16 round fp32
+// operands op(A) and op(B) into a tracked workspace first (bf16 operands are used as they
+// are); kBf16 needs alpha = 1 and beta in {0, 1}.
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc);
+          GemmInput A, int lda, GemmInput B, int ldb, float beta, float* C, int ldc,
+          const float* bias = nullptr);
 
 }  // namespace meshtrain::kernels

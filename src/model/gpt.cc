@@ -313,24 +313,44 @@ void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
   dropout(x, rows, site);
 }
 
+k::GemmInput Gpt::gemm_weight(int u, const float* unit_base, const ParamTensor& t) const {
+  if (const uint16_t* half = store_->acquired_bf16(u)) return k::GemmInput(half + layout_.offset_in_unit(t));
+  return param(u, unit_base, t);
+}
+
+k::GemmInput Gpt::gelu_into(BlockActivations& a, size_t n) const {
+  if (precision_ != k::Precision::kBf16) {
+    k::gelu_forward(a.fch_gelu, a.fch, n);
+    return a.fch_gelu;
+  }
+  k::gelu_forward(reinterpret_cast<uint16_t*>(a.fch_gelu), a.fch, n);
+  return mlp_hidden(a);
+}
+
+k::GemmInput Gpt::mlp_hidden(const BlockActivations& a) const {
+  if (precision_ == k::Precision::kBf16) return k::GemmInput(reinterpret_cast<const uint16_t*>(a.fch_gelu));
+  return a.fch_gelu;
+}
+
 void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
   count_block_flops(B, T, recomputing, false);
   const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
-  auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
+  auto W = [&](LayerTensor t) { return param(u, unit, layout_.layer(l, t)); };
+  auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
-  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), W(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
+  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
   k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
-  k::matmul_forward(partial_, a.atty, W(kAttProjW), nullptr, N, Cl_, C, precision_);
+  k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
   k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
   k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl, C);
-  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), W(kFcW), W(kFcB), N, C, Fl_, precision_);
-  k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
-  k::matmul_forward(partial_, a.fch_gelu, W(kFcProjW), nullptr, N, Fl_, C, precision_);
+  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fl_, precision_);
+  const k::GemmInput hidden = gelu_into(a, (size_t)N * Fl_);
+  k::matmul_forward(partial_, hidden, Wg(kFcProjW), nullptr, N, Fl_, C, precision_);
   proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
   k::bias_residual_forward(a.residual3, a.residual2, proj, nullptr, Nl, C);
@@ -340,12 +360,15 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
 // Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
 // the position embedding); summing over tp assembles the embedding (of this rank's rows).
 void Gpt::embedding_forward(const int* inputs, int B, int T) {
-  const float* emb = store_->acquire_params(layout_.embedding_unit());
+  const int E = layout_.embedding_unit();
+  const float* emb = store_->acquire_params(E);
   set_->inputs.assign(inputs, inputs + (size_t)B * T);
   float* embedded = sp_ ? partial_ : set_->input;  // all rows; input keeps this rank's
-  k::encoder_forward(embedded, inputs, tensor(emb, layout_.wte()),
-                     tp_rank_ == 0 ? tensor(emb, layout_.wpe()) : nullptr, B, T, config_.dim, vb_, Vl_);
-  store_->release_params(layout_.embedding_unit());
+  const float* wpe = tp_rank_ == 0 ? param(E, emb, layout_.wpe()) : nullptr;
+  const k::GemmInput wte = gemm_weight(E, emb, layout_.wte());
+  if (wte.bf16) k::encoder_forward(embedded, inputs, wte.bf16, wpe, B, T, config_.dim, vb_, Vl_);
+  else k::encoder_forward(embedded, inputs, wte.fp32, wpe, B, T, config_.dim, vb_, Vl_);
+  store_->release_params(E);
   reduce_rows(embedded, set_->input);
   dropout(set_->input, Nl_, 0);
 }
@@ -364,10 +387,11 @@ void Gpt::head_forward(const float* residual, int B, int T) {
   const int N = B * T, C = config_.dim, F = layout_.final_unit();
   const float* fin = store_->acquire_params(F);
   k::layernorm_forward(set_->lnf, set_->lnf_mean, set_->lnf_rstd, residual,
-                       tensor(fin, layout_.lnf_w()), tensor(fin, layout_.lnf_b()), Nl_, C);
+                       param(F, fin, layout_.lnf_w()), param(F, fin, layout_.lnf_b()), Nl_, C);
   store_->release_params(F);
   gather_rows(set_->lnf, set_->lnf_full);
-  const float* wte = tensor(store_->acquire_params(layout_.embedding_unit()), layout_.wte());
+  const int E = layout_.embedding_unit();
+  const k::GemmInput wte = gemm_weight(E, store_->acquire_params(E), layout_.wte());
   k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits, Vl_);
   store_->release_params(layout_.embedding_unit());
 }
@@ -449,17 +473,18 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
-  auto W = [&](LayerTensor t) { return tensor(unit, layout_.layer(l, t)); };
+  auto W = [&](LayerTensor t) { return param(u, unit, layout_.layer(l, t)); };
+  auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
   auto G = [&](LayerTensor t) { return tensor(gunit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
   k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB),
-                     gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), a.fch_gelu,
-                     W(kFcProjW), N, Fl_, C, precision_);
+                     gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
+                     Wg(kFcProjW), N, Fl_, C, precision_);
   k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
   // The weight gradient needs the fc input of every row: gathered again (not stored).
-  k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), W(kFcW), N,
+  k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
                      C, Fl_, precision_);
   const float* dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
@@ -471,9 +496,9 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   }
   k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
-                     W(kAttProjW), N, Cl_, C, precision_);
+                     Wg(kAttProjW), N, Cl_, C, precision_);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
-  k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), W(kQkvW),
+  k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
                      N, C, 3 * Cl_, precision_);
   dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean,
@@ -488,15 +513,24 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
 void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const int N = B * T, C = config_.dim;
   const int E = layout_.embedding_unit(), F = layout_.final_unit();
-  float* dlogits = set_->logits;  // in place
-  k::crossentropy_backward(dlogits, set_->logits, set_->lse, set_->targets.data(), loss_scale, N,
-                           vn_, Vl_, vb_);
+  // dlogits replace the logits in place: bf16 GEMMs get them already rounded (half the
+  // bytes to read, no second rounding), others in fp32.
+  k::GemmInput dlogits(set_->logits);
+  int ld = Vl_;
+  if (precision_ == k::Precision::kBf16) {
+    dlogits = k::GemmInput(k::crossentropy_backward_bf16_inplace(
+        set_->logits, set_->lse, set_->targets.data(), loss_scale, N, vn_, Vl_, vb_));
+    ld = 2 * Vl_;
+  } else {
+    k::crossentropy_backward(set_->logits, set_->logits, set_->lse, set_->targets.data(), loss_scale,
+                             N, vn_, Vl_, vb_);
+  }
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);
-  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, Vl_, tensor(emb, layout_.wte()), C, 0.0f,
-          partial_, C);
+  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(E, emb, layout_.wte()), C,
+          0.0f, partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, Vl_, set_->lnf_full, C, 1.0f,
+  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, set_->lnf_full, C, 1.0f,
           tensor(gemb, layout_.wte()), C);
   store_->release_params(E);
   if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
@@ -505,7 +539,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const float* fin = store_->acquire_params(F);
   float* gfin = store_->acquire_grads(F);
   layernorm_backward_tp(dresidual_, tensor(gfin, layout_.lnf_w()), tensor(gfin, layout_.lnf_b()),
-                        dlnf, set_->blocks.back().residual3, tensor(fin, layout_.lnf_w()),
+                        dlnf, set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()),
                         set_->lnf_mean, set_->lnf_rstd, Nl_);
   store_->release_params(F);
   store_->release_grads(F);

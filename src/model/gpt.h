@@ -30,7 +30,7 @@ struct BlockActivations {
   float* ln2_mean;   // [B,T]
   float* ln2_rstd;   // [B,T]
   float* fch;        // [B,T,4C]
-  float* fch_gelu;   // [B,T,4C]
+  float* fch_gelu;   // [B,T,4C]; with bf16 GEMMs its bf16 words, in the slot's first half
   float* residual3;  // [B,T,C]
 };
 
@@ -220,13 +220,22 @@ class Gpt {
   BlockActivations& acts(int l) { return set_->blocks[l - chunks_[cur_chunk_].begin]; }
   int cur_chunk_ = 0;
 
-  // Pointer to tensor t of the unit whose buffer starts at `unit_base`.
-  const float* tensor(const float* unit_base, const ParamTensor& t) const {
-    return unit_base + layout_.offset_in_unit(t);
-  }
+  // Pointer to tensor t of the unit gradient whose buffer starts at `unit_base`.
   float* tensor(float* unit_base, const ParamTensor& t) const {
     return unit_base + layout_.offset_in_unit(t);
   }
+  // Parameter tensor t of unit u, whose fp32 parameters acquire_params(u) returned as
+  // `unit_base` (the store decides where t lies in it: ParamStore::fp32_tensor).
+  const float* param(int u, const float* unit_base, const ParamTensor& t) const {
+    return store_->fp32_tensor(unit_base, u, t, layout_);
+  }
+  // A GEMM weight: from the store's bf16 copy of the unit when it keeps one
+  // (ParamStore::acquired_bf16), else fp32.
+  kernels::GemmInput gemm_weight(int u, const float* unit_base, const ParamTensor& t) const;
+  // The MLP's hidden activation GELU(fch): written by gelu_into, read by fc_proj's GEMMs.
+  // bf16 GEMMs get it as bf16 words, rounded once where GELU writes it.
+  kernels::GemmInput gelu_into(BlockActivations& a, size_t n) const;
+  kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
   void count_block_flops(int B, int T, bool recomputing, bool attention_only);

@@ -109,6 +109,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSpl
   t.offset = total_;
   t.decay = decay;
   t.hf_transposed = hf_transposed;
+  t.gemm_weight = hf_transposed || t.name == "wte.weight";  // the linears are HF's Conv1Ds
   t.layer = layer;
   total_ += t.numel;
   tensors_.push_back(std::move(t));

@@ -28,6 +28,9 @@ struct ParamTensor {
   size_t numel = 0;
   bool decay = false;          // AdamW weight decay applies (2-D tensors only)
   bool hf_transposed = false;  // HF's Conv1D stores this weight as [in, out]
+  // A linear layer's weight or the tied embedding wte: read only as a GEMM operand (and, for
+  // wte, row by row by the embedding lookup), so a bf16 copy can serve every use.
+  bool gemm_weight = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
 };
 

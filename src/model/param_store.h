@@ -24,6 +24,19 @@ class ParamStore {
   // Full parameters of unit u, laid out as the unit's slice of the flat layout.
   virtual const float* acquire_params(int u) = 0;
   virtual void release_params(int u) {}
+  // Unit u's parameters in bfloat16 while acquired, when the store keeps them so (16-bit
+  // storage, kBf16). The fp32 unit from acquire_params then holds only the tensors that are
+  // not GEMM weights (ParamTensor::gemm_weight), packed: the model reads the weights from
+  // here, and neither widens a weight that the bf16 GEMMs would round again nor holds an
+  // fp32 copy of it. Null: the fp32 unit is complete.
+  virtual const uint16_t* acquired_bf16(int u) const { return nullptr; }
+  // Where tensor t of unit u starts in `unit`, the fp32 parameters acquire_params(u)
+  // returned: at the tensor's offset in the unit's slice of the flat layout, unless the
+  // store packs the unit (see acquired_bf16).
+  virtual const float* fp32_tensor(const float* unit, int u, const ParamTensor& t,
+                                   const ParamLayout& layout) const {
+    return unit + layout.offset_in_unit(t);
+  }
   // The unit's gradient accumulation buffer (same layout); contributions are added (+=).
   virtual float* acquire_grads(int u) = 0;
   virtual void release_grads(int u) {}

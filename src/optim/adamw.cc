@@ -19,24 +19,29 @@ double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares
 namespace {
 
 // Sum of squares over [0, n) in 64 fixed chunks, each in double, added in chunk order: the
-// same result for any thread count (bitwise-exact resume relies on it). `values(b, e, out)`
-// writes elements [b, e) as floats (at most 1024 at a time).
+// same result for any thread count (bitwise-exact resume relies on it). Within a chunk,
+// element i goes to lane i % 8 and the lanes are added in order: one vector of doubles,
+// not a chain of dependent additions. `values(b, e, out)` writes elements [b, e) as
+// floats (at most 1024 at a time).
 template <typename Values>
 double fixed_order_sum_of_squares(size_t n, Values values) {
-  constexpr size_t kChunks = 64, kBlock = 1024;
+  constexpr size_t kChunks = 64, kBlock = 1024, kLanes = 8;
   double partial[kChunks] = {};
   const size_t chunk = (n + kChunks - 1) / kChunks;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n >= 64 * kBlock)
   for (size_t c = 0; c < kChunks; c++) {
-    double s = 0;
+    double lane[kLanes] = {};
     float block[kBlock];
     const size_t end = std::min(n, (c + 1) * chunk);
     for (size_t b = c * chunk; b < end; b += kBlock) {
       const size_t e = std::min(end, b + kBlock);
       const float* x = values(b, e, block);
-      for (size_t i = 0; i < e - b; i++) s += (double)x[i] * x[i];
+      size_t i = 0;
+      for (; i + kLanes <= e - b; i += kLanes)
+        for (size_t j = 0; j < kLanes; j++) lane[j] += (double)x[i + j] * x[i + j];
+      for (size_t j = 0; i < e - b; i++, j++) lane[j] += (double)x[i] * x[i];
     }
-    partial[c] = s;
+    for (double v : lane) partial[c] += v;
   }
   double sum = 0;
   for (double p : partial) sum += p;

@@ -63,6 +63,7 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
     kernels::to_half(storage(), initial, params16_.data(), params);
     grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
     adamw_->init_master(initial);
+    if (storage() == kernels::Precision::kBf16) pack_units();
   } else {
     param_shard_ = std::move(shard);
   }
@@ -99,6 +100,10 @@ void DataParallel::build_buckets() {
 void DataParallel::start_bucket(size_t b) {
   Bucket& bk = buckets_[b];
   const size_t n = bk.end - bk.begin;
+  if (dp_.size() == 1) {  // one rank: the gradient is already the sum (16-bit: no round trip)
+    bk.started = true;
+    return;
+  }
   float* data = nullptr;
   if (half_storage()) {
     // One fp32 copy in flight: finish the earlier buckets (their reductions ran during the
@@ -354,17 +359,60 @@ int DataParallel::next_unit(int u) const {
   return u - 1 > E ? u - 1 : -1;                             // F, B_{L-1}..B_0
 }
 
+void DataParallel::pack_units() {
+  packed_ = std::make_unique<PackedUnits>();
+  PackedUnits& p = *packed_;
+  p.runs.resize(layout_.num_units());
+  p.size.assign(layout_.num_units(), 0);
+  p.offset.assign(layout_.tensors().size(), 0);
+  for (size_t i = 0; i < layout_.tensors().size(); i++) {
+    const model::ParamTensor& t = layout_.tensors()[i];
+    if (t.gemm_weight) continue;
+    const int u = layout_.unit_of(t);
+    const size_t from = layout_.offset_in_unit(t);
+    p.offset[i] = p.size[u];
+    auto& runs = p.runs[u];
+    if (!runs.empty() && runs.back().from + runs.back().n == from) runs.back().n += t.numel;
+    else runs.push_back({from, p.size[u], t.numel});
+    p.size[u] += t.numel;
+  }
+}
+
+const uint16_t* DataParallel::half_unit(int u) const {
+  return config_.zero_stage == 3 ? gathered_[u]->half.data() : params16_.data() + layout_.units()[u].offset;
+}
+
+size_t DataParallel::fp32_unit_size(int u) const {
+  return packed_ ? packed_->size[u] : layout_.units()[u].numel;
+}
+
+void DataParallel::widen(int u, float* out) const {
+  const uint16_t* half = half_unit(u);
+  if (!packed_) {
+    kernels::from_half(storage(), half, out, layout_.units()[u].numel);
+    return;
+  }
+  for (const PackedRun& r : packed_->runs[u]) kernels::from_half(storage(), half + r.from, out + r.to, r.n);
+}
+
+const float* DataParallel::fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
+                                       const model::ParamLayout& layout) const {
+  if (!packed_) return ParamStore::fp32_tensor(unit, u, t, layout);
+  CHECK_MSG(!t.gemm_weight, "bf16 storage keeps no fp32 copy of a GEMM weight: read acquired_bf16");
+  const ptrdiff_t i = &t - layout_.tensors().data();
+  CHECK(i >= 0 && i < (ptrdiff_t)layout_.tensors().size());
+  return unit + packed_->offset[i];
+}
+
 const float* DataParallel::acquire_params(int u) {
   const int stage = config_.zero_stage;
   if (stage < 3 && !half_storage()) return full_params() + layout_.units()[u].offset;
   Gathered& g = gather(u);
   if (g.request) g.request->wait();
   if (half_storage() && g.data.empty()) {
-    const auto& unit = layout_.units()[u];
-    g.data = pool_.take(MemCategory::kGathered, unit.numel, false);
-    kernels::from_half(storage(), stage == 3 ? g.half.data() : params16_.data() + unit.offset,
-                       g.data.data(), unit.numel);
-    pool16_.give(std::move(g.half));
+    g.data = pool_.take(MemCategory::kGathered, fp32_unit_size(u), false);
+    widen(u, g.data.data());
+    if (!packed_) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
   }
   g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
@@ -377,7 +425,14 @@ void DataParallel::release_params(int u) {
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
   if (--gathered_[u]->refs > 0) return;
   pool_.give(std::move(gathered_[u]->data));
+  if (!gathered_[u]->half.empty()) pool16_.give(std::move(gathered_[u]->half));
   gathered_[u].reset();
+}
+
+const uint16_t* DataParallel::acquired_bf16(int u) const {
+  if (!packed_) return nullptr;
+  CHECK_MSG(gathered_[u] && gathered_[u]->refs > 0, "acquired_bf16 of a unit not acquired");
+  return half_unit(u);
 }
 
 float* DataParallel::acquire_grads(int u) {

@@ -90,6 +90,9 @@ class DataParallel : public model::ParamStore {
   void begin_pass(model::Pass pass) override { pass_ = pass; }
   const float* acquire_params(int u) override;
   void release_params(int u) override;
+  const uint16_t* acquired_bf16(int u) const override;
+  const float* fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
+                           const model::ParamLayout& layout) const override;
   float* acquire_grads(int u) override;
   void release_grads(int u) override;
 
@@ -101,7 +104,7 @@ class DataParallel : public model::ParamStore {
   };
   struct Gathered {
     Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
-    Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit before widening
+    Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit (bf16: kept while in use)
     comm::RequestPtr request;
     int refs = 0;
   };
@@ -126,6 +129,12 @@ class DataParallel : public model::ParamStore {
   template <typename T>
   void gather_updated_params(T* params);
   Gathered& gather(int u);
+  // The 16-bit unit u as stored or gathered, and the fp32 copy the model reads: all of it,
+  // or with bf16 storage its tensors that are not GEMM weights, packed (packed_).
+  const uint16_t* half_unit(int u) const;
+  size_t fp32_unit_size(int u) const;
+  void pack_units();
+  void widen(int u, float* out) const;
   int next_unit(int u) const;
   float* full_grads() { return gpt_.grads(); }
   float* full_params() { return gpt_.params(); }
@@ -150,6 +159,18 @@ class DataParallel : public model::ParamStore {
   // 0-1, the shard at 2-3); grad_coef_ is the clip and loss-scale factor for the update.
   Buffer<uint16_t> params16_, grads16_;
   float grad_coef_ = 1.0f;
+  // bf16 storage: the fp32 units hold only the tensors that are not GEMM weights, packed.
+  // Per unit, the runs to widen (from, in the 16-bit unit; to, in the packed one; count)
+  // and the packed size; per tensor (index in the layout), its packed offset.
+  struct PackedRun {
+    size_t from, to, n;
+  };
+  struct PackedUnits {
+    std::vector<std::vector<PackedRun>> runs;
+    std::vector<size_t> size;
+    std::vector<size_t> offset;
+  };
+  std::unique_ptr<PackedUnits> packed_;  // null: fp32 units are whole
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.
   std::vector<Buffer<float>> grad_staging_;

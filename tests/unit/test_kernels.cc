@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -501,6 +502,120 @@ TEST(Bf16, MatmulMatchesTheReferenceOnRoundedOperands) {
   for (int n = 0; n < N; n++)
     for (int o = 0; o < OC; o++) db_exact[o] += dout[(size_t)n * OC + o];
   EXPECT_LT(max_rel_diff(f_db, db_exact), 1e-5);
+}
+
+// Operands handed over already in bf16 (16-bit weights, a tensor rounded once for two
+// GEMMs, the head's in-place bf16 gradient) give exactly what rounding inside the GEMM
+// gives, with their own leading dimensions.
+TEST(Bf16, PreRoundedOperandsEqualRoundingInTheGemm) {
+  std::mt19937 rng(23);
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int M = 33, N = 41, K = 52, lda = ta ? M + 3 : K + 1, ldb = tb ? K + 2 : N + 5, ldc = N;
+      auto A = to_float(random_vec((size_t)(ta ? K : M) * lda, rng));
+      auto B = to_float(random_vec((size_t)(tb ? N : K) * ldb, rng));
+      // A's bf16 copy is stored with a wider stride than its fp32 original.
+      const int lda16 = lda + 7;
+      std::vector<uint16_t> A16((size_t)(ta ? K : M) * lda16), B16(B.size());
+      for (int r = 0; r < (ta ? K : M); r++) to_bf16(&A[(size_t)r * lda], &A16[(size_t)r * lda16], lda);
+      to_bf16(B.data(), B16.data(), B.size());
+      std::vector<float> want((size_t)M * ldc), got_a(want.size()), got_b(want.size()), got_ab(want.size());
+      gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, want.data(), ldc);
+      gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, GemmInput(A16.data()), lda16, B.data(), ldb, 0.0f,
+           got_a.data(), ldc);
+      gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, A.data(), lda, GemmInput(B16.data()), ldb, 0.0f,
+           got_b.data(), ldc);
+      gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, GemmInput(A16.data()), lda16, GemmInput(B16.data()),
+           ldb, 0.0f, got_ab.data(), ldc);
+      EXPECT_EQ(got_a, want) << ta << tb;
+      EXPECT_EQ(got_b, want) << ta << tb;
+      EXPECT_EQ(got_ab, want) << ta << tb;
+    }
+  // A bf16 operand at another precision is a programming error, not a silent widening.
+  std::vector<uint16_t> w(4);
+  std::vector<float> x(4), out(4);
+  EXPECT_DEATH(gemm(Precision::kFp32, false, true, 2, 2, 2, 1.0f, x.data(), 2, GemmInput(w.data()), 2,
+                    0.0f, out.data(), 2),
+               "bf16 GEMM operand");
+}
+
+// The bf16 head gradient written over the logits equals the fp32 gradient rounded, for
+// targets in the vectorised chunks and in the tail, a vocabulary slice and padded rows.
+TEST(Bf16, InPlaceCrossEntropyGradientEqualsTheRoundedFp32One) {
+  std::mt19937 rng(29);
+  for (auto [V, vb, vn, ld] : {std::tuple{5000, 0, 5000, 5008}, {4099, 0, 4099, 4100}, {3000, 1000, 999, 1024},
+                               {17, 0, 17, 32}}) {
+    const int N = 13;
+    auto logits = to_float(random_vec((size_t)N * ld, rng, 3.0));
+    std::vector<int> targets(N);
+    for (int n = 0; n < N; n++) targets[n] = n < 3 ? vb + vn - 1 - n : vb + (int)(rng() % vn);
+    targets[3] = vb + 2048 % vn;  // the first column of the second chunk
+    targets[4] = vb > 0 ? 0 : vb + vn + 1;  // another rank's slice: no column of this one
+    std::vector<float> lse(N), tl(N);
+    crossentropy_forward(lse.data(), tl.data(), logits.data(), targets.data(), N, vn, ld, vb);
+    std::vector<float> want = logits;
+    crossentropy_backward(want.data(), want.data(), lse.data(), targets.data(), 0.25f, N, vn, ld, vb);
+    std::vector<float> inplace = logits;
+    const uint16_t* got = crossentropy_backward_bf16_inplace(inplace.data(), lse.data(), targets.data(),
+                                                             0.25f, N, vn, ld, vb);
+    ASSERT_EQ((const void*)got, (const void*)inplace.data());
+    for (int n = 0; n < N; n++) {
+      std::vector<uint16_t> row(vn);
+      to_bf16(&want[(size_t)n * ld], row.data(), vn);
+      for (int v = 0; v < vn; v++)
+        ASSERT_EQ(got[(size_t)n * 2 * ld + v], row[v]) << "V " << V << " row " << n << " column " << v;
+    }
+  }
+}
+
+TEST(Bf16, GeluWritesItsOutputRounded) {
+  std::mt19937 rng(37);
+  for (size_t n : {5ul, 1024ul, 3001ul, 70000ul}) {
+    auto x = to_float(random_vec(n, rng, 3.0));
+    std::vector<float> y(n);
+    gelu_forward(y.data(), x.data(), n);
+    std::vector<uint16_t> want(n), got(n);
+    to_bf16(y.data(), want.data(), n);
+    gelu_forward(got.data(), x.data(), n);
+    EXPECT_EQ(got, want) << n;
+  }
+}
+
+// A bias given to the GEMM equals seeding C with it, at every precision, with beta 0 and 1.
+TEST(Bf16, GemmBiasEqualsSeedingTheOutput) {
+  std::mt19937 rng(41);
+  const int M = 19, N = 35, K = 24;
+  auto A = to_float(random_vec((size_t)M * K, rng)), B = to_float(random_vec((size_t)N * K, rng));
+  auto bias = to_float(random_vec(N, rng)), C0 = to_float(random_vec((size_t)M * N, rng));
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16})
+    for (float beta : {0.0f, 1.0f}) {
+      std::vector<float> want = C0, got = C0;
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) want[(size_t)i * N + j] = beta * want[(size_t)i * N + j] + bias[j];
+      gemm(p, false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 1.0f, want.data(), N);
+      gemm(p, false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, beta, got.data(), N, bias.data());
+      // oneDNN adds the bias in its epilogue rather than first: the sums may differ in the
+      // last bit.
+      EXPECT_LT(max_rel_diff(got, Vec(want.begin(), want.end())), 1e-6) << precision_name(p) << beta;
+    }
+}
+
+TEST(Bf16, EncoderReadsBf16EmbeddingsExactly) {
+  std::mt19937 rng(31);
+  const int B = 2, T = 9, C = 40, V = 21;
+  auto wte = to_float(random_vec((size_t)V * C, rng)), wpe = to_float(random_vec((size_t)T * C, rng));
+  std::vector<uint16_t> wte16(wte.size());
+  to_bf16(wte.data(), wte16.data(), wte.size());
+  std::vector<float> widened(wte.size());
+  from_bf16(wte16.data(), widened.data(), wte.size());
+  std::vector<int> inp(B * T);
+  for (auto& i : inp) i = rng() % V;
+  for (auto [vb, vn] : {std::pair{0, V}, {5, 8}}) {
+    std::vector<float> want((size_t)B * T * C), got(want.size());
+    encoder_forward(want.data(), inp.data(), widened.data(), wpe.data(), B, T, C, vb, vn);
+    encoder_forward(got.data(), inp.data(), wte16.data(), wpe.data(), B, T, C, vb, vn);
+    EXPECT_EQ(got, want);
+  }
 }
 
 TEST(Fp16, RoundingMatchesTheReferenceAcrossTheRange) {

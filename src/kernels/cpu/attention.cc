@@ -33,8 +33,7 @@ HeadView head_view(const float* qkv, int b, int h, int T, int C, int NH) {
 // Softmax numerator of one score row in place: p[j] = exp(p[j] - max) for j < n.
 // Returns the sum of the exponentials and stores the row's max in *max.
 float exp_shifted(float* p, int n, float* max) {
-  float mx = -INFINITY;
-  for (int j = 0; j < n; j++) mx = std::max(mx, p[j]);
+  const float mx = row_max(p, n);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int j = 0; j < n; j++) {

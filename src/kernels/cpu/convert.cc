@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
@@ -14,21 +15,6 @@ namespace meshtrain::kernels {
 namespace {
 
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-
-uint16_t round_to_bf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7FFFu + ((u >> 16) & 1u);  // round to nearest, ties to even
-  return (uint16_t)(u >> 16);
-}
-
-float bf16_value(uint16_t h) {
-  const uint32_t u = (uint32_t)h << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
-}
 
 // Calls convert(begin, end) on blocks of [0, n), over the threads when n is large (a
 // conversion inside another parallel region stays on its thread).
@@ -40,13 +26,7 @@ void in_blocks(size_t n, Convert convert) {
 }
 
 void bf16_block(const float* x, uint16_t* out, size_t b, size_t e) {
-  size_t i = b;
-#if defined(__AVX512BF16__)
-  // The hardware conversion rounds to nearest even as round_to_bf16 does.
-  for (; i + 16 <= e; i += 16)
-    _mm256_storeu_si256((__m256i*)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
-#endif
-  for (; i < e; i++) out[i] = round_to_bf16(x[i]);
+  round_block_to_bf16(x + b, out + b, e - b);
 }
 
 void fp16_block(const float* x, uint16_t* out, size_t b, size_t e) {
@@ -64,7 +44,7 @@ void from_fp16_block(const uint16_t* x, float* out, size_t b, size_t e) {
 }
 
 void from_bf16_block(const uint16_t* x, float* out, size_t b, size_t e) {
-  for (size_t i = b; i < e; i++) out[i] = bf16_value(x[i]);
+  widen_block_from_bf16(x + b, out + b, e - b);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/bf16.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/ops.h"
 
@@ -14,14 +15,19 @@ constexpr float kLayerNormEps = 1e-5f;
 constexpr int kColumnChunk = 64;
 }  // namespace
 
-void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                     int C, int vb, int vn) {
+namespace {
+
+// out = wte row (looked up by token, zero outside the slice) + wpe row; copy_row(id, o)
+// writes wte's row id into o.
+template <typename CopyRow>
+void lookup_embeddings(float* out, const int* inp, const float* wpe, int B, int T, int C, int vb,
+                       int vn, CopyRow copy_row) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
       float* o = out + ((size_t)b * T + t) * C;
       const int id = inp[b * T + t] - vb;
-      if (id >= 0 && id < vn) std::copy(wte + (size_t)id * C, wte + (size_t)(id + 1) * C, o);
+      if (id >= 0 && id < vn) copy_row(id, o);
       else std::fill(o, o + C, 0.0f);
       if (!wpe) continue;
       const float* p = wpe + (size_t)t * C;
@@ -29,6 +35,22 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
       for (int c = 0; c < C; c++) o[c] += p[c];
     }
   }
+}
+
+}  // namespace
+
+void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C, int vb, int vn) {
+  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, [&](int id, float* o) {
+    std::copy(wte + (size_t)id * C, wte + (size_t)(id + 1) * C, o);
+  });
+}
+
+void encoder_forward(float* out, const int* inp, const uint16_t* wte, const float* wpe, int B,
+                     int T, int C, int vb, int vn) {
+  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, [&](int id, float* o) {
+    widen_block_from_bf16(wte + (size_t)id * C, o, C);
+  });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
@@ -122,12 +144,27 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 }
 
+namespace {
+inline float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + fast_tanh(u));
+}
+}  // namespace
+
 void gelu_forward(float* out, const float* inp, size_t n) {
 #pragma omp parallel for simd schedule(static)
-  for (size_t i = 0; i < n; i++) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    out[i] = 0.5f * x * (1.0f + fast_tanh(u));
+  for (size_t i = 0; i < n; i++) out[i] = gelu(inp[i]);
+}
+
+void gelu_forward(uint16_t* out, const float* inp, size_t n) {
+  constexpr size_t kBlock = 1024;
+#pragma omp parallel for schedule(static)
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    alignas(64) float y[kBlock];
+#pragma omp simd
+    for (size_t i = b; i < e; i++) y[i - b] = gelu(inp[i]);
+    round_block_to_bf16(y, out + b, e - b);
   }
 }
 

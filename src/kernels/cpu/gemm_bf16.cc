@@ -9,6 +9,7 @@
 #include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <tuple>
+#include <unordered_map>
 
 #include "core/check.h"
 #include "core/memory.h"
@@ -30,13 +31,13 @@ using dnnl::memory;
 
 struct Matmul {
   dnnl::matmul primitive;
-  memory::desc a, b, c, scratchpad;
+  memory::desc a, b, c, bias, scratchpad;
 };
 
 struct MatmulCache {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mu;
-  std::map<std::tuple<bool, bool, int, int, int, int, int, int, bool>, Matmul> primitives;
+  std::map<std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>, Matmul> primitives;
 
   static MatmulCache& instance() {
     static MatmulCache cache;
@@ -44,9 +45,10 @@ struct MatmulCache {
   }
 
   // op(A) is M x K, op(B) is K x N, both given as row-major storage with leading dims.
-  Matmul get(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, bool accumulate) {
+  Matmul get(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, bool accumulate,
+             bool with_bias) {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::tuple{ta, tb, M, N, K, lda, ldb, ldc, accumulate};
+    const auto key = std::tuple{ta, tb, M, N, K, lda, ldb, ldc, accumulate, with_bias};
     auto it = primitives.find(key);
     if (it != primitives.end()) return it->second;
     const memory::desc a({M, K}, memory::data_type::bf16,
@@ -63,8 +65,12 @@ struct MatmulCache {
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, engine);
-    Matmul entry{dnnl::matmul(pd), a, b, c, pd.scratchpad_desc()};
+    // The bias is one fp32 row broadcast over the M rows of C.
+    const memory::desc bias = with_bias ? memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1})
+                                        : memory::desc();
+    const auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+    const dnnl::matmul::primitive_desc pd(desc, attr, engine);
+    Matmul entry{dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc()};
     primitives.emplace(key, entry);
     return entry;
   }
@@ -73,16 +79,20 @@ struct MatmulCache {
 }  // namespace
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
-               const uint16_t* B, int ldb, float beta, float* C, int ldc) {
+               const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   if (M == 0 || N == 0) return;
   CHECK_MSG(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1");
   if (K == 0) {
-    if (beta == 0.0f)
-      for (int i = 0; i < M; i++) std::memset(C + (size_t)i * ldc, 0, sizeof(float) * N);
+    for (int i = 0; i < M; i++) {
+      float* row = C + (size_t)i * ldc;
+      if (beta == 0.0f) std::memset(row, 0, sizeof(float) * N);
+      if (bias)
+        for (int j = 0; j < N; j++) row[j] += bias[j];
+    }
     return;
   }
   auto& cache = MatmulCache::instance();
-  const Matmul mm = cache.get(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f);
+  const Matmul mm = cache.get(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr);
   memory a(mm.a, cache.engine, const_cast<uint16_t*>(A));
   memory b(mm.b, cache.engine, const_cast<uint16_t*>(B));
   memory c(mm.c, cache.engine, C);
@@ -91,8 +101,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* 
   if (scratch.size() < need) scratch.allocate(MemCategory::kWorkspace, need);
   memory pad(mm.scratchpad, cache.engine, scratch.data());
   dnnl::stream stream(cache.engine);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
-                                {DNNL_ARG_SCRATCHPAD, pad}});
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
+                                        {DNNL_ARG_SCRATCHPAD, pad}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(mm.bias, cache.engine, const_cast<float*>(bias)));
+  mm.primitive.execute(stream, args);
   stream.wait();
 }
 
@@ -121,28 +133,39 @@ const float* packed_fp16(const float* x, int rows, int cols, int ld, Buffer<floa
 }  // namespace
 
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-          const float* A, int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+          GemmInput A, int lda, GemmInput B, int ldb, float beta, float* C, int ldc,
+          const float* bias) {
+  CHECK_MSG(p == Precision::kBf16 || (A.fp32 && B.fp32), "a bf16 GEMM operand needs a bf16 GEMM");
+  if (bias && p != Precision::kBf16) {
+    // The fp32 GEMMs take no bias: seed C with beta * C + bias and accumulate onto it.
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < M; i++) {
+      float* row = C + (size_t)i * ldc;
+      for (int j = 0; j < N; j++) row[j] = (beta == 0.0f ? 0.0f : beta * row[j]) + bias[j];
+    }
+    beta = 1.0f;
+  }
   if (p == Precision::kFp32) {
-    gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    gemm(trans_a, trans_b, M, N, K, alpha, A.fp32, lda, B.fp32, ldb, beta, C, ldc);
     return;
   }
+  // The stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   if (p == Precision::kFp16) {
     thread_local Buffer<float> a_buf, b_buf;
-    const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-    const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-    const float* a = packed_fp16(A, a_rows, a_cols, lda, a_buf);
-    const float* b = packed_fp16(B, b_rows, b_cols, ldb, b_buf);
+    const float* a = packed_fp16(A.fp32, a_rows, a_cols, lda, a_buf);
+    const float* b = packed_fp16(B.fp32, b_rows, b_cols, ldb, b_buf);
     gemm(trans_a, trans_b, M, N, K, alpha, a, a_cols, b, b_cols, beta, C, ldc);
     return;
   }
   CHECK_MSG(alpha == 1.0f, "bf16 gemm: alpha must be 1");
-  // The stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
   thread_local Buffer<uint16_t> a_buf, b_buf;
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const uint16_t* a = packed_bf16(A, a_rows, a_cols, lda, a_buf);
-  const uint16_t* b = packed_bf16(B, b_rows, b_cols, ldb, b_buf);
-  gemm_bf16(trans_a, trans_b, M, N, K, a, a_cols, b, b_cols, beta, C, ldc);
+  const uint16_t* a = A.bf16;
+  const uint16_t* b = B.bf16;
+  if (!a) a = packed_bf16(A.fp32, a_rows, a_cols, lda, a_buf), lda = a_cols;
+  if (!b) b = packed_bf16(B.fp32, b_rows, b_cols, ldb, b_buf), ldb = b_cols;
+  gemm_bf16(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, bias);
 }
 
 }  // namespace meshtrain::kernels

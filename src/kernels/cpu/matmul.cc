@@ -2,24 +2,27 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/memory.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
-                    int C, int OC, Precision p) {
-  if (bias) {
-    // Seed every row with the bias and let the GEMM accumulate (beta = 1): one pass less.
-#pragma omp parallel for schedule(static)
-    for (int n = 0; n < N; n++) std::memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
-  }
-  gemm(p, false, true, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bias, int N, int C,
+                    int OC, Precision p) {
+  gemm(p, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int N, int C, int OC, Precision p) {
-  if (dinp) gemm(p, false, false, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-  gemm(p, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmInput inp,
+                     GemmInput weight, int N, int C, int OC, Precision p) {
+  GemmInput d(dout);
+  if (p == Precision::kBf16 && dinp) {  // one rounding of dout serves both GEMMs
+    thread_local Buffer<uint16_t> dout16;
+    if (dout16.size() < (size_t)N * OC) dout16.allocate(MemCategory::kWorkspace, (size_t)N * OC);
+    to_bf16(dout, dout16.data(), (size_t)N * OC);
+    d = GemmInput(dout16.data());
+  }
+  if (dinp) gemm(p, false, false, N, C, OC, 1.0f, d, OC, weight, C, 0.0f, dinp, C);
+  gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight, C);
   if (dbias) {
     // Column ranges per thread: a fixed summation order whatever the thread count.
     constexpr int kChunk = 64;

@@ -33,4 +33,19 @@ inline float fast_exp(float x) {
 
 inline float fast_tanh(float x) { return 1.0f - 2.0f / (fast_exp(2.0f * x) + 1.0f); }
 
+// max(x[0..n)) (-inf when n = 0), in 16 lanes: GCC leaves a `reduction(max)` over std::max
+// as a scalar chain of dependent vmaxss. The lanes' order does not change a maximum.
+inline float row_max(const float* x, int n) {
+  constexpr int kLanes = 16;
+  float lane[kLanes];
+  for (float& l : lane) l = -INFINITY;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  for (int j = 0; i < n; i++, j++) lane[j] = x[i] > lane[j] ? x[i] : lane[j];
+  float mx = -INFINITY;
+  for (float l : lane) mx = l > mx ? l : mx;
+  return mx;
+}
+
 }  // namespace meshtrain::kernels
