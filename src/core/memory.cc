@@ -1,5 +1,8 @@
 #include "core/memory.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -58,12 +61,19 @@ void MemoryTracker::reset_peaks() {
   stats_.total_peak = stats_.total_current;
 }
 
+void zero_bytes(void* p, size_t bytes) {
+  constexpr size_t kBlock = 1 << 20;
+  char* c = static_cast<char*>(p);
+#pragma omp parallel for schedule(static) if (bytes >= 4 * kBlock && !omp_in_parallel())
+  for (size_t b = 0; b < bytes; b += kBlock) std::memset(c + b, 0, std::min(kBlock, bytes - b));
+}
+
 void* tracked_alloc(MemCategory category, size_t bytes) {
   if (bytes == 0) return nullptr;
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
   if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded);
+  zero_bytes(p, rounded);
   MemoryTracker::instance().on_alloc(category, static_cast<int64_t>(bytes));
   return p;
 }

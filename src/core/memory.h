@@ -79,6 +79,10 @@ class Buffer {
   MemCategory category_ = MemCategory::kWorkspace;
 };
 
+// memset(p, 0, bytes), split over the OpenMP threads when large (a serial memset of the
+// per-step gradient buffers kept one core busy while the other waited).
+void zero_bytes(void* p, size_t bytes);
+
 // Keeps freed buffers for reuse by the next request of the same category and size: a
 // buffer allocated and freed many times per step (a unit's widened weights, its gradient
 // accumulator) would otherwise fault in and zero fresh pages every time. Spares stay
@@ -97,7 +101,7 @@ class BufferPool {
       if (spares_[i].category() != category || spares_[i].size() != count) continue;
       Buffer<T> b = static_cast<Buffer<T>&&>(spares_[i]);
       spares_.erase(spares_.begin() + (long)i);
-      if (zero) std::fill(b.begin(), b.end(), T{});
+      if (zero) zero_bytes(b.data(), b.bytes());
       return b;
     }
     std::erase_if(spares_, [&](const Buffer<T>& s) { return s.category() == category; });

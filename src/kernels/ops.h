@@ -67,6 +67,12 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                         const float* lse, int B, int T, int C, int NH);
+// The same with the four products on bf16 operands (q, k, v, the probabilities, dout and
+// the score gradients rounded; fp32 accumulation, softmax and log-sum-exp in fp32): what
+// --precision bf16 runs. One whole T x T product per head on the bf16 units.
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int C, int NH);
 
 // Inference with a KV cache: n new query rows at positions p..p+n-1 (q rows strided by
 // ldq) attend to cached keys/values k_cache, v_cache [>= p+n, C] (row stride C), causally.

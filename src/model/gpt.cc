@@ -332,6 +332,11 @@ k::GemmInput Gpt::mlp_hidden(const BlockActivations& a) const {
   return a.fch_gelu;
 }
 
+void Gpt::attention_forward(BlockActivations& a, int B, int T) {
+  if (precision_ == k::Precision::kBf16) k::attention_forward_bf16(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+  else k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+}
+
 void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
   count_block_flops(B, T, recomputing, false);
@@ -342,7 +347,7 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   BlockActivations& a = acts(l);
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
   k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
-  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+  attention_forward(a, B, T);
   k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
@@ -491,13 +496,16 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
                         a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
   if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
-    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_);
+    attention_forward(a, B, T);
     count_block_flops(B, T, true, true);
   }
   k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
                      Wg(kAttProjW), N, Cl_, C, precision_);
-  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
+  if (precision_ == k::Precision::kBf16)
+    k::attention_backward_bf16(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
+  else
+    k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
   k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
                      N, C, 3 * Cl_, precision_);
   dln = reduce_rows(partial_, dln_);  // f
@@ -603,7 +611,7 @@ int64_t Gpt::stored_activation_bytes(int B, int T) {
   return bytes;
 }
 
-void Gpt::zero_grads() { std::memset(grads(), 0, sizeof(float) * layout_.total()); }
+void Gpt::zero_grads() { zero_bytes(grads(), sizeof(float) * layout_.total()); }
 
 double Gpt::flops_per_token(int T) const {
   return 6.0 * (double)num_parameters(config_) +

@@ -99,8 +99,9 @@ class Gpt {
     step_ = step, first_token_row_ = first_token_row;
   }
   // The precision of every linear layer's and the head's GEMMs (kernels::Precision): bf16
-  // rounds both operands to bfloat16 and accumulates in fp32. Parameters, gradients,
-  // activations, attention, LayerNorm, softmax and the loss stay fp32.
+  // rounds both operands to bfloat16 and accumulates in fp32, and so do the attention
+  // core's four products at bf16. Parameters, gradients, activations, LayerNorm, softmax
+  // and the loss stay fp32.
   void set_precision(kernels::Precision p) { precision_ = p; }
   kernels::Precision precision() const { return precision_; }
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
@@ -236,6 +237,8 @@ class Gpt {
   // bf16 GEMMs get it as bf16 words, rounded once where GELU writes it.
   kernels::GemmInput gelu_into(BlockActivations& a, size_t n) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
+  // The attention core of a block (its products in bf16 when the GEMMs are).
+  void attention_forward(BlockActivations& a, int B, int T);
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
   void count_block_flops(int B, int T, bool recomputing, bool attention_only);

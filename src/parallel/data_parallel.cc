@@ -183,9 +183,9 @@ void DataParallel::wait_pending() {
 // ---------------------------------------------------------------- step protocol
 
 void DataParallel::zero_grads() {
-  if (half_storage()) std::memset(grads16_.data(), 0, grads16_.bytes());
+  if (half_storage()) zero_bytes(grads16_.data(), grads16_.bytes());
   else if (config_.zero_stage < 2) gpt_.zero_grads();
-  else std::memset(grad_shard_.data(), 0, sizeof(float) * grad_shard_.size());
+  else zero_bytes(grad_shard_.data(), grad_shard_.bytes());
 }
 
 void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {

@@ -1,0 +1,148 @@
+// Causal self-attention with bf16 GEMMs (--precision bf16): one task per (batch row, head)
+// packs the head's q, k, v into dense bf16 [T, hs] blocks and multiplies whole T x T score
+// matrices on the bf16 units (AMX through oneDNN). The square costs twice the causal
+// FLOPs, but one call per product and head replaces the fp32 kernel's many small
+// blocked GEMMs, which ran at a fraction of even the fp32 peak. Softmax, its log-sum-exp
+// and the row sums of backward stay fp32; the products' operands (q, k, v, P, dO, dS) are
+// rounded to bf16 as PyTorch's autocast rounds them.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/memory.h"
+#include "kernels/cpu/bf16.h"
+#include "kernels/cpu/vec_math.h"
+#include "kernels/ops.h"
+
+namespace meshtrain::kernels {
+
+namespace {
+
+// Rounds rows x hs values (row stride ld) into a dense bf16 block.
+void pack_head(const float* x, int rows, int hs, int ld, uint16_t* out) {
+  for (int r = 0; r < rows; r++) round_block_to_bf16(x + (size_t)r * ld, out + (size_t)r * hs, hs);
+}
+
+// A thread's buffers for one head: dense bf16 q, k, v (and dO), fp32 T x T products and
+// their bf16 roundings. Kept per thread from call to call (grown to the largest T seen):
+// fresh pages on every call cost more than the products.
+struct HeadScratch {
+  Buffer<uint16_t> q, k, v, dout;
+  Buffer<float> scores, dprobs;
+  Buffer<uint16_t> probs16, dscores16;
+  std::vector<float> row;
+
+  static HeadScratch& for_thread(int T, int hs) {
+    thread_local HeadScratch h;
+    h.ensure(T, hs);
+    return h;
+  }
+  void ensure(int T, int hs) {
+    const size_t head = (size_t)T * hs, square = (size_t)T * T;
+    if (q.size() >= head && scores.size() >= square) return;
+    for (Buffer<uint16_t>* b : {&q, &k, &v, &dout}) b->allocate(MemCategory::kWorkspace, head);
+    for (Buffer<float>* b : {&scores, &dprobs}) b->allocate(MemCategory::kWorkspace, square);
+    for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, square);
+    row.assign(T, 0.0f);
+  }
+  void pack_qkv(const float* qkv_head, int T, int hs, int ld, int C) {
+    pack_head(qkv_head, T, hs, ld, q.data());
+    pack_head(qkv_head + C, T, hs, ld, k.data());
+    pack_head(qkv_head + 2 * C, T, hs, ld, v.data());
+  }
+};
+
+// Row i of the probabilities in bf16: exp(scale * s - lse_i) for j <= i, 0 beyond.
+void probs_row_bf16(const float* s, float scale, float lse, int i, int T, float* tmp, uint16_t* p16) {
+#pragma omp simd
+  for (int j = 0; j <= i; j++) tmp[j] = fast_exp(scale * s[j] - lse);
+  std::fill(tmp + i + 1, tmp + T, 0.0f);
+  round_block_to_bf16(tmp, p16, T);
+}
+
+// For every (batch row, head), split over the threads: packs the head's q, k, v into the
+// thread's scratch, computes its raw scores q k^T there, and calls body(scratch, b, head).
+template <typename Body>
+void for_each_head(const float* qkv, int B, int T, int C, int NH, Body body) {
+  const int hs = C / NH, ld = 3 * C;
+#pragma omp parallel
+  {
+    HeadScratch& h = HeadScratch::for_thread(T, hs);
+#pragma omp for collapse(2) schedule(static)
+    for (int b = 0; b < B; b++) {
+      for (int head = 0; head < NH; head++) {
+        h.pack_qkv(qkv + (size_t)b * T * ld + (size_t)head * hs, T, hs, ld, C);
+        gemm_bf16(false, true, T, T, hs, h.q.data(), hs, h.k.data(), hs, 0.0f, h.scores.data(), T);
+        body(h, b, head);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for_each_head(qkv, B, T, C, NH, [&](HeadScratch& h, int b, int head) {
+    float* lse_bh = lse + ((size_t)b * NH + head) * T;
+    for (int i = 0; i < T; i++) {
+      const float* si = h.scores.data() + (size_t)i * T;
+      float* x = h.row.data();
+#pragma omp simd
+      for (int j = 0; j <= i; j++) x[j] = scale * si[j];
+      const float mx = row_max(x, i + 1);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int j = 0; j <= i; j++) {
+        x[j] = fast_exp(x[j] - mx);
+        sum += x[j];
+      }
+      const float inv = 1.0f / sum;
+#pragma omp simd
+      for (int j = 0; j <= i; j++) x[j] *= inv;
+      std::fill(x + i + 1, x + T, 0.0f);
+      round_block_to_bf16(x, h.probs16.data() + (size_t)i * T, T);
+      lse_bh[i] = mx + std::log(sum);
+    }
+    gemm_bf16(false, false, T, hs, T, h.probs16.data(), T, h.v.data(), hs, 0.0f,
+              out + (size_t)b * T * C + (size_t)head * hs, C);  // P v
+  });
+}
+
+void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
+                             const float* lse, int B, int T, int C, int NH) {
+  const int hs = C / NH, ld = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for_each_head(qkv, B, T, C, NH, [&](HeadScratch& h, int b, int head) {
+    const size_t out_offset = (size_t)b * T * C + (size_t)head * hs;
+    float* dq = dqkv + (size_t)b * T * ld + (size_t)head * hs;  // this head's dq, dk, dv columns
+    pack_head(dout + out_offset, T, hs, C, h.dout.data());
+    const float* lse_bh = lse + ((size_t)b * NH + head) * T;
+    for (int i = 0; i < T; i++)  // the probabilities again, from the scores and log-sum-exp
+      probs_row_bf16(h.scores.data() + (size_t)i * T, scale, lse_bh[i], i, T, h.row.data(),
+                     h.probs16.data() + (size_t)i * T);
+    float* dp = h.dprobs.data();
+    gemm_bf16(true, false, T, hs, T, h.probs16.data(), T, h.dout.data(), hs, 0.0f, dq + 2 * C, ld);  // dV = P^T dO
+    gemm_bf16(false, true, T, T, hs, h.dout.data(), hs, h.v.data(), hs, 0.0f, dp, T);  // dP = dO v^T
+    for (int i = 0; i < T; i++) {
+      // dS = scale * P * (dP - rowsum(dO * O)), from the fp32 dO and O; P as rounded.
+      const float* o = out + out_offset + (size_t)i * C;
+      const float* d_o = dout + out_offset + (size_t)i * C;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int d = 0; d < hs; d++) dot += d_o[d] * o[d];
+      const uint16_t* pi = h.probs16.data() + (size_t)i * T;
+      const float* dpi = dp + (size_t)i * T;
+      float* x = h.row.data();
+#pragma omp simd
+      for (int j = 0; j <= i; j++) x[j] = scale * bf16_value(pi[j]) * (dpi[j] - dot);
+      std::fill(x + i + 1, x + T, 0.0f);
+      round_block_to_bf16(x, h.dscores16.data() + (size_t)i * T, T);
+    }
+    gemm_bf16(false, false, T, hs, T, h.dscores16.data(), T, h.k.data(), hs, 0.0f, dq, ld);     // dQ = dS k
+    gemm_bf16(true, false, T, hs, T, h.dscores16.data(), T, h.q.data(), hs, 0.0f, dq + C, ld);  // dK = dS^T q
+  });
+}
+
+}  // namespace meshtrain::kernels
