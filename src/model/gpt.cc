@@ -397,7 +397,8 @@ void Gpt::head_forward(const float* residual, int B, int T) {
   gather_rows(set_->lnf, set_->lnf_full);
   const int E = layout_.embedding_unit();
   const k::GemmInput wte = gemm_weight(E, store_->acquire_params(E), layout_.wte());
-  k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits, Vl_);
+  k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits,
+          logits_ld());
   store_->release_params(layout_.embedding_unit());
 }
 
@@ -441,14 +442,18 @@ const float* Gpt::forward_logits(const int* inputs, int B, int T) {
   CHECK_MSG(tp_size_ == 1, "forward_logits returns whole-vocabulary logits: tp = 1 only");
   CHECK_MSG(layout_.is_whole_model(), "forward_logits needs the whole model");
   forward_chunk(0, 0, inputs, nullptr, nullptr, B, T);
-  return set_->logits;
+  // Rows move from the packed stride out to Vp, last row first (each moves up).
+  float* logits = set_->logits;
+  for (int n = B * T - 1; n > 0; n--)
+    std::memmove(logits + (size_t)n * Vl_, logits + (size_t)n * logits_ld(), sizeof(float) * vn_);
+  return logits;
 }
 
 // Vocabulary-parallel cross-entropy: no rank holds all logits; the log-sum-exp is combined
 // from each rank's (max-shifted) partial sums, the target logit from the rank that has it.
 void Gpt::vocab_parallel_loss(int N) {
   float *lse = set_->lse, *target_logit = set_->target_logit;
-  k::crossentropy_forward(lse, target_logit, set_->logits, set_->targets.data(), N, vn_, Vl_, vb_);
+  k::crossentropy_forward(lse, target_logit, set_->logits, set_->targets.data(), N, vn_, logits_ld(), vb_);
   if (tp_) {
     std::vector<float> global_max(lse, lse + N), scaled(N);
     tp_all_reduce(global_max.data(), N, comm::ReduceOp::kMax);
@@ -524,14 +529,14 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   // dlogits replace the logits in place: bf16 GEMMs get them already rounded (half the
   // bytes to read, no second rounding), others in fp32.
   k::GemmInput dlogits(set_->logits);
-  int ld = Vl_;
+  int ld = logits_ld();
   if (precision_ == k::Precision::kBf16) {
     dlogits = k::GemmInput(k::crossentropy_backward_bf16_inplace(
-        set_->logits, set_->lse, set_->targets.data(), loss_scale, N, vn_, Vl_, vb_));
-    ld = 2 * Vl_;
+        set_->logits, set_->lse, set_->targets.data(), loss_scale, N, vn_, ld, vb_));
+    ld *= 2;  // in 16-bit words
   } else {
     k::crossentropy_backward(set_->logits, set_->logits, set_->lse, set_->targets.data(), loss_scale,
-                             N, vn_, Vl_, vb_);
+                             N, vn_, ld, vb_);
   }
   const float* emb = store_->acquire_params(E);
   float* gemb = store_->acquire_grads(E);

@@ -7,7 +7,8 @@
 //   stage 2: params 4P,   grads 4P/N, optim 8P/N    2P,   2P/N, 12P/N (staging buffers in "comm")
 //   stage 3: params 4P/N, grads 4P/N, optim 8P/N    2P/N, 2P/N, 12P/N (units gathered on use)
 // With 16-bit storage (ZeRO's mixed-precision Adam, K = 12) the model holds no buffers of
-// its own: a unit's parameters are widened to fp32 into "gathered" while in use, and its
+// its own: a unit's parameters are widened to fp32 into "gathered" while in use (bf16: only
+// its tensors that are not GEMM weights, packed; the bf16 GEMMs read the stored words), and its
 // gradient is accumulated in fp32 ("workspace", or the "comm" staging of stages 2-3) and
 // added into the 16-bit gradient once per micro-batch (the sum in fp32, one rounding).
 // Gradients are reduced in fp32: 16-bit values are widened into the fp32 send buffer and
