@@ -7,6 +7,7 @@
 // rounded to bf16 as PyTorch's autocast rounds them.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/memory.h"
@@ -52,12 +53,17 @@ struct HeadScratch {
   }
 };
 
+// Row i of a causal T x T bf16 matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
+void causal_row_bf16(const float* x, int i, int T, uint16_t* row16) {
+  round_block_to_bf16(x, row16, i + 1);
+  std::memset(row16 + i + 1, 0, sizeof(uint16_t) * (T - i - 1));
+}
+
 // Row i of the probabilities in bf16: exp(scale * s - lse_i) for j <= i, 0 beyond.
 void probs_row_bf16(const float* s, float scale, float lse, int i, int T, float* tmp, uint16_t* p16) {
 #pragma omp simd
   for (int j = 0; j <= i; j++) tmp[j] = fast_exp(scale * s[j] - lse);
-  std::fill(tmp + i + 1, tmp + T, 0.0f);
-  round_block_to_bf16(tmp, p16, T);
+  causal_row_bf16(tmp, i, T, p16);
 }
 
 // For every (batch row, head), split over the threads: packs the head's q, k, v into the
@@ -89,20 +95,17 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
     for (int i = 0; i < T; i++) {
       const float* si = h.scores.data() + (size_t)i * T;
       float* x = h.row.data();
-#pragma omp simd
-      for (int j = 0; j <= i; j++) x[j] = scale * si[j];
-      const float mx = row_max(x, i + 1);
+      const float mx = scale * row_max(si, i + 1);  // scale > 0: the max of the scaled row
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int j = 0; j <= i; j++) {
-        x[j] = fast_exp(x[j] - mx);
+        x[j] = fast_exp(scale * si[j] - mx);
         sum += x[j];
       }
       const float inv = 1.0f / sum;
 #pragma omp simd
       for (int j = 0; j <= i; j++) x[j] *= inv;
-      std::fill(x + i + 1, x + T, 0.0f);
-      round_block_to_bf16(x, h.probs16.data() + (size_t)i * T, T);
+      causal_row_bf16(x, i, T, h.probs16.data() + (size_t)i * T);
       lse_bh[i] = mx + std::log(sum);
     }
     gemm_bf16(false, false, T, hs, T, h.probs16.data(), T, h.v.data(), hs, 0.0f,
@@ -137,8 +140,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
       float* x = h.row.data();
 #pragma omp simd
       for (int j = 0; j <= i; j++) x[j] = scale * bf16_value(pi[j]) * (dpi[j] - dot);
-      std::fill(x + i + 1, x + T, 0.0f);
-      round_block_to_bf16(x, h.dscores16.data() + (size_t)i * T, T);
+      causal_row_bf16(x, i, T, h.dscores16.data() + (size_t)i * T);
     }
     gemm_bf16(false, false, T, hs, T, h.dscores16.data(), T, h.k.data(), hs, 0.0f, dq, ld);     // dQ = dS k
     gemm_bf16(true, false, T, hs, T, h.dscores16.data(), T, h.q.data(), hs, 0.0f, dq + C, ld);  // dK = dS^T q
