@@ -53,12 +53,21 @@ struct GemmInput {
   explicit GemmInput(const uint16_t* bf16_values) : bf16(bf16_values) {}
 };
 
+// Where a GEMM adds a weight gradient: fp32 values (+=), or bf16 words (16-bit gradient
+// storage), to which a kBf16 GEMM adds its product in fp32 and rounds once.
+struct GradOutput {
+  float* fp32 = nullptr;
+  uint16_t* bf16 = nullptr;
+  GradOutput(float* values) : fp32(values) {}
+  explicit GradOutput(uint16_t* bf16_values) : bf16(bf16_values) {}
+};
+
 // out[N,OC] = inp[N,C] @ weight[OC,C]^T + bias[OC]   (bias may be null)
 // Both GEMMs (and the backward's three) run at precision p; the bias and its gradient in
 // fp32. At kBf16 the backward rounds dout once for both of its GEMMs.
 void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bias, int N, int C,
                     int OC, Precision p = Precision::kFp32);
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmInput inp,
+void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
 // Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
@@ -140,6 +149,11 @@ void add_to_half(Precision p, uint16_t* dst, const float* src, size_t n);
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc,
                const float* bias = nullptr);
+// C[M,N] (bf16 words) = bf16(op(A) @ op(B) + C): a bf16 GEMM (fp32 operands rounded first)
+// whose product is added to C's values in fp32 and rounded once, as add_to_half would add
+// an fp32 result.
+void gemm_accumulate_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmInput A, int lda,
+                          GemmInput B, int ldb, uint16_t* C, int ldc);
 // gemm() at precision p, plus bias[N] on every row when given. kBf16 and kFp16 round fp32
 // operands op(A) and op(B) into a tracked workspace first (bf16 operands are used as they
 // are); kBf16 needs alpha = 1 and beta in {0, 1}.

@@ -318,6 +318,11 @@ k::GemmInput Gpt::gemm_weight(int u, const float* unit_base, const ParamTensor& 
   return param(u, unit_base, t);
 }
 
+k::GradOutput Gpt::weight_grad(int u, float* unit_base, const ParamTensor& t) const {
+  if (uint16_t* half = store_->acquired_grads_bf16(u)) return k::GradOutput(half + layout_.offset_in_unit(t));
+  return grad(u, unit_base, t);
+}
+
 k::GemmInput Gpt::gelu_into(BlockActivations& a, size_t n) const {
   if (precision_ != k::Precision::kBf16) {
     k::gelu_forward(a.fch_gelu, a.fch, n);
@@ -485,16 +490,17 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   float* gunit = store_->acquire_grads(u);
   auto W = [&](LayerTensor t) { return param(u, unit, layout_.layer(l, t)); };
   auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
-  auto G = [&](LayerTensor t) { return tensor(gunit, layout_.layer(l, t)); };
+  auto G = [&](LayerTensor t) { return grad(u, gunit, layout_.layer(l, t)); };
+  auto Gw = [&](LayerTensor t) { return weight_grad(u, gunit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
-  k::matmul_backward(dfch_gelu_, G(kFcProjW), G(kFcProjB),
+  k::matmul_backward(dfch_gelu_, Gw(kFcProjW), G(kFcProjB),
                      gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
                      Wg(kFcProjW), N, Fl_, C, precision_);
   k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
   // The weight gradient needs the fc input of every row: gathered again (not stored).
-  k::matmul_backward(partial_, G(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
+  k::matmul_backward(partial_, Gw(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
                      C, Fl_, precision_);
   const float* dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
@@ -504,14 +510,14 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
     attention_forward(a, B, T);
     count_block_flops(B, T, true, true);
   }
-  k::matmul_backward(datty_, G(kAttProjW), G(kAttProjB),
+  k::matmul_backward(datty_, Gw(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
                      Wg(kAttProjW), N, Cl_, C, precision_);
   if (precision_ == k::Precision::kBf16)
     k::attention_backward_bf16(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
   else
     k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_);
-  k::matmul_backward(partial_, G(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
+  k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
                      N, C, 3 * Cl_, precision_);
   dln = reduce_rows(partial_, dln_);  // f
   layernorm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean,
@@ -544,14 +550,14 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
           0.0f, partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
   k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, set_->lnf_full, C, 1.0f,
-          tensor(gemb, layout_.wte()), C);
+          grad(E, gemb, layout_.wte()), C);
   store_->release_params(E);
   if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
 
   std::memset(dresidual_, 0, sizeof(float) * Nl_ * C);
   const float* fin = store_->acquire_params(F);
   float* gfin = store_->acquire_grads(F);
-  layernorm_backward_tp(dresidual_, tensor(gfin, layout_.lnf_w()), tensor(gfin, layout_.lnf_b()),
+  layernorm_backward_tp(dresidual_, grad(F, gfin, layout_.lnf_w()), grad(F, gfin, layout_.lnf_b()),
                         dlnf, set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()),
                         set_->lnf_mean, set_->lnf_rstd, Nl_);
   store_->release_params(F);
@@ -563,7 +569,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
 void Gpt::embedding_backward(int B, int T) {
   const int E = layout_.embedding_unit();
   float* gemb = store_->acquire_grads(E);
-  k::encoder_backward(tensor(gemb, layout_.wte()), tensor(gemb, layout_.wpe()),
+  k::encoder_backward(grad(E, gemb, layout_.wte()), grad(E, gemb, layout_.wpe()),
                       gather_rows(dropout_grad(dresidual_, 0), gathered_), set_->inputs.data(), B,
                       T, config_.dim, vb_, Vl_);
   store_->release_grads(E);

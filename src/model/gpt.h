@@ -225,10 +225,13 @@ class Gpt {
   BlockActivations& acts(int l) { return set_->blocks[l - chunks_[cur_chunk_].begin]; }
   int cur_chunk_ = 0;
 
-  // Pointer to tensor t of the unit gradient whose buffer starts at `unit_base`.
-  float* tensor(float* unit_base, const ParamTensor& t) const {
-    return unit_base + layout_.offset_in_unit(t);
+  // Gradient of tensor t of unit u, whose fp32 gradient buffer acquire_grads(u) returned as
+  // `unit_base` (ParamStore::fp32_grad_tensor), and where a linear weight's GEMM adds its
+  // gradient: the store's 16-bit gradient when it takes them there, else the same fp32.
+  float* grad(int u, float* unit_base, const ParamTensor& t) const {
+    return store_->fp32_grad_tensor(unit_base, u, t, layout_);
   }
+  kernels::GradOutput weight_grad(int u, float* unit_base, const ParamTensor& t) const;
   // Parameter tensor t of unit u, whose fp32 parameters acquire_params(u) returned as
   // `unit_base` (the store decides where t lies in it: ParamStore::fp32_tensor).
   const float* param(int u, const float* unit_base, const ParamTensor& t) const {

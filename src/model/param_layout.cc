@@ -110,6 +110,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSpl
   t.decay = decay;
   t.hf_transposed = hf_transposed;
   t.gemm_weight = hf_transposed || t.name == "wte.weight";  // the linears are HF's Conv1Ds
+  t.gemm_grad = hf_transposed;
   t.layer = layer;
   total_ += t.numel;
   tensors_.push_back(std::move(t));

@@ -31,6 +31,9 @@ struct ParamTensor {
   // A linear layer's weight or the tied embedding wte: read only as a GEMM operand (and, for
   // wte, row by row by the embedding lookup), so a bf16 copy can serve every use.
   bool gemm_weight = false;
+  // A linear layer's weight: its gradient is one GEMM's product per micro-batch, which the
+  // GEMM can add into a 16-bit gradient itself (wte's also takes the embedding's rows).
+  bool gemm_grad = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
 };
 

@@ -40,6 +40,17 @@ class ParamStore {
   // The unit's gradient accumulation buffer (same layout); contributions are added (+=).
   virtual float* acquire_grads(int u) = 0;
   virtual void release_grads(int u) {}
+  // Unit u's 16-bit (bf16) gradient while its gradients are acquired, when the GEMMs add
+  // the gradients of its linear weights (ParamTensor::gemm_grad) there themselves (sum in
+  // fp32, one rounding per micro-batch, as release_grads would add them). The fp32 buffer
+  // from acquire_grads then holds only the other tensors, packed (fp32_grad_tensor).
+  // Null: the fp32 buffer holds the whole unit.
+  virtual uint16_t* acquired_grads_bf16(int u) { return nullptr; }
+  // Where tensor t of unit u starts in `unit`, the fp32 gradient acquire_grads(u) returned.
+  virtual float* fp32_grad_tensor(float* unit, int u, const ParamTensor& t,
+                                  const ParamLayout& layout) const {
+    return unit + layout.offset_in_unit(t);
+  }
 };
 
 // Full parameters and (optionally) full gradients in flat buffers: single rank, DP,

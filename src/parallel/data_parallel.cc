@@ -63,7 +63,13 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
     kernels::to_half(storage(), initial, params16_.data(), params);
     grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
     adamw_->init_master(initial);
-    if (storage() == kernels::Precision::kBf16) pack_units();
+    if (storage() == kernels::Precision::kBf16) {
+      packed_params_ = std::make_unique<PackedUnits>(
+          layout_, [](const model::ParamTensor& t) { return !t.gemm_weight; });
+      if (stage <= 1)
+        packed_grads_ = std::make_unique<PackedUnits>(
+            layout_, [](const model::ParamTensor& t) { return !t.gemm_grad; });
+    }
   } else {
     param_shard_ = std::move(shard);
   }
@@ -359,23 +365,28 @@ int DataParallel::next_unit(int u) const {
   return u - 1 > E ? u - 1 : -1;                             // F, B_{L-1}..B_0
 }
 
-void DataParallel::pack_units() {
-  packed_ = std::make_unique<PackedUnits>();
-  PackedUnits& p = *packed_;
-  p.runs.resize(layout_.num_units());
-  p.size.assign(layout_.num_units(), 0);
-  p.offset.assign(layout_.tensors().size(), 0);
-  for (size_t i = 0; i < layout_.tensors().size(); i++) {
-    const model::ParamTensor& t = layout_.tensors()[i];
-    if (t.gemm_weight) continue;
-    const int u = layout_.unit_of(t);
-    const size_t from = layout_.offset_in_unit(t);
-    p.offset[i] = p.size[u];
-    auto& runs = p.runs[u];
-    if (!runs.empty() && runs.back().from + runs.back().n == from) runs.back().n += t.numel;
-    else runs.push_back({from, p.size[u], t.numel});
-    p.size[u] += t.numel;
+DataParallel::PackedUnits::PackedUnits(const model::ParamLayout& layout,
+                                       bool (*keep)(const model::ParamTensor&)) {
+  runs.resize(layout.num_units());
+  size.assign(layout.num_units(), 0);
+  offset.assign(layout.tensors().size(), 0);
+  for (size_t i = 0; i < layout.tensors().size(); i++) {
+    const model::ParamTensor& t = layout.tensors()[i];
+    if (!keep(t)) continue;
+    const int u = layout.unit_of(t);
+    const size_t from = layout.offset_in_unit(t);
+    offset[i] = size[u];
+    if (!runs[u].empty() && runs[u].back().from + runs[u].back().n == from) runs[u].back().n += t.numel;
+    else runs[u].push_back({from, size[u], t.numel});
+    size[u] += t.numel;
   }
+}
+
+size_t DataParallel::PackedUnits::offset_of(const model::ParamLayout& layout,
+                                            const model::ParamTensor& t) const {
+  const ptrdiff_t i = &t - layout.tensors().data();
+  CHECK(i >= 0 && i < (ptrdiff_t)layout.tensors().size());
+  return offset[i];
 }
 
 const uint16_t* DataParallel::half_unit(int u) const {
@@ -383,25 +394,37 @@ const uint16_t* DataParallel::half_unit(int u) const {
 }
 
 size_t DataParallel::fp32_unit_size(int u) const {
-  return packed_ ? packed_->size[u] : layout_.units()[u].numel;
+  return packed_params_ ? packed_params_->size[u] : layout_.units()[u].numel;
 }
 
 void DataParallel::widen(int u, float* out) const {
   const uint16_t* half = half_unit(u);
-  if (!packed_) {
+  if (!packed_params_) {
     kernels::from_half(storage(), half, out, layout_.units()[u].numel);
     return;
   }
-  for (const PackedRun& r : packed_->runs[u]) kernels::from_half(storage(), half + r.from, out + r.to, r.n);
+  for (const PackedRun& r : packed_params_->runs[u])
+    kernels::from_half(storage(), half + r.from, out + r.to, r.n);
 }
 
 const float* DataParallel::fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
                                        const model::ParamLayout& layout) const {
-  if (!packed_) return ParamStore::fp32_tensor(unit, u, t, layout);
+  if (!packed_params_) return ParamStore::fp32_tensor(unit, u, t, layout);
   CHECK_MSG(!t.gemm_weight, "bf16 storage keeps no fp32 copy of a GEMM weight: read acquired_bf16");
-  const ptrdiff_t i = &t - layout_.tensors().data();
-  CHECK(i >= 0 && i < (ptrdiff_t)layout_.tensors().size());
-  return unit + packed_->offset[i];
+  return unit + packed_params_->offset_of(layout_, t);
+}
+
+uint16_t* DataParallel::acquired_grads_bf16(int u) {
+  if (!packed_grads_) return nullptr;
+  CHECK_MSG(!grad_staging_[u].empty(), "acquired_grads_bf16 of a unit whose gradients are not acquired");
+  return grads16_.data() + layout_.units()[u].offset;
+}
+
+float* DataParallel::fp32_grad_tensor(float* unit, int u, const model::ParamTensor& t,
+                                      const model::ParamLayout& layout) const {
+  if (!packed_grads_) return ParamStore::fp32_grad_tensor(unit, u, t, layout);
+  CHECK_MSG(!t.gemm_grad, "a linear weight's gradient goes to acquired_grads_bf16");
+  return unit + packed_grads_->offset_of(layout_, t);
 }
 
 const float* DataParallel::acquire_params(int u) {
@@ -412,7 +435,7 @@ const float* DataParallel::acquire_params(int u) {
   if (half_storage() && g.data.empty()) {
     g.data = pool_.take(MemCategory::kGathered, fp32_unit_size(u), false);
     widen(u, g.data.data());
-    if (!packed_) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
+    if (!packed_params_) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
   }
   g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
@@ -430,7 +453,7 @@ void DataParallel::release_params(int u) {
 }
 
 const uint16_t* DataParallel::acquired_bf16(int u) const {
-  if (!packed_) return nullptr;
+  if (!packed_params_) return nullptr;
   CHECK_MSG(gathered_[u] && gathered_[u]->refs > 0, "acquired_bf16 of a unit not acquired");
   return half_unit(u);
 }
@@ -439,8 +462,9 @@ float* DataParallel::acquire_grads(int u) {
   const int stage = config_.zero_stage;
   if (stage < 2 && !half_storage()) return full_grads() + layout_.units()[u].offset;
   if (grad_staging_[u].empty()) {
+    const size_t n = packed_grads_ ? packed_grads_->size[u] : layout_.units()[u].numel;
     grad_staging_[u] = stage >= 2 ? pool_.take(MemCategory::kComm, shards_.units()[u].padded, true)
-                                  : pool_.take(MemCategory::kWorkspace, layout_.units()[u].numel, true);
+                                  : pool_.take(MemCategory::kWorkspace, n, true);
   }
   return grad_staging_[u].data();
 }
@@ -452,8 +476,13 @@ void DataParallel::release_grads(int u) {
     return;
   }
   if (half_storage()) {  // this micro-batch's fp32 gradient into the 16-bit accumulation
-    const auto& unit = layout_.units()[u];
-    kernels::add_to_half(storage(), grads16_.data() + unit.offset, grad_staging_[u].data(), unit.numel);
+    uint16_t* g16 = grads16_.data() + layout_.units()[u].offset;
+    const float* g = grad_staging_[u].data();
+    if (packed_grads_) {  // the linear weights' GEMMs have added theirs already
+      for (const PackedRun& r : packed_grads_->runs[u]) kernels::add_to_half(storage(), g16 + r.from, g + r.to, r.n);
+    } else {
+      kernels::add_to_half(storage(), g16, g, layout_.units()[u].numel);
+    }
     pool_.give(std::move(grad_staging_[u]));
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last

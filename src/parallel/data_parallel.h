@@ -94,6 +94,9 @@ class DataParallel : public model::ParamStore {
   const uint16_t* acquired_bf16(int u) const override;
   const float* fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
                            const model::ParamLayout& layout) const override;
+  uint16_t* acquired_grads_bf16(int u) override;
+  float* fp32_grad_tensor(float* unit, int u, const model::ParamTensor& t,
+                          const model::ParamLayout& layout) const override;
   float* acquire_grads(int u) override;
   void release_grads(int u) override;
 
@@ -131,10 +134,9 @@ class DataParallel : public model::ParamStore {
   void gather_updated_params(T* params);
   Gathered& gather(int u);
   // The 16-bit unit u as stored or gathered, and the fp32 copy the model reads: all of it,
-  // or with bf16 storage its tensors that are not GEMM weights, packed (packed_).
+  // or with bf16 storage its tensors that are not GEMM weights, packed (packed_params_).
   const uint16_t* half_unit(int u) const;
   size_t fp32_unit_size(int u) const;
-  void pack_units();
   void widen(int u, float* out) const;
   int next_unit(int u) const;
   float* full_grads() { return gpt_.grads(); }
@@ -160,9 +162,9 @@ class DataParallel : public model::ParamStore {
   // 0-1, the shard at 2-3); grad_coef_ is the clip and loss-scale factor for the update.
   Buffer<uint16_t> params16_, grads16_;
   float grad_coef_ = 1.0f;
-  // bf16 storage: the fp32 units hold only the tensors that are not GEMM weights, packed.
-  // Per unit, the runs to widen (from, in the 16-bit unit; to, in the packed one; count)
-  // and the packed size; per tensor (index in the layout), its packed offset.
+  // bf16 storage: fp32 units that hold only some tensors of a unit, packed. Per unit, the
+  // runs (from, in the unit's layout; to, in the packed buffer; count) and the packed size;
+  // per tensor (index in the layout), its packed offset.
   struct PackedRun {
     size_t from, to, n;
   };
@@ -170,8 +172,14 @@ class DataParallel : public model::ParamStore {
     std::vector<std::vector<PackedRun>> runs;
     std::vector<size_t> size;
     std::vector<size_t> offset;
+    // Packs the tensors `keep` accepts.
+    PackedUnits(const model::ParamLayout& layout, bool (*keep)(const model::ParamTensor&));
+    size_t offset_of(const model::ParamLayout& layout, const model::ParamTensor& t) const;
   };
-  std::unique_ptr<PackedUnits> packed_;  // null: fp32 units are whole
+  // Parameters: all but the GEMM weights (the GEMMs read the 16-bit words). Gradients at
+  // stages 0-1: all but the linear weights' (their GEMMs add into grads16_ themselves).
+  // Null: fp32 units are whole.
+  std::unique_ptr<PackedUnits> packed_params_, packed_grads_;
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.
   std::vector<Buffer<float>> grad_staging_;

@@ -654,6 +654,30 @@ TEST(Bf16, InPlaceCrossEntropyGradientEqualsTheRoundedFp32One) {
   }
 }
 
+// A linear weight's gradient added by the GEMM into bf16 storage equals the fp32 gradient
+// added by add_to_half: the sum in fp32, rounded once.
+TEST(Bf16, WeightGradientAccumulatesIntoBf16LikeAddToHalf) {
+  std::mt19937 rng(47);
+  const int N = 64, C = 48, OC = 40;
+  auto inp = to_float(random_vec((size_t)N * C, rng)), w = to_float(random_vec((size_t)OC * C, rng));
+  auto dout = to_float(random_vec((size_t)N * OC, rng)), g0 = to_float(random_vec((size_t)OC * C, rng));
+  std::vector<uint16_t> want(g0.size()), got(g0.size());
+  to_bf16(g0.data(), want.data(), g0.size());
+  got = want;
+  std::vector<float> dw((size_t)OC * C, 0.0f), dinp((size_t)N * C), db(OC, 0.0f), db2(OC, 0.0f);
+  matmul_backward(dinp.data(), dw.data(), db.data(), dout.data(), inp.data(), w.data(), N, C, OC, Precision::kBf16);
+  add_to_half(Precision::kBf16, want.data(), dw.data(), dw.size());
+  std::vector<float> dinp2(dinp.size());
+  matmul_backward(dinp2.data(), GradOutput(got.data()), db2.data(), dout.data(), inp.data(), w.data(), N, C,
+                  OC, Precision::kBf16);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(dinp2, dinp);
+  EXPECT_EQ(db2, db);
+  EXPECT_DEATH(matmul_backward(dinp2.data(), GradOutput(got.data()), db2.data(), dout.data(), inp.data(),
+                               w.data(), N, C, OC, Precision::kFp32),
+               "bf16 weight gradient");
+}
+
 TEST(Bf16, GeluWritesItsOutputRounded) {
   std::mt19937 rng(37);
   for (size_t n : {5ul, 1024ul, 3001ul, 70000ul}) {

@@ -34,47 +34,73 @@ struct Matmul {
   memory::desc a, b, c, bias, scratchpad;
 };
 
+// One GEMM's shape and layout: op(A) is M x K, op(B) is K x N, both row-major storage with
+// leading dimensions; C is fp32 or (c_bf16) bf16 words.
+struct MatmulKey {
+  bool ta, tb;
+  int M, N, K, lda, ldb, ldc;
+  bool accumulate, with_bias, c_bf16;
+  auto operator<=>(const MatmulKey&) const = default;
+};
+
 struct MatmulCache {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   std::mutex mu;
-  std::map<std::tuple<bool, bool, int, int, int, int, int, int, bool, bool>, Matmul> primitives;
+  std::map<MatmulKey, Matmul> primitives;
 
   static MatmulCache& instance() {
     static MatmulCache cache;
     return cache;
   }
 
-  // op(A) is M x K, op(B) is K x N, both given as row-major storage with leading dims.
-  Matmul get(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, bool accumulate,
-             bool with_bias) {
+  Matmul get(const MatmulKey& k) {
     std::lock_guard<std::mutex> lock(mu);
-    const auto key = std::tuple{ta, tb, M, N, K, lda, ldb, ldc, accumulate, with_bias};
-    auto it = primitives.find(key);
+    auto it = primitives.find(k);
     if (it != primitives.end()) return it->second;
-    const memory::desc a({M, K}, memory::data_type::bf16,
-                         ta ? memory::dims{1, lda} : memory::dims{lda, 1});
-    const memory::desc b({K, N}, memory::data_type::bf16,
-                         tb ? memory::dims{1, ldb} : memory::dims{ldb, 1});
-    const memory::desc c({M, N}, memory::data_type::f32, memory::dims{ldc, 1});
+    const memory::desc a({k.M, k.K}, memory::data_type::bf16,
+                         k.ta ? memory::dims{1, k.lda} : memory::dims{k.lda, 1});
+    const memory::desc b({k.K, k.N}, memory::data_type::bf16,
+                         k.tb ? memory::dims{1, k.ldb} : memory::dims{k.ldb, 1});
+    const memory::desc c({k.M, k.N}, k.c_bf16 ? memory::data_type::bf16 : memory::data_type::f32,
+                         memory::dims{k.ldc, 1});
     dnnl::primitive_attr attr;
     // The caller provides the scratchpad (packed operands): oneDNN would otherwise allocate
     // (and the kernel fault in) fresh pages on every call.
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (accumulate) {
+    if (k.accumulate) {  // C's values are added to the product in fp32, then C is written
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
     // The bias is one fp32 row broadcast over the M rows of C.
-    const memory::desc bias = with_bias ? memory::desc({1, N}, memory::data_type::f32, memory::dims{N, 1})
-                                        : memory::desc();
-    const auto desc = with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
+    const memory::desc bias = k.with_bias ? memory::desc({1, k.N}, memory::data_type::f32, memory::dims{k.N, 1})
+                                          : memory::desc();
+    const auto desc = k.with_bias ? dnnl::matmul::desc(a, b, bias, c) : dnnl::matmul::desc(a, b, c);
     const dnnl::matmul::primitive_desc pd(desc, attr, engine);
     Matmul entry{dnnl::matmul(pd), a, b, c, bias, pd.scratchpad_desc()};
-    primitives.emplace(key, entry);
+    primitives.emplace(k, entry);
     return entry;
   }
 };
+
+// Runs the cached primitive for `key` on A, B and C (fp32 or bf16 words), with the bias.
+void run_matmul(const MatmulKey& key, const uint16_t* A, const uint16_t* B, void* C, const float* bias) {
+  auto& cache = MatmulCache::instance();
+  const Matmul mm = cache.get(key);
+  memory a(mm.a, cache.engine, const_cast<uint16_t*>(A));
+  memory b(mm.b, cache.engine, const_cast<uint16_t*>(B));
+  memory c(mm.c, cache.engine, C);
+  thread_local Buffer<uint8_t> scratch;  // reused: grows to the largest GEMM's need
+  const size_t need = mm.scratchpad.get_size();
+  if (scratch.size() < need) scratch.allocate(MemCategory::kWorkspace, need);
+  memory pad(mm.scratchpad, cache.engine, scratch.data());
+  dnnl::stream stream(cache.engine);
+  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
+                                        {DNNL_ARG_SCRATCHPAD, pad}};
+  if (bias) args.emplace(DNNL_ARG_BIAS, memory(mm.bias, cache.engine, const_cast<float*>(bias)));
+  mm.primitive.execute(stream, args);
+  stream.wait();
+}
 
 }  // namespace
 
@@ -91,21 +117,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* 
     }
     return;
   }
-  auto& cache = MatmulCache::instance();
-  const Matmul mm = cache.get(trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr);
-  memory a(mm.a, cache.engine, const_cast<uint16_t*>(A));
-  memory b(mm.b, cache.engine, const_cast<uint16_t*>(B));
-  memory c(mm.c, cache.engine, C);
-  thread_local Buffer<uint8_t> scratch;  // reused: grows to the largest GEMM's need
-  const size_t need = mm.scratchpad.get_size();
-  if (scratch.size() < need) scratch.allocate(MemCategory::kWorkspace, need);
-  memory pad(mm.scratchpad, cache.engine, scratch.data());
-  dnnl::stream stream(cache.engine);
-  std::unordered_map<int, memory> args{{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c},
-                                        {DNNL_ARG_SCRATCHPAD, pad}};
-  if (bias) args.emplace(DNNL_ARG_BIAS, memory(mm.bias, cache.engine, const_cast<float*>(bias)));
-  mm.primitive.execute(stream, args);
-  stream.wait();
+  run_matmul({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr, false}, A, B, C,
+             bias);
 }
 
 namespace {
@@ -166,6 +179,19 @@ void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float al
   if (!a) a = packed_bf16(A.fp32, a_rows, a_cols, lda, a_buf), lda = a_cols;
   if (!b) b = packed_bf16(B.fp32, b_rows, b_cols, ldb, b_buf), ldb = b_cols;
   gemm_bf16(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, bias);
+}
+
+void gemm_accumulate_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmInput A, int lda,
+                          GemmInput B, int ldb, uint16_t* C, int ldc) {
+  if (M == 0 || N == 0 || K == 0) return;
+  thread_local Buffer<uint16_t> a_buf, b_buf;
+  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+  const uint16_t* a = A.bf16;
+  const uint16_t* b = B.bf16;
+  if (!a) a = packed_bf16(A.fp32, a_rows, a_cols, lda, a_buf), lda = a_cols;
+  if (!b) b = packed_bf16(B.fp32, b_rows, b_cols, ldb, b_buf), ldb = b_cols;
+  run_matmul({trans_a, trans_b, M, N, K, lda, ldb, ldc, true, false, true}, a, b, C, nullptr);
 }
 
 }  // namespace meshtrain::kernels

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/check.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
 
@@ -12,17 +13,19 @@ void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bi
   gemm(p, false, true, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, GemmInput inp,
+void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p) {
+  CHECK_MSG(!dweight.bf16 || p == Precision::kBf16, "a bf16 weight gradient needs bf16 GEMMs");
   GemmInput d(dout);
-  if (p == Precision::kBf16 && dinp) {  // one rounding of dout serves both GEMMs
+  if (p == Precision::kBf16) {  // one rounding of dout serves both GEMMs
     thread_local Buffer<uint16_t> dout16;
     if (dout16.size() < (size_t)N * OC) dout16.allocate(MemCategory::kWorkspace, (size_t)N * OC);
     to_bf16(dout, dout16.data(), (size_t)N * OC);
     d = GemmInput(dout16.data());
   }
   if (dinp) gemm(p, false, false, N, C, OC, 1.0f, d, OC, weight, C, 0.0f, dinp, C);
-  gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight, C);
+  if (dweight.bf16) gemm_accumulate_bf16(true, false, OC, C, N, d, OC, inp, C, dweight.bf16, C);
+  else gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight.fp32, C);
   if (dbias) {
     // Column ranges per thread: a fixed summation order whatever the thread count.
     constexpr int kChunk = 64;
