@@ -5,8 +5,10 @@
 #include <cmath>
 #include <vector>
 
+#include "comm/self_group.h"
 #include "comm/shape_group.h"
 #include "core/memory.h"
+#include "kernels/ops.h"
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
 #include "planner/memory.h"
@@ -91,6 +93,65 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
           EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
         }
       }
+}
+
+// With bf16 storage a unit in use holds an fp32 copy of its other tensors only: the GEMMs
+// read its weights as stored (and, at ZeRO 0-1, add their gradients into the 16-bit
+// gradient), so neither the weights nor their gradients have an fp32 buffer. fp16 storage
+// widens the whole unit.
+TEST(PlannerMemory, Bf16UnitsHoldNoFp32CopyOfTheirGemmWeights) {
+  model::GptConfig c;
+  c.layers = 2, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
+  model::Gpt full(c, model::Gpt::LocalState::kParamsOnly);
+  full.init_weights(1);
+  for (size_t i = 0; i < full.num_elements(); i++) full.params()[i] += 0.001f * (float)(i % 7);  // no zero biases
+  auto current = [](MemCategory m) { return MemoryTracker::instance().stats().current[(int)m]; };
+  using kernels::Precision;
+  for (Precision storage : {Precision::kBf16, Precision::kFp16}) {
+    SCOPED_TRACE(kernels::precision_name(storage));
+    model::Gpt gpt(c, parallel::model_state_for_stage(0, storage));
+    comm::SelfGroup self("dp");
+    parallel::DataParallel dp(gpt, self, {0, 25, true, storage}, {}, full.params());
+    const model::ParamLayout& layout = gpt.layout();
+    const int u = layout.block_unit(1);
+    int64_t weights = 0, weight_grads = 0;
+    for (const model::ParamTensor& t : layout.tensors())
+      if (t.layer == 1) weights += t.gemm_weight ? (int64_t)t.numel : 0, weight_grads += t.gemm_grad ? (int64_t)t.numel : 0;
+    const int64_t unit = (int64_t)layout.units()[u].numel;
+    const bool bf16 = storage == Precision::kBf16;
+
+    const int64_t gathered0 = current(MemCategory::kGathered), workspace0 = current(MemCategory::kWorkspace);
+    dp.begin_pass(model::Pass::kBackward);
+    const float* fp32 = dp.acquire_params(u);
+    float* grads = dp.acquire_grads(u);
+    EXPECT_EQ(current(MemCategory::kGathered) - gathered0, 4 * (bf16 ? unit - weights : unit));
+    EXPECT_EQ(current(MemCategory::kWorkspace) - workspace0, 4 * (bf16 ? unit - weight_grads : unit));
+    EXPECT_EQ(dp.acquired_bf16(u) != nullptr, bf16);
+    EXPECT_EQ(dp.acquired_grads_bf16(u) != nullptr, bf16);
+    // Every tensor reads back as the stored 16-bit value of the initial parameter.
+    for (const model::ParamTensor& t : layout.tensors()) {
+      if (t.layer != 1) continue;
+      const float* want = full.params() + layout.find(t.name)->offset;
+      std::vector<uint16_t> rounded(t.numel);
+      kernels::to_half(storage, want, rounded.data(), t.numel);
+      std::vector<float> widened(t.numel);
+      if (bf16 && t.gemm_weight) {
+        kernels::from_half(storage, dp.acquired_bf16(u) + layout.offset_in_unit(t), widened.data(), t.numel);
+      } else {
+        const float* got = dp.fp32_tensor(fp32, u, t, layout);
+        widened.assign(got, got + t.numel);
+      }
+      std::vector<float> expected(t.numel);
+      kernels::from_half(storage, rounded.data(), expected.data(), t.numel);
+      EXPECT_EQ(widened, expected) << t.name;
+      if (!(bf16 && t.gemm_grad)) {  // the fp32 gradient lies inside the (packed) buffer
+        const float* g = dp.fp32_grad_tensor(grads, u, t, layout);
+        EXPECT_GE(g, grads) << t.name;
+        EXPECT_LE(g + t.numel, grads + (bf16 ? unit - weight_grads : unit)) << t.name;
+      }
+    }
+    dp.release_params(u);
+  }
 }
 
 }  // namespace
