@@ -72,10 +72,13 @@ void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float*
 
 // Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
 // out[B,T,C]; lse[B,NH,T] is the log-sum-exp of each softmax row, all backward needs.
-// Never materialises B*NH*T*T: works on blocks of query rows.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+// Never materialises B*NH*T*T: works on blocks of query rows. At kBf16 the *_bf16 kernels
+// below run; kFp16 keeps fp32 attention.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       Precision p = Precision::kFp32);
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH);
+                        const float* lse, int B, int T, int C, int NH,
+                        Precision p = Precision::kFp32);
 // The same with the four products on bf16 operands (q, k, v, the probabilities, dout and
 // the score gradients rounded; fp32 accumulation, softmax and log-sum-exp in fp32): what
 // --precision bf16 runs. One whole T x T product per head on the bf16 units.

@@ -244,8 +244,6 @@ class Gpt {
   // bf16 GEMMs get it as bf16 words, rounded once where GELU writes it.
   kernels::GemmInput gelu_into(BlockActivations& a, size_t n) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
-  // The attention core of a block (its products in bf16 when the GEMMs are).
-  void attention_forward(BlockActivations& a, int B, int T);
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
   void count_block_flops(int B, int T, bool recomputing, bool attention_only);

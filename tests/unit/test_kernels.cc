@@ -257,23 +257,39 @@ TEST(CpuKernels, MatmulMatchesReference) {
   }
 }
 
+// One attention forward and backward: in double by the reference, or by the CPU kernels at
+// precision p (dqkv starts as garbage: the kernels must overwrite it).
+template <typename T>
+struct AttentionRun {
+  std::vector<T> out, lse, dqkv;
+};
+AttentionRun<double> reference_attention(const Vec& qkv, const Vec& dout, const Shape& s) {
+  AttentionRun<double> r{Vec(dout.size()), Vec((size_t)s.B * s.NH * s.T), Vec(qkv.size())};
+  ref::attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  ref::attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T,
+                          s.C, s.NH);
+  return r;
+}
+AttentionRun<float> kernel_attention(const Vec& qkv, const Vec& dout, const Shape& s, Precision p) {
+  auto fqkv = to_float(qkv), fdout = to_float(dout);
+  AttentionRun<float> r{std::vector<float>(dout.size()), std::vector<float>((size_t)s.B * s.NH * s.T),
+                        std::vector<float>(qkv.size(), 5.0f)};
+  attention_forward(r.out.data(), r.lse.data(), fqkv.data(), s.B, s.T, s.C, s.NH, p);
+  attention_backward(r.dqkv.data(), fdout.data(), fqkv.data(), r.out.data(), r.lse.data(), s.B, s.T, s.C,
+                     s.NH, p);
+  return r;
+}
+
 TEST(CpuKernels, AttentionMatchesReference) {
   std::mt19937 rng(13);
   for (auto s : kShapes) {
     const int N = s.B * s.T;
     Vec qkv = random_vec(N * 3 * s.C, rng), dout = random_vec(N * s.C, rng);
-    Vec out(N * s.C), lse(s.B * s.NH * s.T), dqkv(qkv.size());
-    ref::attention_forward(out.data(), lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    ref::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), s.B, s.T,
-                            s.C, s.NH);
-    auto fqkv = to_float(qkv), fdout = to_float(dout);
-    std::vector<float> fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 5.0f);
-    attention_forward(fout.data(), flse.data(), fqkv.data(), s.B, s.T, s.C, s.NH);
-    attention_backward(fdqkv.data(), fdout.data(), fqkv.data(), fout.data(), flse.data(), s.B, s.T,
-                       s.C, s.NH);
-    EXPECT_LT(max_rel_diff(fout, out), 1e-5) << "T=" << s.T;
-    EXPECT_LT(max_rel_diff(flse, lse), 1e-5);
-    EXPECT_LT(max_rel_diff(fdqkv, dqkv), 1e-5);
+    const auto want = reference_attention(qkv, dout, s);
+    const auto got = kernel_attention(qkv, dout, s, Precision::kFp32);
+    EXPECT_LT(max_rel_diff(got.out, want.out), 1e-5) << "T=" << s.T;
+    EXPECT_LT(max_rel_diff(got.lse, want.lse), 1e-5);
+    EXPECT_LT(max_rel_diff(got.dqkv, want.dqkv), 1e-5);
   }
 }
 
@@ -341,15 +357,14 @@ TEST(Bf16, AttentionMatchesTheReferenceOnRoundedOperands) {
     Vec qkv = random_vec(N * 3 * s.C, rng), dout = random_vec(N * s.C, rng);
     Vec out(N * s.C), lse(s.B * s.NH * s.T), dqkv(qkv.size());
     attention_bf16_reference(out, lse, dqkv, qkv, dout, s.B, s.T, s.C, s.NH);
-    Vec exact_out(out.size()), exact_lse(lse.size()), exact_dqkv(qkv.size());
-    ref::attention_forward(exact_out.data(), exact_lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
-    ref::attention_backward(exact_dqkv.data(), dout.data(), qkv.data(), exact_out.data(), exact_lse.data(),
-                            s.B, s.T, s.C, s.NH);
-    auto fqkv = to_float(qkv), fdout = to_float(dout);
-    std::vector<float> fout(out.size()), flse(lse.size()), fdqkv(qkv.size(), 5.0f);
-    attention_forward_bf16(fout.data(), flse.data(), fqkv.data(), s.B, s.T, s.C, s.NH);
-    attention_backward_bf16(fdqkv.data(), fdout.data(), fqkv.data(), fout.data(), flse.data(), s.B, s.T,
-                            s.C, s.NH);
+    const auto exact = reference_attention(qkv, dout, s);
+    const Vec& exact_out = exact.out;
+    const Vec& exact_lse = exact.lse;
+    const Vec& exact_dqkv = exact.dqkv;
+    const auto got = kernel_attention(qkv, dout, s, Precision::kBf16);
+    const std::vector<float>& fout = got.out;
+    const std::vector<float>& flse = got.lse;
+    const std::vector<float>& fdqkv = got.dqkv;
     // Against the rounding reference: fp32 accumulation, and the odd element whose fp32
     // value rounds to the other bf16 neighbour than the double one (seen: at most 8.4e-5).
     EXPECT_LT(max_rel_diff(fout, out), 3e-4) << "T=" << s.T;

@@ -58,7 +58,9 @@ void causal_probs_from_lse(float* probs, const float* lse_rows, int i0, int rows
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+                       Precision p) {
+  if (p == Precision::kBf16) return attention_forward_bf16(out, lse, qkv, B, T, C, NH);
   const int hs = C / NH, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int nblocks = (T + kBlock - 1) / kBlock;
@@ -96,7 +98,8 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH) {
+                        const float* lse, int B, int T, int C, int NH, Precision p) {
+  if (p == Precision::kBf16) return attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH);
   const int hs = C / NH, ld = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel

@@ -143,6 +143,22 @@ const float* packed_fp16(const float* x, int rows, int cols, int ld, Buffer<floa
   return buf.data();
 }
 
+// op(A) and op(B) of an M x N x K product as bf16 words with their leading dimensions: bf16
+// inputs as they are, fp32 ones rounded into this thread's buffers (A is stored M x K, or
+// K x M transposed; B is K x N, or N x K transposed).
+struct Bf16Operands {
+  const uint16_t *a, *b;
+  int lda, ldb;
+};
+Bf16Operands as_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmInput A, int lda,
+                     GemmInput B, int ldb) {
+  thread_local Buffer<uint16_t> a_buf, b_buf;
+  Bf16Operands o{A.bf16, B.bf16, lda, ldb};
+  if (!o.a) o.lda = trans_a ? M : K, o.a = packed_bf16(A.fp32, trans_a ? K : M, o.lda, lda, a_buf);
+  if (!o.b) o.ldb = trans_b ? K : N, o.b = packed_bf16(B.fp32, trans_b ? N : K, o.ldb, ldb, b_buf);
+  return o;
+}
+
 }  // namespace
 
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
@@ -162,10 +178,10 @@ void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float al
     gemm(trans_a, trans_b, M, N, K, alpha, A.fp32, lda, B.fp32, ldb, beta, C, ldc);
     return;
   }
-  // The stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
   if (p == Precision::kFp16) {
+    // The stored shapes: A is M x K (K x M transposed), B is K x N (N x K transposed).
+    const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
     thread_local Buffer<float> a_buf, b_buf;
     const float* a = packed_fp16(A.fp32, a_rows, a_cols, lda, a_buf);
     const float* b = packed_fp16(B.fp32, b_rows, b_cols, ldb, b_buf);
@@ -173,25 +189,15 @@ void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float al
     return;
   }
   CHECK_MSG(alpha == 1.0f, "bf16 gemm: alpha must be 1");
-  thread_local Buffer<uint16_t> a_buf, b_buf;
-  const uint16_t* a = A.bf16;
-  const uint16_t* b = B.bf16;
-  if (!a) a = packed_bf16(A.fp32, a_rows, a_cols, lda, a_buf), lda = a_cols;
-  if (!b) b = packed_bf16(B.fp32, b_rows, b_cols, ldb, b_buf), ldb = b_cols;
-  gemm_bf16(trans_a, trans_b, M, N, K, a, lda, b, ldb, beta, C, ldc, bias);
+  const Bf16Operands o = as_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb);
+  gemm_bf16(trans_a, trans_b, M, N, K, o.a, o.lda, o.b, o.ldb, beta, C, ldc, bias);
 }
 
 void gemm_accumulate_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmInput A, int lda,
                           GemmInput B, int ldb, uint16_t* C, int ldc) {
   if (M == 0 || N == 0 || K == 0) return;
-  thread_local Buffer<uint16_t> a_buf, b_buf;
-  const int a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
-  const int b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
-  const uint16_t* a = A.bf16;
-  const uint16_t* b = B.bf16;
-  if (!a) a = packed_bf16(A.fp32, a_rows, a_cols, lda, a_buf), lda = a_cols;
-  if (!b) b = packed_bf16(B.fp32, b_rows, b_cols, ldb, b_buf), ldb = b_cols;
-  run_matmul({trans_a, trans_b, M, N, K, lda, ldb, ldc, true, false, true}, a, b, C, nullptr);
+  const Bf16Operands o = as_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb);
+  run_matmul({trans_a, trans_b, M, N, K, o.lda, o.ldb, ldc, true, false, true}, o.a, o.b, C, nullptr);
 }
 
 }  // namespace meshtrain::kernels
