@@ -1,7 +1,52 @@
 #!/usr/bin/env bash
-# Set up, build and run the whole test suite.
+# Set up, build and run the whole test suite, then the same engine as other machines and
+# tools see it:
+#   1. the suite, on the native build (build/);
+#   2. an x86-64-v3 build (build-v3/) running the tests that touch kernels, precision, the
+#      planner's local model, --plan auto and the user guide under ONEDNN_MAX_CPU_ISA=AVX2:
+#      what an AVX2-only CPU (no AVX-512, no bf16 units, no AMX) runs, on any machine;
+#   3. an AddressSanitizer + UndefinedBehaviorSanitizer build (build-asan/) running the
+#      single-rank, kernel and CLI tests;
+#   4. every parser's libFuzzer target for a bounded time, its seeds and regressions first.
+# Arguments go to the first stage's ctest and skip the others (e.g. -R Bf16 while working).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
+jobs="$(nproc)"
 cd "$root/build"
-ctest --output-on-failure -j "$(nproc)" "$@"
+echo "== 1/4 the test suite (native build)"
+ctest --output-on-failure -j "$jobs" "$@"
+(($# == 0)) || exit 0
+
+# configure_and_build DIR TARGETS... -- CMAKE_ARGS...
+configure_and_build() {
+  local dir="$1"; shift
+  local targets=()
+  while (($#)) && [ "$1" != "--" ]; do targets+=(--target "$1"); shift; done
+  shift
+  [ -f "$root/$dir/CMakeCache.txt" ] || cmake -S "$root" -B "$root/$dir" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+  if ! cmake --build "$root/$dir" -j "$jobs" "${targets[@]}" >"$root/$dir/build.log" 2>&1; then
+    tail -n 60 "$root/$dir/build.log" >&2
+    echo "test: build of $dir failed (full log: $dir/build.log)" >&2
+    exit 1
+  fi
+}
+
+echo "== 2/4 as an AVX2-only machine: -march=x86-64-v3, ONEDNN_MAX_CPU_ISA=AVX2"
+configure_and_build build-v3 meshtrain meshtrain_tests -- -DMESHTRAIN_MARCH=x86-64-v3
+avx2_tests='^(CpuKernels|GradCheck|Bf16|Fp16|CpuInfo|MachineJson|PeakCache|KvCacheDecoder|TorchParity|Offload|PlannerLocal|PlanAuto|PlannerSearch|MixedPrecision|docs\.user_guide)'
+ONEDNN_MAX_CPU_ISA=AVX2 ctest --test-dir "$root/build-v3" --output-on-failure -j "$jobs" -R "$avx2_tests"
+
+echo "== 3/4 AddressSanitizer and UndefinedBehaviorSanitizer: single-rank, kernel and CLI tests"
+configure_and_build build-asan meshtrain meshtrain_tests -- -DMESHTRAIN_SANITIZE=ON
+multi_rank='^(DataParallel|TensorParallel|Pipeline|MixedPrecision|PlannerLocal\.LocalLayouts|mpi\.|docs\.user_guide)'
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0" \
+  ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -E "$multi_rank"
+
+echo "== 4/4 fuzzing every parser"
+if [ -x "$root/tests/fuzz/run.sh" ]; then
+  "$root/tests/fuzz/run.sh" "${MESHTRAIN_FUZZ_SECONDS:-60}"
+else
+  echo "test: tests/fuzz/run.sh is not there yet" >&2
+fi

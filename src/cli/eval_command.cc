@@ -7,13 +7,39 @@
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "data/tokenizer_files.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// The data folder to evaluate on: --data, else the one the run recorded. Where both the run
+// and the data carry a tokenizer copy they must be the same tokenizer: a loss over tokens
+// of another vocabulary would be a number without a meaning.
+Status eval_data_dir(const std::string& model, const std::string& flag, std::string* dir) {
+  *dir = flag.empty() ? run_data_dir(model) : flag;
+  if (dir->empty()) *dir = data_dir() + "/brown";  // a model file: the corpus setup.sh prepares
+  std::string run_tokenizer;
+  if (!find_tokenizer(model, "", &run_tokenizer).is_ok()) return Status::ok();
+  const std::string data_tokenizer = (fs::path(*dir) / data::kTokenizerFolder).string();
+  if (!data::has_tokenizer_copy(run_tokenizer) || !data::has_tokenizer_copy(data_tokenizer)) return Status::ok();
+  std::string a, b;
+  RETURN_IF_ERROR(data::verify_tokenizer_copy(run_tokenizer, &a));
+  RETURN_IF_ERROR(data::verify_tokenizer_copy(data_tokenizer, &b));
+  if (a != b)
+    return Status::error(*dir + " was tokenized with another tokenizer than " + model + " was trained with (" +
+                         data_tokenizer + " differs from " + run_tokenizer + ")");
+  return Status::ok();
+}
+
+}  // namespace
+
 Command add_eval_command(CLI::App& app) {
   struct Options {
-    std::string model, data = data_dir() + "/brown", split = "val";
+    std::string model, data, split = "val";  // data "": the folder the run trained on
     int batches = 8, micro_batch = 4, seq_len = 0, threads = 0;
   };
   auto o = std::make_shared<Options>();
@@ -21,7 +47,8 @@ Command add_eval_command(CLI::App& app) {
   add_config_option(cmd);
   cmd->add_option("--checkpoint", o->model,
                   "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
-  cmd->add_option("--data", o->data, "Folder with val.bin / train.bin")->capture_default_str();
+  cmd->add_option("--data", o->data,
+                  "Folder with val.bin / train.bin (default: the run's own data folder, from its config.json)");
   cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}))
       ->capture_default_str();
   cmd->add_option("--batches", o->batches, "Micro-batches to evaluate")->capture_default_str();
@@ -39,8 +66,11 @@ Command add_eval_command(CLI::App& app) {
             if (T > gpt->config().max_seq_len)
               return fail(Status::error("--seq-len " + std::to_string(T) + " exceeds the model's " +
                                         std::to_string(gpt->config().max_seq_len) + " positions"));
+            std::string data_dir_used;
+            s = eval_data_dir(o->model, o->data, &data_dir_used);
+            if (!s.is_ok()) return fail(s);
             data::TokenLoader data;
-            const std::string path = (std::filesystem::path(o->data) / (o->split + ".bin")).string();
+            const std::string path = (std::filesystem::path(data_dir_used) / (o->split + ".bin")).string();
             s = data::TokenLoader::open(path, &data);
             if (s.is_ok()) s = data.check(o->micro_batch, T, gpt->config().vocab);
             if (!s.is_ok()) return fail(s);

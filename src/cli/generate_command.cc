@@ -14,7 +14,7 @@ namespace meshtrain::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt = "<|endoftext|>", tokenizer = default_tokenizer_dir();
+  std::string model, prompt = "<|endoftext|>", tokenizer;  // "": the run's own (find_tokenizer)
   int max_new_tokens = 100, top_k = 40, threads = 0;
   float temperature = 0.8f;
   uint64_t seed = 1337;
@@ -25,8 +25,10 @@ Status generate(const GenerateOptions& o) {
   if (o.temperature < 0) return Status::error("--temperature must be >= 0 (0 = greedy)");
   if (o.top_k < 0) return Status::error("--top-k must be >= 0 (0 = no limit)");
   if (o.threads > 0) omp_set_num_threads(o.threads);
+  std::string tokenizer_dir;
+  RETURN_IF_ERROR(find_tokenizer(o.model, o.tokenizer, &tokenizer_dir));
   data::Gpt2Tokenizer tok;
-  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(o.tokenizer, &tok));
+  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, &tok));
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(checkpoint::open_model_file(o.model, 0, &gpt));
   std::vector<int> prompt = tok.encode(o.prompt);
@@ -72,8 +74,9 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--top-k", o->top_k, "Sample among the K most likely tokens (0 = all)")
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "Sampling seed (same seed, same text)")->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "Folder with encoder.json and vocab.bpe")
-      ->capture_default_str();
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
+                  "data folder's)");
   cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)");
   return {cmd, [o] {
             Status s = generate(*o);

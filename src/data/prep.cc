@@ -7,6 +7,7 @@
 #include "data/bpe.h"
 #include "data/brown.h"
 #include "data/token_file.h"
+#include "data/tokenizer_files.h"
 
 namespace meshtrain::data {
 
@@ -78,6 +79,8 @@ Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
   if (ec) return Status::error("cannot create " + o.out_dir + ": " + ec.message());
   RETURN_IF_ERROR(write_token_file((fs::path(o.out_dir) / "train.bin").string(), train));
   RETURN_IF_ERROR(write_token_file((fs::path(o.out_dir) / "val.bin").string(), val));
+  // The tokens mean nothing without their tokenizer: it goes with them.
+  RETURN_IF_ERROR(save_tokenizer_copy(o.tokenizer_dir, (fs::path(o.out_dir) / kTokenizerFolder).string()));
   stats->documents = docs.size();
   stats->train_tokens = train.size();
   stats->val_tokens = val.size();

@@ -16,13 +16,31 @@
 namespace meshtrain::kernels {
 
 // The precision of a GEMM's operands. kBf16: fp32 operands are rounded to bfloat16 (round
-// to nearest even) and multiplied by the CPU's bf16 units (AMX / AVX512-BF16 through
-// oneDNN) with fp32 accumulation and an fp32 result. kFp16: operands are rounded to IEEE
-// half precision (nearest even; beyond 65504 they become inf, below 2^-24 zero), products
-// accumulated in fp32: fp16 numerics, computed by the fp32 GEMM on the rounded values
-// (exact: a product of two halves fits an fp32).
+// to nearest even) and multiplied with fp32 accumulation and an fp32 result, by the CPU's
+// bf16 units (AMX / AVX512-BF16 through oneDNN) where it has them, otherwise by the fp32
+// GEMM on the operands widened back to fp32 (Bf16Backend below). kFp16: operands are
+// rounded to IEEE half precision (nearest even; beyond 65504 they become inf, below 2^-24
+// zero), products accumulated in fp32: fp16 numerics, computed by the fp32 GEMM on the
+// rounded values. Both emulations are exact in what they multiply: a product of two bf16
+// or two fp16 values fits an fp32 mantissa, so only the order of the fp32 additions can
+// differ from a native 16-bit unit.
 enum class Precision { kFp32, kBf16, kFp16 };
 const char* precision_name(Precision p);
+
+// How bf16 GEMMs run on this machine, decided once at first use from oneDNN's effective ISA
+// (the CPU's, capped by ONEDNN_MAX_CPU_ISA): kOneDnn where it includes AVX512_BF16 or AMX and
+// a bf16 matmul primitive can be created, else kWidenedFp32.
+enum class Bf16Backend { kOneDnn, kWidenedFp32 };
+Bf16Backend bf16_backend();
+// Tests only: run bf16 GEMMs on `b` from now on (kOneDnn only where bf16_backend() chose it).
+void force_bf16_backend(Bf16Backend b);
+// oneDNN's effective ISA, e.g. "avx2", "avx512_core_amx".
+const char* onednn_isa_name();
+// Which kernel a GEMM at precision p runs, in words, for run headers and config.json.
+const char* gemm_kernel_name(Precision p);
+// The precision whose measured GEMM peak bounds a GEMM at p (the MFU denominator): fp32 for
+// fp16, and for bf16 when it is widened to fp32.
+Precision peak_precision(Precision p);
 
 // out[B,T,C] = wte[inp[b,t] - vb, :] + wpe[t, :] where wte holds the vocabulary rows
 // [vb, vb + vn) (a tensor-parallel rank's slice; all of it when tp = 1). Tokens outside

@@ -19,7 +19,7 @@
 #include "parallel/shard_layout.h"
 #include "planner/local_memory.h"
 #include "planner/memory.h"
-#include "train/peak.h"
+#include "machine/peak.h"
 
 namespace meshtrain::planner {
 
@@ -198,8 +198,8 @@ model::Recompute engine_recompute(Recompute r) {
 Cluster local_cluster(int threads_per_rank, double peak_gflops_fp32, double peak_gflops_bf16) {
   const int threads = std::max(1, threads_per_rank);
   using kernels::Precision;
-  if (peak_gflops_fp32 <= 0) peak_gflops_fp32 = train::cached_gemm_peak_gflops(threads, false, Precision::kFp32);
-  if (peak_gflops_bf16 <= 0) peak_gflops_bf16 = train::cached_gemm_peak_gflops(threads, false, Precision::kBf16);
+  if (peak_gflops_fp32 <= 0) peak_gflops_fp32 = machine::cached_gemm_peak_gflops(threads, false, Precision::kFp32);
+  if (peak_gflops_bf16 <= 0) peak_gflops_bf16 = machine::cached_gemm_peak_gflops(threads, false, Precision::kBf16);
   Cluster c;
   c.name = "local";
   c.peak_flops_32 = peak_gflops_fp32 * 1e9;
@@ -221,7 +221,7 @@ Cluster local_cluster(int threads_per_rank, double peak_gflops_fp32, double peak
 
 Cluster measure_local_cluster(int threads_per_rank) {
   const int threads = std::max(1, threads_per_rank);
-  const double peak = train::measure_gemm_peak_gflops(threads, kernels::Precision::kFp32);
+  const double peak = machine::measure_gemm_peak_gflops(threads, kernels::Precision::kFp32);
   Cluster c = local_cluster(threads, peak, 0);
   omp_set_num_threads(threads);
   using Clock = std::chrono::steady_clock;

@@ -10,8 +10,10 @@
 #include "checkpoint/model_file.h"
 #include "core/check.h"
 #include "core/file_io.h"
+#include "data/tokenizer_files.h"
 #include "parallel/pp/stages.h"
-#include "train/peak.h"
+#include "machine/describe.h"
+#include "machine/peak.h"
 #include "train/run.h"
 #include "trace/trace.h"
 
@@ -303,6 +305,19 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
   resolved["resolved_layout"] = {{"world", run.mesh_shape.world()}, {"tp", run.mesh_shape.tp},
                                  {"pp", run.mesh_shape.pp}, {"dp", run.mesh_shape.dp},
                                  {"grad_accum", run.shape.A}, {"global_batch", run.shape.G()}};
+  // Where the tokens came from, absolute, so that generate, eval and export given this run
+  // find the data folder's tokenizer from anywhere.
+  resolved["data_path"] = fs::absolute(o.data_dir).lexically_normal().string();
+  const std::string data_tokenizer = (fs::path(o.data_dir) / data::kTokenizerFolder).string();
+  resolved["tokenizer"] = nullptr;
+  if (data::has_tokenizer_copy(data_tokenizer)) {
+    RETURN_IF_ERROR(data::verify_tokenizer_copy(data_tokenizer));
+    RETURN_IF_ERROR(data::save_tokenizer_copy(data_tokenizer, (fs::path(o.out_dir) / data::kTokenizerFolder).string()));
+    resolved["tokenizer"] = data::kTokenizerFolder;
+  }
+  resolved["machine"] = machine::machine_json();
+  resolved["machine"]["mfu_peak_gflops"] = run.peak_gflops;
+  resolved["machine"]["mfu_basis"] = machine::mfu_basis(run.precision);
   RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.json").string(), resolved.dump(2) + "\n"));
   if (!o.resolved_config_toml.empty())
     RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.toml").string(), o.resolved_config_toml));
@@ -367,10 +382,10 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
   RETURN_IF_ERROR(agree(world, prepare_local(o, world, run, &resume_dir)));
   run->mesh = std::make_unique<comm::Mesh>(world, run->mesh_shape);
   RETURN_IF_ERROR(agree(world, build_state(o, resume_dir, run)));
-  if (run->is_main && !o.out_dir.empty()) RETURN_IF_ERROR(write_run_files(o, *run));
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
-                                       : cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
-                                                                 run->precision);
+                                       : machine::cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
+                                                                          run->precision);
+  if (run->is_main && !o.out_dir.empty()) RETURN_IF_ERROR(write_run_files(o, *run));
   comm::set_comm_timeout(o.comm_timeout);
   if (!o.trace_file.empty()) trace::Tracer::instance().enable(world.rank());
   MemoryTracker::instance().reset_peaks();  // setup-only buffers are not training memory

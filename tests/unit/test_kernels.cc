@@ -5,13 +5,20 @@
 #include <cmath>
 #include <cstring>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
+#include <bit>
+#include <string>
 #include <cmath>
 #include <functional>
 #include <random>
 #include <tuple>
 #include <vector>
 
+#include "kernels/cpu/fp16.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 
@@ -783,6 +790,117 @@ TEST(Fp16, GemmMatchesTheReferenceOnRoundedOperands) {
       gemm(Precision::kFp16, ta, tb, M, N, K, 0.5f, fA.data(), lda, fB.data(), ldb, 1.0f, fC.data(), ldc);
       EXPECT_LT(max_rel_diff(fC, C), 1e-5) << ta << tb;
     }
+}
+
+}  // namespace
+}  // namespace meshtrain::kernels
+
+// ---- the machine's kernels: what runs where there are no bf16 units or no F16C ----
+
+namespace meshtrain::kernels {
+namespace {
+
+// bf16 GEMMs go to oneDNN exactly when its effective ISA has bf16 instructions (AVX512_BF16,
+// or AMX, whose mask includes them); ONEDNN_MAX_CPU_ISA=AVX2 on an AMX machine must
+// therefore select the widened path, as an AVX2-only CPU does.
+TEST(Bf16, BackendFollowsOneDnnIsa) {
+  const std::string isa = onednn_isa_name();
+  const bool bf16_isa = isa == "avx512_core_bf16" || isa == "avx512_core_amx";
+  EXPECT_EQ(bf16_backend() == Bf16Backend::kOneDnn, bf16_isa) << isa;
+  EXPECT_EQ(peak_precision(Precision::kBf16), bf16_isa ? Precision::kBf16 : Precision::kFp32);
+  EXPECT_EQ(peak_precision(Precision::kFp16), Precision::kFp32);
+  EXPECT_NE(std::string(gemm_kernel_name(Precision::kBf16)).find(bf16_isa ? "oneDNN bf16" : "widened"),
+            std::string::npos)
+      << gemm_kernel_name(Precision::kBf16);
+}
+
+// Runs every bf16 GEMM entry (both transposes, beta 0 and 1, a bias, accumulation into bf16
+// words) and the bf16 attention on the current backend; returns the outputs concatenated.
+std::vector<float> bf16_kernel_outputs() {
+  std::mt19937 rng(53);
+  std::vector<float> all;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) {
+        const int M = 23, N = 31, K = 45, lda = ta ? M + 1 : K + 2, ldb = tb ? K + 3 : N + 1, ldc = N + 2;
+        auto A = to_float(random_vec((size_t)(ta ? K : M) * lda, rng)), B = to_float(random_vec((size_t)(tb ? N : K) * ldb, rng));
+        auto C = to_float(random_vec((size_t)M * ldc, rng)), bias = to_float(random_vec(N, rng));
+        gemm(Precision::kBf16, ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc,
+             beta == 1.0f ? bias.data() : nullptr);
+        all.insert(all.end(), C.begin(), C.end());
+        std::vector<uint16_t> acc((size_t)M * ldc);
+        to_bf16(C.data(), acc.data(), acc.size());
+        gemm_accumulate_bf16(ta, tb, M, N, K, A.data(), lda, B.data(), ldb, acc.data(), ldc);
+        std::vector<float> widened(acc.size());
+        from_bf16(acc.data(), widened.data(), acc.size());
+        all.insert(all.end(), widened.begin(), widened.end());
+      }
+  const int Bt = 2, T = 37, Ch = 48, NH = 4;
+  auto qkv = to_float(random_vec((size_t)Bt * T * 3 * Ch, rng)), dout = to_float(random_vec((size_t)Bt * T * Ch, rng));
+  std::vector<float> out((size_t)Bt * T * Ch), lse((size_t)Bt * NH * T), dqkv(qkv.size());
+  attention_forward(out.data(), lse.data(), qkv.data(), Bt, T, Ch, NH, Precision::kBf16);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), Bt, T, Ch, NH, Precision::kBf16);
+  for (const auto* v : {&out, &lse, &dqkv}) all.insert(all.end(), v->begin(), v->end());
+  return all;
+}
+
+// Where the CPU has bf16 units, the widened fp32 path (what an AVX2 machine runs) gives the
+// same values: the products are exact in fp32 on both, only the order of the fp32 sums
+// differs (bf16-rounded results may then differ by one bf16 ulp, 2^-8 relative).
+TEST(Bf16, WidenedPathEqualsTheBf16Units) {
+  if (bf16_backend() != Bf16Backend::kOneDnn)
+    GTEST_SKIP() << "no bf16 units here (oneDNN ISA " << onednn_isa_name()
+                 << "): the widened path is what every Bf16 test ran";
+  const std::vector<float> native = bf16_kernel_outputs();
+  force_bf16_backend(Bf16Backend::kWidenedFp32);
+  const std::vector<float> widened = bf16_kernel_outputs();
+  force_bf16_backend(Bf16Backend::kOneDnn);
+  ASSERT_EQ(native.size(), widened.size());
+  double worst = 0;
+  for (size_t i = 0; i < native.size(); i++)
+    worst = std::max(worst, std::abs((double)native[i] - widened[i]) / std::max(1.0, std::abs((double)native[i])));
+  EXPECT_LT(worst, 1.0 / 128);
+}
+
+}  // namespace
+}  // namespace meshtrain::kernels
+
+namespace meshtrain::kernels {
+namespace {
+
+#if defined(__F16C__)
+uint16_t hardware_fp16_bits(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+float hardware_fp16_value(uint16_t h) { return _cvtsh_ss(h); }
+#endif
+
+// The portable half conversions, which a build without F16C uses, give F16C's bits: every
+// one of the 65536 halves widened, and floats of every exponent narrowed, ties, the
+// overflow boundary and NaNs included. Without F16C in the build, the double-precision
+// reference judges the values instead.
+TEST(Fp16, PortableConversionsEqualF16c) {
+  for (uint32_t h = 0; h < 65536; h++) {
+    const float v = fp16_value_portable((uint16_t)h);
+#if defined(__F16C__)
+    ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(hardware_fp16_value((uint16_t)h))) << h;
+#endif
+    if (!std::isnan(v)) ASSERT_EQ(fp16_bits_portable(v), (uint16_t)h) << "round trip of " << h;
+  }
+  std::mt19937 rng(61);
+  std::vector<float> x;
+  for (int i = 0; i < 400000; i++) x.push_back(std::bit_cast<float>((uint32_t)rng()));
+  for (uint32_t h = 0; h < 65535; h++) {  // every half-way point between neighbouring halves
+    const float lo = fp16_value_portable((uint16_t)h), hi = fp16_value_portable((uint16_t)(h + 1));
+    if (std::isfinite(lo) && std::isfinite(hi)) x.push_back((float)(((double)lo + hi) / 2));
+  }
+  for (float v : {65504.0f, 65519.996f, 65520.0f, 1e30f, INFINITY, -INFINITY, NAN, 0.0f, -0.0f, 1e-30f})
+    x.push_back(v);
+  for (float v : x) {
+#if defined(__F16C__)
+    ASSERT_EQ(fp16_bits_portable(v), hardware_fp16_bits(v)) << "x = " << v << " bits " << std::bit_cast<uint32_t>(v);
+#else
+    if (!std::isnan(v)) ASSERT_EQ((double)fp16_value_portable(fp16_bits_portable(v)), ref::fp16_round(v)) << v;
+#endif
+  }
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 // rounded to nearest even. Inline so that kernels convert inside their own loops (the
 // to_bf16 entry in ops.h splits large arrays over the threads).
 #pragma once
+#if defined(__AVX512BF16__)
 #include <immintrin.h>
+#endif
 
 #include <bit>
 #include <cstdint>

@@ -1,20 +1,31 @@
 // Conversions between fp32 and the 16-bit formats: bfloat16 (the upper half of an fp32,
-// rounded to nearest even) and IEEE half (F16C: nearest even, overflow to inf, gradual
-// underflow). Used for GEMM operands and for half-precision parameter and gradient storage.
-#include <immintrin.h>
+// rounded to nearest even) and IEEE half (nearest even, overflow to inf, gradual underflow;
+// F16C where the build targets it, kernels/cpu/fp16.h's portable conversions otherwise).
+// Used for GEMM operands and for half-precision parameter and gradient storage.
 #include <omp.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstring>
 
 #include "kernels/cpu/bf16.h"
+#include "kernels/cpu/fp16.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
 
 namespace {
 
+#if defined(__F16C__)
 constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+inline uint16_t fp16_bits(float f) { return _cvtss_sh(f, kNearest); }
+inline float fp16_value(uint16_t h) { return _cvtsh_ss(h); }
+#else
+inline uint16_t fp16_bits(float f) { return fp16_bits_portable(f); }
+inline float fp16_value(uint16_t h) { return fp16_value_portable(h); }
+#endif
 
 // Calls convert(begin, end) on blocks of [0, n), over the threads when n is large (a
 // conversion inside another parallel region stays on its thread).
@@ -31,16 +42,20 @@ void bf16_block(const float* x, uint16_t* out, size_t b, size_t e) {
 
 void fp16_block(const float* x, uint16_t* out, size_t b, size_t e) {
   size_t i = b;
+#if defined(__F16C__)
   for (; i + 8 <= e; i += 8)
     _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest));
-  for (; i < e; i++) out[i] = _cvtss_sh(x[i], kNearest);
+#endif
+  for (; i < e; i++) out[i] = fp16_bits(x[i]);
 }
 
 void from_fp16_block(const uint16_t* x, float* out, size_t b, size_t e) {
   size_t i = b;
+#if defined(__F16C__)
   for (; i + 8 <= e; i += 8)
     _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + i))));
-  for (; i < e; i++) out[i] = _cvtsh_ss(x[i]);
+#endif
+  for (; i < e; i++) out[i] = fp16_value(x[i]);
 }
 
 void from_bf16_block(const uint16_t* x, float* out, size_t b, size_t e) {
@@ -60,9 +75,11 @@ void from_bf16(const uint16_t* x, float* out, size_t n) {
 void round_to_fp16(const float* x, float* out, size_t n) {
   in_blocks(n, [&](size_t b, size_t e) {
     size_t i = b;
+#if defined(__F16C__)
     for (; i + 8 <= e; i += 8)
       _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest)));
-    for (; i < e; i++) out[i] = _cvtsh_ss(_cvtss_sh(x[i], kNearest));
+#endif
+    for (; i < e; i++) out[i] = fp16_value(fp16_bits(x[i]));
   });
 }
 

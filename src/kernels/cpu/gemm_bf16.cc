@@ -1,8 +1,11 @@
-// bf16 GEMM through oneDNN's matmul primitive (AMX or AVX512-BF16 kernels, fp32
-// accumulation). Primitives are created once per shape and layout and cached: creating
-// one costs far more than running a small GEMM.
-#include <immintrin.h>
+// bf16 GEMMs: through oneDNN's matmul primitive (AMX or AVX512-BF16 kernels, fp32
+// accumulation) where the CPU has bf16 units, otherwise on the fp32 GEMM with the operands
+// widened (Bf16Backend in ops.h). Primitives are created once per shape and layout and
+// cached: creating one costs far more than running a small GEMM.
+#include <dnnl.h>
 #include <omp.h>
+
+#include <atomic>
 
 #include <cstring>
 #include <map>
@@ -102,21 +105,77 @@ void run_matmul(const MatmulKey& key, const uint16_t* A, const uint16_t* B, void
   stream.wait();
 }
 
+// Whether oneDNN runs bf16 matmuls on bf16 hardware here. Its effective ISA must include
+// AVX512_BF16 (AMX's includes it): below that, oneDNN 2.x either has no bf16 matmul at all
+// (AVX2: "could not create a primitive descriptor iterator") or emulates one slowly. A
+// probe primitive is created as well, so a library that still refuses falls back too.
+bool onednn_has_bf16() {
+  const unsigned isa = dnnl_get_effective_cpu_isa();
+  if ((isa & dnnl_cpu_isa_avx512_core_bf16) != dnnl_cpu_isa_avx512_core_bf16) return false;
+  try {
+    MatmulCache::instance().get({false, true, 16, 16, 16, 16, 16, 16, false, false, false});
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+std::atomic<int>& chosen_backend() {
+  static std::atomic<int> backend{(int)(onednn_has_bf16() ? Bf16Backend::kOneDnn : Bf16Backend::kWidenedFp32)};
+  return backend;
+}
+
+// Widens a rows x cols block of bf16 words (row stride ld) into a packed fp32 buffer (exact).
+const float* widened(const uint16_t* x, int rows, int cols, int ld, Buffer<float>& buf) {
+  const size_t n = (size_t)rows * cols;
+  if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
+  if (ld == cols) {
+    from_bf16(x, buf.data(), n);
+  } else {
+    for (int r = 0; r < rows; r++) from_bf16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
+  }
+  return buf.data();
+}
+
+// Seeds C[M,N] with beta * C + bias (bias may be null), so that a GEMM accumulates onto it.
+void seed_with_bias(int M, int N, float beta, float* C, int ldc, const float* bias) {
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && (size_t)M * N >= 65536)
+  for (int i = 0; i < M; i++) {
+    float* row = C + (size_t)i * ldc;
+    for (int j = 0; j < N; j++) row[j] = (beta == 0.0f ? 0.0f : beta * row[j]) + (bias ? bias[j] : 0.0f);
+  }
+}
+
+// The bf16 GEMM without bf16 units: both operands widened to fp32 and multiplied by sgemm.
+// A product of two bf16 values is exact in fp32 and the sums accumulate in fp32, as on the
+// bf16 units, so this is the same bf16 arithmetic up to the order of the additions.
+void widened_gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
+                       const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias) {
+  thread_local Buffer<float> a_buf, b_buf;
+  const int a_cols = trans_a ? M : K, b_cols = trans_b ? K : N;
+  const float* a = widened(A, trans_a ? K : M, a_cols, lda, a_buf);
+  const float* b = widened(B, trans_b ? N : K, b_cols, ldb, b_buf);
+  if (bias) seed_with_bias(M, N, beta, C, ldc, bias), beta = 1.0f;
+  gemm(trans_a, trans_b, M, N, K, 1.0f, a, a_cols, b, b_cols, beta, C, ldc);
+}
+
 }  // namespace
+
+Bf16Backend bf16_backend() { return (Bf16Backend)chosen_backend().load(); }
+
+void force_bf16_backend(Bf16Backend b) {
+  CHECK_MSG(b == Bf16Backend::kWidenedFp32 || onednn_has_bf16(),
+            "force_bf16_backend: oneDNN has no bf16 matmul on this machine");
+  chosen_backend().store((int)b);
+}
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, const uint16_t* A, int lda,
                const uint16_t* B, int ldb, float beta, float* C, int ldc, const float* bias) {
   if (M == 0 || N == 0) return;
   CHECK_MSG(beta == 0.0f || beta == 1.0f, "gemm_bf16: beta must be 0 or 1");
-  if (K == 0) {
-    for (int i = 0; i < M; i++) {
-      float* row = C + (size_t)i * ldc;
-      if (beta == 0.0f) std::memset(row, 0, sizeof(float) * N);
-      if (bias)
-        for (int j = 0; j < N; j++) row[j] += bias[j];
-    }
-    return;
-  }
+  if (K == 0) return seed_with_bias(M, N, beta, C, ldc, bias);
+  if (bf16_backend() == Bf16Backend::kWidenedFp32)
+    return widened_gemm_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb, beta, C, ldc, bias);
   run_matmul({trans_a, trans_b, M, N, K, lda, ldb, ldc, beta == 1.0f, bias != nullptr, false}, A, B, C,
              bias);
 }
@@ -167,11 +226,7 @@ void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float al
   CHECK_MSG(p == Precision::kBf16 || (A.fp32 && B.fp32), "a bf16 GEMM operand needs a bf16 GEMM");
   if (bias && p != Precision::kBf16) {
     // The fp32 GEMMs take no bias: seed C with beta * C + bias and accumulate onto it.
-#pragma omp parallel for schedule(static)
-    for (int i = 0; i < M; i++) {
-      float* row = C + (size_t)i * ldc;
-      for (int j = 0; j < N; j++) row[j] = (beta == 0.0f ? 0.0f : beta * row[j]) + bias[j];
-    }
+    seed_with_bias(M, N, beta, C, ldc, bias);
     beta = 1.0f;
   }
   if (p == Precision::kFp32) {
@@ -197,7 +252,16 @@ void gemm_accumulate_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmI
                           GemmInput B, int ldb, uint16_t* C, int ldc) {
   if (M == 0 || N == 0 || K == 0) return;
   const Bf16Operands o = as_bf16(trans_a, trans_b, M, N, K, A, lda, B, ldb);
-  run_matmul({trans_a, trans_b, M, N, K, o.lda, o.ldb, ldc, true, false, true}, o.a, o.b, C, nullptr);
+  if (bf16_backend() == Bf16Backend::kOneDnn) {
+    run_matmul({trans_a, trans_b, M, N, K, o.lda, o.ldb, ldc, true, false, true}, o.a, o.b, C, nullptr);
+    return;
+  }
+  // C's bf16 values widened, the product added in fp32, rounded once: what oneDNN's sum
+  // post-op does.
+  thread_local Buffer<float> c_buf;
+  float* c = const_cast<float*>(widened(C, M, N, ldc, c_buf));
+  widened_gemm_bf16(trans_a, trans_b, M, N, K, o.a, o.lda, o.b, o.ldb, 1.0f, c, N, nullptr);
+  for (int r = 0; r < M; r++) to_bf16(c + (size_t)r * N, C + (size_t)r * ldc, N);
 }
 
 }  // namespace meshtrain::kernels
