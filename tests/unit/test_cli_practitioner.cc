@@ -579,3 +579,80 @@ TEST_F(CliPractitioner, ProgressIsOnePlainLinePerStepWhenNotATerminal) {
 
 }  // namespace
 }  // namespace meshtrain
+
+// ---- Self-describing runs and honest figures -------------------------------------------
+
+namespace meshtrain {
+namespace {
+
+// prep keeps the tokenizer with the tokens, train keeps it with the run, and generate given
+// a run uses that copy: a run folder copied anywhere samples the same text, and a changed
+// copy is caught by its manifest rather than silently decoding with other ids.
+TEST_F(CliPractitioner, ARunFolderIsEnoughToSampleFrom) {
+  const json config = read_json(base_run() + "/config.json");
+  EXPECT_EQ(config["data_path"], fs::absolute(corpus_).lexically_normal().string());
+  EXPECT_EQ(config["tokenizer"], "tokenizer");
+  for (const char* f : {"encoder.json", "vocab.bpe"}) {
+    EXPECT_TRUE(fs::exists(corpus_ + "/tokenizer/" + f)) << f;
+    EXPECT_EQ(read_file(base_run() + "/tokenizer/" + f), read_file(corpus_ + "/tokenizer/" + f)) << f;
+  }
+  EXPECT_EQ(read_json(base_run() + "/tokenizer/manifest.json")["files"],
+            read_json(corpus_ + "/tokenizer/manifest.json")["files"]);
+  const std::string moved = path("moved_run");
+  fs::copy(base_run(), moved, fs::copy_options::recursive);
+  const std::string args = "--prompt \"The jury\" --max-new-tokens 8 --seed 3";
+  const RunResult original = run(generate(base_run(), args));
+  const RunResult copy = run(generate(moved, args));
+  ASSERT_EQ(original.exit_code, 0) << describe(original);
+  ASSERT_EQ(copy.exit_code, 0) << describe(copy);
+  EXPECT_EQ(copy.out, original.out);
+  write_file(moved + "/tokenizer/encoder.json", read_file(moved + "/tokenizer/encoder.json") + " ");
+  expect_failure(run(generate(moved, args)), {"meshtrain: error:", moved + "/tokenizer/encoder.json", "manifest"});
+}
+
+// eval given a run reads the data folder the run trained on, and refuses a data folder whose
+// tokenizer differs from the run's.
+TEST_F(CliPractitioner, EvalUsesTheRunsDataAndItsTokenizer) {
+  const std::string flags = " --batches 2 --micro-batch 2 --seq-len 32 --threads 1";
+  const RunResult own = run(kBinary + " eval --checkpoint " + base_run() + flags);
+  ASSERT_EQ(own.exit_code, 0) << describe(own);
+  EXPECT_NE(own.out.find(fs::absolute(corpus_).lexically_normal().string() + "/val.bin"), std::string::npos)
+      << own.out;
+  // Another tokenizer: the same files with one byte more (still valid JSON), so the tokens
+  // decode the same but the copies' checksums differ.
+  const std::string other_tok = path("other_tokenizer");
+  fs::create_directories(other_tok);
+  write_file(other_tok + "/encoder.json", read_file(corpus_ + "/tokenizer/encoder.json") + "\n");
+  write_file(other_tok + "/vocab.bpe", read_file(corpus_ + "/tokenizer/vocab.bpe"));
+  write_file(path("text.txt"), "The jury said it did find that many of the laws were outmoded. " +
+                                   std::string(2000, 'a'));
+  const RunResult prep = run(kBinary + " prep --input " + path("text.txt") + " --tokenizer " + other_tok +
+                             " --val-fraction 0.5 --out " + path("other_data"));
+  ASSERT_EQ(prep.exit_code, 0) << describe(prep);
+  expect_failure(run(kBinary + " eval --checkpoint " + base_run() + " --data " + path("other_data") + flags),
+                 {"meshtrain: error:", "another tokenizer"});
+}
+
+// MFU is at most 1 even when the peak is far too low (here a user's --peak-gflops): the step
+// that beat it raises it and says so.
+TEST_F(CliPractitioner, MfuNeverReadsAboveOne) {
+  const std::string out = path("run");
+  const RunResult r = run(kBinary + " train --data " + corpus_ + " " + kTiny +
+                          " --steps 3 --threads 2 --peak-gflops 0.001 --quiet --out " + out);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const Metrics m = read_metrics(out + "/metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 3u);
+  EXPECT_TRUE(m.steps[0].value("peak_raised", false)) << m.steps[0];
+  for (const json& s : m.steps) {
+    EXPECT_LE(s["mfu"].get<double>(), 1.0) << s;
+    EXPECT_GT(s["mfu"].get<double>(), 0.0) << s;
+    EXPECT_GT(s["peak_gflops"].get<double>(), 0.001) << s;
+  }
+  const json config = read_json(out + "/config.json");
+  for (const char* p : {"fp32", "bf16", "fp16"})
+    EXPECT_FALSE(config["machine"]["kernels"][p]["gemm"].get<std::string>().empty()) << p;
+  EXPECT_FALSE(config["machine"]["cpu"].get<std::string>().empty());
+}
+
+}  // namespace
+}  // namespace meshtrain
