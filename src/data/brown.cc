@@ -4,8 +4,13 @@
 #include <array>
 #include <cctype>
 #include <filesystem>
+#include <map>
+#include <set>
+#include <sstream>
 #include <system_error>
 #include <utility>
+
+#include "core/file_io.h"
 
 namespace meshtrain::data {
 
@@ -185,6 +190,36 @@ Status list_brown_files(const std::string& dir, std::vector<std::string>* paths)
     return Status::error("Brown corpus dir " + dir + ": no document files (ca01 .. cr09) found");
   }
   std::sort(paths->begin(), paths->end());
+  return Status::ok();
+}
+
+Status filter_brown_categories(const std::string& dir, const std::vector<std::string>& categories,
+                               std::vector<std::string>* paths) {
+  if (categories.empty()) return Status::ok();
+  const std::string cats_path = (fs::path(dir) / "cats.txt").string();
+  std::string text;
+  RETURN_IF_ERROR(read_file(cats_path, &text));
+  std::map<std::string, std::string> category_of;  // document name -> category
+  std::set<std::string> known;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::istringstream line(text.substr(pos, nl - pos));
+    pos = nl + 1;
+    std::string name, category;
+    if (line >> name >> category) category_of[name] = category, known.insert(category);
+  }
+  for (const std::string& c : categories)
+    if (!known.count(c)) {
+      std::string list;
+      for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+      return Status::error("--brown-categories: unknown category '" + c + "' (" + cats_path + " has " + list + ")");
+    }
+  const std::set<std::string> wanted(categories.begin(), categories.end());
+  std::erase_if(*paths, [&](const std::string& p) {
+    auto it = category_of.find(fs::path(p).filename().string());
+    return it == category_of.end() || !wanted.count(it->second);
+  });
   return Status::ok();
 }
 

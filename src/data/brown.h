@@ -15,6 +15,10 @@ namespace meshtrain::data {
 // Lists the corpus document files (the 500 files named c[a-r][0-9][0-9]; not CONTENTS,
 // README, cats.txt, ...) as DIR/name in sorted order. Error if DIR has none.
 Status list_brown_files(const std::string& dir, std::vector<std::string>* paths);
+// Keeps the documents of the given categories (news, editorial, fiction, ... as DIR/cats.txt
+// names them). An unknown category is an error that lists the known ones.
+Status filter_brown_categories(const std::string& dir, const std::vector<std::string>& categories,
+                               std::vector<std::string>* paths);
 
 // Turns one tagged document into readable text: tags stripped (at the last '/', since
 // words like "and/or" contain slashes), punctuation and quotes spaced as in normal prose

