@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/shard_reader.h"
 #include "core/check.h"
 #include "core/file_io.h"
 #include "core/memory.h"
@@ -23,22 +24,12 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kKinds = 3;  // params, m, v: the sections of a shard file, in this order
+constexpr int kKinds = kNumSections;  // params, m, v: the sections of a shard file, in this order
 
 std::string step_dir_name(int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", (long long)step);
   return buf;
-}
-
-// shard_[tpTT_][ppPP_]RRRRR.bin: the tp and pp parts only when those axes are split.
-std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank) {
-  std::string name = "shard_";
-  char buf[16];
-  if (tp > 1) std::snprintf(buf, sizeof buf, "tp%02d_", tp_rank), name += buf;
-  if (pp > 1) std::snprintf(buf, sizeof buf, "pp%02d_", pp_rank), name += buf;
-  std::snprintf(buf, sizeof buf, "%05d.bin", dp_rank);
-  return name + buf;
 }
 
 json model_json(const model::GptConfig& c) {
@@ -241,164 +232,61 @@ Status find_latest_checkpoint(const std::string& out_dir, std::string* dir) {
   return Status::ok();
 }
 
-Status read_checkpoint_index(const std::string& dir, json* index) {
-  std::string text;
-  const std::string path = (fs::path(dir) / "index.json").string();
-  RETURN_IF_ERROR(read_file(path, &text));
-  try {
-    *index = json::parse(text);
-    if ((*index)["format"] != "meshtrain-checkpoint")
-      return Status::error(path + " is not a meshtrain checkpoint index");
-    const int version = (*index)["version"].get<int>();
-    if (version != kCheckpointFormatVersion && version != 2)
-      return Status::error(path + " has checkpoint format version " + (*index)["version"].dump() +
-                           ", this build reads version " + std::to_string(kCheckpointFormatVersion));
-    const int n = (*index).at("dp_size").get<int>() * index->value("tp_size", 1) * index->value("pp_size", 1);
-    if (n < 1 || (int)(*index).at("files").size() != n)
-      return Status::error(path + " lists " + std::to_string((*index).at("files").size()) +
-                           " shard files for " + std::to_string(n) + " slices");
-    for (const auto& f : (*index)["files"]) {
-      (void)f.at("bytes").get<uint64_t>();
-      (void)f.at("checksum").get<std::string>();
-    }
-    (void)(*index).at("step").get<int64_t>();
-    (void)(*index).at("units").size();
-  } catch (const std::exception& e) {
-    return Status::error(path + " is corrupt: " + e.what());
-  }
-  return Status::ok();
-}
-
-Status checkpoint_model_config(const json& index, model::GptConfig* config) {
-  try {
-    const json& m = index.at("model");
-    config->layers = m.at("layers");
-    config->heads = m.at("heads");
-    config->dim = m.at("dim");
-    config->max_seq_len = m.at("max_seq_len");
-    config->vocab = m.at("vocab");
-  } catch (const std::exception& e) {
-    return Status::error(std::string("checkpoint index has no valid model shape: ") + e.what());
-  }
-  return model::validate(*config);
-}
-
 namespace {
 
-// Reads ranges of units out of the writers' shard files, verifying each file's size and
-// checksum the first time it is used. A unit is found by its whole-model index in the files
-// of the reader's tp rank: any pipeline split and data-parallel size can have written it.
-class ShardReader {
- public:
-  // `whole`: the whole model's layout at the reader's tp rank (the writers' unit table).
-  ShardReader(std::string dir, const json& index, const model::ParamLayout& whole, int tp_rank)
-      : dir_(std::move(dir)), index_(index), writers_(whole, index["dp_size"].get<int>(), 0) {
-    const json& files = index["files"];
-    for (size_t f = 0; f < files.size(); f++) {
-      if (files[f].value("tp", 0) != tp_rank) continue;
-      std::vector<int> units;
-      if (files[f].contains("units")) units = files[f]["units"].get<std::vector<int>>();
-      else for (int u = 0; u < whole.num_units(); u++) units.push_back(u);  // version 2
-      const int d = files[f].value("dp", 0);
-      for (int u : units) where_.emplace(std::pair{u, d}, (int)f);  // the first copy wins
-      units_of_file_[(int)f] = std::move(units);
-    }
+// The shard files an index lists, against the folder: each present with its recorded size.
+Status check_shard_files(const std::string& dir, const CheckpointIndex& index) {
+  for (const IndexFile& f : index.files) {
+    const std::string path = (fs::path(dir) / f.name).string();
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(path, ec);
+    if (ec) return Status::error(path + " (listed in index.json) cannot be read: " + ec.message());
+    if (size != f.bytes)
+      return Status::error(path + " is truncated or has the wrong size (" + std::to_string(size) +
+                           " bytes, index says " + std::to_string(f.bytes) + ")");
   }
-
-  // Copies the elements [begin, end) of unit `id` (offsets inside the unit) into dst.
-  Status copy(int kind, int id, size_t begin, size_t end, float* dst) {
-    const size_t base = writers_.units()[id].global_offset;
-    for (int w = 0; w < writers_.world(); w++) {
-      const size_t own_a = writers_.own_begin(id, w) - base, own_b = writers_.own_end(id, w) - base;
-      const size_t a = std::max(begin, own_a), b = std::min(end, own_b);
-      if (a >= b) continue;
-      auto it = where_.find({id, w});
-      if (it == where_.end())
-        return Status::error(dir_ + ": no shard file holds unit " + std::to_string(id) + " of data-parallel rank " +
-                             std::to_string(w));
-      const std::string* file = nullptr;
-      RETURN_IF_ERROR(open(it->second, &file));
-      const size_t at = section_offset(kind, it->second, w) + unit_offset(it->second, id, w) + (a - own_a);
-      std::memcpy(dst + (a - begin), file->data() + at * sizeof(float), (b - a) * sizeof(float));
-    }
-    return Status::ok();
-  }
-
- private:
-  size_t owned(int id, int w) const { return writers_.own_end(id, w) - writers_.own_begin(id, w); }
-  // Where unit `id` starts in a section of file f (written by dp rank w): after the file's
-  // earlier units.
-  size_t unit_offset(int f, int id, int w) const {
-    size_t at = 0;
-    for (int u : units_of_file_.at(f)) {
-      if (u == id) return at;
-      at += owned(u, w);
-    }
-    return at;  // past the end: the section size
-  }
-  size_t section_offset(int kind, int f, int w) const { return (size_t)kind * unit_offset(f, -1, w); }
-
-  Status open(int f, const std::string** file) {
-    auto it = files_.find(f);
-    if (it == files_.end()) {
-      const json& meta = index_["files"][f];
-      const std::string path = (fs::path(dir_) / meta["name"].get<std::string>()).string();
-      std::string bytes;
-      RETURN_IF_ERROR(read_file(path, &bytes));
-      const size_t expect = meta["bytes"].get<size_t>();
-      const int w = meta.value("dp", 0);
-      if (bytes.size() != expect || expect != section_offset(kKinds, f, w) * sizeof(float))
-        return Status::error(path + " is truncated or has the wrong size (" +
-                             std::to_string(bytes.size()) + " bytes, index says " +
-                             std::to_string(expect) + ")");
-      if (to_hex(checksum64(bytes.data(), bytes.size())) != meta["checksum"].get<std::string>())
-        return Status::error(path + " is corrupt: checksum mismatch");
-      it = files_.emplace(f, std::move(bytes)).first;
-    }
-    *file = &it->second;
-    return Status::ok();
-  }
-
-  std::string dir_;
-  const json& index_;
-  parallel::ShardLayout writers_;  // the writers' partition of the whole model (rank unused)
-  std::map<std::pair<int, int>, int> where_;     // (unit, writer dp rank) -> file
-  std::map<int, std::vector<int>> units_of_file_;
-  std::map<int, std::string> files_;
-};
-
-// The index's unit table against the whole model at the reader's tp rank.
-Status check_units(const json& index, const model::ParamLayout& layout, const std::string& dir) {
-  const json& units = index["units"];
-  bool same = units.size() == layout.units().size();
-  for (size_t u = 0; same && u < units.size(); u++)
-    same = units[u]["offset"].get<size_t>() == layout.units()[u].offset &&
-           units[u]["numel"].get<size_t>() == layout.units()[u].numel;
-  if (!same) return Status::error(dir + "/index.json: the unit table does not match the model");
   return Status::ok();
 }
 
 }  // namespace
 
+Status read_checkpoint_index(const std::string& dir, CheckpointIndex* index) {
+  std::string text;
+  const std::string path = (fs::path(dir) / "index.json").string();
+  RETURN_IF_ERROR(read_file(path, &text));
+  RETURN_IF_ERROR(parse_checkpoint_index(text, path, index));
+  return check_shard_files(dir, *index);
+}
+
+Status read_checkpoint_index(const std::string& dir, json* index) {
+  CheckpointIndex parsed;
+  RETURN_IF_ERROR(read_checkpoint_index(dir, &parsed));
+  *index = std::move(parsed.json);
+  return Status::ok();
+}
+
+Status checkpoint_model_config(const json& index, model::GptConfig* config) {
+  return index_model_config(index, "", config).with_context("checkpoint index has no valid model shape");
+}
+
 Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, int64_t* step) {
-  json index;
+  CheckpointIndex index;
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
-  model::GptConfig saved;
-  RETURN_IF_ERROR(checkpoint_model_config(index, &saved));
+  const model::GptConfig& saved = index.model;
   const auto& c = config;
   if (saved.layers != c.layers || saved.heads != c.heads || saved.dim != c.dim ||
       saved.max_seq_len != c.max_seq_len || saved.vocab != c.vocab)
     return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
                          ", but this run's model is " + model_json(c).dump());
-  const int saved_tp = index.value("tp_size", 1);
+  const int saved_tp = index.tp_size;
   if (saved_tp != layout.tp())
     return Status::error(dir + " was written with --tp " + std::to_string(saved_tp) +
                          "; resuming it at --tp " + std::to_string(layout.tp()) +
                          " is not supported (export it and use --init-from to change tp)");
+  // The index's unit table matches this model (parse_checkpoint_index compared it).
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
-  RETURN_IF_ERROR(check_units(index, whole, dir));
   ShardReader reader(dir, index, whole, layout.tp_rank());
   Buffer<float> piece;  // sections filled through state.write
   for (int kind = 0; kind < kKinds; kind++) {
@@ -423,14 +311,14 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
       }
     }
   }
-  *step = index["step"].get<int64_t>();
+  *step = index.step;
   return Status::ok();
 }
 
 Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step) {
-  json index;
+  CheckpointIndex index;
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
-  const int tp = index.value("tp_size", 1);
+  const int tp = index.tp_size;
   if (tp == 1) {
     parallel::ShardLayout whole(gpt->layout(), 1, 0);
     RankState st{gpt->params(), true, m, v, true, {}, {}};

@@ -24,16 +24,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint_index.h"
 #include "comm/group.h"
 #include "core/status.h"
 #include "model/gpt.h"
 #include "parallel/shard_layout.h"
 
 namespace meshtrain::checkpoint {
-
-// Version 3 lists the units each shard file holds (pipeline stages hold some of them);
-// version 2 files (every file holds every unit) still load.
-inline constexpr int kCheckpointFormatVersion = 3;
 
 // What one rank holds: parameters and Adam moments, each either full (indexed by global
 // offset in the flat layout) or this rank's shard (indexed by ShardLayout local offset).
@@ -67,8 +64,13 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);
 
-// Reads and validates index.json (format, version, shard files listed).
+// Reads and validates DIR/index.json (every field, see parse_checkpoint_index in
+// checkpoint_index.h), and that every shard file it lists exists with the size it records,
+// so that a corrupt index is reported before a model of the size it claims is allocated.
+Status read_checkpoint_index(const std::string& dir, CheckpointIndex* index);
+// The same, for callers that want the document itself (validated the same way).
 Status read_checkpoint_index(const std::string& dir, nlohmann::json* index);
+// The model shape of an index (its "model" object, checked as parse_checkpoint_index does).
 Status checkpoint_model_config(const nlohmann::json& index, model::GptConfig* config);
 
 // Fills `state` for a rank whose shards are `shards` (full parts get every element),

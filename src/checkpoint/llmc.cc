@@ -1,7 +1,6 @@
 #include "checkpoint/llmc.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -12,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "checkpoint/llmc_format.h"
 #include "core/file_io.h"
 
 namespace meshtrain::checkpoint {
@@ -45,8 +45,6 @@ class Fd {
   int fd_;
 };
 
-
-
 std::string describe(const model::GptConfig& c) {
   return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
          " dim=" + std::to_string(c.dim) + " max_seq_len=" + std::to_string(c.max_seq_len) +
@@ -58,112 +56,10 @@ bool same_shape(const model::GptConfig& a, const model::GptConfig& b) {
          a.max_seq_len == b.max_seq_len && a.vocab == b.vocab;
 }
 
-// Parameter tensors in the order llm.c stores them: each kind for all layers. LayerTensor's
-// order within a block is llm.c's order of kinds, so the kind loop follows the enum.
-std::vector<const model::ParamTensor*> llmc_order(const model::ParamLayout& layout, int layers) {
-  std::vector<const model::ParamTensor*> order = {&layout.wte(), &layout.wpe()};
-  for (int k = 0; k < model::kNumLayerTensors; k++)
-    for (int l = 0; l < layers; l++) order.push_back(&layout.layer(l, (model::LayerTensor)k));
-  order.push_back(&layout.lnf_w());
-  order.push_back(&layout.lnf_b());
-  return order;
-}
-
-// Floats the header describes. 128-bit so that absurd header values cannot overflow
-// into a size that happens to match the file.
-__int128 header_param_count(const model::GptConfig& c, int padded_vocab) {
-  const __int128 C = c.dim, L = c.layers;
-  const __int128 per_layer = 12 * C * C + 13 * C;
-  return (__int128)padded_vocab * C + (__int128)c.max_seq_len * C + L * per_layer + 2 * C;
-}
-
-Status check_magic_and_version(const int32_t* h) {
-  if (h[kMagic] != kLlmcMagic)
-    return Status::error("bad magic " + std::to_string(h[kMagic]) + ", expected " +
-                         std::to_string(kLlmcMagic) + " (not an llm.c model file)");
-  if (h[kVersion] == kLlmcVersionBf16)
-    return Status::error("version 5 (bf16 parameters): bf16 llm.c model files are not supported "
-                         "yet; use llm.c's fp32 file (version 3, e.g. gpt2_124M.bin rather than "
-                         "gpt2_124M_bf16.bin)");
-  if (h[kVersion] != kLlmcVersionFp32)
-    return Status::error("unsupported version " + std::to_string(h[kVersion]) +
-                         " (only version 3, fp32, is supported)");
-  return Status::ok();
-}
-
-Status config_from_header(const int32_t* h, model::GptConfig* config, int* padded_vocab) {
-  model::GptConfig c;
-  c.max_seq_len = h[kMaxSeqLen];
-  c.vocab = h[kVocab];
-  c.layers = h[kLayers];
-  c.heads = h[kHeads];
-  c.dim = h[kChannels];
-  RETURN_IF_ERROR(model::validate(c).with_context("header"));
-  if (h[kPaddedVocab] < c.vocab)
-    return Status::error("header: padded_vocab_size " + std::to_string(h[kPaddedVocab]) +
-                         " is smaller than vocab_size " + std::to_string(c.vocab));
-  *config = c;
-  *padded_vocab = h[kPaddedVocab];
-  return Status::ok();
-}
-
-// Non-negative values only: the header sizes are validated positive before this is used.
-std::string wide_to_string(__int128 v) {
-  std::string digits;
-  do {
-    digits.insert(digits.begin(), char('0' + (int)(v % 10)));
-    v /= 10;
-  } while (v > 0);
-  return digits;
-}
-
-// An exact size check catches both a cut-off copy and a header that does not describe
-// the data, before any weight is read.
-Status check_file_size(uint64_t file_size, const model::GptConfig& c, int padded_vocab) {
-  const __int128 want = (__int128)kHeaderBytes + 4 * header_param_count(c, padded_vocab);
-  const __int128 have = file_size;
-  if (have == want) return Status::ok();
-  const std::string expect = "the header describes " + wide_to_string(want) +
-                             " bytes (" + describe(c) + ", padded_vocab=" +
-                             std::to_string(padded_vocab) + ") but the file has " +
-                             std::to_string(file_size);
-  return Status::error(have < want ? "truncated: " + expect : "trailing data: " + expect);
-}
-
-// Reads and validates the header of an open file; leaves the offset at the first weight.
-Status read_header(int fd, model::GptConfig* config, int* padded_vocab) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return Status::error("fstat failed: " + errno_text());
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < kHeaderBytes)
-    return Status::error("truncated: " + std::to_string(file_size) +
-                         " bytes, less than the 1024-byte header");
-  int32_t h[kLlmcHeaderInts];
-  RETURN_IF_ERROR(read_exact(fd, h, kHeaderBytes));
-  RETURN_IF_ERROR(check_magic_and_version(h));
-  RETURN_IF_ERROR(config_from_header(h, config, padded_vocab));
-  return check_file_size(file_size, *config, *padded_vocab);
-}
-
-Status open_for_reading(const std::string& path, int* fd) {
-  *fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (*fd < 0) return Status::error("cannot open: " + errno_text());
-  return Status::ok();
-}
-
-// The token embedding: our first `vocab` rows; the file's extra padding rows are skipped
-// and ours are zeroed, so any padded_vocab >= vocab in the file loads.
-Status read_wte(int fd, int file_padded_vocab, model::Gpt* gpt) {
-  const auto& cfg = gpt->config();
-  const auto& wte = gpt->layout().wte();
-  const size_t used = (size_t)cfg.vocab * cfg.dim;
-  float* dst = gpt->params() + wte.offset;
-  RETURN_IF_ERROR(read_exact(fd, dst, used * sizeof(float)));
-  const off_t skip = (off_t)(file_padded_vocab - cfg.vocab) * cfg.dim * (off_t)sizeof(float);
-  if (skip > 0 && ::lseek(fd, skip, SEEK_CUR) < 0)
-    return Status::error("seek failed: " + errno_text());
-  std::memset(dst + used, 0, sizeof(float) * (wte.numel - used));
-  return Status::ok();
+// The file at `path` and its validated header.
+Status open_llmc(const std::string& path, std::shared_ptr<const ByteSource>* file, LlmcHeader* header) {
+  RETURN_IF_ERROR(open_file_source(path, file));
+  return parse_llmc_header(**file, header);
 }
 
 Status write_header(int fd, const model::GptConfig& c) {
@@ -225,34 +121,22 @@ Status export_llmc_model(const model::Gpt& gpt, const std::string& path) {
 }
 
 Status infer_llmc_config(const std::string& path, model::GptConfig* config) {
-  const std::string ctx = "llm.c model file " + path;
-  int raw = -1;
-  RETURN_IF_ERROR(open_for_reading(path, &raw).with_context(ctx));
-  Fd fd(raw);
-  int padded_vocab = 0;
-  return read_header(fd.get(), config, &padded_vocab).with_context(ctx);
+  std::shared_ptr<const ByteSource> file;
+  LlmcHeader header;
+  RETURN_IF_ERROR(open_llmc(path, &file, &header).with_context("llm.c model file " + path));
+  *config = header.config;
+  return Status::ok();
 }
 
 Status load_llmc_model(const std::string& path, model::Gpt* gpt) {
   const std::string ctx = "llm.c model file " + path;
-  int raw = -1;
-  RETURN_IF_ERROR(open_for_reading(path, &raw).with_context(ctx));
-  Fd fd(raw);
-  model::GptConfig file_cfg;
-  int padded_vocab = 0;
-  RETURN_IF_ERROR(read_header(fd.get(), &file_cfg, &padded_vocab).with_context(ctx));
-  if (!same_shape(file_cfg, gpt->config()))
-    return Status::error(ctx + " holds a model with " + describe(file_cfg) +
+  std::shared_ptr<const ByteSource> file;
+  LlmcHeader header;
+  RETURN_IF_ERROR(open_llmc(path, &file, &header).with_context(ctx));
+  if (!same_shape(header.config, gpt->config()))
+    return Status::error(ctx + " holds a model with " + describe(header.config) +
                          ", but the model to load into has " + describe(gpt->config()));
-  for (const model::ParamTensor* t : llmc_order(gpt->layout(), file_cfg.layers)) {
-    if (t == &gpt->layout().wte()) {
-      RETURN_IF_ERROR(read_wte(fd.get(), padded_vocab, gpt).with_context(ctx));
-    } else {
-      RETURN_IF_ERROR(read_exact(fd.get(), gpt->params() + t->offset, t->numel * sizeof(float))
-                          .with_context(ctx + ": tensor " + t->name));
-    }
-  }
-  return Status::ok();
+  return read_llmc_params(*file, header, gpt->layout(), gpt->params()).with_context(ctx);
 }
 
 bool is_llmc_model_file(const std::string& path) {

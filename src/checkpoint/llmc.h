@@ -12,23 +12,20 @@
 #pragma once
 #include <string>
 
+#include "checkpoint/llmc_format.h"
 #include "core/status.h"
 #include "model/gpt.h"
 
 namespace meshtrain::checkpoint {
 
-inline constexpr int kLlmcMagic = 20240326;
-inline constexpr int kLlmcVersionFp32 = 3;
-inline constexpr int kLlmcVersionBf16 = 5;
-inline constexpr int kLlmcHeaderInts = 256;
-
 // Writes the model as a version-3 llm.c file with meshtrain's padded vocabulary (a multiple
 // of 128, as llm.c pads); padded token rows are written as zeros. Atomic (tmp + rename).
 Status export_llmc_model(const model::Gpt& gpt, const std::string& path);
 
-// Reads the shape from the header. Rejects a wrong magic, versions other than 3, sizes the
-// engine cannot run, padded_vocab < vocab, and a file whose size is not exactly the header
-// plus the fp32 parameters the header describes ("truncated" / "trailing data").
+// Reads the shape from the header (checked as parse_llmc_header in llmc_format.h does).
+// Rejects a wrong magic, versions other than 3, sizes the engine cannot run, padded_vocab <
+// vocab, and a file whose size is not exactly the header plus the fp32 parameters the
+// header describes ("truncated" / "trailing data").
 Status infer_llmc_config(const std::string& path, model::GptConfig* config);
 
 // Loads the weights into `gpt`, whose config must equal the file's (see infer_llmc_config;

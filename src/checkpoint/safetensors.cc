@@ -3,7 +3,6 @@
 #include "core/file_io.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <cerrno>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace meshtrain::checkpoint {
 
@@ -205,20 +205,6 @@ Status check_no_overlap(const std::vector<TensorInfo>& sorted) {
   return Status::ok();
 }
 
-Status pread_all(int fd, uint64_t offset, void* dst, size_t size) {
-  char* p = static_cast<char*>(dst);
-  while (size > 0) {
-    ssize_t n = ::pread(fd, p, size, static_cast<off_t>(offset));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return Status::error("read failed: " + errno_text());
-    if (n == 0) return Status::error("unexpected end of file (truncated)");
-    p += n;
-    offset += static_cast<uint64_t>(n);
-    size -= static_cast<size_t>(n);
-  }
-  return Status::ok();
-}
-
 }  // namespace
 
 size_t dtype_size(const std::string& dtype) {
@@ -250,32 +236,26 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   return Status::ok();
 }
 
-class SafetensorsFile::Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { ::close(fd_); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 Status SafetensorsFile::open(const std::string& path, SafetensorsFile* out) {
+  std::shared_ptr<const ByteSource> source;
+  RETURN_IF_ERROR(open_file_source(path, &source).with_context("safetensors file " + path));
+  return from_source(std::move(source), path, out);
+}
+
+Status SafetensorsFile::from_bytes(std::string bytes, const std::string& name, SafetensorsFile* out) {
+  return from_source(memory_source(std::move(bytes)), name, out);
+}
+
+Status SafetensorsFile::from_source(std::shared_ptr<const ByteSource> source, const std::string& path,
+                                    SafetensorsFile* out) {
   const std::string ctx = "safetensors file " + path;
-  int raw_fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (raw_fd < 0) return Status::error(ctx + ": cannot open: " + errno_text());
-  auto fd = std::make_shared<const Fd>(raw_fd);
-  struct stat st;
-  if (::fstat(fd->get(), &st) != 0) return Status::error(ctx + ": fstat failed: " + errno_text());
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  const uint64_t file_size = source->size();
   if (file_size < 8) {
     return Status::error(ctx + ": truncated: " + std::to_string(file_size) +
                          " bytes, less than the 8-byte header length");
   }
   uint64_t header_size = 0;
-  RETURN_IF_ERROR(pread_all(fd->get(), 0, &header_size, 8).with_context(ctx));
+  RETURN_IF_ERROR(source->read(0, &header_size, 8).with_context(ctx));
   if (header_size == 0 || header_size > kMaxHeaderSize) {
     return Status::error(ctx + ": implausible header length " + std::to_string(header_size) +
                          " (not a safetensors file?)");
@@ -285,11 +265,11 @@ Status SafetensorsFile::open(const std::string& path, SafetensorsFile* out) {
                          " but only " + std::to_string(file_size - 8) + " bytes follow");
   }
   std::string header(header_size, '\0');
-  RETURN_IF_ERROR(pread_all(fd->get(), 8, header.data(), header.size()).with_context(ctx));
+  RETURN_IF_ERROR(source->read(8, header.data(), header.size()).with_context(ctx));
 
   SafetensorsFile file;
   file.path_ = path;
-  file.fd_ = std::move(fd);
+  file.source_ = std::move(source);
   file.data_start_ = 8 + header_size;
   RETURN_IF_ERROR(file.parse_header(header, file_size - file.data_start_).with_context(ctx));
   *out = std::move(file);
@@ -297,9 +277,20 @@ Status SafetensorsFile::open(const std::string& path, SafetensorsFile* out) {
 }
 
 Status SafetensorsFile::parse_header(const std::string& header, uint64_t data_size) {
-  json root = json::parse(header, nullptr, /*allow_exceptions=*/false);
+  // nlohmann keeps the last of repeated keys; a header naming a tensor twice is corrupt,
+  // so repeats of the top-level keys are caught while parsing.
+  std::set<std::string> keys;
+  std::string repeated;
+  const auto note_keys = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key && !keys.insert(parsed.get<std::string>()).second &&
+        repeated.empty())
+      repeated = parsed.get<std::string>();
+    return true;
+  };
+  json root = json::parse(header, note_keys, /*allow_exceptions=*/false);
   if (root.is_discarded()) return Status::error("header is not valid JSON");
   if (!root.is_object()) return Status::error("header JSON is not an object");
+  if (!repeated.empty()) return Status::error("header lists '" + repeated + "' twice");
   for (const auto& [key, value] : root.items()) {
     if (key == kMetadataKey) {
       RETURN_IF_ERROR(parse_metadata(value, &metadata_));
@@ -324,8 +315,8 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
 }
 
 Status SafetensorsFile::read_bytes(uint64_t data_offset, void* dst, size_t size) const {
-  if (!fd_) return Status::error("file is not open");
-  return pread_all(fd_->get(), data_start_ + data_offset, dst, size);
+  if (!source_) return Status::error("file is not open");
+  return source_->read(data_start_ + data_offset, dst, size);
 }
 
 Status SafetensorsFile::read_float(const std::string& name, float* dst,

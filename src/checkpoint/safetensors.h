@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/byte_source.h"
 #include "core/status.h"
 
 namespace meshtrain::checkpoint {
@@ -39,10 +40,16 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
 
 class SafetensorsFile {
  public:
-  // Reads and validates the header (sizes, JSON, dtypes, offsets in range, consistent
-  // with dtype * shape, no overlaps). The file stays open for later reads, so replacing
-  // PATH afterwards (e.g. by a new checkpoint) does not affect this object.
+  // Reads and validates the header: the length prefix within the file and at most 100 MiB;
+  // the header a JSON object without repeated keys; "__metadata__", if present, an object
+  // of strings; every other entry an object with a known "dtype", a "shape" of
+  // non-negative integers and "data_offsets" [begin, end] with begin <= end, end - begin =
+  // dtype size x elements (no overflow), end within the data section; no two tensors'
+  // byte ranges overlapping. The file stays open for later reads, so replacing PATH
+  // afterwards (e.g. by a new checkpoint) does not affect this object.
   static Status open(const std::string& path, SafetensorsFile* out);
+  // The same for a whole file's bytes in memory; `name` stands for the path in messages.
+  static Status from_bytes(std::string bytes, const std::string& name, SafetensorsFile* out);
 
   const std::string& path() const { return path_; }
   // Sorted by position in the data section.
@@ -56,13 +63,13 @@ class SafetensorsFile {
   Status read_float(const std::string& name, float* dst, size_t expected_count) const;
 
  private:
-  class Fd;  // owns the file descriptor; shared so the object stays copyable
-
+  static Status from_source(std::shared_ptr<const ByteSource> source, const std::string& path,
+                            SafetensorsFile* out);
   Status parse_header(const std::string& header, uint64_t data_size);
   Status read_bytes(uint64_t data_offset, void* dst, size_t size) const;
 
   std::string path_;
-  std::shared_ptr<const Fd> fd_;
+  std::shared_ptr<const ByteSource> source_;  // shared so the object stays copyable
   uint64_t data_start_ = 0;  // absolute file offset of the data section
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;  // name -> position in tensors_

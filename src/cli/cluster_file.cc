@@ -3,13 +3,16 @@
 #include <CLI/CLI.hpp>
 #include <filesystem>
 #include <set>
+#include <sstream>
 #include <vector>
+
+#include "core/file_io.h"
 
 namespace meshtrain::cli {
 
 namespace {
 
-// A TOML string value arrives from CLI11 with its quotes; numbers as written.
+// CLI11 2.1 strips a TOML string's quotes; older versions kept them, which this removes.
 std::string unquote(std::string v) {
   if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) v = v.substr(1, v.size() - 2);
   return v;
@@ -19,9 +22,16 @@ std::string unquote(std::string v) {
 
 Status load_cluster_file(const std::string& path, planner::Cluster* out) {
   if (!std::filesystem::exists(path)) return Status::error("cluster file not found: " + path);
+  std::string text;
+  RETURN_IF_ERROR(read_file(path, &text));
+  return parse_cluster_toml(text, path, out);
+}
+
+Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out) {
   std::vector<CLI::ConfigItem> items;
   try {
-    items = CLI::ConfigTOML().from_file(path);
+    std::istringstream in(text);
+    items = CLI::ConfigTOML().from_config(in);
   } catch (const std::exception& e) {
     return Status::error("cannot parse cluster file " + path + ": " + e.what());
   }

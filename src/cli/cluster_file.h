@@ -15,10 +15,14 @@
 
 namespace meshtrain::cli {
 
-// Reads a cluster file. Errors name the file and the bad key: unknown keys (with the
-// nearest known one), values that are not numbers, out-of-range values, missing fields
-// when there is no base.
+// Reads a cluster file. Errors name the file and the bad key: TOML that does not parse,
+// sections, keys set twice or with other than one value, an unknown `base` preset, unknown
+// keys (with the nearest known one), values that are not finite numbers (or whole numbers
+// for integer fields), out-of-range values (negative or zero bandwidths, fractions above 1,
+// reserved memory not below the memory), missing fields when there is no base.
 Status load_cluster_file(const std::string& path, planner::Cluster* out);
+// The same for the file's text; `path` names it in messages and gives the default name.
+Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out);
 
 // A preset name (planner::cluster_preset_names()) or, when it names an existing file (or
 // ends in .toml), a cluster file.

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
+#include <sstream>
 
+#include "core/file_io.h"
 #include "core/text.h"
 
 namespace meshtrain::cli {
@@ -14,8 +17,8 @@ std::string normalise(std::string key) {
   return key;
 }
 
-const CLI::Option* find_option(CLI::App* cmd, const std::string& key) {
-  for (const CLI::Option* opt : cmd->get_options())
+CLI::Option* find_option(CLI::App* cmd, const std::string& key) {
+  for (CLI::Option* opt : cmd->get_options())
     for (const auto& n : opt->get_lnames())
       if (n == key) return opt;
   return nullptr;
@@ -68,13 +71,40 @@ bool take_config_path(std::vector<std::string>* args, size_t from, std::string* 
   return false;
 }
 
+// CLI11's TOML reader ends a value at '#' even inside quotes, so "runs/#1" arrives as
+// `"runs/`: a value still opening with a quote mark it does not close is refused rather
+// than taken as written.
+bool cut_short(const std::string& v) {
+  return (v.front() == '"' || v.front() == '\'') && (v.size() == 1 || v.back() != v.front());
+}
+
+// Converts the values through the option itself (its type, arity and validators: what
+// parsing the same flag would do), then forgets them, so that a bad value is reported with
+// the file's name rather than later as a bare flag error. The option's variable is
+// assigned on success; the real parse assigns it again from the same tokens.
+Status check_values(CLI::Option* opt, const std::vector<std::string>& values, const std::string& where) {
+  Status s;
+  try {
+    for (const auto& v : values) opt->add_result(v);
+    opt->run_callback();
+  } catch (const CLI::ParseError& e) {
+    s = Status::error(where + ": " + e.what());
+  }
+  opt->clear();
+  return s;
+}
+
 // "--key value..." tokens for one file entry.
-Status entry_tokens(const CLI::Option* opt, const std::string& key, const CLI::ConfigItem& item,
+Status entry_tokens(CLI::Option* opt, const std::string& key, const CLI::ConfigItem& item,
                     const std::string& path, std::vector<std::string>* out) {
   const std::string where = "key '" + item.name + "' in " + path;
   if (item.inputs.empty() || std::any_of(item.inputs.begin(), item.inputs.end(),
                                          [](const std::string& v) { return v.empty(); }))
     return Status::error(where + " has no value");
+  for (const auto& v : item.inputs)
+    if (cut_short(v))
+      return Status::error(where + " has the unterminated string " + v +
+                           " (a '#' inside a string starts a comment for this reader)");
   if (item.inputs.size() > 1 && opt->get_expected_max() == 1)
     return Status::error(where + " takes one value, got " + std::to_string(item.inputs.size()));
   if (opt->get_expected_max() == 0) {  // a flag: true sets it, false leaves it off
@@ -83,9 +113,35 @@ Status entry_tokens(const CLI::Option* opt, const std::string& key, const CLI::C
     if (item.inputs[0] == "true") out->push_back("--" + key);
     return Status::ok();
   }
+  RETURN_IF_ERROR(check_values(opt, item.inputs, where));
+  // "--key=value" keeps a value that starts with a dash from reading as a flag.
+  if (item.inputs.size() == 1) return out->push_back("--" + key + "=" + item.inputs[0]), Status::ok();
   out->push_back("--" + key);
   for (const auto& v : item.inputs) out->push_back(v);
   return Status::ok();
+}
+
+// What the TOML reader makes of the line `key = value`.
+std::vector<std::string> read_back(const std::string& key, const std::string& value) {
+  std::vector<CLI::ConfigItem> items;
+  if (!parse_config_toml(key + " = " + value + "\n", "resolved options", &items).is_ok() || items.size() != 1)
+    return {};
+  return items[0].inputs;
+}
+
+// `values` as TOML that reads back exactly as `values`: bare (not for text), in double
+// quotes or in single quotes, the first that does. False when none does: the reader keeps
+// no escapes, so a '#', a line break, or both quote marks next to a space cannot be written.
+bool toml_value(const std::string& key, const std::vector<std::string>& values, bool text, std::string* out) {
+  if (std::any_of(values.begin(), values.end(), [](const std::string& v) { return v.empty(); })) return false;
+  for (const std::string quote : {"", "\"", "'"}) {
+    if (text && quote.empty()) continue;
+    std::string v = values.size() == 1 ? "" : "[";
+    for (size_t i = 0; i < values.size(); i++) v += (i ? ", " : "") + quote + values[i] + quote;
+    if (values.size() > 1) v += "]";
+    if (read_back(key, v) == values) return *out = v, true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -113,27 +169,43 @@ Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
   std::string path;
   if (!cmd || !take_config_path(args, sub_at, &path)) return Status::ok();
   if (!std::filesystem::exists(path)) return Status::error("config file not found: " + path);
+  std::string text;
+  RETURN_IF_ERROR(read_file(path, &text));
   std::vector<CLI::ConfigItem> items;
+  RETURN_IF_ERROR(parse_config_toml(text, path, &items));
+  std::vector<std::string> tokens;
+  RETURN_IF_ERROR(config_tokens(cmd, items, *args, sub_at, path, &tokens));
+  args->insert(args->begin() + sub_at, tokens.begin(), tokens.end());
+  return Status::ok();
+}
+
+Status parse_config_toml(const std::string& text, const std::string& path, std::vector<CLI::ConfigItem>* items) {
   try {
-    items = CLI::ConfigTOML().from_file(path);
+    std::istringstream in(text);
+    *items = CLI::ConfigTOML().from_config(in);
   } catch (const std::exception& e) {
     return Status::error("cannot parse " + path + ": " + e.what());
   }
-  std::vector<std::string> tokens;
+  return Status::ok();
+}
+
+Status config_tokens(CLI::App* cmd, const std::vector<CLI::ConfigItem>& items, const std::vector<std::string>& args,
+                     size_t from, const std::string& path, std::vector<std::string>* tokens) {
+  std::set<const CLI::Option*> seen;  // "seq_len" and "seq-len" are one key
   for (const auto& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // section markers
     if (!item.parents.empty())
       return Status::error("config " + path + ": sections are not used; put '" + item.name +
                            "' at the top level");
     const std::string key = normalise(item.name);
-    const CLI::Option* opt = find_option(cmd, key);
+    CLI::Option* opt = find_option(cmd, key);
     if (key == "config" || key == "help")
       return Status::error("'" + item.name + "' cannot be set inside a config file (" + path + ")");
     if (!opt) return unknown_key(cmd, item.name, path);
-    if (given_on_command_line(*args, sub_at, key)) continue;
-    RETURN_IF_ERROR(entry_tokens(opt, key, item, path, &tokens));
+    if (!seen.insert(opt).second) return Status::error("key '" + item.name + "' is set twice in " + path);
+    if (given_on_command_line(args, from, key)) continue;
+    RETURN_IF_ERROR(entry_tokens(opt, key, item, path, tokens));
   }
-  args->insert(args->begin() + sub_at, tokens.begin(), tokens.end());
   return Status::ok();
 }
 
@@ -153,14 +225,12 @@ std::string resolved_config_toml(CLI::App* cmd, const std::vector<std::string>& 
     std::vector<std::string> values = opt->count() ? opt->results() : std::vector<std::string>{};
     if (values.empty() && !opt->get_default_str().empty()) values = {opt->get_default_str()};
     if (values.empty()) continue;  // unset
-    const bool text = opt->get_type_name() == "TEXT";
-    auto quote = [&](const std::string& v) { return text ? "\"" + v + "\"" : v; };
-    std::string value = values.size() == 1 ? quote(values[0]) : "[";
-    if (values.size() > 1) {
-      for (size_t i = 0; i < values.size(); i++) value += (i ? ", " : "") + quote(values[i]);
-      value += "]";
-    }
-    out += key + " = " + value + "\n";
+    std::string value;
+    if (toml_value(key, values, opt->get_type_name() == "TEXT", &value))
+      out += key + " = " + value + "\n";
+    else
+      out += "# " + key + ": not written (an empty value, or one with '#', a line break or both quote marks, " +
+             "which the TOML reader cannot give back); pass --" + key + " on the command line\n";
   }
   return out;
 }

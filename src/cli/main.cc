@@ -1,11 +1,15 @@
 // meshtrain command line: one subcommand per task, each in its own file in this folder.
+#include <cstdio>
+#include <exception>
 #include <vector>
 
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/launch.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_main(int argc, char** argv) {
   using namespace meshtrain::cli;
   CLI::App app{"meshtrain: train GPT-style language models (see README.md)"};
   app.require_subcommand(1);
@@ -22,4 +26,21 @@ int main(int argc, char** argv) {
   for (auto& c : commands)
     if (c.app->parsed()) return c.run();
   return 0;
+}
+
+}  // namespace
+
+// Recoverable errors arrive as Status; this last catch turns anything thrown past them (a
+// parser's exception that escaped its Status wrapper, std::bad_alloc for a model too large
+// for memory) into the same one-line error and exit code 1 instead of std::terminate's
+// abort. Every rank of a multi-rank run runs main, so each reports and exits this way.
+int main(int argc, char** argv) {
+  try {
+    return run_main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "meshtrain: error: unknown exception\n");
+  }
+  return 1;
 }

