@@ -125,16 +125,23 @@ std::atomic<int>& chosen_backend() {
   return backend;
 }
 
-// Widens a rows x cols block of bf16 words (row stride ld) into a packed fp32 buffer (exact).
-const float* widened(const uint16_t* x, int rows, int cols, int ld, Buffer<float>& buf) {
+// Converts a rows x cols block (row stride ld) into a packed buffer, convert(src, dst, n)
+// on each row (one call when the rows are contiguous). The conversions are elementwise.
+template <typename Out, typename In, typename Convert>
+const Out* packed(const In* x, int rows, int cols, int ld, Buffer<Out>& buf, Convert convert) {
   const size_t n = (size_t)rows * cols;
   if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
   if (ld == cols) {
-    from_bf16(x, buf.data(), n);
+    convert(x, buf.data(), n);
   } else {
-    for (int r = 0; r < rows; r++) from_bf16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
+    for (int r = 0; r < rows; r++) convert(x + (size_t)r * ld, buf.data() + (size_t)r * cols, (size_t)cols);
   }
   return buf.data();
+}
+
+// Widens a rows x cols block of bf16 words (row stride ld) into a packed fp32 buffer (exact).
+const float* widened(const uint16_t* x, int rows, int cols, int ld, Buffer<float>& buf) {
+  return packed(x, rows, cols, ld, buf, from_bf16);
 }
 
 // Seeds C[M,N] with beta * C + bias (bias may be null), so that a GEMM accumulates onto it.
@@ -184,22 +191,12 @@ namespace {
 
 // Rounds a rows x cols block (row stride ld) into a packed bf16 buffer.
 const uint16_t* packed_bf16(const float* x, int rows, int cols, int ld, Buffer<uint16_t>& buf) {
-  const size_t n = (size_t)rows * cols;
-  if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
-  if (ld == cols) {
-    to_bf16(x, buf.data(), n);
-  } else {
-    for (int r = 0; r < rows; r++) to_bf16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
-  }
-  return buf.data();
+  return packed(x, rows, cols, ld, buf, to_bf16);
 }
 
 // The same block rounded to fp16 values, kept as fp32 (packed).
 const float* packed_fp16(const float* x, int rows, int cols, int ld, Buffer<float>& buf) {
-  const size_t n = (size_t)rows * cols;
-  if (buf.size() < n) buf.allocate(MemCategory::kWorkspace, n);
-  for (int r = 0; r < rows; r++) round_to_fp16(x + (size_t)r * ld, buf.data() + (size_t)r * cols, cols);
-  return buf.data();
+  return packed(x, rows, cols, ld, buf, round_to_fp16);
 }
 
 // op(A) and op(B) of an M x N x K product as bf16 words with their leading dimensions: bf16
