@@ -2,10 +2,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/hf_gpt2_config.h"
 #include "checkpoint/safetensors.h"
+#include "core/file_io.h"
 
 namespace meshtrain::checkpoint {
 
@@ -41,6 +45,49 @@ Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
       {"vocab_size", std::to_string(cfg.vocab)},
       {"producer", "meshtrain"}};
   return write_safetensors(path, tensors, meta);
+}
+
+Status export_hf_folder(const model::Gpt& gpt, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return Status::error("cannot create " + dir + ": " + ec.message());
+  const auto& cfg = gpt.config();
+  RETURN_IF_ERROR(export_hf_safetensors(gpt, (fs::path(dir) / kHfWeightsFile).string()));
+  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
+                                 {"model_type", "gpt2"},
+                                 {"n_layer", cfg.layers},
+                                 {"n_head", cfg.heads},
+                                 {"n_embd", cfg.dim},
+                                 {"n_positions", cfg.max_seq_len},
+                                 {"n_ctx", cfg.max_seq_len},
+                                 {"vocab_size", cfg.vocab},
+                                 {"activation_function", "gelu_new"},
+                                 {"layer_norm_epsilon", 1e-5},
+                                 {"tie_word_embeddings", true},
+                                 {"torch_dtype", "float32"}};
+  const std::string text = config.dump(2) + "\n";
+  return write_file_synced((fs::path(dir) / "config.json").string(), text.data(), text.size());
+}
+
+Status hf_folder_heads(const std::string& dir, int* heads) {
+  *heads = 0;
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return Status::ok();
+  std::string text;
+  RETURN_IF_ERROR(read_file(path, &text));
+  const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object()) return Status::error(path + ": not a JSON object");
+  for (const char* key : {"n_head", "num_attention_heads"}) {
+    if (!config.contains(key)) continue;
+    const auto& v = config[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 20))
+      return Status::error(path + ": \"" + key + "\" must be a positive integer");
+    *heads = (int)v.get<int64_t>();
+    return Status::ok();
+  }
+  return Status::ok();
 }
 
 Status infer_hf_config(const std::string& path, int heads_hint, model::GptConfig* config) {

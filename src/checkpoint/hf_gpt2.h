@@ -12,6 +12,14 @@ namespace meshtrain::checkpoint {
 // Writes the model's weights as fp32 in HF GPT-2 names and layouts, with the head count
 // and shape in __metadata__. Atomic.
 Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
+// A Hugging Face model folder: `dir`/model.safetensors as above and `dir`/config.json, a
+// GPT2Config (model_type "gpt2", GPT2LMHeadModel, the shape, tied embeddings, GELU's tanh
+// form, LayerNorm epsilon 1e-5). The tokenizer files are data::write_hf_tokenizer's.
+inline constexpr const char* kHfWeightsFile = "model.safetensors";
+Status export_hf_folder(const model::Gpt& gpt, const std::string& dir);
+// The head count a folder's config.json gives ("n_head", or "num_attention_heads"); 0 when
+// the folder has no config.json or it names no heads.
+Status hf_folder_heads(const std::string& dir, int* heads);
 
 // Infers layers, width, vocabulary and positions from the file's tensor shapes; the head
 // count comes from the file's metadata ("n_head"), else `heads_hint` (> 0), else width/64.

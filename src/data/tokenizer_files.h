@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/status.h"
+#include "data/bpe.h"
 
 namespace meshtrain::data {
 
@@ -20,5 +21,14 @@ bool has_tokenizer_copy(const std::string& dir);
 // Checks a copy's files against its manifest (sizes and checksums) and returns, in
 // *fingerprint, one string that identifies the tokenizer (equal copies, equal strings).
 Status verify_tokenizer_copy(const std::string& dir, std::string* fingerprint = nullptr);
+
+// The tokenizer in the formats other tools read, written by `export` next to the weights:
+// - Hugging Face's GPT-2 files: vocab.json and merges.txt in to_dir, which are
+//   encoder.json and vocab.bpe under the names GPT2Tokenizer(Fast).from_pretrained reads;
+// - llm.c's decoding table (what its samplers read as gpt2_tokenizer.bin): a header of 256
+//   int32 (magic 20240328, version 2, vocabulary size, end-of-text id), then each token as
+//   one length byte and its bytes.
+Status write_hf_tokenizer(const std::string& from_dir, const std::string& to_dir);
+Status write_llmc_tokenizer(const Gpt2Tokenizer& tokenizer, const std::string& path);
 
 }  // namespace meshtrain::data

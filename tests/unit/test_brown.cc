@@ -112,6 +112,27 @@ TEST(BrownTest, ListErrors) {
   std::filesystem::remove_all(dir);
 }
 
+// cats.txt gives 44 news and 6 science_fiction documents; an unknown category is refused
+// with the known ones listed.
+TEST(BrownTest, CategoriesKeepTheirDocuments) {
+  if (!have_corpus())
+    FAIL() << "no Brown corpus at " << kCorpusDir << " (run scripts/setup.sh)";
+  std::vector<std::string> all, paths;
+  ASSERT_TRUE(list_brown_files(kCorpusDir, &all).is_ok());
+  paths = all;
+  ASSERT_TRUE(filter_brown_categories(kCorpusDir, {"news", "science_fiction"}, &paths).is_ok());
+  ASSERT_EQ(paths.size(), 44u + 6u);
+  EXPECT_EQ(paths.front(), kCorpusDir + "/ca01");  // news is section a, science fiction m
+  EXPECT_EQ(paths.back(), kCorpusDir + "/cm06");
+  paths = all;
+  ASSERT_TRUE(filter_brown_categories(kCorpusDir, {}, &paths).is_ok());
+  EXPECT_EQ(paths.size(), 500u) << "no categories: every document";
+  const Status s = filter_brown_categories(kCorpusDir, {"poetry"}, &paths);
+  ASSERT_FALSE(s.is_ok());
+  for (const char* part : {"'poetry'", "news", "science_fiction", "cats.txt"})
+    EXPECT_NE(s.message().find(part), std::string::npos) << s.message();
+}
+
 TEST(BrownTest, Ca01ReadsAsEnglish) {
   if (!have_corpus())
     FAIL() << "no Brown corpus at " << kCorpusDir << " (run scripts/setup.sh)";

@@ -404,6 +404,63 @@ TEST_F(CliPractitioner, GenerateAgreesAcrossRunSafetensorsAndLlmc) {
   }
 }
 
+// export writes the tokenizer where the format has a place for it: a Hugging Face folder
+// (config.json, vocab.json and merges.txt beside model.safetensors), and llm.c's tokenizer
+// table beside the .bin. The folder is a model source of its own, tokenizer included.
+TEST_F(CliPractitioner, ExportsCarryTheTokenizer) {
+  const std::string hf = path("hf");
+  RunResult r = run(kBinary + " export --checkpoint " + base_run() + " --out " + hf);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_TRUE(read_file(hf + "/model.safetensors") == read_file(base_safetensors()));
+  EXPECT_TRUE(read_file(hf + "/vocab.json") == read_file(base_run() + "/tokenizer/encoder.json"));
+  EXPECT_TRUE(read_file(hf + "/merges.txt") == read_file(base_run() + "/tokenizer/vocab.bpe"));
+  const json config = read_json(hf + "/config.json");
+  const json shape = read_json(base_run() + "/config.json")["resolved_model"];
+  EXPECT_EQ(config["model_type"], "gpt2");
+  EXPECT_EQ(config["architectures"][0], "GPT2LMHeadModel");
+  EXPECT_EQ(config["n_layer"], shape["layers"]);
+  EXPECT_EQ(config["n_head"], shape["heads"]);
+  EXPECT_EQ(config["n_embd"], shape["dim"]);
+  EXPECT_EQ(config["n_positions"], shape["max_seq_len"]);
+  EXPECT_EQ(config["vocab_size"], shape["vocab"]);
+  // Moved anywhere, the folder samples what the run samples, with its own tokenizer.
+  const std::string moved = path("elsewhere/model");
+  fs::create_directories(path("elsewhere"));
+  fs::rename(hf, moved);
+  const std::string args = "--prompt 'It was' --max-new-tokens 8 --seed 9";
+  const RunResult from_run = run(generate(base_run(), args)), from_folder = run(generate(moved, args));
+  ASSERT_EQ(from_folder.exit_code, 0) << describe(from_folder);
+  EXPECT_EQ(from_folder.out, from_run.out);
+  // The config's head count is the folder's: a contradicting --heads is refused by name.
+  expect_failure(run(train("--init-from " + moved + " --heads 1 --steps 1 --quiet --out " + path("x"))),
+                 {"meshtrain: error:", "4 heads", "--heads 1"});
+
+  // llm.c: <stem>_tokenizer.bin, a 256-int header (magic, version 2, vocabulary, end of
+  // text), then each token as a length byte and its bytes, to the end of the file.
+  r = run(kBinary + " export --checkpoint " + base_run() + " --format llmc --out " + path("m.bin"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::string bytes = read_file(path("m_tokenizer.bin"));
+  ASSERT_GE(bytes.size(), 1024u);
+  int32_t h[256];
+  std::memcpy(h, bytes.data(), sizeof(h));
+  EXPECT_EQ(h[0], 20240328);
+  EXPECT_EQ(h[1], 2);
+  EXPECT_EQ(h[2], 50257);
+  EXPECT_EQ(h[3], 50256);
+  std::vector<std::string> pieces;
+  for (size_t at = 1024; at < bytes.size();) {
+    const size_t n = (unsigned char)bytes[at];
+    ASSERT_GT(n, 0u);
+    ASSERT_LE(at + 1 + n, bytes.size());
+    pieces.push_back(bytes.substr(at + 1, n));
+    at += 1 + n;
+  }
+  ASSERT_EQ(pieces.size(), 50257u);
+  EXPECT_EQ(pieces[50256], "<|endoftext|>");
+  EXPECT_EQ(pieces[464], "The");     // GPT-2's id for "The"
+  EXPECT_EQ(pieces[198], "\n");
+}
+
 // ---- 3. eval ---------------------------------------------------------------------------
 
 struct EvalLine {

@@ -372,9 +372,12 @@ TEST(Bf16, AttentionMatchesTheReferenceOnRoundedOperands) {
     const std::vector<float>& fout = got.out;
     const std::vector<float>& flse = got.lse;
     const std::vector<float>& fdqkv = got.dqkv;
-    // Against the rounding reference: fp32 accumulation, and the odd element whose fp32
-    // value rounds to the other bf16 neighbour than the double one (seen: at most 8.4e-5).
-    EXPECT_LT(max_rel_diff(fout, out), 3e-4) << "T=" << s.T;
+    // Against the rounding reference: fp32 accumulation, and the odd probability whose fp32
+    // value rounds to the other bf16 neighbour than the double one. One such flip moves an
+    // output by one bf16 ulp of P times |v| (up to 2^-7 P |v|). Seen: 8.4e-5 at -O2 and
+    // 3.8e-4 in the -O1 sanitizer build (another summation order, one more flip), so the
+    // bound on out went from 3e-4 to 1e-3, a flip on any P up to about 0.13.
+    EXPECT_LT(max_rel_diff(fout, out), 1e-3) << "T=" << s.T;
     EXPECT_LT(max_rel_diff(flse, lse), 1e-5) << "T=" << s.T;
     EXPECT_LT(max_rel_diff(fdqkv, dqkv), 3e-4) << "T=" << s.T;
     // Against exact attention: bf16 keeps 8 significant bits (seen: out 5.1e-3, lse 1.7e-3,
