@@ -45,7 +45,7 @@ void KvCacheDecoder::block(int l, float* x, int n) {
     std::memcpy(kc + (size_t)(pos_ + i) * C, qkv.data() + (size_t)i * 3 * C + C, C * sizeof(float));
     std::memcpy(vc + (size_t)(pos_ + i) * C, qkv.data() + (size_t)i * 3 * C + 2 * C, C * sizeof(float));
   }
-  k::attention_cached_forward(att.data(), qkv.data(), 3 * C, kc, vc, pos_, n, C, NH);
+  k::attention_cached_forward(att.data(), qkv.data(), 3 * C, kc, vc, pos_, n, C, NH, NH);
   k::matmul_forward(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   k::layernorm_forward(ln.data(), mean.data(), rstd.data(), x, W(model::kLn2W), W(model::kLn2B), n, C);

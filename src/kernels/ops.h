@@ -88,27 +88,67 @@ void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bi
 void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
-// Causal self-attention on qkv[B,T,3C] (q, k, v blocks of C; head h uses columns h*hs..).
-// out[B,T,C]; lse[B,NH,T] is the log-sum-exp of each softmax row, all backward needs.
-// Never materialises B*NH*T*T: works on blocks of query rows. At kBf16 the *_bf16 kernels
-// below run; kFp16 keeps fp32 attention.
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+// Causal self-attention with NH query heads sharing NKV key/value heads (NKV divides NH:
+// NKV = NH multi-head, 1 < NKV < NH grouped-query, NKV = 1 multi-query attention). C = NH*hs.
+// qkv[B,T,C+2*CK], CK = NKV*hs: q (C columns, head h at h*hs), k (CK columns), v (CK); query
+// head h reads key/value head h / (NH/NKV). out[B,T,C]; lse[B,NH,T] is the log-sum-exp of
+// each softmax row, all backward needs. Never materialises B*NH*T*T: works on blocks of
+// query rows. At kBf16 the *_bf16 kernels below run; kFp16 keeps fp32 attention.
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                        Precision p = Precision::kFp32);
+// dqkv[B,T,C+2*CK] overwritten; a key/value head's gradient sums over the heads sharing it.
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH,
+                        const float* lse, int B, int T, int C, int NH, int NKV,
                         Precision p = Precision::kFp32);
 // The same with the four products on bf16 operands (q, k, v, the probabilities, dout and
 // the score gradients rounded; fp32 accumulation, softmax and log-sum-exp in fp32): what
 // --precision bf16 runs. One whole T x T product per head on the bf16 units.
-void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH);
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV);
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
-                             const float* lse, int B, int T, int C, int NH);
+                             const float* lse, int B, int T, int C, int NH, int NKV);
 
 // Inference with a KV cache: n new query rows at positions p..p+n-1 (q rows strided by
-// ldq) attend to cached keys/values k_cache, v_cache [>= p+n, C] (row stride C), causally.
-// out[n,C]. Equal to attention_forward's rows p..p+n-1 on the whole sequence.
+// ldq) attend to cached keys/values k_cache, v_cache [>= p+n, CK] (CK = NKV*C/NH, row
+// stride CK), causally. out[n,C]. Equal to attention_forward's rows p..p+n-1 on the whole
+// sequence.
 void attention_cached_forward(float* out, const float* q, int ldq, const float* k_cache,
-                              const float* v_cache, int p, int n, int C, int NH);
+                              const float* v_cache, int p, int n, int C, int NH, int NKV);
+
+// ---- Llama-family parts ----
+
+// RMSNorm (Zhang & Sennrich 2019): out[N,C] = inp * rstd * weight, rstd[N] = 1/sqrt(mean(inp^2)
+// + eps), kept for backward. No mean subtraction, no bias.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int N, int C,
+                     float eps);
+// dinp accumulates (+=), as layernorm_backward's: it feeds the residual stream; dweight too.
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int N, int C);
+
+// Llama 3's rotary frequency scaling (factor 0: none). Wavelengths longer than
+// original_positions / low_freq_factor are stretched by `factor`, shorter than
+// original_positions / high_freq_factor kept, and those between interpolated.
+struct RopeScaling {
+  double factor = 0, low_freq_factor = 1, high_freq_factor = 4;
+  int original_positions = 8192;
+};
+// Rotary position embedding (Su et al. 2021) in Hugging Face's half-split layout: in a head
+// of hs columns, column i < hs/2 pairs with column i + hs/2, and the pair turns by the angle
+// position * inv_freq[i], inv_freq[i] = theta^(-2i/hs) (scaled as above). rope_table fills
+// cos and sin [positions, hs/2] (computed in double).
+void rope_inverse_frequencies(double* inv_freq, int hs, double theta, const RopeScaling& scaling);
+void rope_table(float* cos, float* sin, int positions, int hs, double theta, const RopeScaling& scaling);
+// Turns x in place: row n (n < N) is at position pos0 + n % T and holds `heads` heads of hs
+// columns from x + n * ld. inverse turns by the opposite angles: the rotation is
+// orthogonal, so that is its backward (dx_in = R^T dx_out).
+void rope_rotate(float* x, int N, int T, int ld, int heads, int hs, const float* cos, const float* sin,
+                 int pos0, bool inverse);
+
+// SwiGLU (Shazeer 2020): out[N,F] = silu(gate) * up for inp[N,2F] = [gate | up] per row,
+// silu(g) = g * sigmoid(g). The bf16 form rounds its output, as gelu_forward's.
+void swiglu_forward(float* out, const float* inp, int N, int F);
+void swiglu_forward(uint16_t* out, const float* inp, int N, int F);
+// dinp[N,2F] = [dgate | dup] (overwritten).
+void swiglu_backward(float* dinp, const float* inp, const float* dout, int N, int F);
 
 // GELU, tanh approximation.
 void gelu_forward(float* out, const float* inp, size_t n);

@@ -347,7 +347,7 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   BlockActivations& a = acts(l);
   k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
   k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
-  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, precision_);
+  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NHl_, precision_);
   k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
@@ -502,13 +502,13 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
                         a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
   if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
-    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, precision_);
+    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NHl_, precision_);
     count_block_flops(B, T, true, true);
   }
   k::matmul_backward(datty_, Gw(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
                      Wg(kAttProjW), N, Cl_, C, precision_);
-  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, precision_);
+  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NHl_, precision_);
   k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
                      N, C, 3 * Cl_, precision_);
   dln = reduce_rows(partial_, dln_);  // f

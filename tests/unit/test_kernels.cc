@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernel_test_util.h"
 #include "kernels/cpu/fp16.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
@@ -25,52 +26,8 @@
 namespace meshtrain::kernels {
 namespace {
 
-using Vec = std::vector<double>;
-
-Vec random_vec(size_t n, std::mt19937& rng, double scale = 1.0) {
-  std::normal_distribution<double> dist(0.0, scale);
-  Vec v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<float> to_float(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (size_t i = 0; i < a.size(); i++) s += a[i] * b[i];
-  return s;
-}
-
-// Checks analytic[i] == d loss / d x[i] by central differences on up to 30 indices.
-void expect_gradient(Vec& x, const Vec& analytic, const std::function<double()>& loss,
-                     const char* what) {
-  ASSERT_EQ(x.size(), analytic.size());
-  const double h = 1e-6;
-  std::mt19937 rng(7);
-  size_t samples = std::min<size_t>(30, x.size());
-  for (size_t s = 0; s < samples; s++) {
-    size_t i = samples == x.size() ? s : rng() % x.size();
-    double saved = x[i];
-    x[i] = saved + h;
-    double lp = loss();
-    x[i] = saved - h;
-    double lm = loss();
-    x[i] = saved;
-    double numeric = (lp - lm) / (2 * h);
-    EXPECT_NEAR(analytic[i], numeric, 1e-6 * (1 + std::abs(numeric))) << what << " index " << i;
-  }
-}
-
-// Largest |a - b| relative to the largest |b|.
-double max_rel_diff(const std::vector<float>& a, const Vec& b) {
-  double diff = 0, mag = 1e-30;
-  for (size_t i = 0; i < b.size(); i++) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    mag = std::max(mag, std::abs(b[i]));
-  }
-  return diff / mag;
-}
+using namespace test_util;
+using Vec = test_util::Vec;
 
 TEST(GradCheck, Encoder) {
   std::mt19937 rng(1);
@@ -130,12 +87,12 @@ TEST(GradCheck, Attention) {
   Vec qkv = random_vec(B * T * 3 * C, rng), w = random_vec(B * T * C, rng);
   Vec out(B * T * C), lse(B * NH * T);
   auto loss = [&] {
-    ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH);
+    ref::attention_forward(out.data(), lse.data(), qkv.data(), B, T, C, NH, NH);
     return dot(out, w);
   };
   loss();
   Vec dqkv(qkv.size());
-  ref::attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH);
+  ref::attention_backward(dqkv.data(), w.data(), qkv.data(), out.data(), lse.data(), B, T, C, NH, NH);
   expect_gradient(qkv, dqkv, loss, "qkv");
 }
 
@@ -272,18 +229,18 @@ struct AttentionRun {
 };
 AttentionRun<double> reference_attention(const Vec& qkv, const Vec& dout, const Shape& s) {
   AttentionRun<double> r{Vec(dout.size()), Vec((size_t)s.B * s.NH * s.T), Vec(qkv.size())};
-  ref::attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH);
+  ref::attention_forward(r.out.data(), r.lse.data(), qkv.data(), s.B, s.T, s.C, s.NH, s.NH);
   ref::attention_backward(r.dqkv.data(), dout.data(), qkv.data(), r.out.data(), r.lse.data(), s.B, s.T,
-                          s.C, s.NH);
+                          s.C, s.NH, s.NH);
   return r;
 }
 AttentionRun<float> kernel_attention(const Vec& qkv, const Vec& dout, const Shape& s, Precision p) {
   auto fqkv = to_float(qkv), fdout = to_float(dout);
   AttentionRun<float> r{std::vector<float>(dout.size()), std::vector<float>((size_t)s.B * s.NH * s.T),
                         std::vector<float>(qkv.size(), 5.0f)};
-  attention_forward(r.out.data(), r.lse.data(), fqkv.data(), s.B, s.T, s.C, s.NH, p);
+  attention_forward(r.out.data(), r.lse.data(), fqkv.data(), s.B, s.T, s.C, s.NH, s.NH, p);
   attention_backward(r.dqkv.data(), fdout.data(), fqkv.data(), r.out.data(), r.lse.data(), s.B, s.T, s.C,
-                     s.NH, p);
+                     s.NH, s.NH, p);
   return r;
 }
 
@@ -395,7 +352,7 @@ TEST(CpuKernels, CachedAttentionMatchesFullAttention) {
   const int T = 37, C = 24, NH = 3;
   Vec qkv = random_vec(T * 3 * C, rng);
   Vec full(T * C), lse(NH * T);
-  ref::attention_forward(full.data(), lse.data(), qkv.data(), 1, T, C, NH);
+  ref::attention_forward(full.data(), lse.data(), qkv.data(), 1, T, C, NH, NH);
   Vec k_cache(T * C), v_cache(T * C);
   for (int t = 0; t < T; t++)
     for (int c = 0; c < C; c++) {
@@ -406,12 +363,12 @@ TEST(CpuKernels, CachedAttentionMatchesFullAttention) {
   for (auto [p, n] : {std::pair{0, T}, {0, 1}, {10, 1}, {36, 1}, {5, 17}}) {
     Vec out(n * C);
     ref::attention_cached_forward(out.data(), qkv.data() + (size_t)p * 3 * C, 3 * C, k_cache.data(),
-                                  v_cache.data(), p, n, C, NH);
+                                  v_cache.data(), p, n, C, NH, NH);
     Vec expect(full.begin() + p * C, full.begin() + (p + n) * C);
     for (size_t i = 0; i < out.size(); i++) ASSERT_NEAR(out[i], expect[i], 1e-12);
     std::vector<float> fout(n * C);
     attention_cached_forward(fout.data(), fqkv.data() + (size_t)p * 3 * C, 3 * C, fk.data(),
-                             fv.data(), p, n, C, NH);
+                             fv.data(), p, n, C, NH, NH);
     EXPECT_LT(max_rel_diff(fout, expect), 1e-5) << "p=" << p << " n=" << n;
   }
 }
@@ -841,8 +798,8 @@ std::vector<float> bf16_kernel_outputs() {
   const int Bt = 2, T = 37, Ch = 48, NH = 4;
   auto qkv = to_float(random_vec((size_t)Bt * T * 3 * Ch, rng)), dout = to_float(random_vec((size_t)Bt * T * Ch, rng));
   std::vector<float> out((size_t)Bt * T * Ch), lse((size_t)Bt * NH * T), dqkv(qkv.size());
-  attention_forward(out.data(), lse.data(), qkv.data(), Bt, T, Ch, NH, Precision::kBf16);
-  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), Bt, T, Ch, NH, Precision::kBf16);
+  attention_forward(out.data(), lse.data(), qkv.data(), Bt, T, Ch, NH, NH, Precision::kBf16);
+  attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), Bt, T, Ch, NH, NH, Precision::kBf16);
   for (const auto* v : {&out, &lse, &dqkv}) all.insert(all.end(), v->begin(), v->end());
   return all;
 }

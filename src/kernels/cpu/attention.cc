@@ -16,19 +16,17 @@ namespace {
 
 constexpr int kBlock = 64;
 
-// Addresses of one head's q, k, v (rows strided by 3C) and its output columns (stride C).
-struct HeadView {
-  const float* q;
-  const float* k;
-  const float* v;
-  size_t out_offset;
+// Where attention's operands sit in qkv[B,T,ld]: q (C = NH*hs columns), then k and v
+// (CK = NKV*hs each); query head h reads key/value head h / group.
+struct QkvLayout {
+  int hs, C, CK, ld, group;
+  QkvLayout(int C_, int NH, int NKV)
+      : hs(C_ / NH), C(C_), CK(NKV * (C_ / NH)), ld(C_ + 2 * NKV * (C_ / NH)), group(NH / NKV) {}
+  size_t q(int b, int h, int T) const { return (size_t)b * T * ld + (size_t)h * hs; }
+  size_t k(int b, int h, int T) const { return (size_t)b * T * ld + C + (size_t)(h / group) * hs; }
+  size_t v(int b, int h, int T) const { return k(b, h, T) + CK; }
+  size_t out(int b, int h, int T) const { return (size_t)b * T * C + (size_t)h * hs; }
 };
-
-HeadView head_view(const float* qkv, int b, int h, int T, int C, int NH) {
-  int hs = C / NH;
-  const float* base = qkv + (size_t)b * T * 3 * C + (size_t)h * hs;
-  return {base, base + C, base + 2 * C, (size_t)b * T * C + (size_t)h * hs};
-}
 
 // Softmax numerator of one score row in place: p[j] = exp(p[j] - max) for j < n.
 // Returns the sum of the exponentials and stores the row's max in *max.
@@ -58,10 +56,11 @@ void causal_probs_from_lse(float* probs, const float* lse_rows, int i0, int rows
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH,
+void attention_forward(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV,
                        Precision p) {
-  if (p == Precision::kBf16) return attention_forward_bf16(out, lse, qkv, B, T, C, NH);
-  const int hs = C / NH, ld = 3 * C;
+  if (p == Precision::kBf16) return attention_forward_bf16(out, lse, qkv, B, T, C, NH, NKV);
+  const QkvLayout at(C, NH, NKV);
+  const int hs = at.hs, ld = at.ld;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const int nblocks = (T + kBlock - 1) / kBlock;
 #pragma omp parallel
@@ -72,11 +71,10 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
     for (int b = 0; b < B; b++) {
       for (int h = 0; h < NH; h++) {
         for (int blk = 0; blk < nblocks; blk++) {
-          HeadView hv = head_view(qkv, b, h, T, C, NH);
+          const float *q = qkv + at.q(b, h, T), *k = qkv + at.k(b, h, T), *v = qkv + at.v(b, h, T);
           const int i0 = blk * kBlock, rows = std::min(kBlock, T - i0), kend = i0 + rows;
           float* s = scores.data();
-          gemm(false, true, rows, kend, hs, scale, hv.q + (size_t)i0 * ld, ld, hv.k, ld, 0.0f, s,
-               kend);
+          gemm(false, true, rows, kend, hs, scale, q + (size_t)i0 * ld, ld, k, ld, 0.0f, s, kend);
           float* lse_rows = lse + ((size_t)b * NH + h) * T + i0;
           for (int r = 0; r < rows; r++) {
             float* p = s + (size_t)r * kend;
@@ -89,8 +87,7 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
             std::fill(p + valid, p + kend, 0.0f);
             lse_rows[r] = mx + std::log(sum);
           }
-          gemm(false, false, rows, hs, kend, 1.0f, s, kend, hv.v, ld, 0.0f,
-               out + hv.out_offset + (size_t)i0 * C, C);
+          gemm(false, false, rows, hs, kend, 1.0f, s, kend, v, ld, 0.0f, out + at.out(b, h, T) + (size_t)i0 * C, C);
         }
       }
     }
@@ -98,52 +95,56 @@ void attention_forward(float* out, float* lse, const float* qkv, int B, int T, i
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, int B, int T, int C, int NH, Precision p) {
-  if (p == Precision::kBf16) return attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH);
-  const int hs = C / NH, ld = 3 * C;
+                        const float* lse, int B, int T, int C, int NH, int NKV, Precision p) {
+  if (p == Precision::kBf16) return attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, C, NH, NKV);
+  const QkvLayout at(C, NH, NKV);
+  const int hs = at.hs, ld = at.ld;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  auto zero_columns = [&](float* x) {
+    for (int t = 0; t < T; t++) std::fill(x + (size_t)t * ld, x + (size_t)t * ld + hs, 0.0f);
+  };
 #pragma omp parallel
   {
     Buffer<float> probs(MemCategory::kWorkspace, (size_t)kBlock * T);
     Buffer<float> dprobs(MemCategory::kWorkspace, (size_t)kBlock * T);
-    // One task per (b, h): dK and dV of a head sum over all its query blocks.
+    // One task per (b, key/value head): its dK and dV sum over all query blocks of every
+    // query head that shares it, in head order.
 #pragma omp for collapse(2) schedule(dynamic)
     for (int b = 0; b < B; b++) {
-      for (int h = 0; h < NH; h++) {
-        HeadView hv = head_view(qkv, b, h, T, C, NH);
-        float* dq = dqkv + (size_t)b * T * ld + (size_t)h * hs;
-        float* dk = dq + C;
-        float* dv = dq + 2 * C;
-        for (int t = 0; t < T; t++) {
-          std::fill(dq + (size_t)t * ld, dq + (size_t)t * ld + hs, 0.0f);
-          std::fill(dk + (size_t)t * ld, dk + (size_t)t * ld + hs, 0.0f);
-          std::fill(dv + (size_t)t * ld, dv + (size_t)t * ld + hs, 0.0f);
-        }
-        const float* lse_bh = lse + ((size_t)b * NH + h) * T;
-        for (int i0 = 0; i0 < T; i0 += kBlock) {
-          const int rows = std::min(kBlock, T - i0), kend = i0 + rows;
-          const float* q = hv.q + (size_t)i0 * ld;
-          const float* o = out + hv.out_offset + (size_t)i0 * C;
-          const float* d_o = dout + hv.out_offset + (size_t)i0 * C;
-          float* p = probs.data();
-          float* dp = dprobs.data();
-          gemm(false, true, rows, kend, hs, scale, q, ld, hv.k, ld, 0.0f, p, kend);
-          causal_probs_from_lse(p, lse_bh + i0, i0, rows, kend);
-          gemm(true, false, kend, hs, rows, 1.0f, p, kend, d_o, C, 1.0f, dv, ld);  // dV += P^T dO
-          gemm(false, true, rows, kend, hs, 1.0f, d_o, C, hv.v, ld, 0.0f, dp, kend);  // dP = dO V^T
-          for (int r = 0; r < rows; r++) {
-            // dS = P * (dP - rowsum(dO * O)); masked entries have P = 0.
-            float dot = 0.0f;
+      for (int g = 0; g < NKV; g++) {
+        const int h0 = g * at.group;
+        float* dk = dqkv + at.k(b, h0, T);
+        float* dv = dqkv + at.v(b, h0, T);
+        const float *k = qkv + at.k(b, h0, T), *v = qkv + at.v(b, h0, T);
+        zero_columns(dk), zero_columns(dv);
+        for (int h = h0; h < h0 + at.group; h++) {
+          float* dq = dqkv + at.q(b, h, T);
+          zero_columns(dq);
+          const float* lse_bh = lse + ((size_t)b * NH + h) * T;
+          for (int i0 = 0; i0 < T; i0 += kBlock) {
+            const int rows = std::min(kBlock, T - i0), kend = i0 + rows;
+            const float* q = qkv + at.q(b, h, T) + (size_t)i0 * ld;
+            const float* o = out + at.out(b, h, T) + (size_t)i0 * C;
+            const float* d_o = dout + at.out(b, h, T) + (size_t)i0 * C;
+            float* p = probs.data();
+            float* dp = dprobs.data();
+            gemm(false, true, rows, kend, hs, scale, q, ld, k, ld, 0.0f, p, kend);
+            causal_probs_from_lse(p, lse_bh + i0, i0, rows, kend);
+            gemm(true, false, kend, hs, rows, 1.0f, p, kend, d_o, C, 1.0f, dv, ld);  // dV += P^T dO
+            gemm(false, true, rows, kend, hs, 1.0f, d_o, C, v, ld, 0.0f, dp, kend);  // dP = dO V^T
+            for (int r = 0; r < rows; r++) {
+              // dS = P * (dP - rowsum(dO * O)); masked entries have P = 0.
+              float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int d = 0; d < hs; d++) dot += d_o[(size_t)r * C + d] * o[(size_t)r * C + d];
-            float* pr = p + (size_t)r * kend;
-            float* dpr = dp + (size_t)r * kend;
+              for (int d = 0; d < hs; d++) dot += d_o[(size_t)r * C + d] * o[(size_t)r * C + d];
+              float* pr = p + (size_t)r * kend;
+              float* dpr = dp + (size_t)r * kend;
 #pragma omp simd
-            for (int j = 0; j < kend; j++) dpr[j] = pr[j] * (dpr[j] - dot);
+              for (int j = 0; j < kend; j++) dpr[j] = pr[j] * (dpr[j] - dot);
+            }
+            gemm(false, false, rows, hs, kend, scale, dp, kend, k, ld, 1.0f, dq + (size_t)i0 * ld, ld);  // dQ += dS K
+            gemm(true, false, kend, hs, rows, scale, dp, kend, q, ld, 1.0f, dk, ld);  // dK += dS^T Q
           }
-          gemm(false, false, rows, hs, kend, scale, dp, kend, hv.k, ld, 1.0f, dq + (size_t)i0 * ld,
-               ld);                                                          // dQ += dS K
-          gemm(true, false, kend, hs, rows, scale, dp, kend, q, ld, 1.0f, dk, ld);  // dK += dS^T Q
         }
       }
     }
@@ -155,8 +156,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 namespace meshtrain::kernels {
 
 void attention_cached_forward(float* out, const float* q, int ldq, const float* k_cache,
-                              const float* v_cache, int p, int n, int C, int NH) {
-  const int hs = C / NH;
+                              const float* v_cache, int p, int n, int C, int NH, int NKV) {
+  const int hs = C / NH, CK = NKV * hs, group = NH / NKV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
 #pragma omp parallel
   {
@@ -167,12 +168,13 @@ void attention_cached_forward(float* out, const float* q, int ldq, const float* 
         const int keys = p + i + 1;
         float* s = scores.data();
         // One query row: a GEMV against the cached keys, softmax, GEMV with the values.
-        gemm(false, true, 1, keys, hs, scale, q + (size_t)i * ldq + h * hs, ldq, k_cache + h * hs,
-             C, 0.0f, s, keys);
+        const size_t kv = (size_t)(h / group) * hs;
+        gemm(false, true, 1, keys, hs, scale, q + (size_t)i * ldq + h * hs, ldq, k_cache + kv, CK, 0.0f, s,
+             keys);
         float mx;
         const float sum = exp_shifted(s, keys, &mx);
-        gemm(false, false, 1, hs, keys, 1.0f / sum, s, keys, v_cache + h * hs, C, 0.0f,
-             out + (size_t)i * C + h * hs, C);
+        gemm(false, false, 1, hs, keys, 1.0f / sum, s, keys, v_cache + kv, CK, 0.0f, out + (size_t)i * C + h * hs,
+             C);
       }
     }
   }

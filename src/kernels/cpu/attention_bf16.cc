@@ -1,6 +1,6 @@
-// Causal self-attention with bf16 GEMMs (--precision bf16): one task per (batch row, head)
-// packs the head's q, k, v into dense bf16 [T, hs] blocks and multiplies whole T x T score
-// matrices on the bf16 units (AMX through oneDNN). The square costs twice the causal
+// Causal self-attention with bf16 GEMMs (--precision bf16): one task per (batch row, key/
+// value head) packs its k and v, and each query head sharing them its q, into dense bf16
+// [T, hs] blocks, and multiplies whole T x T score matrices on the bf16 units (AMX through oneDNN). The square costs twice the causal
 // FLOPs, but one call per product and head replaces the fp32 kernel's many small
 // blocked GEMMs, which ran at a fraction of even the fp32 peak. Softmax, its log-sum-exp
 // and the row sums of backward stay fp32; the products' operands (q, k, v, P, dO, dS) are
@@ -46,11 +46,16 @@ struct HeadScratch {
     for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, square);
     row.assign(T, 0.0f);
   }
-  void pack_qkv(const float* qkv_head, int T, int hs, int ld, int C) {
-    pack_head(qkv_head, T, hs, ld, q.data());
-    pack_head(qkv_head + C, T, hs, ld, k.data());
-    pack_head(qkv_head + 2 * C, T, hs, ld, v.data());
-  }
+};
+
+// Where attention's operands sit in qkv[B,T,ld] (see attention_forward in ops.h).
+struct QkvLayout {
+  int hs, C, CK, ld, group;
+  QkvLayout(int C_, int NH, int NKV)
+      : hs(C_ / NH), C(C_), CK(NKV * (C_ / NH)), ld(C_ + 2 * NKV * (C_ / NH)), group(NH / NKV) {}
+  size_t q(int b, int h, int T) const { return (size_t)b * T * ld + (size_t)h * hs; }
+  size_t k_of_group(int b, int g, int T) const { return (size_t)b * T * ld + C + (size_t)g * hs; }
+  size_t out(int b, int h, int T) const { return (size_t)b * T * C + (size_t)h * hs; }
 };
 
 // Row i of a causal T x T bf16 matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
@@ -66,20 +71,25 @@ void probs_row_bf16(const float* s, float scale, float lse, int i, int T, float*
   causal_row_bf16(tmp, i, T, p16);
 }
 
-// For every (batch row, head), split over the threads: packs the head's q, k, v into the
-// thread's scratch, computes its raw scores q k^T there, and calls body(scratch, b, head).
+// For every (batch row, key/value head), split over the threads: packs the key/value
+// head's k and v into the thread's scratch; then, for each query head sharing them in
+// order, packs its q, computes its raw scores q k^T there and calls body(scratch, b, head,
+// first), first telling the group's first head (whose dK and dV products start the sums).
 template <typename Body>
-void for_each_head(const float* qkv, int B, int T, int C, int NH, Body body) {
-  const int hs = C / NH, ld = 3 * C;
+void for_each_head(const float* qkv, int B, int T, const QkvLayout& at, int NKV, Body body) {
 #pragma omp parallel
   {
-    HeadScratch& h = HeadScratch::for_thread(T, hs);
+    HeadScratch& h = HeadScratch::for_thread(T, at.hs);
 #pragma omp for collapse(2) schedule(static)
     for (int b = 0; b < B; b++) {
-      for (int head = 0; head < NH; head++) {
-        h.pack_qkv(qkv + (size_t)b * T * ld + (size_t)head * hs, T, hs, ld, C);
-        gemm_bf16(false, true, T, T, hs, h.q.data(), hs, h.k.data(), hs, 0.0f, h.scores.data(), T);
-        body(h, b, head);
+      for (int g = 0; g < NKV; g++) {
+        pack_head(qkv + at.k_of_group(b, g, T), T, at.hs, at.ld, h.k.data());
+        pack_head(qkv + at.k_of_group(b, g, T) + at.CK, T, at.hs, at.ld, h.v.data());
+        for (int head = g * at.group; head < (g + 1) * at.group; head++) {
+          pack_head(qkv + at.q(b, head, T), T, at.hs, at.ld, h.q.data());
+          gemm_bf16(false, true, T, T, at.hs, h.q.data(), at.hs, h.k.data(), at.hs, 0.0f, h.scores.data(), T);
+          body(h, b, head, head == g * at.group);
+        }
       }
     }
   }
@@ -87,10 +97,11 @@ void for_each_head(const float* qkv, int B, int T, int C, int NH, Body body) {
 
 }  // namespace
 
-void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
+  const QkvLayout at(C, NH, NKV);
+  const int hs = at.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for_each_head(qkv, B, T, C, NH, [&](HeadScratch& h, int b, int head) {
+  for_each_head(qkv, B, T, at, NKV, [&](HeadScratch& h, int b, int head, bool) {
     float* lse_bh = lse + ((size_t)b * NH + head) * T;
     for (int i = 0; i < T; i++) {
       const float* si = h.scores.data() + (size_t)i * T;
@@ -108,25 +119,30 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
       causal_row_bf16(x, i, T, h.probs16.data() + (size_t)i * T);
       lse_bh[i] = mx + std::log(sum);
     }
-    gemm_bf16(false, false, T, hs, T, h.probs16.data(), T, h.v.data(), hs, 0.0f,
-              out + (size_t)b * T * C + (size_t)head * hs, C);  // P v
+    gemm_bf16(false, false, T, hs, T, h.probs16.data(), T, h.v.data(), hs, 0.0f, out + at.out(b, head, T), C);  // P v
   });
 }
 
 void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, const float* out,
-                             const float* lse, int B, int T, int C, int NH) {
-  const int hs = C / NH, ld = 3 * C;
+                             const float* lse, int B, int T, int C, int NH, int NKV) {
+  const QkvLayout at(C, NH, NKV);
+  const int hs = at.hs, ld = at.ld;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for_each_head(qkv, B, T, C, NH, [&](HeadScratch& h, int b, int head) {
-    const size_t out_offset = (size_t)b * T * C + (size_t)head * hs;
-    float* dq = dqkv + (size_t)b * T * ld + (size_t)head * hs;  // this head's dq, dk, dv columns
+  for_each_head(qkv, B, T, at, NKV, [&](HeadScratch& h, int b, int head, bool first) {
+    const size_t out_offset = at.out(b, head, T);
+    float* dq = dqkv + at.q(b, head, T);
+    // The shared key/value head's dk, dv columns: the group's first head writes them, the
+    // others add (beta 1) in head order.
+    float* dk = dqkv + at.k_of_group(b, head / at.group, T);
+    float* dv = dk + at.CK;
+    const float beta = first ? 0.0f : 1.0f;
     pack_head(dout + out_offset, T, hs, C, h.dout.data());
     const float* lse_bh = lse + ((size_t)b * NH + head) * T;
     for (int i = 0; i < T; i++)  // the probabilities again, from the scores and log-sum-exp
       probs_row_bf16(h.scores.data() + (size_t)i * T, scale, lse_bh[i], i, T, h.row.data(),
                      h.probs16.data() + (size_t)i * T);
     float* dp = h.dprobs.data();
-    gemm_bf16(true, false, T, hs, T, h.probs16.data(), T, h.dout.data(), hs, 0.0f, dq + 2 * C, ld);  // dV = P^T dO
+    gemm_bf16(true, false, T, hs, T, h.probs16.data(), T, h.dout.data(), hs, beta, dv, ld);  // dV (+)= P^T dO
     gemm_bf16(false, true, T, T, hs, h.dout.data(), hs, h.v.data(), hs, 0.0f, dp, T);  // dP = dO v^T
     for (int i = 0; i < T; i++) {
       // dS = scale * P * (dP - rowsum(dO * O)), from the fp32 dO and O; P as rounded.
@@ -143,7 +159,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
       causal_row_bf16(x, i, T, h.dscores16.data() + (size_t)i * T);
     }
     gemm_bf16(false, false, T, hs, T, h.dscores16.data(), T, h.k.data(), hs, 0.0f, dq, ld);     // dQ = dS k
-    gemm_bf16(true, false, T, hs, T, h.dscores16.data(), T, h.q.data(), hs, 0.0f, dq + C, ld);  // dK = dS^T q
+    gemm_bf16(true, false, T, hs, T, h.dscores16.data(), T, h.q.data(), hs, beta, dk, ld);  // dK (+)= dS^T q
   });
 }
 

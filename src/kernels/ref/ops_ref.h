@@ -120,18 +120,28 @@ void matmul_backward(F* dinp, F* dweight, F* dbias, const F* dout, const F* inp,
   }
 }
 
+// Attention's operand offsets in qkv rows of ld = C + 2*NKV*hs (see ops.h).
+struct RefQkv {
+  int hs, C, CK, ld, group;
+  RefQkv(int C_, int NH, int NKV) : hs(C_ / NH), C(C_), CK(NKV * (C_ / NH)), ld(C_ + 2 * CK), group(NH / NKV) {}
+  size_t q(int b, int t, int h, int T) const { return ((size_t)b * T + t) * ld + (size_t)h * hs; }
+  size_t k(int b, int t, int h, int T) const { return ((size_t)b * T + t) * ld + C + (size_t)(h / group) * hs; }
+  size_t v(int b, int t, int h, int T) const { return k(b, t, h, T) + CK; }
+};
+
 template <typename F>
-void attention_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH;
+void attention_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH, int NKV) {
+  const RefQkv at(C, NH, NKV);
+  const int hs = at.hs;
   const F scale = F(1) / std::sqrt(F(hs));
   std::vector<F> row(T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int i = 0; i < T; i++) {
-        const F* q = qkv + ((size_t)b * T + i) * 3 * C + h * hs;
+        const F* q = qkv + at.q(b, i, h, T);
         F mx = -INFINITY;
         for (int j = 0; j <= i; j++) {
-          const F* k = qkv + ((size_t)b * T + j) * 3 * C + C + h * hs;
+          const F* k = qkv + at.k(b, j, h, T);
           F s = 0;
           for (int d = 0; d < hs; d++) s += q[d] * k[d];
           row[j] = s * scale;
@@ -143,7 +153,7 @@ void attention_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH
         for (int d = 0; d < hs; d++) o[d] = 0;
         for (int j = 0; j <= i; j++) {
           F p = std::exp(row[j] - mx) / sum;
-          const F* v = qkv + ((size_t)b * T + j) * 3 * C + 2 * C + h * hs;
+          const F* v = qkv + at.v(b, j, h, T);
           for (int d = 0; d < hs; d++) o[d] += p * v[d];
         }
         lse[((size_t)b * NH + h) * T + i] = mx + std::log(sum);
@@ -152,34 +162,35 @@ void attention_forward(F* out, F* lse, const F* qkv, int B, int T, int C, int NH
 
 template <typename F>
 void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, const F* lse, int B,
-                        int T, int C, int NH) {
-  const int hs = C / NH;
+                        int T, int C, int NH, int NKV) {
+  const RefQkv at(C, NH, NKV);
+  const int hs = at.hs;
   const F scale = F(1) / std::sqrt(F(hs));
-  std::fill(dqkv, dqkv + (size_t)B * T * 3 * C, F(0));
+  std::fill(dqkv, dqkv + (size_t)B * T * at.ld, F(0));
   std::vector<F> p(T), dp(T);
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++)
       for (int i = 0; i < T; i++) {
-        size_t qi = ((size_t)b * T + i) * 3 * C + h * hs;
+        const size_t qi = at.q(b, i, h, T);
         const F* dO = dout + ((size_t)b * T + i) * C + h * hs;
         const F* O = out + ((size_t)b * T + i) * C + h * hs;
         F dot = 0;
         for (int d = 0; d < hs; d++) dot += dO[d] * O[d];
         for (int j = 0; j <= i; j++) {
-          size_t kj = ((size_t)b * T + j) * 3 * C + C + h * hs;
+          const size_t kj = at.k(b, j, h, T), vj = at.v(b, j, h, T);
           F s = 0;
           for (int d = 0; d < hs; d++) s += qkv[qi + d] * qkv[kj + d];
           p[j] = std::exp(s * scale - lse[((size_t)b * NH + h) * T + i]);
           F g = 0;
-          for (int d = 0; d < hs; d++) g += dO[d] * qkv[kj + C + d];
+          for (int d = 0; d < hs; d++) g += dO[d] * qkv[vj + d];
           dp[j] = p[j] * (g - dot);
         }
         for (int j = 0; j <= i; j++) {
-          size_t kj = ((size_t)b * T + j) * 3 * C + C + h * hs;
+          const size_t kj = at.k(b, j, h, T), vj = at.v(b, j, h, T);
           for (int d = 0; d < hs; d++) {
             dqkv[qi + d] += scale * dp[j] * qkv[kj + d];
             dqkv[kj + d] += scale * dp[j] * qkv[qi + d];
-            dqkv[kj + C + d] += p[j] * dO[d];
+            dqkv[vj + d] += p[j] * dO[d];
           }
         }
       }
@@ -187,17 +198,18 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, cons
 
 template <typename F>
 void attention_cached_forward(F* out, const F* q, int ldq, const F* k_cache, const F* v_cache,
-                              int p, int n, int C, int NH) {
-  const int hs = C / NH;
+                              int p, int n, int C, int NH, int NKV) {
+  const int hs = C / NH, CK = NKV * hs, group = NH / NKV;
   const F scale = F(1) / std::sqrt(F(hs));
   std::vector<F> w(p + n);
   for (int i = 0; i < n; i++)
     for (int h = 0; h < NH; h++) {
       const F* qi = q + (size_t)i * ldq + h * hs;
+      const size_t kv = (size_t)(h / group) * hs;
       F mx = -INFINITY, sum = 0;
       for (int j = 0; j <= p + i; j++) {
         F s = 0;
-        for (int d = 0; d < hs; d++) s += qi[d] * k_cache[(size_t)j * C + h * hs + d];
+        for (int d = 0; d < hs; d++) s += qi[d] * k_cache[(size_t)j * CK + kv + d];
         w[j] = s * scale;
         mx = std::max(mx, w[j]);
       }
@@ -205,9 +217,79 @@ void attention_cached_forward(F* out, const F* q, int ldq, const F* k_cache, con
       F* o = out + (size_t)i * C + h * hs;
       for (int d = 0; d < hs; d++) {
         F acc = 0;
-        for (int j = 0; j <= p + i; j++) acc += w[j] * v_cache[(size_t)j * C + h * hs + d];
+        for (int j = 0; j <= p + i; j++) acc += w[j] * v_cache[(size_t)j * CK + kv + d];
         o[d] = acc / sum;
       }
+    }
+}
+
+// ---- Llama-family parts (ops.h) ----
+
+template <typename F>
+void rmsnorm_forward(F* out, F* rstd, const F* inp, const F* weight, int N, int C, double eps) {
+  for (int n = 0; n < N; n++) {
+    const F* x = inp + (size_t)n * C;
+    F ms = 0;
+    for (int c = 0; c < C; c++) ms += x[c] * x[c];
+    const F s = F(1) / std::sqrt(ms / C + F(eps));
+    for (int c = 0; c < C; c++) out[(size_t)n * C + c] = x[c] * s * weight[c];
+    rstd[n] = s;
+  }
+}
+
+template <typename F>
+void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F* weight, const F* rstd,
+                      int N, int C) {
+  for (int n = 0; n < N; n++) {
+    const F* x = inp + (size_t)n * C;
+    const F* d = dout + (size_t)n * C;
+    const F s = rstd[n];
+    F dot = 0;  // sum_c weight * dout * x
+    for (int c = 0; c < C; c++) dot += weight[c] * d[c] * x[c];
+    for (int c = 0; c < C; c++) {
+      dweight[c] += d[c] * x[c] * s;
+      dinp[(size_t)n * C + c] += s * weight[c] * d[c] - s * s * s * x[c] * dot / C;
+    }
+  }
+}
+
+// Rotates x in place as kernels::rope_rotate, with the angles computed here from inv_freq.
+template <typename F>
+void rope_rotate(F* x, int N, int T, int ld, int heads, int hs, const double* inv_freq, int pos0, bool inverse) {
+  const int half = hs / 2;
+  for (int n = 0; n < N; n++)
+    for (int h = 0; h < heads; h++) {
+      F* r = x + (size_t)n * ld + (size_t)h * hs;
+      for (int i = 0; i < half; i++) {
+        const double angle = double(pos0 + n % T) * inv_freq[i];
+        const F c = F(std::cos(angle)), s = F(inverse ? -std::sin(angle) : std::sin(angle));
+        const F a = r[i], b = r[i + half];
+        r[i] = a * c - b * s;
+        r[i + half] = b * c + a * s;
+      }
+    }
+}
+
+template <typename F>
+F silu(F x) {
+  return x / (F(1) + std::exp(-x));
+}
+
+template <typename F>
+void swiglu_forward(F* out, const F* inp, int N, int Fw) {
+  for (int n = 0; n < N; n++)
+    for (int f = 0; f < Fw; f++)
+      out[(size_t)n * Fw + f] = silu(inp[(size_t)n * 2 * Fw + f]) * inp[(size_t)n * 2 * Fw + Fw + f];
+}
+
+template <typename F>
+void swiglu_backward(F* dinp, const F* inp, const F* dout, int N, int Fw) {
+  for (int n = 0; n < N; n++)
+    for (int f = 0; f < Fw; f++) {
+      const F g = inp[(size_t)n * 2 * Fw + f], u = inp[(size_t)n * 2 * Fw + Fw + f], d = dout[(size_t)n * Fw + f];
+      const F sig = F(1) / (F(1) + std::exp(-g));
+      dinp[(size_t)n * 2 * Fw + f] = d * u * (sig + g * sig * (F(1) - sig));
+      dinp[(size_t)n * 2 * Fw + Fw + f] = d * g * sig;
     }
 }
 
