@@ -52,22 +52,59 @@ Status export_hf_folder(const model::Gpt& gpt, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::error("cannot create " + dir + ": " + ec.message());
-  const auto& cfg = gpt.config();
+  nlohmann::json config;
+  RETURN_IF_ERROR(hf_config_json(gpt.config(), &config));
   RETURN_IF_ERROR(export_hf_safetensors(gpt, (fs::path(dir) / kHfWeightsFile).string()));
-  const nlohmann::json config = {{"architectures", {"GPT2LMHeadModel"}},
-                                 {"model_type", "gpt2"},
-                                 {"n_layer", cfg.layers},
-                                 {"n_head", cfg.heads},
-                                 {"n_embd", cfg.dim},
-                                 {"n_positions", cfg.max_seq_len},
-                                 {"n_ctx", cfg.max_seq_len},
-                                 {"vocab_size", cfg.vocab},
-                                 {"activation_function", "gelu_new"},
-                                 {"layer_norm_epsilon", 1e-5},
-                                 {"tie_word_embeddings", true},
-                                 {"torch_dtype", "float32"}};
   const std::string text = config.dump(2) + "\n";
   return write_file_synced((fs::path(dir) / "config.json").string(), text.data(), text.size());
+}
+
+Status hf_config_json(const model::GptConfig& cfg, nlohmann::json* out) {
+  using model::Mlp, model::Norm, model::Positions;
+  if (!cfg.is_gpt2()) {
+    if (cfg.norm != Norm::kRmsNorm || cfg.positions != Positions::kRope || cfg.mlp != Mlp::kSwiGlu || cfg.bias)
+      return Status::error("Hugging Face has a config for GPT-2 and for Llama, not for this mix of parts (" +
+                           model::arch_name(cfg) + ")");
+    nlohmann::json c = {{"architectures", {"LlamaForCausalLM"}},
+                        {"model_type", "llama"},
+                        {"num_hidden_layers", cfg.layers},
+                        {"num_attention_heads", cfg.heads},
+                        {"num_key_value_heads", cfg.kv_head_count()},
+                        {"hidden_size", cfg.dim},
+                        {"intermediate_size", cfg.ffn()},
+                        {"max_position_embeddings", cfg.max_seq_len},
+                        {"vocab_size", cfg.vocab},
+                        {"rms_norm_eps", cfg.norm_eps},
+                        {"rope_theta", cfg.rope_theta},
+                        {"hidden_act", "silu"},
+                        {"attention_bias", false},
+                        {"mlp_bias", false},
+                        {"tie_word_embeddings", cfg.tied_head},
+                        {"torch_dtype", "float32"}};
+    if (cfg.rope_scaling.factor > 0)
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", cfg.rope_scaling.factor},
+                           {"low_freq_factor", cfg.rope_scaling.low_freq_factor},
+                           {"high_freq_factor", cfg.rope_scaling.high_freq_factor},
+                           {"original_max_position_embeddings", cfg.rope_scaling.original_positions}};
+    else
+      c["rope_scaling"] = nullptr;
+    *out = c;
+    return Status::ok();
+  }
+  *out = {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"n_layer", cfg.layers},
+          {"n_head", cfg.heads},
+          {"n_embd", cfg.dim},
+          {"n_positions", cfg.max_seq_len},
+          {"n_ctx", cfg.max_seq_len},
+          {"vocab_size", cfg.vocab},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"tie_word_embeddings", true},
+          {"torch_dtype", "float32"}};
+  return Status::ok();
 }
 
 Status hf_folder_heads(const std::string& dir, int* heads) {
@@ -116,10 +153,11 @@ Status load_hf_safetensors(const std::string& path, model::Gpt* gpt) {
       RETURN_IF_ERROR(f.read_float(name, dst, count));
     }
   }
-  // Padded vocabulary rows are zero by contract.
-  const auto& wte = gpt->layout().wte();
-  std::memset(gpt->params() + wte.offset + (size_t)cfg.vocab * cfg.dim, 0,
-              sizeof(float) * (wte.numel - (size_t)cfg.vocab * cfg.dim));
+  // Padded vocabulary rows (of wte, and of an untied head) are zero by contract.
+  for (const auto& t : gpt->layout().tensors())
+    if (t.layer < 0 && t.split == model::TpSplit::kRows)
+      std::memset(gpt->params() + t.offset + (size_t)cfg.vocab * cfg.dim, 0,
+                  sizeof(float) * (t.numel - (size_t)cfg.vocab * cfg.dim));
   return Status::ok();
 }
 

@@ -4,6 +4,8 @@
 #include <memory>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "core/status.h"
 #include "model/gpt.h"
 
@@ -16,6 +18,10 @@ Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
 // GPT2Config (model_type "gpt2", GPT2LMHeadModel, the shape, tied embeddings, GELU's tanh
 // form, LayerNorm epsilon 1e-5). The tokenizer files are data::write_hf_tokenizer's.
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
+// Hugging Face's config.json for the model: a GPT2Config, or a LlamaConfig (GQA, RoPE with
+// Llama 3 scaling, SwiGLU width, RMSNorm epsilon, tied or untied head). Other mixes of
+// parts have no Hugging Face config: an error.
+Status hf_config_json(const model::GptConfig& config, nlohmann::json* out);
 Status export_hf_folder(const model::Gpt& gpt, const std::string& dir);
 // The head count a folder's config.json gives ("n_head", or "num_attention_heads"); 0 when
 // the folder has no config.json or it names no heads.

@@ -1,34 +1,78 @@
-// GPT-2 model shape and its validation.
+// The model's shape and architecture, and their validation. One record describes every
+// model the engine builds: a decoder-only transformer whose block is put together from
+// parts (the norm, the positions, the MLP, the attention's key/value heads, biases, the
+// head). GPT-2 and Llama are two settings of it (presets below), not two models.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
+#include "kernels/ops.h"
 
 namespace meshtrain::model {
+
+enum class Norm { kLayerNorm, kRmsNorm };   // LayerNorm has a bias; RMSNorm none
+enum class Positions { kLearned, kRope };   // a learned table (wpe), or rotary (no parameters)
+enum class Mlp { kGelu, kSwiGlu };          // GELU(x W1) W2, or (silu(x Wg) * x Wu) W2
 
 struct GptConfig {
   int layers = 2;
   int heads = 4;
   int dim = 128;
-  int max_seq_len = 64;  // rows of the position embedding
+  int max_seq_len = 64;  // positions: rows of wpe, or of the rotary tables
   int vocab = 50257;
+  // Architecture parts; the defaults are GPT-2's.
+  int kv_heads = 0;  // key/value heads (0: heads, multi-head); must divide heads
+  int ffn_dim = 0;   // the MLP's hidden width (0: 4 x dim)
+  Norm norm = Norm::kLayerNorm;
+  float norm_eps = 1e-5f;
+  Positions positions = Positions::kLearned;
+  double rope_theta = 10000.0;
+  kernels::RopeScaling rope_scaling;  // Llama 3's (factor 0: none)
+  Mlp mlp = Mlp::kGelu;
+  bool bias = true;        // biases on the linear layers (and LayerNorm's)
+  bool tied_head = true;   // the head's weight is wte; else a tensor of its own
+
   // The token embedding is stored with this many rows (a multiple of 128, as llm.c);
   // rows >= vocab are zero and never produce logits.
   int padded_vocab() const { return (vocab + 127) / 128 * 128; }
   int head_dim() const { return dim / heads; }
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int kv_dim() const { return kv_head_count() * head_dim(); }
+  // Rows of the fused q, k, v projection: dim + 2 x kv_dim.
+  int qkv_dim() const { return dim + 2 * kv_dim(); }
+  int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
+  // Rows of the MLP's first projection: ffn, or [gate; up] = 2 x ffn for SwiGLU.
+  int fc_dim() const { return mlp == Mlp::kSwiGlu ? 2 * ffn() : ffn(); }
+  bool is_gpt2() const;  // every part GPT-2's
 };
 
-// Known presets: tiny, gpt2-124m, gpt2-350m. Returns an error naming the choices.
+// Known presets: tiny, small, gpt2-124m, gpt2-350m (GPT-2), llama-tiny, llama-124m (Llama
+// parts, trainable here), and the published shapes llama2-7b, llama2-13b, llama2-70b,
+// llama3-8b, llama3-70b, llama3-405b (for the planner and for import). Returns an error
+// naming the choices.
 Status preset_config(const std::string& name, GptConfig* out);
+std::vector<std::string> preset_names();
+
+// The parts of an architecture family ("gpt2" or "llama") applied to c, keeping its shape
+// (layers, heads, dim, positions, vocabulary): Llama's are RMSNorm (eps 1e-5), RoPE (theta
+// 10000), SwiGLU with Llama's hidden width rule, no biases and an untied head.
+Status apply_arch(const std::string& arch, GptConfig* c);
+// Llama's MLP width: 2/3 of 4 x dim, times `multiplier`, rounded up to a multiple of
+// `multiple_of` (Meta's reference: 11008 for dim 4096, multiple 256).
+int llama_ffn_dim(int dim, int multiple_of = 256, double multiplier = 1.0);
+// "gpt2" when every part is GPT-2's, "llama" when every part is Llama's, else "custom".
+std::string arch_name(const GptConfig& c);
 
 // Rejects shapes the engine cannot run, with a message naming the problem.
 Status validate(const GptConfig& c);
 
-// Rejects a tensor-parallel size that does not divide heads, 4*dim or the padded vocabulary.
+// Rejects a tensor-parallel size that does not divide heads, the MLP width or the padded
+// vocabulary, or whose key/value heads neither split evenly over tp nor fit it.
 Status validate_tp(const GptConfig& c, int tp);
 
-// Parameters as a user counts them: the tied head once, padding rows excluded.
+// Parameters as a user counts them: a tied head once, padding rows excluded.
 int64_t num_parameters(const GptConfig& c);
 
 }  // namespace meshtrain::model

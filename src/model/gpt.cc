@@ -25,7 +25,16 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   CHECK_MSG(validate_tp(config, tp_size_).is_ok(), "model shape not divisible by tp");
   Cl_ = config.dim / tp_size_;
   NHl_ = config.heads / tp_size_;
-  Fl_ = 4 * config.dim / tp_size_;
+  NKVl_ = config.kv_head_count() / tp_size_;
+  Ql_ = config.qkv_dim() / tp_size_;
+  Fcl_ = config.fc_dim() / tp_size_;
+  Fl_ = config.ffn() / tp_size_;
+  if (config.positions == Positions::kRope) {
+    const size_t entries = (size_t)config.max_seq_len * (config.head_dim() / 2);
+    rope_cos_.resize(entries), rope_sin_.resize(entries);
+    k::rope_table(rope_cos_.data(), rope_sin_.data(), config.max_seq_len, config.head_dim(), config.rope_theta,
+                  config.rope_scaling);
+  }
   Vl_ = config.padded_vocab() / tp_size_;
   vb_ = tp_rank_ * Vl_;
   vn_ = std::clamp(config.vocab - vb_, 0, Vl_);
@@ -50,7 +59,7 @@ Recompute Gpt::recompute_of(int l) const {
 void Gpt::count_block_flops(int B, int T, bool recomputing, bool attention_only) {
   const double N = (double)B * T, C = config_.dim;
   const double attention = 2.0 * 2.0 * B * (double)T * T / 2.0 * Cl_;  // QK^T and PV, causal half
-  const double linears = 2.0 * N * C * (3.0 * Cl_ + Cl_ + 2.0 * Fl_);
+  const double linears = 2.0 * N * C * ((double)Ql_ + Cl_ + Fcl_ + Fl_);
   const double f = attention_only ? attention : attention + linears;
   (recomputing ? flops_.recompute : flops_.model) += f;
 }
@@ -75,19 +84,37 @@ const float* Gpt::reduce_rows(float* full_partial, float* local) {
   return local;
 }
 
-void Gpt::layernorm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout,
-                                const float* inp, const float* weight, const float* mean,
-                                const float* rstd, int rows) {
+void Gpt::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int rows) const {
+  if (config_.norm == Norm::kRmsNorm) k::rmsnorm_forward(out, rstd, inp, weight, rows, config_.dim, config_.norm_eps);
+  else k::layernorm_forward(out, mean, rstd, inp, weight, bias, rows, config_.dim);
+}
+
+void Gpt::norm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                           const float* weight, const float* mean, const float* rstd, int rows) {
   const int C = config_.dim;
-  if (!sp_) {
-    k::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, rows, C);
-    return;
-  }
+  const bool rms = config_.norm == Norm::kRmsNorm;
+  auto backward = [&](float* dw, float* db) {
+    if (rms) k::rmsnorm_backward(dinp, dw, dout, inp, weight, rstd, rows, C);
+    else k::layernorm_backward(dinp, dw, db, dout, inp, weight, mean, rstd, rows, C);
+  };
+  if (!sp_) return backward(dweight, dbias);
   // Each rank saw only its tokens: sum the weight gradients over tp before accumulating.
-  std::vector<float> dwb(2 * (size_t)C, 0.0f);
-  k::layernorm_backward(dinp, dwb.data(), dwb.data() + C, dout, inp, weight, mean, rstd, rows, C);
+  const int parts = rms ? 1 : 2;
+  std::vector<float> dwb(parts * (size_t)C, 0.0f);
+  backward(dwb.data(), rms ? nullptr : dwb.data() + C);
   tp_all_reduce(dwb.data(), dwb.size());
-  for (int c = 0; c < C; c++) dweight[c] += dwb[c], dbias[c] += dwb[C + c];
+  for (int c = 0; c < C; c++) dweight[c] += dwb[c];
+  if (!rms)
+    for (int c = 0; c < C; c++) dbias[c] += dwb[C + c];
+}
+
+// Training rows start at position 0: row n of a B x T micro-batch is at position n % T.
+void Gpt::rotate_qk(float* qkv, int B, int T, bool inverse) const {
+  if (config_.positions != Positions::kRope) return;
+  const int hs = config_.head_dim(), N = B * T;
+  k::rope_rotate(qkv, N, T, Ql_, NHl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse);
+  k::rope_rotate(qkv + Cl_, N, T, Ql_, NKVl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse);
 }
 
 float* Gpt::params() {
@@ -124,15 +151,14 @@ void Gpt::init_weights(uint64_t seed) {
   for (const ParamTensor& t : layout_.tensors()) {
     float* w = p + t.offset;
     if (t.shape.size() == 1) {
-      bool is_norm_weight = t.name.find("ln_") != std::string::npos &&
-                            t.name.ends_with(".weight");
-      if (is_norm_weight) std::fill(w, w + t.numel, 1.0f);
+      if (t.name.ends_with(".weight")) std::fill(w, w + t.numel, 1.0f);  // a norm's weight
       continue;  // biases stay zero
     }
-    bool residual_proj = t.name.ends_with("c_proj.weight");
+    const bool residual_proj = t.layer >= 0 && (&t == &layout_.layer(t.layer, kAttProjW) ||
+                                                &t == &layout_.layer(t.layer, kFcProjW));
     std::normal_distribution<float> dist(0.0f, residual_proj ? residual_std : 0.02f);
     size_t n = t.numel;
-    if (&t == &layout_.wte()) n = (size_t)config_.vocab * config_.dim;  // padding stays zero
+    if (t.layer < 0 && t.split == TpSplit::kRows) n = (size_t)config_.vocab * config_.dim;  // wte, lm_head: padding stays zero
     for (size_t i = 0; i < n; i++) w[i] = dist(rng);
   }
 }
@@ -156,21 +182,23 @@ int64_t ActivationInventory::recompute_scratch(Recompute mode) const {
 }
 
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel) {
-  const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp, Fl = 4 * C / tp;
+  const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp;
+  const int64_t Ql = config.qkv_dim() / tp, Fcl = config.fc_dim() / tp, Fl = config.ffn() / tp;
+  const int64_t stats = config.norm == Norm::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
   const int64_t Vl = config.padded_vocab() / tp;
   const bool sp = sequence_parallel && tp > 1;
   const int64_t Nl = sp ? N / tp : N;
   ActivationInventory a;
   const int64_t attention_core = N * Cl + N * NHl;  // atty, att_lse
-  a.block_none = Nl * C * 4 + N * Cl * 4 + N * Fl * 2 + Nl * 4 + N * NHl;
+  a.block_none = Nl * C * 4 + N * Ql + N * Cl + N * Fcl + N * Fl + Nl * 2 * stats + N * NHl;
   a.block_selective = a.block_none - attention_core;
   a.block_full = Nl * C;  // the block's output only
   a.set_input = Nl * C;
-  a.head = Nl * C + 2 * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
+  a.head = Nl * C + stats * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
   a.recompute_selective = attention_core;
   a.recompute_full = a.block_none;
   // dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu.
-  a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl * 4 + N * Fl * 2;
+  a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl + N * Ql + N * Fcl + N * Fl;
   return a;
 }
 
@@ -179,7 +207,7 @@ void Gpt::ensure_activations(int B, int T) {
   if (B == B_ && T == T_) return;
   B_ = B, T_ = T;
   CHECK_MSG(!sp_ || (B * T) % tp_size_ == 0, "sequence parallelism needs B*T divisible by tp");
-  const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_, Fl = Fl_;
+  const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_;
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
   inventory_ = activation_inventory(config_, B, T, tp_size_, sp_);
@@ -200,7 +228,7 @@ void Gpt::ensure_activations(int B, int T) {
   if (recompute_ == Recompute::kFull) take_block(scratch_, take, true, true);
   dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
   dbranch_ = take(Nl * C);
-  datty_ = take(N * Cl), dqkv_ = take(N * 3 * Cl), dfch_ = take(N * Fl), dfch_gelu_ = take(N * Fl);
+  datty_ = take(N * Cl), dqkv_ = take(N * Ql_), dfch_ = take(N * Fcl_), dfch_gelu_ = take(N * Fl_);
   CHECK(cursor == shared_.data() + shared_.size());
 }
 
@@ -215,11 +243,12 @@ size_t Gpt::set_floats(int c) const {
 template <typename Take>
 void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const {
   const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
-  a.ln1 = take(Nl * C), a.ln1_mean = take(Nl), a.ln1_rstd = take(Nl);
-  a.qkv = take(N * 3 * Cl_);
+  const bool mean = config_.norm == Norm::kLayerNorm;
+  a.ln1 = take(Nl * C), a.ln1_mean = mean ? take(Nl) : nullptr, a.ln1_rstd = take(Nl);
+  a.qkv = take(N * Ql_);
   if (with_core) a.atty = take(N * Cl_), a.att_lse = take(N * NHl_);
-  a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = take(Nl), a.ln2_rstd = take(Nl);
-  a.fch = take(N * Fl_), a.fch_gelu = take(N * Fl_);
+  a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = mean ? take(Nl) : nullptr, a.ln2_rstd = take(Nl);
+  a.fch = take(N * Fcl_), a.fch_gelu = take(N * Fl_);
   if (with_output) a.residual3 = take(Nl * C);
 }
 
@@ -252,7 +281,7 @@ void Gpt::layout_set(int c, ActivationSet& s) {
     }
   }
   if (is_last_stage(c)) {
-    s.lnf = take(Nl * C), s.lnf_mean = take(Nl), s.lnf_rstd = take(Nl);
+    s.lnf = take(Nl * C), s.lnf_mean = config_.norm == Norm::kLayerNorm ? take(Nl) : nullptr, s.lnf_rstd = take(Nl);
     s.lnf_full = sp_ ? take(N * C) : s.lnf;
     s.logits = take(N * Vl_);
     s.lse = take(N), s.target_logit = take(N), s.losses = take(N);
@@ -307,9 +336,11 @@ size_t Gpt::boundary_elements(int B, int T) const {
 // dropout, in place on this rank's rows.
 void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
   const int C = config_.dim;
+  if (bias) {
 #pragma omp parallel for schedule(static)
-  for (int r = 0; r < rows; r++)
-    for (int c = 0; c < C; c++) x[(size_t)r * C + c] += bias[c];
+    for (int r = 0; r < rows; r++)
+      for (int c = 0; c < C; c++) x[(size_t)r * C + c] += bias[c];
+  }
   dropout(x, rows, site);
 }
 
@@ -323,12 +354,16 @@ k::GradOutput Gpt::weight_grad(int u, float* unit_base, const ParamTensor& t) co
   return grad(u, unit_base, t);
 }
 
-k::GemmInput Gpt::gelu_into(BlockActivations& a, size_t n) const {
-  if (precision_ != k::Precision::kBf16) {
-    k::gelu_forward(a.fch_gelu, a.fch, n);
-    return a.fch_gelu;
+k::GemmInput Gpt::activation_into(BlockActivations& a, int N) const {
+  const bool bf16 = precision_ == k::Precision::kBf16;
+  uint16_t* half = reinterpret_cast<uint16_t*>(a.fch_gelu);
+  if (config_.mlp == Mlp::kSwiGlu) {
+    if (bf16) k::swiglu_forward(half, a.fch, N, Fl_);
+    else k::swiglu_forward(a.fch_gelu, a.fch, N, Fl_);
+  } else {
+    if (bf16) k::gelu_forward(half, a.fch, (size_t)N * Fl_);
+    else k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
   }
-  k::gelu_forward(reinterpret_cast<uint16_t*>(a.fch_gelu), a.fch, n);
   return mlp_hidden(a);
 }
 
@@ -342,19 +377,21 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   count_block_flops(B, T, recomputing, false);
   const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
-  auto W = [&](LayerTensor t) { return param(u, unit, layout_.layer(l, t)); };
+  // W: a tensor the architecture may lack (null then); Wg: a GEMM weight.
+  auto W = [&](LayerTensor t) { return layout_.has(l, t) ? param(u, unit, layout_.layer(l, t)) : nullptr; };
   auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
-  k::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl, C);
-  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, 3 * Cl_, precision_);
-  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NHl_, precision_);
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl);
+  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, Ql_, precision_);
+  rotate_qk(a.qkv, B, T, false);
+  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
   k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
   k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
-  k::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl, C);
-  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fl_, precision_);
-  const k::GemmInput hidden = gelu_into(a, (size_t)N * Fl_);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl);
+  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fcl_, precision_);
+  const k::GemmInput hidden = activation_into(a, N);
   k::matmul_forward(partial_, hidden, Wg(kFcProjW), nullptr, N, Fl_, C, precision_);
   proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
@@ -369,7 +406,7 @@ void Gpt::embedding_forward(const int* inputs, int B, int T) {
   const float* emb = store_->acquire_params(E);
   set_->inputs.assign(inputs, inputs + (size_t)B * T);
   float* embedded = sp_ ? partial_ : set_->input;  // all rows; input keeps this rank's
-  const float* wpe = tp_rank_ == 0 ? param(E, emb, layout_.wpe()) : nullptr;
+  const float* wpe = tp_rank_ == 0 && layout_.has_wpe() ? param(E, emb, layout_.wpe()) : nullptr;
   const k::GemmInput wte = gemm_weight(E, emb, layout_.wte());
   if (wte.bf16) k::encoder_forward(embedded, inputs, wte.bf16, wpe, B, T, config_.dim, vb_, Vl_);
   else k::encoder_forward(embedded, inputs, wte.fp32, wpe, B, T, config_.dim, vb_, Vl_);
@@ -386,20 +423,26 @@ const float* Gpt::blocks_forward(int c, const float* residual, int B, int T) {
   return residual;
 }
 
-// Final norm and the tied LM head over this rank's real vocabulary columns: logits[N, vn]
+// Final norm and the LM head (tied: wte) over this rank's real vocabulary columns: logits[N, vn]
 // with row stride Vl.
 void Gpt::head_forward(const float* residual, int B, int T) {
   const int N = B * T, C = config_.dim, F = layout_.final_unit();
   const float* fin = store_->acquire_params(F);
-  k::layernorm_forward(set_->lnf, set_->lnf_mean, set_->lnf_rstd, residual,
-                       param(F, fin, layout_.lnf_w()), param(F, fin, layout_.lnf_b()), Nl_, C);
-  store_->release_params(F);
+  norm_forward(set_->lnf, set_->lnf_mean, set_->lnf_rstd, residual, param(F, fin, layout_.lnf_w()),
+               layout_.has_lnf_b() ? param(F, fin, layout_.lnf_b()) : nullptr, Nl_);
   gather_rows(set_->lnf, set_->lnf_full);
+  auto head_gemm = [&](const k::GemmInput& w) {
+    k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, w, C, 0.0f, set_->logits, logits_ld());
+  };
+  if (layout_.has_untied_head()) {  // in the final norm's unit
+    head_gemm(gemm_weight(F, fin, layout_.head()));
+    store_->release_params(F);
+    return;
+  }
+  store_->release_params(F);
   const int E = layout_.embedding_unit();
-  const k::GemmInput wte = gemm_weight(E, store_->acquire_params(E), layout_.wte());
-  k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, wte, C, 0.0f, set_->logits,
-          logits_ld());
-  store_->release_params(layout_.embedding_unit());
+  head_gemm(gemm_weight(E, store_->acquire_params(E), layout_.wte()));
+  store_->release_params(E);
 }
 
 float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, const float* input,
@@ -483,9 +526,10 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
   float* gunit = store_->acquire_grads(u);
-  auto W = [&](LayerTensor t) { return param(u, unit, layout_.layer(l, t)); };
+  // W, G: a tensor the architecture may lack (null then); Wg, Gw: a GEMM weight's.
+  auto W = [&](LayerTensor t) { return layout_.has(l, t) ? param(u, unit, layout_.layer(l, t)) : nullptr; };
   auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
-  auto G = [&](LayerTensor t) { return grad(u, gunit, layout_.layer(l, t)); };
+  auto G = [&](LayerTensor t) { return layout_.has(l, t) ? grad(u, gunit, layout_.layer(l, t)) : nullptr; };
   auto Gw = [&](LayerTensor t) { return weight_grad(u, gunit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
@@ -493,27 +537,27 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   k::matmul_backward(dfch_gelu_, Gw(kFcProjW), G(kFcProjB),
                      gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
                      Wg(kFcProjW), N, Fl_, C, precision_);
-  k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
+  if (config_.mlp == Mlp::kSwiGlu) k::swiglu_backward(dfch_, a.fch, dfch_gelu_, N, Fl_);
+  else k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
   // The weight gradient needs the fc input of every row: gathered again (not stored).
   k::matmul_backward(partial_, Gw(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
-                     C, Fl_, precision_);
+                     C, Fcl_, precision_);
   const float* dln = reduce_rows(partial_, dln_);  // f
-  layernorm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean,
-                        a.ln2_rstd, Nl);
+  norm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean, a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
   if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
-    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NHl_, precision_);
+    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
     count_block_flops(B, T, true, true);
   }
   k::matmul_backward(datty_, Gw(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
                      Wg(kAttProjW), N, Cl_, C, precision_);
-  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NHl_, precision_);
+  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
+  rotate_qk(dqkv_, B, T, /*inverse=*/true);  // to the gradients of the unrotated q and k
   k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
-                     N, C, 3 * Cl_, precision_);
+                     N, C, Ql_, precision_);
   dln = reduce_rows(partial_, dln_);  // f
-  layernorm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean,
-                        a.ln1_rstd, Nl);
+  norm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean, a.ln1_rstd, Nl);
   store_->release_params(u);
   store_->release_grads(u);
 }
@@ -523,7 +567,7 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
 // complete for the micro-batch here unless this rank also runs the first stage.
 void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const int N = B * T, C = config_.dim;
-  const int E = layout_.embedding_unit(), F = layout_.final_unit();
+  const int E = layout_.has_untied_head() ? -1 : layout_.embedding_unit(), F = layout_.final_unit();
   // dlogits replace the logits in place: bf16 GEMMs get them already rounded (half the
   // bytes to read, no second rounding), others in fp32.
   k::GemmInput dlogits(set_->logits);
@@ -536,22 +580,27 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
     k::crossentropy_backward(set_->logits, set_->logits, set_->lse, set_->targets.data(), loss_scale,
                              N, vn_, ld, vb_);
   }
-  const float* emb = store_->acquire_params(E);
-  float* gemb = store_->acquire_grads(E);
-  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(E, emb, layout_.wte()), C,
-          0.0f, partial_, C);
+  // The head's weight: wte (tied, the embedding unit) or its own (the final norm's unit).
+  const bool untied = layout_.has_untied_head();
+  const int H = untied ? F : E;
+  const ParamTensor& head = untied ? layout_.head() : layout_.wte();
+  const float* hp = store_->acquire_params(H);
+  float* hg = store_->acquire_grads(H);
+  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(H, hp, head), C, 0.0f, partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, set_->lnf_full, C, 1.0f,
-          grad(E, gemb, layout_.wte()), C);
-  store_->release_params(E);
-  if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
+  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, set_->lnf_full, C, 1.0f, grad(H, hg, head), C);
+  if (!untied) {
+    store_->release_params(E);
+    if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
+  }
 
   std::memset(dresidual_, 0, sizeof(float) * Nl_ * C);
-  const float* fin = store_->acquire_params(F);
-  float* gfin = store_->acquire_grads(F);
-  layernorm_backward_tp(dresidual_, grad(F, gfin, layout_.lnf_w()), grad(F, gfin, layout_.lnf_b()),
-                        dlnf, set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()),
-                        set_->lnf_mean, set_->lnf_rstd, Nl_);
+  const float* fin = untied ? hp : store_->acquire_params(F);
+  float* gfin = untied ? hg : store_->acquire_grads(F);
+  norm_backward_tp(dresidual_, grad(F, gfin, layout_.lnf_w()),
+                   layout_.has_lnf_b() ? grad(F, gfin, layout_.lnf_b()) : nullptr, dlnf,
+                   set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()), set_->lnf_mean, set_->lnf_rstd,
+                   Nl_);
   store_->release_params(F);
   store_->release_grads(F);
 }
@@ -561,7 +610,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
 void Gpt::embedding_backward(int B, int T) {
   const int E = layout_.embedding_unit();
   float* gemb = store_->acquire_grads(E);
-  k::encoder_backward(grad(E, gemb, layout_.wte()), grad(E, gemb, layout_.wpe()),
+  k::encoder_backward(grad(E, gemb, layout_.wte()), layout_.has_wpe() ? grad(E, gemb, layout_.wpe()) : nullptr,
                       gather_rows(dropout_grad(dresidual_, 0), gathered_), set_->inputs.data(), B,
                       T, config_.dim, vb_, Vl_);
   store_->release_grads(E);

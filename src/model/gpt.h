@@ -16,21 +16,23 @@
 
 namespace meshtrain::model {
 
-// Everything the backward pass needs from the forward pass, one set per block.
-// (Tensor-parallel shapes: 3C -> 3C/t, NH -> NH/t, the attention output C -> C/t, 4C -> 4C/t.)
+// Everything the backward pass needs from the forward pass, one set per block. Q = C + 2 KV
+// is the fused q, k, v width (KV = kv_heads x hs), Fc the MLP's first projection (F, or 2F
+// for SwiGLU's [gate | up]), F its hidden width. (Tensor-parallel shapes: each of these and
+// NH divided by t.)
 struct BlockActivations {
   float* ln1;        // [B,T,C]
-  float* ln1_mean;   // [B,T]
+  float* ln1_mean;   // [B,T] (LayerNorm only)
   float* ln1_rstd;   // [B,T]
-  float* qkv;        // [B,T,3C]
+  float* qkv;        // [B,T,Q], q and k rotated (RoPE)
   float* atty;       // [B,T,C]
   float* att_lse;    // [B,NH,T]
   float* residual2;  // [B,T,C]
   float* ln2;        // [B,T,C]
-  float* ln2_mean;   // [B,T]
+  float* ln2_mean;   // [B,T] (LayerNorm only)
   float* ln2_rstd;   // [B,T]
-  float* fch;        // [B,T,4C]
-  float* fch_gelu;   // [B,T,4C]; with bf16 GEMMs its bf16 words, in the slot's first half
+  float* fch;        // [B,T,Fc]
+  float* fch_gelu;   // [B,T,F] GELU's or SwiGLU's output; with bf16 GEMMs its bf16 words, in the slot's first half
   float* residual3;  // [B,T,C]
 };
 
@@ -44,12 +46,13 @@ enum class Recompute { kNone, kSelective, kFull };
 // (activations are fp32), as a Gpt lays it out; computed without a model or an allocation,
 // so the planner predicts activation memory with the engine's own accounting. N = B*T token
 // rows, Nl = N/t residual-stream rows under sequence parallelism (else N), Cl = C/t,
-// NHl = NH/t, Fl = 4C/t.
+// NHl = NH/t, Ql = Q/t, Fcl = Fc/t, Fl = F/t (BlockActivations' widths).
 struct ActivationInventory {
   // One block's stored tensors per recompute mode (BlockActivations): kNone 4 [Nl,C]
-  // residual-stream tensors, their 4 row statistics, qkv [N,3Cl], the attention output
-  // [N,Cl], its log-sum-exp [N,NHl] and the MLP's two [N,Fl]; kSelective all but the
-  // attention output and log-sum-exp; kFull the block's output [Nl,C] only.
+  // residual-stream tensors, their row statistics (4 for LayerNorm, 2 for RMSNorm), qkv
+  // [N,Ql], the attention output [N,Cl], its log-sum-exp [N,NHl] and the MLP's [N,Fcl] and
+  // [N,Fl]; kSelective all but the attention output and log-sum-exp; kFull the block's
+  // output [Nl,C] only.
   int64_t block_none = 0, block_selective = 0, block_full = 0;
   int64_t set_input = 0;  // every set's input [Nl,C]
   // A last-stage set's head: final norm [Nl,C] and its statistics, the gathered head input
@@ -131,8 +134,9 @@ class Gpt {
   // the local buffers.
   void set_param_store(ParamStore* store);
 
-  // GPT-2 initialisation: N(0, 0.02), residual projections N(0, 0.02/sqrt(2L)), zero
-  // biases, unit LayerNorm weights; padded vocabulary rows stay zero.
+  // GPT-2 initialisation for every architecture: N(0, 0.02), residual projections (attention
+  // and MLP outputs) N(0, 0.02/sqrt(2L)), zero biases, unit norm weights; padded vocabulary
+  // rows stay zero.
   void init_weights(uint64_t seed);
   // Sets this rank's parameters from whole-model weights in the tp = 1 layout.
   void set_from_global(const float* global_params);
@@ -208,9 +212,15 @@ class Gpt {
   const float* gather_rows(const float* local, float* full);
   const float* reduce_rows(float* full_partial, float* local);
   // LayerNorm backward whose weight gradients are partial under sequence parallelism.
-  void layernorm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout,
-                             const float* inp, const float* weight, const float* mean,
-                             const float* rstd, int rows);
+  // The block's norm (LayerNorm or RMSNorm; bias and mean unused by RMSNorm) on `rows` rows.
+  void norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                    const float* bias, int rows) const;
+  // The norm's backward; its weight gradients are partial under sequence parallelism.
+  void norm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean,
+                        const float* rstd, int rows);
+  // RoPE on q and k of a block's qkv (inverse: on their gradients); no-op for learned positions.
+  void rotate_qk(float* qkv, int B, int T, bool inverse) const;
   void vocab_parallel_loss(int N);
   // Row stride of a set's logits: the real columns (vn) packed, not the padded Vl. The
   // bf16 head GEMM writing 50257 columns at a stride of 50304 floats (a multiple of 512
@@ -240,9 +250,10 @@ class Gpt {
   // A GEMM weight: from the store's bf16 copy of the unit when it keeps one
   // (ParamStore::acquired_bf16), else fp32.
   kernels::GemmInput gemm_weight(int u, const float* unit_base, const ParamTensor& t) const;
-  // The MLP's hidden activation GELU(fch): written by gelu_into, read by fc_proj's GEMMs.
-  // bf16 GEMMs get it as bf16 words, rounded once where GELU writes it.
-  kernels::GemmInput gelu_into(BlockActivations& a, size_t n) const;
+  // The MLP's hidden activation, GELU(fch) or SwiGLU(fch): written by activation_into,
+  // read by the down projection's GEMMs. bf16 GEMMs get it as bf16 words, rounded once where
+  // the activation writes it.
+  kernels::GemmInput activation_into(BlockActivations& a, int N) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
@@ -282,9 +293,11 @@ class Gpt {
 
   comm::Group* tp_ = nullptr;  // null when tp = 1
   int tp_size_ = 1, tp_rank_ = 0;
-  // This rank's slice: attention width Cl = C/t with NHl heads, MLP width Fl = 4C/t,
-  // vocabulary rows [vb, vb + Vl) of which vn are real tokens.
-  int Cl_, NHl_, Fl_, Vl_, vb_, vn_;
+  // This rank's slice: attention width Cl = C/t with NHl query and NKVl key/value heads,
+  // fused qkv width Ql, the MLP's first projection Fcl and hidden width Fl, vocabulary rows
+  // [vb, vb + Vl) of which vn are real tokens.
+  int Cl_, NHl_, NKVl_, Ql_, Fcl_, Fl_, Vl_, vb_, vn_;
+  std::vector<float> rope_cos_, rope_sin_;  // [max_seq_len, hs/2] (RoPE only)
 };
 
 }  // namespace meshtrain::model

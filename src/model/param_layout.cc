@@ -7,61 +7,117 @@
 namespace meshtrain::model {
 
 ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part)
-    : tp_(tp), tp_rank_(tp_rank) {
+    : tp_(tp), tp_rank_(tp_rank), untied_head_(!c.tied_head) {
   using S = TpSplit;
+  building_.fill(-1);
   const int64_t C = c.dim;
   const int L = c.layers;
+  const bool gpt2_names = c.is_gpt2();
   std::vector<bool> held(L, part.chunks.empty());
   bool embedding = part.chunks.empty(), final_norm = part.chunks.empty();
   for (const auto& ch : part.chunks) {
     CHECK_MSG(0 <= ch.begin && ch.begin < ch.end && ch.end <= L, "invalid pipeline chunk");
     for (int l = ch.begin; l < ch.end; l++) held[l] = true;
-    embedding = embedding || ch.begin == 0 || ch.end == L;  // the head is the tied wte
+    embedding = embedding || ch.begin == 0 || (ch.end == L && c.tied_head);  // a tied head is wte
     final_norm = final_norm || ch.end == L;
   }
   whole_ = embedding && final_norm && std::find(held.begin(), held.end(), false) == held.end();
   block_unit_.assign(L, -1);
   if (embedding) {
     const size_t first = tensors_.size();
-    add("wte.weight", {c.padded_vocab(), C}, S::kRows, true, false, -1);
-    add("wpe.weight", {c.max_seq_len, C}, S::kReplicated, true, false, -1);
+    add(gpt2_names ? "wte.weight" : "model.embed_tokens.weight", {c.padded_vocab(), C}, S::kRows, true, false,
+        -1, 0, false);
+    if (c.positions == Positions::kLearned)
+      add("wpe.weight", {c.max_seq_len, C}, S::kReplicated, true, false, -1, 1, false);
     embedding_unit_ = num_units();
     close_unit(0, first);
   }
   for (int l = 0; l < L; l++) {
     if (!held[l]) continue;
     const size_t first = tensors_.size();
-    const std::string p = "h." + std::to_string(l) + ".";
-    add(p + "ln_1.weight", {C}, S::kReplicated, false, false, l);
-    add(p + "ln_1.bias", {C}, S::kReplicated, false, false, l);
-    add(p + "attn.c_attn.weight", {3 * C, C}, S::kQkvRows, true, true, l);
-    add(p + "attn.c_attn.bias", {3 * C}, S::kQkvRows, false, false, l);
-    add(p + "attn.c_proj.weight", {C, C}, S::kCols, true, true, l);
-    add(p + "attn.c_proj.bias", {C}, S::kReplicated, false, false, l);
-    add(p + "ln_2.weight", {C}, S::kReplicated, false, false, l);
-    add(p + "ln_2.bias", {C}, S::kReplicated, false, false, l);
-    add(p + "mlp.c_fc.weight", {4 * C, C}, S::kRows, true, true, l);
-    add(p + "mlp.c_fc.bias", {4 * C}, S::kRows, false, false, l);
-    add(p + "mlp.c_proj.weight", {C, 4 * C}, S::kCols, true, true, l);
-    add(p + "mlp.c_proj.bias", {C}, S::kReplicated, false, false, l);
+    if (gpt2_names) add_gpt2_block(c, l);
+    else add_llama_block(c, l);
     block_unit_[l] = num_units();
     close_unit(1 + l, first);
   }
   if (final_norm) {
     const size_t first = tensors_.size();
-    add("ln_f.weight", {C}, S::kReplicated, false, false, -1);
-    add("ln_f.bias", {C}, S::kReplicated, false, false, -1);
+    add(gpt2_names ? "ln_f.weight" : "model.norm.weight", {C}, S::kReplicated, false, false, -1, 0, false);
+    if (c.norm == Norm::kLayerNorm)
+      add(gpt2_names ? "ln_f.bias" : "model.norm.bias", {C}, S::kReplicated, false, false, -1, 1, false);
+    if (!c.tied_head) add("lm_head.weight", {c.padded_vocab(), C}, S::kRows, true, false, -1, 2, false);
     final_unit_ = num_units();
     close_unit(L + 1, first);
   }
+}
+
+// GPT-2's block in Hugging Face's names and Conv1D layout: fused c_attn [q; k; v] split by
+// heads over tp, biases everywhere.
+void ParamLayout::add_gpt2_block(const GptConfig& c, int l) {
+  using S = TpSplit;
+  const int64_t C = c.dim, F = c.ffn();
+  const std::string p = "h." + std::to_string(l) + ".";
+  add(p + "ln_1.weight", {C}, S::kReplicated, false, false, l, kLn1W, false);
+  add(p + "ln_1.bias", {C}, S::kReplicated, false, false, l, kLn1B, false);
+  add(p + "attn.c_attn.weight", {3 * C, C}, S::kQkvRows, true, true, l, kQkvW, true);
+  add(p + "attn.c_attn.bias", {3 * C}, S::kQkvRows, false, false, l, kQkvB, false);
+  add(p + "attn.c_proj.weight", {C, C}, S::kCols, true, true, l, kAttProjW, true);
+  add(p + "attn.c_proj.bias", {C}, S::kReplicated, false, false, l, kAttProjB, false);
+  add(p + "ln_2.weight", {C}, S::kReplicated, false, false, l, kLn2W, false);
+  add(p + "ln_2.bias", {C}, S::kReplicated, false, false, l, kLn2B, false);
+  add(p + "mlp.c_fc.weight", {F, C}, S::kRows, true, true, l, kFcW, true);
+  add(p + "mlp.c_fc.bias", {F}, S::kRows, false, false, l, kFcB, false);
+  add(p + "mlp.c_proj.weight", {C, F}, S::kCols, true, true, l, kFcProjW, true);
+  add(p + "mlp.c_proj.bias", {C}, S::kReplicated, false, false, l, kFcProjB, false);
+}
+
+// Any other block in Hugging Face Llama's names ([out, in] weights). q, k, v are separate
+// tensors, each split by rows (heads) over tp and laid out back to back, so rank r holds
+// [q_r; k_r; v_r]: the fused projection of its heads. gate and up likewise give [gate_r;
+// up_r]. A part the architecture lacks (a bias, a norm's bias) has no tensor.
+void ParamLayout::add_llama_block(const GptConfig& c, int l) {
+  using S = TpSplit;
+  const int64_t C = c.dim, KV = c.kv_dim(), F = c.ffn();
+  const bool layernorm = c.norm == Norm::kLayerNorm, bias = c.bias, swiglu = c.mlp == Mlp::kSwiGlu;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  add(p + "input_layernorm.weight", {C}, S::kReplicated, false, false, l, kLn1W, false);
+  if (layernorm) add(p + "input_layernorm.bias", {C}, S::kReplicated, false, false, l, kLn1B, false);
+  add(p + "self_attn.q_proj.weight", {C, C}, S::kRows, true, false, l, kQkvW, true);
+  add(p + "self_attn.k_proj.weight", {KV, C}, S::kRows, true, false, l, -1, true);
+  add(p + "self_attn.v_proj.weight", {KV, C}, S::kRows, true, false, l, -1, true);
+  if (bias) {
+    add(p + "self_attn.q_proj.bias", {C}, S::kRows, false, false, l, kQkvB, false);
+    add(p + "self_attn.k_proj.bias", {KV}, S::kRows, false, false, l, -1, false);
+    add(p + "self_attn.v_proj.bias", {KV}, S::kRows, false, false, l, -1, false);
+  }
+  add(p + "self_attn.o_proj.weight", {C, C}, S::kCols, true, false, l, kAttProjW, true);
+  if (bias) add(p + "self_attn.o_proj.bias", {C}, S::kReplicated, false, false, l, kAttProjB, false);
+  add(p + "post_attention_layernorm.weight", {C}, S::kReplicated, false, false, l, kLn2W, false);
+  if (layernorm) add(p + "post_attention_layernorm.bias", {C}, S::kReplicated, false, false, l, kLn2B, false);
+  add(p + (swiglu ? "mlp.gate_proj.weight" : "mlp.up_proj.weight"), {F, C}, S::kRows, true, false, l, kFcW, true);
+  if (swiglu) add(p + "mlp.up_proj.weight", {F, C}, S::kRows, true, false, l, -1, true);
+  if (bias) {
+    add(p + (swiglu ? "mlp.gate_proj.bias" : "mlp.up_proj.bias"), {F}, S::kRows, false, false, l, kFcB, false);
+    if (swiglu) add(p + "mlp.up_proj.bias", {F}, S::kRows, false, false, l, -1, false);
+  }
+  add(p + "mlp.down_proj.weight", {C, F}, S::kCols, true, false, l, kFcProjW, true);
+  if (bias) add(p + "mlp.down_proj.bias", {C}, S::kReplicated, false, false, l, kFcProjB, false);
 }
 
 // The tensors added since `first_tensor` form the next unit (contiguous by construction).
 void ParamLayout::close_unit(int id, size_t first_tensor) {
   const ParamTensor& a = tensors_[first_tensor];
   const ParamTensor& b = tensors_.back();
+  const int u = num_units();
   units_.push_back({a.offset, b.offset + b.numel - a.offset, id});
-  unit_first_tensor_.push_back(first_tensor);
+  for (size_t i = first_tensor; i < tensors_.size(); i++) tensors_[i].unit = u;
+  unit_slots_.push_back(building_);
+  building_.fill(-1);
+}
+
+const ParamTensor& ParamLayout::slot(int unit, int k) const {
+  CHECK_MSG(has_slot(unit, k), "the model's architecture has no such tensor");
+  return tensors_[unit_slots_[unit][k]];
 }
 
 int ParamLayout::embedding_unit() const {
@@ -85,17 +141,15 @@ int ParamLayout::local_unit(int id) const {
   return -1;
 }
 
-int ParamLayout::unit_of(const ParamTensor& t) const {
-  if (t.layer >= 0) return block_unit(t.layer);
-  return t.name.starts_with("ln_f") ? final_unit() : embedding_unit();
-}
+int ParamLayout::unit_of(const ParamTensor& t) const { return t.unit; }
 
 size_t ParamLayout::offset_in_unit(const ParamTensor& t) const {
   return t.offset - units_[unit_of(t)].offset;
 }
 
 void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSplit split,
-                      bool decay, bool hf_transposed, int layer) {
+                      bool decay, bool hf_transposed, int layer, int slot, bool linear) {
+  if (slot >= 0) building_[slot] = (int)tensors_.size();
   ParamTensor t;
   t.name = std::move(name);
   t.split = split;
@@ -109,8 +163,10 @@ void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSpl
   t.offset = total_;
   t.decay = decay;
   t.hf_transposed = hf_transposed;
-  t.gemm_weight = hf_transposed || t.name == "wte.weight";  // the linears are HF's Conv1Ds
-  t.gemm_grad = hf_transposed;
+  // The token embedding (read by the lookup, and the GEMM of a tied head) and an untied head
+  // are the vocabulary-split tensors outside the blocks.
+  t.gemm_weight = linear || (layer < 0 && split == TpSplit::kRows);
+  t.gemm_grad = linear;
   t.layer = layer;
   total_ += t.numel;
   tensors_.push_back(std::move(t));

@@ -3,6 +3,7 @@
 // offset range. Tensors are stored layer by layer: a layer (or a pipeline stage) is one
 // contiguous range.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -20,7 +21,9 @@ enum class TpSplit {
 };
 
 struct ParamTensor {
-  std::string name;            // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  // Hugging Face's name: GPT-2's (e.g. "h.3.attn.c_attn.weight") or Llama's (e.g.
+  // "model.layers.3.self_attn.q_proj.weight").
+  std::string name;
   std::vector<int64_t> shape;  // this rank's shape, engine layout: linear weights are [out, in]
   std::vector<int64_t> global_shape;  // the whole tensor (equal to shape when tp = 1)
   TpSplit split = TpSplit::kReplicated;
@@ -35,16 +38,21 @@ struct ParamTensor {
   // GEMM can add into a 16-bit gradient itself (wte's also takes the embedding's rows).
   bool gemm_grad = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
+  int unit = -1;               // the local unit holding it (ParamLayout::units())
 };
 
-// Field order of one block's tensors inside the layout.
+// The roles of one block's tensors (GPT-2's field order inside the layout). An architecture
+// without a part has no tensor in its slot (no biases, no norm bias: ParamLayout::has).
+// Llama's q, k and v projections are three tensors laid out back to back, so kQkvW (q_proj)
+// starts the fused [q; k; v] weight the model multiplies by, and its gate and up projections
+// likewise make kFcW (gate_proj) the fused [gate; up] weight.
 enum LayerTensor : int {
   kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
   kNumLayerTensors
 };
 
 // A unit is the granularity of parameter ownership: the embeddings (wte, wpe), each block,
-// and the final norm, each a contiguous range of the flat buffer. ZeRO shards, gathers
+// and the final norm (with an untied head), each a contiguous range of the flat buffer. ZeRO shards, gathers
 // and reduces unit by unit; backward finishes them in reverse order.
 struct ParamUnit {
   size_t offset = 0;
@@ -55,8 +63,8 @@ struct ParamUnit {
 // The layers one rank holds: the pipeline stages ("chunks") it runs, in chunk order, each
 // a contiguous range of layers (interleaved schedules give a rank several). A chunk that
 // starts at layer 0 also runs the embedding; one that ends at layer L runs the final norm,
-// the tied head and the loss, so it holds the embedding unit too (the head's weight is
-// wte). No chunks means the whole model.
+// the head and the loss: a tied head's weight is wte, so that chunk holds the embedding unit
+// too; an untied head lives in the final norm's unit. No chunks means the whole model.
 struct ModelPart {
   struct Chunk {
     int begin = 0, end = 0;  // layers [begin, end)
@@ -77,14 +85,20 @@ class ParamLayout {
   size_t total() const { return total_; }
   const ParamTensor* find(const std::string& name) const;
 
-  // The tensors of a held unit (the accessors check that it is held).
-  const ParamTensor& wte() const { return tensors_[tensor_index(embedding_unit(), 0)]; }
-  const ParamTensor& wpe() const { return tensors_[tensor_index(embedding_unit(), 1)]; }
-  const ParamTensor& layer(int l, LayerTensor t) const {
-    return tensors_[tensor_index(block_unit(l), t)];
-  }
-  const ParamTensor& lnf_w() const { return tensors_[tensor_index(final_unit(), 0)]; }
-  const ParamTensor& lnf_b() const { return tensors_[tensor_index(final_unit(), 1)]; }
+  // The tensors of a held unit (the accessors check that it is held and has the part).
+  const ParamTensor& wte() const { return slot(embedding_unit(), 0); }
+  const ParamTensor& wpe() const { return slot(embedding_unit(), 1); }
+  const ParamTensor& layer(int l, LayerTensor t) const { return slot(block_unit(l), t); }
+  const ParamTensor& lnf_w() const { return slot(final_unit(), 0); }
+  const ParamTensor& lnf_b() const { return slot(final_unit(), 1); }
+  // An untied head's weight (in the final norm's unit, on the last stage).
+  const ParamTensor& head() const { return slot(final_unit(), 2); }
+  // Whether the architecture has the part: learned positions, a block's tensor t (biases,
+  // a LayerNorm's bias), the final norm's bias, an untied head.
+  bool has_wpe() const { return has_slot(embedding_unit(), 1); }
+  bool has(int l, LayerTensor t) const { return has_slot(block_unit(l), t); }
+  bool has_lnf_b() const { return has_slot(final_unit(), 1); }
+  bool has_untied_head() const { return untied_head_; }
 
   // Held units in whole-model order: embeddings, blocks by layer, final norm. Local unit
   // indices below are positions in units(); for the whole model, 0 = embeddings, 1 + l =
@@ -105,15 +119,23 @@ class ParamLayout {
   int unit_of(const ParamTensor& t) const;
 
  private:
+  // Adds a tensor in `slot` of the unit being built (-1: none, a fused weight's later part).
+  // linear: a linear layer's weight, read only by GEMMs (gemm_weight, gemm_grad).
   void add(std::string name, std::vector<int64_t> global_shape, TpSplit split, bool decay,
-           bool hf_transposed, int layer);
+           bool hf_transposed, int layer, int slot, bool linear);
   void close_unit(int id, size_t first_tensor);
-  size_t tensor_index(int unit, int k) const { return unit_first_tensor_[unit] + k; }
+  void add_gpt2_block(const GptConfig& c, int l);
+  void add_llama_block(const GptConfig& c, int l);
+  const ParamTensor& slot(int unit, int k) const;
+  bool has_slot(int unit, int k) const { return unit_slots_[unit][k] >= 0; }
+  static constexpr int kSlots = kNumLayerTensors;
+  std::vector<std::array<int, kSlots>> unit_slots_;  // per local unit: slot -> tensor or -1
+  std::array<int, kSlots> building_{};                // the unit being built's slots
+  bool untied_head_ = false;
   int tp_ = 1, tp_rank_ = 0;
   bool whole_ = true;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
-  std::vector<size_t> unit_first_tensor_;  // per local unit: its first tensor
   std::vector<int> block_unit_;            // per layer: local unit or -1
   int embedding_unit_ = -1, final_unit_ = -1;
   size_t total_ = 0;

@@ -319,11 +319,13 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(1)
 
 
-def parse_args(argv):
-    ap = _Parser(description="PyTorch reference GPT-2 trainer (see module docstring).")
+def make_parser(description, heads=True):
+    """The flags every reference trainer takes (torch_llama.py adds --config)."""
+    ap = _Parser(description=description)
     ap.add_argument("--init", required=True)
     ap.add_argument("--tokens", required=True)
-    ap.add_argument("--heads", type=int, required=True)
+    if heads:
+        ap.add_argument("--heads", type=int, required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--seq-len", type=int, required=True)
     ap.add_argument("--steps", type=int, required=True)
@@ -338,27 +340,38 @@ def parse_args(argv):
     ap.add_argument("--grad-accum", type=int, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--dtype", choices=["float64", "float32"], default="float64")
-    return ap.parse_args(argv)
+    return ap
+
+
+def parse_args(argv):
+    return make_parser("PyTorch reference GPT-2 trainer (see module docstring).").parse_args(argv)
 
 
 def run(args):
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    out_np = np.float64 if args.dtype == "float64" else np.float32
-    H, B, T, S, A, W = (args.heads, args.batch, args.seq_len, args.steps,
-                        args.grad_accum, args.warmup_steps)
-    for flag, val in (("--heads", H), ("--batch", B), ("--seq-len", T),
-                      ("--steps", S), ("--grad-accum", A)):
-        if val < 1:
-            raise RefError("%s must be >= 1, got %d" % (flag, val))
-    if W < 0:
-        raise RefError("--warmup-steps must be >= 0, got %d" % W)
-
+    H = args.heads
+    if H < 1:
+        raise RefError("--heads must be >= 1, got %d" % H)
     raw = read_safetensors(args.init)
     prefix, names, L, V, C, maxT = collect_params(raw)
     if C % H != 0:
         raise RefError("channels %d not divisible by heads %d" % (C, H))
-    if T > maxT:
-        raise RefError("--seq-len %d exceeds wpe rows %d" % (T, maxT))
+    if args.seq_len > maxT:
+        raise RefError("--seq-len %d exceeds wpe rows %d" % (args.seq_len, maxT))
+    train(args, raw, names, V, lambda params, idx: forward(params, prefix, L, H, idx), "torch_gpt2",
+          {"L": L, "C": C, "H": H, "maxT": maxT})
+
+
+def train(args, raw, names, V, model, tool, shape_meta=None):
+    """Trains the parameters `names` of `raw` with model(params, idx) -> logits [B, T, V]
+    as the module docstring's Data and Optimizer sections say, and writes the outputs."""
+    dtype = torch.float64 if args.dtype == "float64" else torch.float32
+    out_np = np.float64 if args.dtype == "float64" else np.float32
+    B, T, S, A, W = (args.batch, args.seq_len, args.steps, args.grad_accum, args.warmup_steps)
+    for flag, val in (("--batch", B), ("--seq-len", T), ("--steps", S), ("--grad-accum", A)):
+        if val < 1:
+            raise RefError("%s must be >= 1, got %d" % (flag, val))
+    if W < 0:
+        raise RefError("--warmup-steps must be >= 0, got %d" % W)
 
     tokens = read_tokens(args.tokens)
     G = B * A
@@ -397,7 +410,7 @@ def run(args):
         for a in range(A):
             xb = x_all[a * B:(a + 1) * B]
             yb = y_all[a * B:(a + 1) * B]
-            logits = forward(params, prefix, L, H, xb)
+            logits = model(params, xb)
             if s == 0 and a == 0:
                 out["logits"] = logits.detach().numpy().copy()
             loss = F.cross_entropy(logits.reshape(-1, V), yb.reshape(-1))
@@ -423,15 +436,15 @@ def run(args):
     for n in names:
         out["final." + n] = params[n].detach().numpy().copy()
 
-    meta = {"generator": "tests/reference/torch_gpt2.py", "torch": torch.__version__,
-            "dtype": args.dtype, "L": L, "V": V, "C": C, "H": H, "maxT": maxT,
-            "B": B, "T": T, "S": S, "A": A, "lr": args.lr, "min_lr": args.min_lr,
-            "warmup_steps": W, "weight_decay": args.weight_decay,
-            "beta1": args.beta1, "beta2": args.beta2, "eps": args.eps,
-            "grad_clip": args.grad_clip, "epoch_windows": E}
+    meta = dict(shape_meta or {})
+    meta.update({"generator": "tests/reference/%s.py" % tool, "torch": torch.__version__,
+                 "dtype": args.dtype, "V": V, "B": B, "T": T, "S": S, "A": A, "lr": args.lr,
+                 "min_lr": args.min_lr, "warmup_steps": W, "weight_decay": args.weight_decay,
+                 "beta1": args.beta1, "beta2": args.beta2, "eps": args.eps,
+                 "grad_clip": args.grad_clip, "epoch_windows": E})
     write_safetensors(args.out, out, out_np, meta)
-    print("torch_gpt2: L=%d C=%d H=%d V=%d B=%d T=%d A=%d steps=%d dtype=%s loss %.6f -> %.6f, wrote %s"
-          % (L, C, H, V, B, T, A, S, args.dtype, losses[0], losses[-1], args.out))
+    print("%s: V=%d B=%d T=%d A=%d steps=%d dtype=%s loss %.6f -> %.6f, wrote %s"
+          % (tool, V, B, T, A, S, args.dtype, losses[0], losses[-1], args.out))
 
 
 def main(argv=None):

@@ -1,10 +1,12 @@
-// Whole-model parity with an independent PyTorch implementation (tests/reference/
-// torch_gpt2.py, run in float64 with Debian's python3-torch): same initial weights through
-// safetensors, same batches. Step 0 logits, loss and every parameter gradient must be
+// Whole-model parity with independent PyTorch implementations (tests/reference/
+// torch_gpt2.py and torch_llama.py, run in float64 with Debian's python3-torch): same
+// initial weights through safetensors (and, for Llama, Hugging Face's config.json), same
+// batches. Step 0 logits, loss and every parameter gradient must be
 // within 1e-4 of the tensor's largest magnitude; the losses of 10 AdamW steps (with
 // warmup, cosine decay, clipping and gradient accumulation) within 1e-4.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -14,6 +16,7 @@
 
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/safetensors.h"
+#include "core/file_io.h"
 #include "comm/self_group.h"
 #include "data/loader.h"
 #include "data/token_file.h"
@@ -26,16 +29,27 @@ namespace {
 namespace fs = std::filesystem;
 
 struct ParityCase {
+  std::string name;
   model::GptConfig config;
   train::BatchShape shape;
   optim::AdamWConfig adamw;
   int steps = 10;
 };
 
-ParityCase make_case() {
+ParityCase make_case(const std::string& arch) {
   ParityCase c;
+  c.name = arch;
   c.config.layers = 2, c.config.heads = 4, c.config.dim = 32, c.config.max_seq_len = 24;
   c.config.vocab = 97;  // padded to 128 inside the engine
+  if (arch != "gpt2") {
+    EXPECT_TRUE(model::apply_arch("llama", &c.config).is_ok());
+    c.config.ffn_dim = 48;
+    if (arch == "llama-gqa") c.config.kv_heads = 2;  // untied head
+    if (arch == "llama-mqa") {  // tied head, Llama 3's scaling over a short original context
+      c.config.kv_heads = 1, c.config.tied_head = true, c.config.rope_theta = 500000;
+      c.config.rope_scaling = {8, 1, 4, 8};
+    }
+  }
   c.shape = {2, 2, 16, 1, 0};
   c.adamw.lr = 1e-2f, c.adamw.min_lr = 1e-3f, c.adamw.warmup_steps = 3;
   c.adamw.weight_decay = 0.1f, c.adamw.grad_clip = 1.0f;
@@ -56,7 +70,8 @@ double rel_error(const float* ours, const std::vector<float>& ref) {
 std::vector<float> read_in_engine_layout(const checkpoint::SafetensorsFile& f,
                                          const std::string& name, const model::ParamTensor& t,
                                          int vocab) {
-  size_t count = t.name == "wte.weight" ? (size_t)vocab * t.shape[1] : t.numel;
+  const bool vocabulary = t.layer < 0 && t.split == model::TpSplit::kRows;  // wte, lm_head
+  size_t count = vocabulary ? (size_t)vocab * t.shape[1] : t.numel;
   std::vector<float> raw(count);
   Status s = f.read_float(name, raw.data(), count);
   EXPECT_TRUE(s.is_ok()) << s.message();
@@ -68,7 +83,7 @@ std::vector<float> read_in_engine_layout(const checkpoint::SafetensorsFile& f,
   return out;
 }
 
-class TorchParity : public ::testing::Test {
+class TorchParity : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("meshtrain_parity_" + std::to_string(::getpid()));
@@ -78,8 +93,8 @@ class TorchParity : public ::testing::Test {
   fs::path dir_;
 };
 
-TEST_F(TorchParity, StepZeroAndTenAdamWSteps) {
-  const ParityCase pc = make_case();
+TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
+  const ParityCase pc = make_case(GetParam());
   model::Gpt gpt(pc.config);
   gpt.init_weights(42);
   const std::string init = (dir_ / "init.safetensors").string();
@@ -93,8 +108,17 @@ TEST_F(TorchParity, StepZeroAndTenAdamWSteps) {
 
   const std::string out = (dir_ / "ref.safetensors").string();
   const auto& a = pc.adamw;
-  std::string cmd = "/usr/bin/python3 " MESHTRAIN_SOURCE_DIR "/tests/reference/torch_gpt2.py";
-  cmd += " --init " + init + " --tokens " + tok_path + " --heads 4 --batch 2 --seq-len 16";
+  std::string cmd = "/usr/bin/python3 " MESHTRAIN_SOURCE_DIR "/tests/reference/";
+  if (pc.config.is_gpt2()) {
+    cmd += "torch_gpt2.py --heads 4";
+  } else {  // the reference builds its Llama from the config.json export writes
+    nlohmann::json hf;
+    ASSERT_TRUE(checkpoint::hf_config_json(pc.config, &hf).is_ok());
+    const std::string config = (dir_ / "config.json").string(), text = hf.dump(2);
+    ASSERT_TRUE(write_file_synced(config, text.data(), text.size()).is_ok());
+    cmd += "torch_llama.py --config " + config;
+  }
+  cmd += " --init " + init + " --tokens " + tok_path + " --batch 2 --seq-len 16";
   cmd += " --grad-accum 2 --steps " + std::to_string(pc.steps) + " --lr " + std::to_string(a.lr);
   cmd += " --min-lr " + std::to_string(a.min_lr) + " --warmup-steps 3 --weight-decay 0.1";
   cmd += " --beta1 0.9 --beta2 0.95 --eps 1e-8 --grad-clip 1.0 --dtype float64 --out " + out;
@@ -129,9 +153,9 @@ TEST_F(TorchParity, StepZeroAndTenAdamWSteps) {
     EXPECT_LT(rel_error(gpt.grads() + t.offset, g), 1e-4) << "gradient of " << t.name;
   }
   // Padded vocabulary rows never receive gradient.
-  const auto& wte = gpt.layout().wte();
-  for (size_t i = (size_t)V * pc.config.dim; i < wte.numel; i++)
-    ASSERT_EQ(gpt.grads()[wte.offset + i], 0.0f);
+  for (const auto& t : gpt.layout().tensors())
+    if (t.layer < 0 && t.split == model::TpSplit::kRows)
+      for (size_t i = (size_t)V * pc.config.dim; i < t.numel; i++) ASSERT_EQ(gpt.grads()[t.offset + i], 0.0f) << t.name;
 
   // Ten AdamW steps from the same initial weights.
   model::Gpt fresh(pc.config);
@@ -154,6 +178,15 @@ TEST_F(TorchParity, StepZeroAndTenAdamWSteps) {
     EXPECT_LT(rel_error(fresh.params() + t.offset, w), 2e-3) << "final weights of " << t.name;
   }
 }
+
+// GPT-2; Llama with grouped-query attention and an untied head; Llama with multi-query
+// attention, a tied head and Llama 3's rotary scaling.
+INSTANTIATE_TEST_SUITE_P(Architectures, TorchParity, ::testing::Values("gpt2", "llama-gqa", "llama-mqa"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace meshtrain
