@@ -42,7 +42,7 @@ echo "== 3/4 AddressSanitizer and UndefinedBehaviorSanitizer: single-rank, kerne
 # off anyway: see cli/launch.cc); MESHTRAIN_TEST_SANITIZE=0 skips the stage.
 if [ "${MESHTRAIN_TEST_SANITIZE:-1}" = 1 ]; then
 configure_and_build build-asan meshtrain meshtrain_tests -- -DMESHTRAIN_SANITIZE=ON
-multi_rank='^(DataParallel|TensorParallel|Pipeline|MixedPrecision|PlannerLocal\.LocalLayouts|mpi\.|docs\.user_guide)'
+multi_rank='^(DataParallel|TensorParallel|LlamaParallel|Pipeline|MixedPrecision|PlannerLocal\.LocalLayouts|mpi\.|docs\.user_guide)'
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0" \
   ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -E "$multi_rank"

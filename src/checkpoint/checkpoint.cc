@@ -1,4 +1,5 @@
 #include "checkpoint/checkpoint.h"
+#include "model/config_json.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -32,10 +33,7 @@ std::string step_dir_name(int64_t step) {
   return buf;
 }
 
-json model_json(const model::GptConfig& c) {
-  return {{"layers", c.layers}, {"heads", c.heads}, {"dim", c.dim},
-          {"max_seq_len", c.max_seq_len}, {"vocab", c.vocab}};
-}
+json model_json(const model::GptConfig& c) { return model::config_json(c); }
 
 // Where unit u's owned slice of one kind of state sits in its buffer (element offset).
 size_t owned_offset(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
@@ -276,8 +274,7 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
   const model::GptConfig& saved = index.model;
   const auto& c = config;
-  if (saved.layers != c.layers || saved.heads != c.heads || saved.dim != c.dim ||
-      saved.max_seq_len != c.max_seq_len || saved.vocab != c.vocab)
+  if (!model::same_model(saved, c))
     return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
                          ", but this run's model is " + model_json(c).dump());
   const int saved_tp = index.tp_size;

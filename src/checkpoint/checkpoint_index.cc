@@ -1,4 +1,5 @@
 #include "checkpoint/checkpoint_index.h"
+#include "model/config_json.h"
 
 #include <climits>
 #include <cstdio>
@@ -127,9 +128,12 @@ Status check_format(const json& root, const std::string& path, int* version) {
   return Status::ok();
 }
 
+// The parameters the layout would hold, padded vocabulary included, without overflow.
 __int128 parameter_count(const model::GptConfig& c) {
-  const __int128 C = c.dim, L = c.layers;
-  return (__int128)c.padded_vocab() * C + (__int128)c.max_seq_len * C + L * (12 * C * C + 13 * C) + 2 * C;
+  const __int128 C = c.dim, L = c.layers, Q = (__int128)c.dim + 2 * (__int128)c.kv_head_count() * c.head_dim();
+  const __int128 F = c.ffn(), Fc = c.mlp == model::Mlp::kSwiGlu ? 2 * F : F;
+  const __int128 per_layer = Q * C + C * C + Fc * C + F * C + 4 * C + Q + Fc + 2 * C;  // biases and norms at most
+  return (__int128)c.padded_vocab() * C * 2 + (__int128)c.max_seq_len * C + L * per_layer + 2 * C;
 }
 
 Status parse_layout_axes(const json& root, const CheckpointIndex& idx, int* tp, int* pp, int* dp) {
@@ -360,6 +364,7 @@ Status index_model_config(const json& index, const std::string& where, model::Gp
   RETURN_IF_ERROR(int_field(*m, at, "dim", 1, INT_MAX, &c.dim));
   RETURN_IF_ERROR(int_field(*m, at, "max_seq_len", 1, INT_MAX, &c.max_seq_len));
   RETURN_IF_ERROR(int_field(*m, at, "vocab", 1, INT_MAX, &c.vocab));
+  RETURN_IF_ERROR(model::read_architecture(*m, at, &c));  // absent parts: GPT-2's (older indexes)
   RETURN_IF_ERROR(model::validate(c).with_context(at));
   if (parameter_count(c) > kMaxParameters) return Status::error(at + " " + index.at("model").dump() + " is implausibly large");
   *config = c;

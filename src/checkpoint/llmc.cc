@@ -102,6 +102,9 @@ Status write_contents(int fd, const model::Gpt& gpt) {
 }  // namespace
 
 Status export_llmc_model(const model::Gpt& gpt, const std::string& path) {
+  if (!gpt.config().is_gpt2())
+    return Status::error("llm.c's model file holds GPT-2 models only, and this one is " +
+                         model::describe_arch(gpt.config()) + "; export it as Hugging Face (--format hf)");
   const std::string tmp = path + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::error("writing " + tmp + ": cannot create: " + errno_text());

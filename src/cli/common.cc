@@ -72,8 +72,15 @@ int fail(const Status& s) {
 }
 
 void add_model_flags(CLI::App* app, train::TrainOptions* o) {
-  app->add_option("--model", o->model_preset, "Model preset: tiny, small, gpt2-124m, gpt2-350m")
+  app->add_option("--model", o->model_preset,
+                  "Model preset: tiny, small, gpt2-124m, gpt2-350m (GPT-2); llama-tiny, llama-124m (Llama parts)")
       ->capture_default_str();
+  app->add_option("--arch", o->arch,
+                  "gpt2 or llama: that family's parts over the shape (llama: RMSNorm, RoPE, SwiGLU with "
+                  "Llama's width rule, no biases, untied head)");
+  app->add_option("--kv-heads", o->kv_heads, "Key/value heads: divides --heads (grouped-query attention; 1: MQA)");
+  app->add_option("--ffn-dim", o->ffn_dim, "The MLP's hidden width (GELU default 4 x dim)");
+  app->add_option("--rope-theta", o->rope_theta, "Rotary base frequency (Llama 2 10000, Llama 3 500000)");
   app->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
   app->add_option("--heads", o->heads, "Attention heads; must divide --dim");
   app->add_option("--dim", o->dim, "Model width C");

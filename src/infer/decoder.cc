@@ -16,42 +16,64 @@ using model::LayerTensor;
 KvCacheDecoder::KvCacheDecoder(const model::Gpt& gpt)
     : gpt_(gpt),
       k_cache_(MemCategory::kActivations,
-               (size_t)gpt.config().layers * gpt.config().max_seq_len * gpt.config().dim),
+               (size_t)gpt.config().layers * gpt.config().max_seq_len * gpt.config().kv_dim()),
       v_cache_(MemCategory::kActivations, k_cache_.size()),
-      logits_(MemCategory::kActivations, gpt.config().vocab) {}
+      logits_(MemCategory::kActivations, gpt.config().vocab) {
+  const auto& cfg = gpt.config();
+  if (cfg.positions == model::Positions::kRope) {
+    const size_t entries = (size_t)cfg.max_seq_len * (cfg.head_dim() / 2);
+    rope_cos_.resize(entries), rope_sin_.resize(entries);
+    k::rope_table(rope_cos_.data(), rope_sin_.data(), cfg.max_seq_len, cfg.head_dim(), cfg.rope_theta,
+                  cfg.rope_scaling);
+  }
+}
 
 void KvCacheDecoder::embed(std::span<const int> tokens, float* x) const {
   const int C = gpt_.config().dim;
   const float* wte = gpt_.params() + gpt_.layout().wte().offset;
-  const float* wpe = gpt_.params() + gpt_.layout().wpe().offset;
+  const float* wpe = gpt_.layout().has_wpe() ? gpt_.params() + gpt_.layout().wpe().offset : nullptr;
   for (size_t i = 0; i < tokens.size(); i++)
     for (int c = 0; c < C; c++)
-      x[i * C + c] = wte[(size_t)tokens[i] * C + c] + wpe[(pos_ + i) * C + c];
+      x[i * C + c] = wte[(size_t)tokens[i] * C + c] + (wpe ? wpe[(pos_ + i) * C + c] : 0.0f);
+}
+
+void KvCacheDecoder::norm(float* out, const float* x, const float* w, const float* b, int n) const {
+  const auto& cfg = gpt_.config();
+  std::vector<float> mean(n), rstd(n);
+  if (cfg.norm == model::Norm::kRmsNorm) k::rmsnorm_forward(out, rstd.data(), x, w, n, cfg.dim, cfg.norm_eps);
+  else k::layernorm_forward(out, mean.data(), rstd.data(), x, w, b, n, cfg.dim);
 }
 
 // One transformer block on n rows at positions pos_.., appending their keys and values.
 void KvCacheDecoder::block(int l, float* x, int n) {
   const auto& cfg = gpt_.config();
-  const int C = cfg.dim, NH = cfg.heads;
-  auto W = [&](LayerTensor t) { return gpt_.params() + gpt_.layout().layer(l, t).offset; };
-  std::vector<float> ln((size_t)n * C), mean(n), rstd(n), qkv((size_t)n * 3 * C),
-      att((size_t)n * C), proj((size_t)n * C), h((size_t)n * 4 * C), hg((size_t)n * 4 * C);
-  float* kc = k_cache_.data() + (size_t)l * cfg.max_seq_len * C;
-  float* vc = v_cache_.data() + (size_t)l * cfg.max_seq_len * C;
+  const int C = cfg.dim, NH = cfg.heads, NKV = cfg.kv_head_count(), KV = cfg.kv_dim(), Q = cfg.qkv_dim();
+  const int F = cfg.ffn(), Fc = cfg.fc_dim(), hs = cfg.head_dim();
+  const auto& layout = gpt_.layout();
+  auto W = [&](LayerTensor t) { return layout.has(l, t) ? gpt_.params() + layout.layer(l, t).offset : nullptr; };
+  std::vector<float> ln((size_t)n * C), qkv((size_t)n * Q), att((size_t)n * C), proj((size_t)n * C),
+      h((size_t)n * Fc), hg((size_t)n * F);
+  float* kc = k_cache_.data() + (size_t)l * cfg.max_seq_len * KV;
+  float* vc = v_cache_.data() + (size_t)l * cfg.max_seq_len * KV;
 
-  k::layernorm_forward(ln.data(), mean.data(), rstd.data(), x, W(model::kLn1W), W(model::kLn1B), n, C);
-  k::matmul_forward(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, 3 * C);
-  for (int i = 0; i < n; i++) {
-    std::memcpy(kc + (size_t)(pos_ + i) * C, qkv.data() + (size_t)i * 3 * C + C, C * sizeof(float));
-    std::memcpy(vc + (size_t)(pos_ + i) * C, qkv.data() + (size_t)i * 3 * C + 2 * C, C * sizeof(float));
+  norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
+  k::matmul_forward(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
+  if (cfg.positions == model::Positions::kRope) {  // rows at positions pos_ .. pos_ + n - 1
+    k::rope_rotate(qkv.data(), n, n, Q, NH, hs, rope_cos_.data(), rope_sin_.data(), pos_, false);
+    k::rope_rotate(qkv.data() + C, n, n, Q, NKV, hs, rope_cos_.data(), rope_sin_.data(), pos_, false);
   }
-  k::attention_cached_forward(att.data(), qkv.data(), 3 * C, kc, vc, pos_, n, C, NH, NH);
+  for (int i = 0; i < n; i++) {
+    std::memcpy(kc + (size_t)(pos_ + i) * KV, qkv.data() + (size_t)i * Q + C, KV * sizeof(float));
+    std::memcpy(vc + (size_t)(pos_ + i) * KV, qkv.data() + (size_t)i * Q + C + KV, KV * sizeof(float));
+  }
+  k::attention_cached_forward(att.data(), qkv.data(), Q, kc, vc, pos_, n, C, NH, NKV);
   k::matmul_forward(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
-  k::layernorm_forward(ln.data(), mean.data(), rstd.data(), x, W(model::kLn2W), W(model::kLn2B), n, C);
-  k::matmul_forward(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, 4 * C);
-  k::gelu_forward(hg.data(), h.data(), (size_t)n * 4 * C);
-  k::matmul_forward(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, 4 * C, C);
+  norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
+  k::matmul_forward(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
+  if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), n, F);
+  else k::gelu_forward(hg.data(), h.data(), (size_t)n * F);
+  k::matmul_forward(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
 }
 
@@ -64,12 +86,12 @@ const float* KvCacheDecoder::append(std::span<const int> tokens) {
   for (int l = 0; l < cfg.layers; l++) block(l, x.data(), n);
   // Only the last row's logits are needed.
   std::vector<float> ln(C);
-  float mean, rstd;
   const float* p = gpt_.params();
-  k::layernorm_forward(ln.data(), &mean, &rstd, x.data() + (size_t)(n - 1) * C,
-                       p + gpt_.layout().lnf_w().offset, p + gpt_.layout().lnf_b().offset, 1, C);
-  k::gemm(false, true, 1, cfg.vocab, C, 1.0f, ln.data(), C, p + gpt_.layout().wte().offset, C, 0.0f,
-          logits_.data(), cfg.vocab);
+  const auto& layout = gpt_.layout();
+  norm(ln.data(), x.data() + (size_t)(n - 1) * C, p + layout.lnf_w().offset,
+       layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, 1);
+  const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
+  k::gemm(false, true, 1, cfg.vocab, C, 1.0f, ln.data(), C, p + head.offset, C, 0.0f, logits_.data(), cfg.vocab);
   pos_ += n;
   return logits_.data();
 }

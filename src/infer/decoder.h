@@ -25,11 +25,13 @@ class KvCacheDecoder {
 
  private:
   void embed(std::span<const int> tokens, float* x) const;
+  void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, int n);
 
   const model::Gpt& gpt_;
   int pos_ = 0;
-  Buffer<float> k_cache_, v_cache_;  // [L, maxT, C] each
+  Buffer<float> k_cache_, v_cache_;  // [L, maxT, kv_heads x hs] each
+  std::vector<float> rope_cos_, rope_sin_;  // [maxT, hs/2] (RoPE only)
   Buffer<float> logits_;             // [V]
 };
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cstdio>
 #include <map>
 
 namespace meshtrain::model {
@@ -98,6 +99,24 @@ std::string arch_name(const GptConfig& c) {
   const bool llama_parts = c.norm == Norm::kRmsNorm && c.positions == Positions::kRope && c.mlp == Mlp::kSwiGlu &&
                            !c.bias;
   return llama_parts ? "llama" : "custom";
+}
+
+std::string describe_arch(const GptConfig& c) {
+  const std::string name = arch_name(c);
+  if (name == "gpt2") return name;
+  std::string s = name + ": " + (c.norm == Norm::kRmsNorm ? "RMSNorm" : "LayerNorm");
+  if (c.positions == Positions::kRope) {
+    char theta[32];
+    std::snprintf(theta, sizeof theta, "%g", c.rope_theta);
+    s += std::string(", RoPE ") + theta + (c.rope_scaling.factor > 0 ? " (Llama 3 scaling)" : "");
+  } else {
+    s += ", learned positions";
+  }
+  s += ", " + std::to_string(c.kv_head_count()) + " kv heads";
+  s += std::string(", ") + (c.mlp == Mlp::kSwiGlu ? "SwiGLU " : "GELU ") + std::to_string(c.ffn());
+  s += c.bias ? ", biases" : ", no biases";
+  s += c.tied_head ? ", tied head" : ", untied head";
+  return s;
 }
 
 Status validate(const GptConfig& c) {

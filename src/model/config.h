@@ -64,6 +64,9 @@ Status apply_arch(const std::string& arch, GptConfig* c);
 int llama_ffn_dim(int dim, int multiple_of = 256, double multiplier = 1.0);
 // "gpt2" when every part is GPT-2's, "llama" when every part is Llama's, else "custom".
 std::string arch_name(const GptConfig& c);
+// The parts in words for run headers: "gpt2", or e.g. "llama: RMSNorm, RoPE 10000, 2 kv heads,
+// SwiGLU 192, no biases, untied head".
+std::string describe_arch(const GptConfig& c);
 
 // Rejects shapes the engine cannot run, with a message naming the problem.
 Status validate(const GptConfig& c);

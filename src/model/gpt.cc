@@ -665,9 +665,11 @@ int64_t Gpt::stored_activation_bytes(int B, int T) {
 
 void Gpt::zero_grads() { zero_bytes(grads(), sizeof(float) * layout_.total()); }
 
+// An untied embedding table is only looked up (no multiply): it is left out of N, so MFU
+// counts the work the model does (a tied wte is the head's GEMM weight and counts).
 double Gpt::flops_per_token(int T) const {
-  return 6.0 * (double)num_parameters(config_) +
-         6.0 * config_.layers * (double)T * config_.dim;
+  const double lookup_only = config_.tied_head ? 0.0 : (double)config_.vocab * config_.dim;
+  return 6.0 * ((double)num_parameters(config_) - lookup_only) + 6.0 * config_.layers * (double)T * config_.dim;
 }
 
 }  // namespace meshtrain::model

@@ -11,6 +11,10 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"dim", o.dim},
           {"vocab", o.vocab},
           {"seq_len", o.seq_len},
+          {"arch", o.arch},
+          {"kv_heads", o.kv_heads},
+          {"ffn_dim", o.ffn_dim},
+          {"rope_theta", o.rope_theta},
           {"init_from", o.init_from},
           {"data", o.data_dir},
           {"micro_batch", o.micro_batch},
@@ -76,8 +80,14 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
     if (v < 0)
       return Status::error(std::string(flag) + " must be >= 1 (or 0 for the preset's), got " +
                            std::to_string(v));
+  if (o.kv_heads < -1 || o.kv_heads == 0) return Status::error("--kv-heads must be >= 1, got " + std::to_string(o.kv_heads));
+  if (o.ffn_dim < -1 || o.ffn_dim == 0) return Status::error("--ffn-dim must be >= 1, got " + std::to_string(o.ffn_dim));
+  if (o.rope_theta < 0) return Status::error("--rope-theta must be > 1");
   model::GptConfig c;
   if (!o.init_from.empty()) {
+    if (!o.arch.empty() || o.kv_heads > 0 || o.ffn_dim > 0 || o.rope_theta > 0)
+      return Status::error("--arch, --kv-heads, --ffn-dim and --rope-theta describe a new model; with --init-from " +
+                           o.init_from + " the model is the file's");
     RETURN_IF_ERROR(checkpoint::model_file_config(o.init_from, o.heads, &c));
     auto conflict = [&](const char* flag, int given, int actual) -> Status {
       if (given > 0 && given != actual)
@@ -97,6 +107,16 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
     c.vocab = o.vocab > 0 ? o.vocab : 50257;
     if (o.seq_len > 0) c.max_seq_len = o.seq_len;
     *seq_len = c.max_seq_len;
+    // The family's parts over the final shape (Llama's MLP width follows --dim), then the
+    // single parts given.
+    if (!o.arch.empty()) RETURN_IF_ERROR(model::apply_arch(o.arch, &c));
+    if (o.kv_heads > 0) c.kv_heads = o.kv_heads;
+    if (o.ffn_dim > 0) c.ffn_dim = o.ffn_dim;
+    if (o.rope_theta > 0) {
+      if (c.positions != model::Positions::kRope)
+        return Status::error("--rope-theta needs rotary positions (--arch llama, or a Llama preset)");
+      c.rope_theta = o.rope_theta;
+    }
   }
   RETURN_IF_ERROR(model::validate(c));
   if (*seq_len < 1) return Status::error("--seq-len must be >= 1");

@@ -18,6 +18,11 @@ struct TrainOptions {
   std::string model_preset = "tiny";
   int layers = 0, heads = 0, dim = 0, vocab = 0;
   int seq_len = 0;  // T; 0 = the preset's
+  // Architecture: a family's parts over the shape ("" = the preset's), then single parts
+  // (-1 / 0 = keep).
+  std::string arch;
+  int kv_heads = -1, ffn_dim = -1;
+  double rope_theta = 0;
   std::string init_from;  // any model file checkpoint::open_model_file() reads
 
   // Data: DIR/train.bin and DIR/val.bin.

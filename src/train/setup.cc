@@ -14,6 +14,7 @@
 #include "parallel/pp/stages.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
+#include "model/config_json.h"
 #include "train/run.h"
 #include "trace/trace.h"
 
@@ -273,9 +274,11 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
                                                        nullptr, tp);
   }
   if (run->mesh_shape.pp > 1) {
-    // The first stage (rank 0) and the last (rank p - 1) both hold the tied embedding.
+    // The first stage (rank 0) and the last (rank p - 1) both hold a tied embedding; an
+    // untied head lives on the last stage alone.
     const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
-    run->dp->set_pipeline(&run->mesh->pp(), r == 0 ? p - 1 : r == p - 1 ? 0 : -1);
+    const int tied_peer = !run->config.tied_head ? -1 : r == 0 ? p - 1 : r == p - 1 ? 0 : -1;
+    run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
     run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
         *run->gpt, run->mesh->pp(), run->schedule, o.virtual_stages);
   }
@@ -299,9 +302,8 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
   fs::create_directories(o.out_dir, ec);
   if (ec) return Status::error("cannot create --out " + o.out_dir + ": " + ec.message());
   json resolved = to_json(o);
-  resolved["resolved_model"] = {{"layers", run.config.layers}, {"heads", run.config.heads},
-                                {"dim", run.config.dim}, {"vocab", run.config.vocab},
-                                {"max_seq_len", run.config.max_seq_len}, {"seq_len", run.shape.T}};
+  resolved["resolved_model"] = model::config_json(run.config);
+  resolved["resolved_model"]["seq_len"] = run.shape.T;
   resolved["resolved_layout"] = {{"world", run.mesh_shape.world()}, {"tp", run.mesh_shape.tp},
                                  {"pp", run.mesh_shape.pp}, {"dp", run.mesh_shape.dp},
                                  {"grad_accum", run.shape.A}, {"global_batch", run.shape.G()}};

@@ -111,9 +111,10 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
   const int64_t tokens_per_step = (int64_t)shape.G() * shape.T;
   const bool quiet = o.quiet || !run.is_main;
   if (!quiet) {
-    std::printf("model: %d layers, %d heads, dim %d, vocab %d, %.2fM parameters | T=%d B=%d A=%d "
+    std::printf("model: %s | %d layers, %d heads, dim %d, vocab %d, %.2fM parameters | T=%d B=%d A=%d "
                 "G=%d | %s zero=%d | %s GEMMs | %d threads/rank, peak %.0f GFLOP/s per rank\n",
-                run.config.layers, run.config.heads, run.config.dim, run.config.vocab,
+                model::describe_arch(run.config).c_str(), run.config.layers, run.config.heads, run.config.dim,
+                run.config.vocab,
                 model::num_parameters(run.config) / 1e6, shape.T, shape.B, shape.A, shape.G(),
                 run.mesh->shape().to_string().c_str(), o.zero, o.precision.c_str(), run.threads,
                 run.peak_gflops);

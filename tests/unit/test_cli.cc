@@ -464,7 +464,7 @@ TEST_F(Cli, HuggingFaceShapedFilesLoad) {
     RunResult r = run(train("--init-from " + files[i] + flags + " --out " + out));
     ASSERT_EQ(r.exit_code, 0) << describe(r);
     // No n_head in the file: heads = C / 64.
-    EXPECT_NE(r.out.find("model: 2 layers, 2 heads, dim 128, vocab 50257"), std::string::npos)
+    EXPECT_NE(r.out.find("model: gpt2 | 2 layers, 2 heads, dim 128, vocab 50257"), std::string::npos)
         << r.out;
     json config = json::parse(read_file(out + "/config.json"));
     EXPECT_EQ(config["resolved_model"]["heads"], 2);

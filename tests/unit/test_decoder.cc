@@ -5,6 +5,7 @@
 #include <cmath>
 #include <random>
 #include <set>
+#include <string>
 
 #include "infer/decoder.h"
 #include "model/gpt.h"
@@ -12,14 +13,21 @@
 namespace meshtrain::infer {
 namespace {
 
-model::GptConfig small_config() {
+// GPT-2; Llama with grouped-query attention (2 key/value heads) and an untied head.
+model::GptConfig small_config(const std::string& arch) {
   model::GptConfig c;
   c.layers = 2, c.heads = 4, c.dim = 32, c.max_seq_len = 40, c.vocab = 101;
+  if (arch == "llama") {
+    EXPECT_TRUE(model::apply_arch("llama", &c).is_ok());
+    c.kv_heads = 2;
+  }
   return c;
 }
 
-TEST(KvCacheDecoder, LogitsMatchFullForwardAtEveryPosition) {
-  const auto cfg = small_config();
+class KvCacheDecoderTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(KvCacheDecoderTest, LogitsMatchFullForwardAtEveryPosition) {
+  const auto cfg = small_config(GetParam());
   model::Gpt gpt(cfg);
   gpt.init_weights(3);
   // Larger weights than the init so that attention is far from uniform.
@@ -46,6 +54,8 @@ TEST(KvCacheDecoder, LogitsMatchFullForwardAtEveryPosition) {
   }
   EXPECT_EQ(dec.position(), T);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvCacheDecoder, KvCacheDecoderTest, ::testing::Values("gpt2", "llama"));
 
 TEST(Sampling, GreedyTopKAndDeterminism) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f, 1.8f};

@@ -181,7 +181,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
 
 // GPT-2; Llama with grouped-query attention and an untied head; Llama with multi-query
 // attention, a tied head and Llama 3's rotary scaling.
-INSTANTIATE_TEST_SUITE_P(Architectures, TorchParity, ::testing::Values("gpt2", "llama-gqa", "llama-mqa"),
+INSTANTIATE_TEST_SUITE_P(TorchParity, TorchParity, ::testing::Values("gpt2", "llama-gqa", "llama-mqa"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

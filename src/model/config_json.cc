@@ -1,0 +1,98 @@
+#include "model/config_json.h"
+
+#include <cmath>
+
+namespace meshtrain::model {
+
+using json = nlohmann::json;
+
+json config_json(const GptConfig& c) {
+  json j = {{"layers", c.layers}, {"heads", c.heads}, {"dim", c.dim}, {"max_seq_len", c.max_seq_len},
+            {"vocab", c.vocab}, {"arch", arch_name(c)}, {"kv_heads", c.kv_head_count()}, {"ffn_dim", c.ffn()},
+            {"norm", c.norm == Norm::kRmsNorm ? "rmsnorm" : "layernorm"}, {"norm_eps", c.norm_eps},
+            {"positions", c.positions == Positions::kRope ? "rope" : "learned"}, {"rope_theta", c.rope_theta},
+            {"mlp", c.mlp == Mlp::kSwiGlu ? "swiglu" : "gelu"}, {"bias", c.bias}, {"tied_head", c.tied_head}};
+  if (c.rope_scaling.factor > 0)
+    j["rope_scaling"] = {{"factor", c.rope_scaling.factor},
+                         {"low_freq_factor", c.rope_scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope_scaling.high_freq_factor},
+                         {"original_positions", c.rope_scaling.original_positions}};
+  return j;
+}
+
+namespace {
+
+Status wrong(const std::string& at, const char* key, const char* want) {
+  return Status::error(at + "." + key + " must be " + want);
+}
+
+Status read_int(const json& m, const std::string& at, const char* key, int lo, int* out) {
+  if (!m.contains(key)) return Status::ok();
+  const json& v = m[key];
+  if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > (1 << 30))
+    return wrong(at, key, lo == 0 ? "an integer >= 0" : "a positive integer");
+  *out = (int)v.get<int64_t>();
+  return Status::ok();
+}
+
+Status read_number(const json& m, const std::string& at, const char* key, double* out) {
+  if (!m.contains(key)) return Status::ok();
+  const json& v = m[key];
+  if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() <= 0) return wrong(at, key, "a positive number");
+  *out = v.get<double>();
+  return Status::ok();
+}
+
+Status read_bool(const json& m, const std::string& at, const char* key, bool* out) {
+  if (!m.contains(key)) return Status::ok();
+  if (!m[key].is_boolean()) return wrong(at, key, "true or false");
+  *out = m[key].get<bool>();
+  return Status::ok();
+}
+
+// A string member that must be one of two names, setting *out to the first's or second's value.
+template <typename E>
+Status read_choice(const json& m, const std::string& at, const char* key, const char* a, E va, const char* b, E vb,
+                   E* out) {
+  if (!m.contains(key)) return Status::ok();
+  const json& v = m[key];
+  if (v.is_string() && v.get<std::string>() == a) return *out = va, Status::ok();
+  if (v.is_string() && v.get<std::string>() == b) return *out = vb, Status::ok();
+  return wrong(at, key, (std::string("\"") + a + "\" or \"" + b + "\"").c_str());
+}
+
+}  // namespace
+
+Status read_architecture(const json& m, const std::string& at, GptConfig* c) {
+  if (!m.is_object()) return Status::error(at + " must be an object");
+  RETURN_IF_ERROR(read_int(m, at, "kv_heads", 0, &c->kv_heads));
+  RETURN_IF_ERROR(read_int(m, at, "ffn_dim", 0, &c->ffn_dim));
+  RETURN_IF_ERROR(read_choice(m, at, "norm", "layernorm", Norm::kLayerNorm, "rmsnorm", Norm::kRmsNorm, &c->norm));
+  double eps = c->norm_eps;
+  RETURN_IF_ERROR(read_number(m, at, "norm_eps", &eps));
+  c->norm_eps = (float)eps;
+  RETURN_IF_ERROR(read_choice(m, at, "positions", "learned", Positions::kLearned, "rope", Positions::kRope,
+                              &c->positions));
+  RETURN_IF_ERROR(read_number(m, at, "rope_theta", &c->rope_theta));
+  RETURN_IF_ERROR(read_choice(m, at, "mlp", "gelu", Mlp::kGelu, "swiglu", Mlp::kSwiGlu, &c->mlp));
+  RETURN_IF_ERROR(read_bool(m, at, "bias", &c->bias));
+  RETURN_IF_ERROR(read_bool(m, at, "tied_head", &c->tied_head));
+  if (m.contains("rope_scaling")) {
+    const json& s = m["rope_scaling"];
+    const std::string where = at + ".rope_scaling";
+    if (!s.is_object()) return Status::error(where + " must be an object");
+    kernels::RopeScaling r;
+    RETURN_IF_ERROR(read_number(s, where, "factor", &r.factor));
+    RETURN_IF_ERROR(read_number(s, where, "low_freq_factor", &r.low_freq_factor));
+    RETURN_IF_ERROR(read_number(s, where, "high_freq_factor", &r.high_freq_factor));
+    RETURN_IF_ERROR(read_int(s, where, "original_positions", 1, &r.original_positions));
+    if (!(r.high_freq_factor > r.low_freq_factor))
+      return Status::error(where + ": high_freq_factor must exceed low_freq_factor");
+    c->rope_scaling = r;
+  }
+  return Status::ok();
+}
+
+bool same_model(const GptConfig& a, const GptConfig& b) { return config_json(a) == config_json(b); }
+
+}  // namespace meshtrain::model

@@ -1,0 +1,106 @@
+// Llama through the parallel layouts: the GPT-2 suites' parity promise for a model with
+// RMSNorm, RoPE, grouped-query attention (2 key/value heads), SwiGLU and an untied head.
+// Each cell trains llama-tiny (2 layers, C = 64, 4 heads, 2 kv heads) for 10 steps of 8
+// rows and must match the single-rank run with the tolerances of the GPT-2 matrices: the
+// loss within 1e-5 at every step, the gradient norm within 1e-5 relative, the final weights
+// within 3e-5 (99.9% of them within 1e-6).
+//   dp 2 with ZeRO 0-3; tp 2 (one kv head per rank), with and without sp; pp 2 (the
+//   embedding on the first stage, the untied head on the last) with 1F1B and GPipe; tp 2 x
+//   dp 2; pp 2 x dp 2 x ZeRO 1; selective and full recomputation.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "cli_test_util.h"
+#include "multirank_test_util.h"
+
+namespace meshtrain {
+namespace {
+
+using namespace cli_test;
+using namespace multirank_test;
+using json = nlohmann::json;
+
+const std::string kShape = "--model llama-tiny --seq-len 32";
+constexpr int kSteps = 10;
+constexpr double kLossTol = 1e-5, kNormRelTol = 1e-5, kWeightTol = 3e-5, kWeightBulkTol = 1e-6;
+
+// A cell: its layout flags, the rows per micro-batch and the micro-batches per step (B·A·dp = 8).
+struct Cell {
+  std::string layout;
+  int ranks = 1;
+  int micro_batch = 8, accum = 1;
+  std::string args() const {
+    return layout + " --micro-batch " + std::to_string(micro_batch) + " --grad-accum " + std::to_string(accum) +
+           " --steps " + std::to_string(kSteps);
+  }
+};
+
+const Cell kReference{"--dp 1"};
+const std::vector<Cell> kCells = {
+    {"--dp 2 --zero 0", 2, 4},
+    {"--dp 2 --zero 1", 2, 4},
+    {"--dp 2 --zero 2", 2, 4},
+    {"--dp 2 --zero 3", 2, 4},
+    {"--tp 2", 2},
+    {"--tp 2 --sp", 2},
+    {"--pp 2 --schedule 1f1b", 2, 2, 4},
+    {"--pp 2 --schedule gpipe", 2, 2, 4},
+    {"--tp 2 --dp 2", 4, 4},
+    {"--pp 2 --dp 2 --zero 1", 4, 2, 2},
+    {"--dp 1 --recompute selective", 1},
+    {"--dp 1 --recompute full", 1},
+};
+
+class LlamaParallelTest : public MultiRankTest<LlamaParallelTest> {
+ protected:
+  using Base = MultiRankTest<LlamaParallelTest>;
+  friend Base;
+  static constexpr const char* kTag = "llama";
+  static int job_capacity() { return core_count(); }
+  static std::string train(const std::string& args) {
+    return kBinary + " train --data " + corpus_ + " --peak-gflops 100 --threads 1 --eval-batches 1 " + kShape +
+           " " + args;
+  }
+};
+using LlamaParallel = LlamaParallelTest;
+
+TEST_F(LlamaParallel, ParityMatrix) {
+  std::vector<RunSpec> specs = {{kReference.args(), 1}};
+  for (const Cell& c : kCells) specs.push_back({c.args(), c.ranks});
+  ensure(specs);
+  const Metrics ref = metrics_of(kReference.args());
+  ASSERT_EQ(ref.steps.size(), (size_t)kSteps);
+  int64_t ref_step = 0;
+  const std::vector<float> ref_params = load_params(step_dir(get(kReference.args()).dir, kSteps), &ref_step);
+  ASSERT_FALSE(ref_params.empty());
+  // The reference is a Llama: its recorded model has Llama's parts.
+  const json config = json::parse(read_file(get(kReference.args()).dir + "/config.json"));
+  EXPECT_EQ(config["resolved_model"]["arch"], "llama") << config.dump();
+  EXPECT_EQ(config["resolved_model"]["kv_heads"], 2);
+  EXPECT_EQ(config["resolved_model"]["tied_head"], false);
+
+  for (const Cell& c : kCells) {
+    SCOPED_TRACE(c.args());
+    const Metrics m = metrics_of(c.args());
+    ASSERT_EQ(m.steps.size(), (size_t)kSteps);
+    ParityMargins margins;
+    for (int s = 0; s < kSteps; s++) expect_step_parity(m.steps[s], ref.steps[s], s, kLossTol, kNormRelTol, &margins);
+    EXPECT_EQ(margins.bad, 0) << margins.bad << " steps off, worst loss |diff| " << margins.loss;
+    double dw = 0, bulk = 0;
+    expect_final_weights_match(get(c.args()).dir, kSteps, ref_params, kWeightTol, kWeightBulkTol, &dw, &bulk);
+    if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
+      std::printf("[ llama    ] %-50s loss |diff| <= %.3g, norm rel <= %.3g, weights <= %.3g (99.9%% %.3g)\n",
+                  c.layout.c_str(), margins.loss, margins.norm, dw, bulk);
+  }
+}
+
+// Fewer key/value heads than tp ranks (Megatron replicates them) is not supported yet: it
+// is refused by name, on every rank, before any step.
+TEST_F(LlamaParallel, KvHeadsThatDoNotSplitAreRefused) {
+  expect_all_rejected({{"--tp 4 --micro-batch 8", 4, {"--tp 4 does not divide the key/value heads (2)"}}}, true);
+}
+
+}  // namespace
+}  // namespace meshtrain
