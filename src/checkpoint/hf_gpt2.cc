@@ -107,6 +107,75 @@ Status hf_config_json(const model::GptConfig& cfg, nlohmann::json* out) {
   return Status::ok();
 }
 
+Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bool* is_llama) {
+  *is_llama = false;
+  const std::string path = (std::filesystem::path(dir) / "config.json").string();
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return Status::ok();
+  std::string text;
+  RETURN_IF_ERROR(read_file(path, &text));
+  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::error(path + ": not a JSON object");
+  if (j.value("model_type", "") != "llama") return Status::ok();
+  *is_llama = true;
+  auto integer = [&](const char* key, int* out) -> Status {
+    if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > (1 << 30))
+      return Status::error(path + ": \"" + key + "\" must be a positive integer");
+    *out = (int)j[key].get<int64_t>();
+    return Status::ok();
+  };
+  auto number = [&](const char* key, double fallback, double* out) -> Status {
+    if (!j.contains(key)) return *out = fallback, Status::ok();
+    if (!j[key].is_number() || !(j[key].get<double>() > 0)) return Status::error(path + ": \"" + key + "\" must be a positive number");
+    *out = j[key].get<double>();
+    return Status::ok();
+  };
+  model::GptConfig c;
+  RETURN_IF_ERROR(integer("num_hidden_layers", &c.layers));
+  RETURN_IF_ERROR(integer("num_attention_heads", &c.heads));
+  RETURN_IF_ERROR(integer("hidden_size", &c.dim));
+  RETURN_IF_ERROR(integer("vocab_size", &c.vocab));
+  RETURN_IF_ERROR(integer("max_position_embeddings", &c.max_seq_len));
+  RETURN_IF_ERROR(model::apply_arch("llama", &c));
+  RETURN_IF_ERROR(integer("intermediate_size", &c.ffn_dim));
+  c.kv_heads = c.heads;
+  if (j.contains("num_key_value_heads")) RETURN_IF_ERROR(integer("num_key_value_heads", &c.kv_heads));
+  double eps = 0, theta = 0;
+  RETURN_IF_ERROR(number("rms_norm_eps", 1e-6, &eps));
+  RETURN_IF_ERROR(number("rope_theta", 10000.0, &theta));
+  c.norm_eps = (float)eps, c.rope_theta = theta;
+  if (j.contains("tie_word_embeddings")) {
+    if (!j["tie_word_embeddings"].is_boolean()) return Status::error(path + ": \"tie_word_embeddings\" must be true or false");
+    c.tied_head = j["tie_word_embeddings"].get<bool>();
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"})
+    if (j.contains(key) && j[key] == true)
+      return Status::error(path + ": \"" + key + "\" is true; meshtrain's Llama has no biases");
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) {
+    const auto& r = j["rope_scaling"];
+    const std::string type = r.is_object() ? r.value("rope_type", r.value("type", "")) : "";
+    if (type != "llama3")
+      return Status::error(path + ": rope_scaling of type '" + type + "' is not supported (only \"llama3\")");
+    kernels::RopeScaling s;
+    auto field = [&](const char* key, double* out) -> Status {
+      if (!r.contains(key) || !r[key].is_number() || !(r[key].get<double>() > 0))
+        return Status::error(path + ": rope_scaling." + key + " must be a positive number");
+      *out = r[key].get<double>();
+      return Status::ok();
+    };
+    double original = 0;
+    RETURN_IF_ERROR(field("factor", &s.factor));
+    RETURN_IF_ERROR(field("low_freq_factor", &s.low_freq_factor));
+    RETURN_IF_ERROR(field("high_freq_factor", &s.high_freq_factor));
+    RETURN_IF_ERROR(field("original_max_position_embeddings", &original));
+    s.original_positions = (int)original;
+    c.rope_scaling = s;
+  }
+  RETURN_IF_ERROR(model::validate(c).with_context(path));
+  *config = c;
+  return Status::ok();
+}
+
 Status hf_folder_heads(const std::string& dir, int* heads) {
   *heads = 0;
   const std::string path = (std::filesystem::path(dir) / "config.json").string();

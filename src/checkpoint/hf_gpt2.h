@@ -23,6 +23,10 @@ inline constexpr const char* kHfWeightsFile = "model.safetensors";
 // parts have no Hugging Face config: an error.
 Status hf_config_json(const model::GptConfig& config, nlohmann::json* out);
 Status export_hf_folder(const model::Gpt& gpt, const std::string& dir);
+// A Hugging Face LlamaConfig (config.json's model_type "llama") as the model record: the
+// shape, GQA, SwiGLU width, RMSNorm epsilon, rotary theta and Llama 3 scaling, tied or
+// untied head. *is_llama is false (and *config untouched) for another model_type.
+Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bool* is_llama);
 // The head count a folder's config.json gives ("n_head", or "num_attention_heads"); 0 when
 // the folder has no config.json or it names no heads.
 Status hf_folder_heads(const std::string& dir, int* heads);

@@ -4,7 +4,9 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_gpt2_config.h"
 #include "checkpoint/llmc.h"
+#include "checkpoint/safetensors.h"
 
 namespace meshtrain::checkpoint {
 
@@ -66,6 +68,15 @@ Status model_file_config(const std::string& path, int heads_hint, model::GptConf
       RETURN_IF_ERROR(infer_llmc_config(resolved, config));
       return check_heads(resolved, heads_hint, config->heads);
     case Kind::kSafetensors: {
+      // A Llama folder: its config.json is the model; the tensors must be that model's.
+      bool is_llama = false;
+      if (resolved != path) RETURN_IF_ERROR(read_hf_llama_config(path, config, &is_llama));
+      if (is_llama) {
+        RETURN_IF_ERROR(check_heads(path, heads_hint, config->heads));
+        SafetensorsFile f;
+        RETURN_IF_ERROR(SafetensorsFile::open(resolved, &f));
+        return check_hf_tensors(f, model::ParamLayout(*config), config->vocab);
+      }
       // A folder's config.json names the heads (a bare file's metadata may not).
       int folder_heads = 0;
       if (resolved != path) RETURN_IF_ERROR(hf_folder_heads(path, &folder_heads));

@@ -461,6 +461,51 @@ TEST_F(CliPractitioner, ExportsCarryTheTokenizer) {
   EXPECT_EQ(pieces[198], "\n");
 }
 
+// A Llama run exports as a Hugging Face Llama folder (LlamaConfig, HF names) that is a model
+// source of its own: it samples what the run samples, and --init-from it at lr 0 gives the
+// run's loss bit for bit. llm.c's format (GPT-2 only) refuses it by name; a config.json
+// with parts meshtrain lacks is refused by name.
+TEST_F(CliPractitioner, LlamaExportsAsAHuggingFaceFolder) {
+  const std::string run_dir = path("llama");
+  RunResult r = run(train("--model llama-tiny --seq-len 32 --micro-batch 2 --steps 2 --lr 3e-3 --quiet --out " +
+                          run_dir));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const std::string hf = path("llama-hf");
+  r = run(kBinary + " export --checkpoint " + run_dir + " --out " + hf);
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const json config = read_json(hf + "/config.json");
+  EXPECT_EQ(config["model_type"], "llama");
+  EXPECT_EQ(config["architectures"][0], "LlamaForCausalLM");
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["intermediate_size"], 192);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  const std::string args = "--prompt 'It was' --max-new-tokens 8 --seed 4";
+  const RunResult from_run = run(generate(run_dir, args)), from_folder = run(generate(hf, args));
+  ASSERT_EQ(from_folder.exit_code, 0) << describe(from_folder);
+  EXPECT_EQ(from_folder.out, from_run.out);
+  const std::string once = " --seq-len 32 --micro-batch 2 --steps 1 --lr 0 --quiet --out ";
+  const RunResult a = run(train("--init-from " + run_dir + once + path("from_run")));
+  const RunResult b = run(train("--init-from " + hf + once + path("from_folder")));
+  ASSERT_EQ(a.exit_code, 0) << describe(a);
+  ASSERT_EQ(b.exit_code, 0) << describe(b);
+  const Metrics ma = read_metrics(path("from_run") + "/metrics.jsonl"), mb = read_metrics(path("from_folder") + "/metrics.jsonl");
+  ASSERT_EQ(ma.steps.size(), 1u);
+  ASSERT_EQ(mb.steps.size(), 1u);
+  EXPECT_EQ(bits(ma.steps[0]["loss"]), bits(mb.steps[0]["loss"]));
+  EXPECT_EQ(read_json(path("from_folder") + "/config.json")["resolved_model"]["arch"], "llama");
+
+  expect_failure(run(kBinary + " export --checkpoint " + run_dir + " --format llmc --out " + path("l.bin")),
+                 {"meshtrain: error:", "llm.c's model file holds GPT-2 models only", "--format hf"});
+  json biased = config;
+  biased["attention_bias"] = true;
+  write_file(hf + "/config.json", biased.dump());
+  expect_failure(run(generate(hf, args)), {"meshtrain: error:", "attention_bias", "no biases"});
+  json scaled = config;
+  scaled["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4}};
+  write_file(hf + "/config.json", scaled.dump());
+  expect_failure(run(generate(hf, args)), {"meshtrain: error:", "'yarn' is not supported"});
+}
+
 // ---- 3. eval ---------------------------------------------------------------------------
 
 struct EvalLine {
