@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
-# End-to-end training-step benchmark: gpt2-124m, B=8, T=256, fp32, on all cores.
-# Prints tokens/s and MFU beside the measured fp32 GEMM peak. Extra flags go to
-# `meshtrain bench step` (e.g. --threads 1, --model gpt2-350m).
+# End-to-end training-step benchmark, B=8, T=256 on random tokens, on all cores: gpt2-124m
+# and llama-124m (GQA, SwiGLU, RoPE, RMSNorm), fp32 and bf16, each beside the measured GEMM
+# peak, then the PyTorch peer (tests/reference's models, eager) on the same machine.
+# Extra flags go to every `meshtrain bench step` (e.g. --threads 1).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-"$root/build/meshtrain" bench peak
-"$root/build/meshtrain" bench step --model gpt2-124m --micro-batch 8 --seq-len 256 --steps 3 "$@"
+"$root/build/meshtrain" bench peak --precision fp32,bf16
+for model in gpt2-124m llama-124m; do
+  for precision in fp32 bf16; do
+    echo "== meshtrain $model $precision"
+    "$root/build/meshtrain" bench step --model "$model" --precision "$precision" --micro-batch 8 --seq-len 256 \
+      --steps 3 "$@"
+  done
+done
+for arch in gpt2 llama; do
+  /usr/bin/python3 "$root/bench/torch_step.py" --arch "$arch"
+  /usr/bin/python3 "$root/bench/torch_step.py" --arch "$arch" --bf16 --steps 2
+done
