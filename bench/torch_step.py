@@ -4,7 +4,7 @@ gpt2-124m or llama-124m on random tokens with the reference models of tests/refe
 (eager PyTorch, fp32, or bf16 autocast), timed on this machine.
 
     /usr/bin/python3 bench/torch_step.py --arch gpt2|llama [--batch 8] [--seq-len 256]
-        [--steps 3] [--warmup 1] [--threads N] [--bf16]
+        [--steps 3] [--warmup 1] [--threads N (default: all cores)] [--bf16]
 
 Prints one line: the median step time and tokens/s.
 """
@@ -53,8 +53,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--bf16", action="store_true")
     a = ap.parse_args()
-    if a.threads > 0:
-        torch.set_num_threads(a.threads)
+    # All cores, as `meshtrain bench step` uses (this torch build starts with one thread here).
+    torch.set_num_threads(a.threads if a.threads > 0 else os.cpu_count())
     torch.manual_seed(0)
     shapes, model = gpt2_params() if a.arch == "gpt2" else llama_params()
     params = {n: (torch.randn(s) * 0.02 if len(s) > 1 else torch.ones(s)).requires_grad_(True) for n, s in shapes.items()}

@@ -44,8 +44,9 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   dpc.storage = precision;
   parallel::DataParallel dp(gpt, self, dpc, o.adamw, init.params());
   const double flops_per_token = gpt.flops_per_token(T);
-  std::printf("bench step: %d layers, dim %d, %d heads, vocab %d | B=%d A=%d T=%d | %d threads\n%s%s\n",
-              config.layers, config.dim, config.heads, config.vocab, shape.B, shape.A, T, threads,
+  std::printf("bench step: %s | %d layers, dim %d, %d heads, vocab %d, %.1fM parameters | B=%d A=%d T=%d | %d threads\n%s%s\n",
+              model::describe_arch(config).c_str(), config.layers, config.dim, config.heads, config.vocab,
+              model::num_parameters(config) / 1e6, shape.B, shape.A, T, threads,
               machine::machine_summary().c_str(), machine::mfu_basis(precision).c_str());
   std::vector<double> times;
   for (int k = 0; k < warmup + steps; k++) {
