@@ -1,5 +1,6 @@
-// GPT-2 with explicit forward and backward passes over flat parameter and gradient
-// buffers. One object per rank holds the rank's part of the model (all of it, or the
+// The decoder-only transformer of a GptConfig (GPT-2, Llama, or another mix of the parts
+// model/config.h describes) with explicit forward and backward passes over flat parameter
+// and gradient buffers. One object per rank holds the rank's part of the model (all of it, or the
 // pipeline stages it runs); activations are sized for micro-batches of B x T, one stored
 // set per micro-batch in flight.
 #pragma once
