@@ -107,16 +107,29 @@ Status hf_config_json(const model::GptConfig& cfg, nlohmann::json* out) {
   return Status::ok();
 }
 
+namespace {
+
+// A model folder's config.json as *j (null when the folder has none), and its path.
+Status read_folder_config(const std::string& dir, nlohmann::json* j, std::string* path) {
+  *path = (std::filesystem::path(dir) / "config.json").string();
+  *j = nullptr;
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(*path, ec)) return Status::ok();
+  std::string text;
+  RETURN_IF_ERROR(read_file(*path, &text));
+  *j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j->is_object()) return Status::error(*path + ": not a JSON object");
+  return Status::ok();
+}
+
+}  // namespace
+
 Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bool* is_llama) {
   *is_llama = false;
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return Status::ok();
-  std::string text;
-  RETURN_IF_ERROR(read_file(path, &text));
-  const auto j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return Status::error(path + ": not a JSON object");
-  if (j.value("model_type", "") != "llama") return Status::ok();
+  nlohmann::json j;
+  std::string path;
+  RETURN_IF_ERROR(read_folder_config(dir, &j, &path));
+  if (j.is_null() || j.value("model_type", "") != "llama") return Status::ok();
   *is_llama = true;
   auto integer = [&](const char* key, int* out) -> Status {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > (1 << 30))
@@ -178,13 +191,10 @@ Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bo
 
 Status hf_folder_heads(const std::string& dir, int* heads) {
   *heads = 0;
-  const std::string path = (std::filesystem::path(dir) / "config.json").string();
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) return Status::ok();
-  std::string text;
-  RETURN_IF_ERROR(read_file(path, &text));
-  const auto config = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!config.is_object()) return Status::error(path + ": not a JSON object");
+  nlohmann::json config;
+  std::string path;
+  RETURN_IF_ERROR(read_folder_config(dir, &config, &path));
+  if (config.is_null()) return Status::ok();
   for (const char* key : {"n_head", "num_attention_heads"}) {
     if (!config.contains(key)) continue;
     const auto& v = config[key];
@@ -224,7 +234,7 @@ Status load_hf_safetensors(const std::string& path, model::Gpt* gpt) {
   }
   // Padded vocabulary rows (of wte, and of an untied head) are zero by contract.
   for (const auto& t : gpt->layout().tensors())
-    if (t.layer < 0 && t.split == model::TpSplit::kRows)
+    if (t.vocabulary_rows())
       std::memset(gpt->params() + t.offset + (size_t)cfg.vocab * cfg.dim, 0,
                   sizeof(float) * (t.numel - (size_t)cfg.vocab * cfg.dim));
   return Status::ok();

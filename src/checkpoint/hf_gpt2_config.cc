@@ -120,7 +120,7 @@ std::string hf_tensor_name(const SafetensorsFile& f, const std::string& name) {
 }
 
 std::vector<int64_t> hf_shape(const model::ParamTensor& t, int vocab) {
-  if (t.layer < 0 && t.split == model::TpSplit::kRows) return {vocab, t.shape[1]};  // wte, lm_head: unpadded
+  if (t.vocabulary_rows()) return {vocab, t.shape[1]};  // wte, lm_head: unpadded
   if (t.hf_transposed) return {t.shape[1], t.shape[0]};
   return t.shape;
 }

@@ -18,15 +18,7 @@ KvCacheDecoder::KvCacheDecoder(const model::Gpt& gpt)
       k_cache_(MemCategory::kActivations,
                (size_t)gpt.config().layers * gpt.config().max_seq_len * gpt.config().kv_dim()),
       v_cache_(MemCategory::kActivations, k_cache_.size()),
-      logits_(MemCategory::kActivations, gpt.config().vocab) {
-  const auto& cfg = gpt.config();
-  if (cfg.positions == model::Positions::kRope) {
-    const size_t entries = (size_t)cfg.max_seq_len * (cfg.head_dim() / 2);
-    rope_cos_.resize(entries), rope_sin_.resize(entries);
-    k::rope_table(rope_cos_.data(), rope_sin_.data(), cfg.max_seq_len, cfg.head_dim(), cfg.rope_theta,
-                  cfg.rope_scaling);
-  }
-}
+      logits_(MemCategory::kActivations, gpt.config().vocab) {}
 
 void KvCacheDecoder::embed(std::span<const int> tokens, float* x) const {
   const int C = gpt_.config().dim;
@@ -59,8 +51,8 @@ void KvCacheDecoder::block(int l, float* x, int n) {
   norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
   k::matmul_forward(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
   if (cfg.positions == model::Positions::kRope) {  // rows at positions pos_ .. pos_ + n - 1
-    k::rope_rotate(qkv.data(), n, n, Q, NH, hs, rope_cos_.data(), rope_sin_.data(), pos_, false);
-    k::rope_rotate(qkv.data() + C, n, n, Q, NKV, hs, rope_cos_.data(), rope_sin_.data(), pos_, false);
+    k::rope_rotate(qkv.data(), n, n, Q, NH, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos_, false);
+    k::rope_rotate(qkv.data() + C, n, n, Q, NKV, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos_, false);
   }
   for (int i = 0; i < n; i++) {
     std::memcpy(kc + (size_t)(pos_ + i) * KV, qkv.data() + (size_t)i * Q + C, KV * sizeof(float));

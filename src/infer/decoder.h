@@ -31,7 +31,6 @@ class KvCacheDecoder {
   const model::Gpt& gpt_;
   int pos_ = 0;
   Buffer<float> k_cache_, v_cache_;  // [L, maxT, kv_heads x hs] each
-  std::vector<float> rope_cos_, rope_sin_;  // [maxT, hs/2] (RoPE only)
   Buffer<float> logits_;             // [V]
 };
 

@@ -158,7 +158,7 @@ void Gpt::init_weights(uint64_t seed) {
                                                 &t == &layout_.layer(t.layer, kFcProjW));
     std::normal_distribution<float> dist(0.0f, residual_proj ? residual_std : 0.02f);
     size_t n = t.numel;
-    if (t.layer < 0 && t.split == TpSplit::kRows) n = (size_t)config_.vocab * config_.dim;  // wte, lm_head: padding stays zero
+    if (t.vocabulary_rows()) n = (size_t)config_.vocab * config_.dim;  // wte, lm_head: padding stays zero
     for (size_t i = 0; i < n; i++) w[i] = dist(rng);
   }
 }

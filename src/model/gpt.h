@@ -124,6 +124,9 @@ class Gpt {
   void reset_flops() { flops_ = FlopCounts{}; }
 
   const GptConfig& config() const { return config_; }
+  // RoPE's cos and sin [max_seq_len, hs/2] (empty for learned positions), for the decoder.
+  const float* rope_cos() const { return rope_cos_.data(); }
+  const float* rope_sin() const { return rope_sin_.data(); }
   const ParamLayout& layout() const { return layout_; }
   bool has_local_params() const { return local_ != nullptr; }
   bool has_local_grads() const { return local_ && local_->has_grads(); }

@@ -153,6 +153,7 @@ void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSpl
   ParamTensor t;
   t.name = std::move(name);
   t.split = split;
+  t.layer = layer;
   t.global_shape = global_shape;
   std::vector<int64_t> shape = global_shape;  // dims divisible by tp: validated by the caller
   if (split == TpSplit::kRows || split == TpSplit::kQkvRows) shape[0] /= tp_;
@@ -165,9 +166,8 @@ void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSpl
   t.hf_transposed = hf_transposed;
   // The token embedding (read by the lookup, and the GEMM of a tied head) and an untied head
   // are the vocabulary-split tensors outside the blocks.
-  t.gemm_weight = linear || (layer < 0 && split == TpSplit::kRows);
+  t.gemm_weight = linear || t.vocabulary_rows();
   t.gemm_grad = linear;
-  t.layer = layer;
   total_ += t.numel;
   tensors_.push_back(std::move(t));
 }

@@ -39,6 +39,8 @@ struct ParamTensor {
   bool gemm_grad = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
   int unit = -1;               // the local unit holding it (ParamLayout::units())
+  // wte or an untied head: padded vocabulary rows (zero, no gradient, unpadded in HF files).
+  bool vocabulary_rows() const { return layer < 0 && split == TpSplit::kRows; }
 };
 
 // The roles of one block's tensors (GPT-2's field order inside the layout). An architecture

@@ -447,17 +447,21 @@ def train(args, raw, names, V, model, tool, shape_meta=None):
           % (tool, V, B, T, A, S, args.dtype, losses[0], losses[-1], args.out))
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def run_reporting_errors(run_fn, args, tool):
+    """run_fn(args); any failure becomes one "TOOL: error: ..." line and exit status 1."""
     try:
-        run(args)
+        run_fn(args)
     except RefError as e:
-        print("torch_gpt2.py: error: %s" % e, file=sys.stderr)
+        print("%s: error: %s" % (tool, e), file=sys.stderr)
         return 1
     except Exception as e:  # unexpected failure: still a clear one-line message
-        print("torch_gpt2.py: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        print("%s: error: %s: %s" % (tool, type(e).__name__, e), file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv=None):
+    return run_reporting_errors(run, parse_args(argv), "torch_gpt2.py")
 
 
 if __name__ == "__main__":

@@ -152,16 +152,7 @@ def run(args):
 def main(argv=None):
     ap = common.make_parser("PyTorch reference Llama trainer (see module docstring).", heads=False)
     ap.add_argument("--config", required=True)
-    args = ap.parse_args(argv)
-    try:
-        run(args)
-    except RefError as e:
-        print("torch_llama.py: error: %s" % e, file=sys.stderr)
-        return 1
-    except Exception as e:  # unexpected failure: still a clear one-line message
-        print("torch_llama.py: error: %s: %s" % (type(e).__name__, e), file=sys.stderr)
-        return 1
-    return 0
+    return common.run_reporting_errors(run, ap.parse_args(argv), "torch_llama.py")
 
 
 if __name__ == "__main__":

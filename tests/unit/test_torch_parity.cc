@@ -70,8 +70,7 @@ double rel_error(const float* ours, const std::vector<float>& ref) {
 std::vector<float> read_in_engine_layout(const checkpoint::SafetensorsFile& f,
                                          const std::string& name, const model::ParamTensor& t,
                                          int vocab) {
-  const bool vocabulary = t.layer < 0 && t.split == model::TpSplit::kRows;  // wte, lm_head
-  size_t count = vocabulary ? (size_t)vocab * t.shape[1] : t.numel;
+  size_t count = t.vocabulary_rows() ? (size_t)vocab * t.shape[1] : t.numel;
   std::vector<float> raw(count);
   Status s = f.read_float(name, raw.data(), count);
   EXPECT_TRUE(s.is_ok()) << s.message();
@@ -154,7 +153,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   }
   // Padded vocabulary rows never receive gradient.
   for (const auto& t : gpt.layout().tensors())
-    if (t.layer < 0 && t.split == model::TpSplit::kRows)
+    if (t.vocabulary_rows())
       for (size_t i = (size_t)V * pc.config.dim; i < t.numel; i++) ASSERT_EQ(gpt.grads()[t.offset + i], 0.0f) << t.name;
 
   // Ten AdamW steps from the same initial weights.

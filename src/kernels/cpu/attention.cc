@@ -8,6 +8,7 @@
 
 #include "core/memory.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/qkv_layout.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
@@ -15,18 +16,6 @@ namespace meshtrain::kernels {
 namespace {
 
 constexpr int kBlock = 64;
-
-// Where attention's operands sit in qkv[B,T,ld]: q (C = NH*hs columns), then k and v
-// (CK = NKV*hs each); query head h reads key/value head h / group.
-struct QkvLayout {
-  int hs, C, CK, ld, group;
-  QkvLayout(int C_, int NH, int NKV)
-      : hs(C_ / NH), C(C_), CK(NKV * (C_ / NH)), ld(C_ + 2 * NKV * (C_ / NH)), group(NH / NKV) {}
-  size_t q(int b, int h, int T) const { return (size_t)b * T * ld + (size_t)h * hs; }
-  size_t k(int b, int h, int T) const { return (size_t)b * T * ld + C + (size_t)(h / group) * hs; }
-  size_t v(int b, int h, int T) const { return k(b, h, T) + CK; }
-  size_t out(int b, int h, int T) const { return (size_t)b * T * C + (size_t)h * hs; }
-};
 
 // Softmax numerator of one score row in place: p[j] = exp(p[j] - max) for j < n.
 // Returns the sum of the exponentials and stores the row's max in *max.

@@ -13,6 +13,7 @@
 #include "core/memory.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/qkv_layout.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
@@ -46,16 +47,6 @@ struct HeadScratch {
     for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, square);
     row.assign(T, 0.0f);
   }
-};
-
-// Where attention's operands sit in qkv[B,T,ld] (see attention_forward in ops.h).
-struct QkvLayout {
-  int hs, C, CK, ld, group;
-  QkvLayout(int C_, int NH, int NKV)
-      : hs(C_ / NH), C(C_), CK(NKV * (C_ / NH)), ld(C_ + 2 * NKV * (C_ / NH)), group(NH / NKV) {}
-  size_t q(int b, int h, int T) const { return (size_t)b * T * ld + (size_t)h * hs; }
-  size_t k_of_group(int b, int g, int T) const { return (size_t)b * T * ld + C + (size_t)g * hs; }
-  size_t out(int b, int h, int T) const { return (size_t)b * T * C + (size_t)h * hs; }
 };
 
 // Row i of a causal T x T bf16 matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
