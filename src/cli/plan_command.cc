@@ -1,4 +1,6 @@
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -27,6 +29,10 @@ struct PlanFlags {
   std::string state = "mixed";
   std::string model = "gpt3-175b", cluster = "a100-80g", precision;  // precision: bf16 (fp32 on local)
   int layers = 0, heads = 0, dim = 0, seq_len = 0, vocab = 0;
+  int kv_heads = 0, ffn_dim = 0;  // 0: the model's
+  std::string arch;               // gpt2 or llama: that family's parts on the model's shape
+  std::vector<int> stage_layers;  // layers per pipeline stage (fixed; balanced when absent)
+  std::string attention = "fused";
   int gpus = 0, global_batch = 0, top = 10;
   double tokens = 0;
   bool as_json = false, sp = false, no_sp = false;
@@ -55,19 +61,30 @@ int memory_table(const PlanFlags& f) {
   return 0;
 }
 
-// The model to plan: a preset, with any of its dimensions overridden.
-Status plan_model(const PlanFlags& f, planner::ModelShape* m) {
-  RETURN_IF_ERROR(planner::planning_model(f.model, m));
+// The model to plan: a preset, its parts replaced by --arch, any dimension overridden; the
+// engine's record (for --cluster local) and the time model's view of it.
+Status plan_model(const PlanFlags& f, model::GptConfig* config, planner::ModelShape* m) {
+  int seq = 0;
+  RETURN_IF_ERROR(planner::planning_config(f.model, config, &seq));
   for (auto [flag, v] : {std::pair{"--layers", f.layers}, {"--heads", f.heads}, {"--dim", f.dim},
-                         {"--seq-len", f.seq_len}, {"--vocab", f.vocab}})
+                         {"--seq-len", f.seq_len}, {"--vocab", f.vocab}, {"--kv-heads", f.kv_heads},
+                         {"--ffn-dim", f.ffn_dim}})
     if (v < 0) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
-  if (f.layers) m->layers = f.layers;
-  if (f.heads) m->heads = f.heads;
-  if (f.dim) m->hidden = f.dim;
-  if (f.seq_len) m->seq = f.seq_len;
-  if (f.vocab) m->vocab = f.vocab;
-  if (m->hidden % m->heads != 0)
-    return Status::error("--heads " + std::to_string(m->heads) + " must divide --dim " + std::to_string(m->hidden));
+  model::GptConfig& c = *config;
+  if (f.layers) c.layers = f.layers;
+  if (f.heads) c.heads = f.heads, c.kv_heads = 0;
+  if (f.dim) c.dim = f.dim;
+  if (f.seq_len) seq = f.seq_len, c.max_seq_len = std::max(c.max_seq_len, f.seq_len);
+  if (f.vocab) c.vocab = f.vocab;
+  if (!f.arch.empty()) RETURN_IF_ERROR(model::apply_arch(f.arch, &c));
+  if (f.kv_heads) c.kv_heads = f.kv_heads;
+  if (f.ffn_dim) c.ffn_dim = f.ffn_dim;
+  if (c.dim % c.heads != 0)
+    return Status::error("--heads " + std::to_string(c.heads) + " must divide --dim " + std::to_string(c.dim));
+  if (c.heads % c.kv_head_count() != 0)
+    return Status::error("--kv-heads " + std::to_string(c.kv_head_count()) + " must divide --heads " +
+                         std::to_string(c.heads));
+  *m = planner::model_shape(c, seq);
   return Status::ok();
 }
 
@@ -99,16 +116,47 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
     RETURN_IF_ERROR(planner::parse_recompute(f.recompute, &r));
     s->recompute = r;
   }
+  RETURN_IF_ERROR(planner::parse_attention(f.attention, &s->attention));
+  if (!f.stage_layers.empty()) {
+    if (!s->pp) return Status::error("--stage-layers needs --pp (the layers of each of its stages)");
+    s->stage_layers = f.stage_layers;
+  }
   return Status::ok();
 }
 
-std::string layout_name(const planner::Layout& l) {
+std::string stage_layers_text(const std::vector<int>& layers);
+
+// The layout in one line; the layers per stage where they are not all equal.
+std::string layout_name(const Candidate& c) {
+  const planner::Layout& l = c.layout;
+  const std::vector<int>& stages = c.prediction.stage_layers;
   char buf[160];
   std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
   std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, l.zero,
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
-  return buf;
+  const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
+  return even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
+}
+
+// Layers per stage, run-length encoded: "7,8x14,7".
+std::string stage_layers_text(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j < layers.size() && layers[j] == layers[i]) j++;
+    out += (out.empty() ? "" : ",") + std::to_string(layers[i]) + (j - i > 1 ? "x" + std::to_string(j - i) : "");
+    i = j;
+  }
+  return out;
+}
+
+// The model in words: its shape and the parts that are not GPT's.
+std::string model_text(const model::GptConfig& c, const planner::ModelShape& m) {
+  char buf[200];
+  std::snprintf(buf, sizeof buf, "L=%d h=%d heads=%d kv=%d ffn=%d s=%d V=%d", m.layers, m.hidden, m.heads, m.kv(),
+                m.ffn_width(), m.seq, m.vocab);
+  return model::describe_arch(c) + " " + buf;
 }
 
 json candidate_json(const Candidate& c) {
@@ -119,7 +167,9 @@ json candidate_json(const Candidate& c) {
   return {{"layout",
            {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
-            {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)}}},
+            {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
+            {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
+            {"memory_rank", p.memory_rank}}},
           {"step_s", p.step_s},
           {"tokens_per_s", p.tokens_per_s},
           {"tflops_per_gpu", p.tflops_per_gpu},
@@ -134,19 +184,23 @@ json candidate_json(const Candidate& c) {
           {"over_gb", std::max(0.0, c.over_bytes() / 1e9)}};
 }
 
-void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, const PlanFlags& f,
-                 planner::Precision precision, const std::vector<Candidate>& all) {
+void print_table(const model::GptConfig& config, const planner::ModelShape& m, const planner::Cluster& cluster,
+                 const PlanFlags& f, planner::Precision precision, const std::vector<Candidate>& all) {
   int fitting = 0;
   for (const auto& c : all) fitting += c.prediction.fits();
-  std::printf("plan: L=%d h=%d heads=%d s=%d V=%d (%.3g parameters) on %d x %s, global batch %d, %s\n",
-              m.layers, m.hidden, m.heads, m.seq, m.vocab, planner::parameter_count(m), f.gpus,
-              cluster.name.c_str(), f.global_batch, planner::precision_name(precision));
+  std::printf("plan: %s (%.4g parameters) on %d x %s, global batch %d, %s, %s attention\n",
+              model_text(config, m).c_str(), planner::parameter_count(m), f.gpus, cluster.name.c_str(),
+              f.global_batch, planner::precision_name(precision), f.attention.c_str());
   std::printf("%zu layouts predicted, %d fit in %.1f GB per GPU; the fastest %d that fit:\n\n", all.size(), fitting,
               all.empty() ? 0.0 : all.front().prediction.memory_available / 1e9, std::min(f.top, fitting));
   // Memory in GB, or in MB for models whose best layout needs under a GB.
   const bool mb = all.front().prediction.memory.total() < 1e9;
   const double unit = mb ? 1e6 : 1e9;
-  std::printf("%3s  %-52s %8s %9s %7s %5s %6s | %6s %6s %6s %6s %6s %6s | %-23s\n", "#", "layout", "step s",
+  // The layout column as wide as the widest layout shown.
+  int width = 52, listed = 0;
+  for (const auto& c : all)
+    if (c.prediction.fits() && listed++ < f.top) width = std::max(width, (int)layout_name(c).size());
+  std::printf("%3s  %-*s %8s %9s %7s %5s %6s | %6s %6s %6s %6s %6s %6s | %-23s\n", "#", width, "layout", "step s",
               "tokens/s", "TFLOP/s", "MFU", "bubble", "param", "grad", "optim", "act", "buf",
               mb ? "tot MB" : "tot GB", "comm s exposed (hidden)");
   auto row = [&](int i, const Candidate& c) {
@@ -155,8 +209,8 @@ void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, 
     char comm[96];
     std::snprintf(comm, sizeof comm, "tp %.2g pp %.2g dp %.2g (%.2g)", p.tp.exposed, p.pp.exposed, p.dp.exposed,
                   p.tp.hidden + p.pp.hidden + p.dp.hidden);
-    std::printf("%3d  %-52s %8.3g %9.4g %7.4g %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i,
-                layout_name(c.layout).c_str(), p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, p.bubble,
+    std::printf("%3d  %-*s %8.3g %9.4g %7.4g %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i, width,
+                layout_name(c).c_str(), p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, p.bubble,
                 mem.params / unit, mem.grads / unit, mem.optim / unit, mem.activations / unit, mem.buffers / unit,
                 mem.total() / unit, comm);
   };
@@ -166,7 +220,7 @@ void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, 
   if (fitting == 0) {
     std::printf("\nno layout fits; the closest ones (memory in GB per GPU over what is available):\n");
     for (size_t i = 0; i < all.size() && (int)i < f.top; i++)
-      std::printf("  %-52s needs %.1f GB more\n", layout_name(all[i].layout).c_str(), all[i].over_bytes() / 1e9);
+      std::printf("  %-52s needs %.1f GB more\n", layout_name(all[i]).c_str(), all[i].over_bytes() / 1e9);
     return;
   }
   const auto& best = all.front().prediction;
@@ -177,14 +231,15 @@ void print_table(const planner::ModelShape& m, const planner::Cluster& cluster, 
   int over = 0;
   for (const auto& c : all)
     if (!c.prediction.fits() && over++ < 3)
-      std::printf("%s  %-52s does not fit: %.2f GB over\n", over == 1 ? "\n" : "", layout_name(c.layout).c_str(),
+      std::printf("%s  %-52s does not fit: %.2f GB over\n", over == 1 ? "\n" : "", layout_name(c).c_str(),
                   c.over_bytes() / 1e9);
 }
 
 int run_plan(const PlanFlags& f) {
   if (f.memory) return memory_table(f);
   planner::ModelShape m;
-  if (Status s = plan_model(f, &m); !s.is_ok()) return fail(s);
+  model::GptConfig config;
+  if (Status s = plan_model(f, &config, &m); !s.is_ok()) return fail(s);
   // "local": this machine, one rank per "GPU", predicted by the engine's own accounting and
   // the local calibration (planner/local.h; fp32 runs only).
   const bool local = f.cluster == "local";
@@ -208,12 +263,10 @@ int run_plan(const PlanFlags& f) {
   std::vector<Candidate> all;
   Status searched;
   if (local) {
-    model::GptConfig config;
-    config.layers = m.layers, config.heads = m.heads, config.dim = m.hidden, config.max_seq_len = m.seq;
-    config.vocab = m.vocab;
     if (Status s = model::validate(config); !s.is_ok()) return fail(s);
     planner::LocalRun run;
     run.seq = m.seq;
+    run.stage_layers = f.stage_layers;
     searched = planner::search_layouts(
         m, f.gpus, f.global_batch, precision, f.gpus, space,
         [&](const planner::Layout& l, planner::Prediction* p) { return planner::predict_local(config, l, run, cluster, p); },
@@ -225,8 +278,10 @@ int run_plan(const PlanFlags& f) {
   if (f.as_json) {
     json layouts = json::array();
     for (size_t i = 0; i < all.size() && (int)i < f.top; i++) layouts.push_back(candidate_json(all[i]));
-    json out = {{"model", {{"layers", m.layers}, {"hidden", m.hidden}, {"heads", m.heads}, {"seq", m.seq},
-                           {"vocab", m.vocab}, {"parameters", planner::parameter_count(m)}}},
+    json out = {{"model",
+                 {{"arch", model::arch_name(config)}, {"parts", model::describe_arch(config)}, {"layers", m.layers},
+                  {"hidden", m.hidden}, {"heads", m.heads}, {"kv_heads", m.kv()}, {"ffn", m.ffn_width()},
+                  {"seq", m.seq}, {"vocab", m.vocab}, {"parameters", planner::parameter_count(m)}}},
                 {"cluster", cluster.name},
                 {"gpus", f.gpus},
                 {"global_batch", f.global_batch},
@@ -236,7 +291,7 @@ int run_plan(const PlanFlags& f) {
     std::printf("%s\n", out.dump(1).c_str());
     return 0;
   }
-  print_table(m, cluster, f, precision, all);
+  print_table(config, m, cluster, f, precision, all);
   return 0;
 }
 
@@ -254,9 +309,13 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--state", f->state,
                   "--memory: bytes per parameter, mixed (2 + 2 + 12, the ZeRO paper's) or fp32 (4 + 4 + 8)")
       ->capture_default_str();
-  cmd->add_option("--model", f->model, "Model: gpt3-1.3b, gpt3-13b, gpt3-175b, megatron-1t, llama-7b/13b/70b, or an "
-                                       "engine preset (tiny, small, gpt2-124m, gpt2-350m)")
+  cmd->add_option("--model", f->model,
+                  "Model: gpt3-1.3b, gpt3-13b, gpt3-175b, megatron-1t, or an engine preset (llama2-7b/13b/70b, "
+                  "llama3-8b/70b/405b, gpt2-124m, llama-124m, ...)")
       ->capture_default_str();
+  cmd->add_option("--arch", f->arch, "Replace the model's parts by a family's: gpt2 or llama");
+  cmd->add_option("--kv-heads", f->kv_heads, "Override the key/value heads (GQA; 1: MQA)");
+  cmd->add_option("--ffn-dim", f->ffn_dim, "Override the MLP's hidden width");
   cmd->add_option("--layers", f->layers, "Override the model's layers");
   cmd->add_option("--heads", f->heads, "Override the model's attention heads");
   cmd->add_option("--dim", f->dim, "Override the model's hidden size");
@@ -274,6 +333,13 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--micro-batch", f->micro_batch, "Sequences per micro-batch (fixed)");
   cmd->add_option("--schedule", f->schedule, "gpipe, 1f1b or interleaved (fixed)");
   cmd->add_option("--virtual-stages", f->virtual_stages, "Chunks per pipeline rank, interleaved (fixed)");
+  cmd->add_option("--stage-layers", f->stage_layers,
+                  "Layers per pipeline stage, comma-separated, pp x virtual-stages of them (default: balanced "
+                  "on predicted times)")
+      ->delimiter(',');
+  cmd->add_option("--attention", f->attention,
+                  "fused (FlashAttention-style: no s x s scores in memory) or unfused (Megatron 2021-22)")
+      ->capture_default_str();
   cmd->add_flag("--sp", f->sp, "Sequence parallelism on (fixed)");
   cmd->add_flag("--no-sp", f->no_sp, "Sequence parallelism off (fixed)");
   cmd->add_option("--recompute", f->recompute, "none, selective or full (fixed)");

@@ -43,9 +43,13 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
   if (gpus < 1) return Status::error("--gpus must be >= 1, got " + std::to_string(gpus));
   if (global_batch < 1) return Status::error("--global-batch must be >= 1, got " + std::to_string(global_batch));
   Status last_error = Status::error("no layout of " + std::to_string(gpus) + " GPUs matches the fixed choices");
+  const std::vector<Recompute> recompute_modes =
+      space.attention == Attention::kFused ? std::vector<Recompute>{Recompute::kNone, Recompute::kFull}
+                                           : std::vector<Recompute>{Recompute::kNone, Recompute::kSelective,
+                                                                    Recompute::kFull};
   for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, max_tp))))
-    for (int pp : choices(space.pp, divisors(model.layers))) {
-      if (gpus % (tp * pp) != 0) continue;
+    for (int pp : choices(space.pp, divisors(gpus / tp))) {
+      if (gpus % (tp * pp) != 0 || pp > model.layers) continue;
       const int dp = gpus / (tp * pp);
       if (space.dp && *space.dp != dp) continue;
       if (global_batch % dp != 0) continue;
@@ -62,7 +66,9 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
               continue;
             }
             for (int v : choices(space.virtual_stages, {2, 3, 4, 6, 8}))
-              if (v > 1 && model.layers % (pp * v) == 0 && m % pp == 0) schedules.push_back({k, v});
+              if (v > 1 && m % pp == 0 &&
+                  (space.stage_layers.empty() ? model.layers % (pp * v) == 0 : pp * v <= model.layers))
+                schedules.push_back({k, v});
           }
         }
         for (auto [kind, v] : schedules)
@@ -70,11 +76,13 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
           for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0}
                                               : pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3}))
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
-              for (Recompute r : choices(space.recompute, {Recompute::kNone, Recompute::kSelective, Recompute::kFull})) {
+              for (Recompute r : choices(space.recompute, recompute_modes)) {
                 Layout l;
                 l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.global_batch = global_batch;
                 l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
                 l.precision = precision;
+                l.attention = space.attention;
+                l.stage_layers = space.stage_layers;
                 Candidate c;
                 c.layout = l;
                 if (Status s = predictor(l, &c.prediction); !s.is_ok()) {

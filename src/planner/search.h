@@ -17,6 +17,10 @@ struct SearchSpace {
   std::optional<bool> sp;
   std::optional<Recompute> recompute;
   std::optional<parallel::pp::ScheduleKind> schedule;
+  // Not searched: the attention kernel the stack has, and layers per stage (with a fixed pp;
+  // empty: each layout's balanced split).
+  Attention attention = Attention::kFused;
+  std::vector<int> stage_layers;
 };
 
 struct Candidate {
@@ -28,12 +32,14 @@ struct Candidate {
 // Predicts every valid layout of `gpus` GPUs for global batch `global_batch` (sequences)
 // at `precision`, within `space`. Layouts that fit memory come first, fastest first; then
 // those that do not, least over first. Searched sizes: tp a power of two up to the GPUs of
-// one node (tensor parallelism across nodes is never faster here), pp any divisor of the
-// layers, micro-batches 1-16 (powers of two), interleaving with v chunks per rank where
-// the layers split evenly and the micro-batches are a multiple of pp (Megatron's rule),
-// ZeRO 0-3 (0-1 with pp > 1, as the engine allows; 0 alone without dp), sp with tp > 1, and the three
-// recomputation modes. GPipe is searched only when asked for (1F1B has its bubble with less
-// memory). Errors: no valid layout at all, naming why.
+// one node (tensor parallelism across nodes is never faster here), pp any size the GPUs
+// allow up to the layers (stages split as evenly as predicted times allow, so 126 layers
+// can take 16 stages), micro-batches 1-16 (powers of two), interleaving with v chunks per
+// rank where the layers split evenly and the micro-batches are a multiple of pp (Megatron's
+// rule), ZeRO 0-3 (0-1 with pp > 1, as the engine allows; 0 alone without dp), sp with tp >
+// 1, and the recomputation modes (selective only with unfused attention: a fused kernel
+// already recomputes its scores, so it equals none). GPipe is searched only when asked for
+// (1F1B has its bubble with less memory). Errors: no valid layout at all, naming why.
 // `predictor` ranks the layouts (layouts it rejects are skipped); tensor parallelism is
 // searched up to `max_tp`.
 using Predictor = std::function<Status(const Layout&, Prediction*)>;

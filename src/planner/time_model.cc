@@ -3,14 +3,38 @@
 #include <algorithm>
 #include <cmath>
 
+#include "parallel/pp/stages.h"
 #include "planner/memory.h"
 
 namespace meshtrain::planner {
 
 namespace pp = parallel::pp;
 
+double ModelShape::block_matrix_weights() const {
+  const double h = hidden, kv_width = kv() * head_dim(), f = ffn_width();
+  return h * (h + 2 * kv_width) + h * h + (swiglu ? 3 : 2) * h * f;
+}
+
 ModelShape model_shape(const model::GptConfig& c, int seq) {
-  return {c.layers, c.dim, c.heads, seq > 0 ? seq : c.max_seq_len, c.padded_vocab()};
+  ModelShape m;
+  m.layers = c.layers, m.hidden = c.dim, m.heads = c.heads;
+  m.seq = seq > 0 ? seq : c.max_seq_len;
+  m.vocab = c.padded_vocab();
+  m.kv_heads = c.kv_head_count(), m.ffn = c.ffn();
+  m.swiglu = c.mlp == model::Mlp::kSwiGlu;
+  m.rms_norm = c.norm == model::Norm::kRmsNorm;
+  m.rope = c.positions == model::Positions::kRope;
+  m.bias = c.bias, m.tied_head = c.tied_head;
+  m.dropout = c.is_gpt2();
+  return m;
+}
+
+const char* attention_name(Attention a) { return a == Attention::kFused ? "fused" : "unfused"; }
+
+Status parse_attention(const std::string& name, Attention* out) {
+  for (Attention a : {Attention::kFused, Attention::kUnfused})
+    if (name == attention_name(a)) return *out = a, Status::ok();
+  return Status::error("unknown attention kernel '" + name + "' (choose fused or unfused)");
 }
 
 const char* recompute_name(Recompute r) {
@@ -31,33 +55,68 @@ Status parse_recompute(const std::string& name, Recompute* out) {
   return Status::error("unknown recompute mode '" + name + "' (choose none, selective or full)");
 }
 
-double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r) {
-  const double s = m.seq, b = micro_batch, h = m.hidden, a = m.heads, t = tp;
-  const double sbh = s * b * h;
-  switch (r) {
-    case Recompute::kFull:
-      return sp ? 2 * sbh / t : 2 * sbh;
-    case Recompute::kSelective:
-      return sp ? 34 * sbh / t : sbh * (10 + 24 / t);
-    case Recompute::kNone:
-      return sp ? sbh / t * (34 + 5 * a * s / h) : sbh * (10 + 24 / t + 5 * a * s / (h * t));
-  }
-  return 0;
+namespace {
+
+// Key/value heads one of t tensor-parallel ranks holds: its share, or one replicated head
+// when there are fewer heads than ranks (Megatron's rule; validate() admits only these).
+double kv_heads_local(const ModelShape& m, int t) { return m.kv() >= t ? (double)m.kv() / t : 1.0; }
+
+// Elements of one norm's parameters.
+double norm_params(const ModelShape& m) { return m.rms_norm ? m.hidden : 2.0 * m.hidden; }
+
+// Parameters of one block on one of t tensor-parallel ranks: the column-parallel q k v and
+// MLP-in matrices and their biases are split, as are o's and MLP-out's inputs; the
+// row-parallel biases and the norms are whole on every rank.
+double block_params(const ModelShape& m, int t) {
+  const double h = m.hidden, hd = m.head_dim(), f = m.ffn_width() / (double)t, mlp_in = m.swiglu ? 2 : 1;
+  const double qkv_rows = (m.heads / (double)t + 2 * kv_heads_local(m, t)) * hd;
+  const double matrices = h * qkv_rows + h * (h / t) + (mlp_in + 1) * h * f;
+  const double biases = m.bias ? qkv_rows + mlp_in * f + 2 * h : 0;
+  return matrices + biases + 2 * norm_params(m);
+}
+
+}  // namespace
+
+double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r,
+                                  Attention attention) {
+  const double s = m.seq, b = micro_batch, h = m.hidden, t = tp, hd = m.head_dim();
+  const double sb = s * b, sbh = sb * h;
+  if (r == Recompute::kFull) return sp ? 2 * sbh / t : 2 * sbh;
+  // 16-bit tensors are 2 bytes per element, dropout masks 1 (Korthikanti et al. §4.1).
+  // Whole on every tp rank (split over t with sp): the two norms' inputs, the q k v and
+  // MLP-in linears' inputs (the norms' outputs), and the two residual dropout masks.
+  const double replicated = sbh * (8 + (m.dropout ? 2 : 0));
+  // Split over t: q and k (for the scores), v, the attention output (o's input), and the
+  // MLP's: GELU's input and fc2's input, or SwiGLU's gate and up outputs and down's input.
+  const double q = h / t, kv = kv_heads_local(m, tp) * hd, f = m.ffn_width() / t;
+  const double attention_tensors = 2 * sb * (q + kv) + 2 * sb * kv + 2 * sb * q;
+  const double mlp = (m.swiglu ? 6 : 4) * sb * f;
+  // The s x s part: unfused attention keeps the softmax output (2 bytes) and, with dropout,
+  // its mask (1) and output (2): 5as^2b with dropout (Table 2), 2as^2b without. Selective
+  // recompute drops it. A fused kernel keeps only each row's softmax statistic (fp32).
+  const double score_rows = b * (m.heads / t) * s;
+  double scores = 0;
+  if (attention == Attention::kFused)
+    scores = 4 * score_rows;
+  else if (r != Recompute::kSelective)
+    scores = score_rows * s * (m.dropout ? 5 : 2);
+  return (sp ? replicated / t : replicated) + attention_tensors + mlp + scores;
 }
 
 double parameter_count(const ModelShape& m) {
-  const double L = m.layers, h = m.hidden;
-  return 12 * L * h * h * (1 + 13 / (12 * h) + (m.vocab + (double)m.seq) / (12 * L * h));
+  const double h = m.hidden, V = m.vocab;
+  const double embeddings = V * h * (m.tied_head ? 1 : 2) + (m.rope ? 0 : (double)m.seq * h);
+  return m.layers * block_params(m, 1) + embeddings + norm_params(m);
 }
 
 double model_flops(const ModelShape& m, double B) {
   const double L = m.layers, h = m.hidden, s = m.seq;
-  return 72 * B * L * s * h * h * (1 + s / (6 * h) + m.vocab / (12 * h * L));
+  return B * s * (6 * (L * m.block_matrix_weights() + m.vocab * h) + 12 * L * s * h);
 }
 
 double narayanan_flops(const ModelShape& m, double B) {
   const double L = m.layers, h = m.hidden, s = m.seq;
-  return 96 * B * s * L * h * h * (1 + s / (6 * h) + m.vocab / (16 * L * h));
+  return B * s * (8 * L * m.block_matrix_weights() + 16 * L * s * h + 6 * m.vocab * h);
 }
 
 Status validate(const ModelShape& m, const Layout& l) {
@@ -77,15 +136,24 @@ Status validate(const ModelShape& m, const Layout& l) {
   RETURN_IF_ERROR(positive("global_batch", l.global_batch));
   RETURN_IF_ERROR(positive("virtual_stages", l.virtual_stages));
   auto str = [](long long v) { return std::to_string(v); };
+  RETURN_IF_ERROR(positive("kv_heads", m.kv()));
+  RETURN_IF_ERROR(positive("ffn", m.ffn_width()));
   if (m.hidden % m.heads != 0)
     return Status::error("heads (" + str(m.heads) + ") must divide hidden (" + str(m.hidden) + ")");
+  if (m.heads % m.kv() != 0)
+    return Status::error("kv_heads (" + str(m.kv()) + ") must divide heads (" + str(m.heads) + ")");
   if (m.heads % l.tp != 0) return Status::error("tp (" + str(l.tp) + ") must divide heads (" + str(m.heads) + ")");
+  if (m.kv() % l.tp != 0 && l.tp % m.kv() != 0)
+    return Status::error("kv_heads (" + str(m.kv()) + ") must split over tp (" + str(l.tp) +
+                         ") or divide it (each key/value head then replicated on tp/kv_heads ranks)");
+  if (m.ffn_width() % l.tp != 0)
+    return Status::error("tp (" + str(l.tp) + ") must divide the MLP width (" + str(m.ffn_width()) + ")");
   if (l.global_batch % ((long long)l.micro_batch * l.dp) != 0)
     return Status::error("global_batch (" + str(l.global_batch) + ") must be a multiple of micro_batch x dp (" +
                          str((long long)l.micro_batch * l.dp) + ")");
-  if (m.layers % ((long long)l.pp * l.virtual_stages) != 0)
-    return Status::error("layers (" + str(m.layers) + ") must be a multiple of pp x virtual_stages (" +
-                         str((long long)l.pp * l.virtual_stages) + ")");
+  if (m.layers < (long long)l.pp * l.virtual_stages)
+    return Status::error("pp x virtual_stages (" + str((long long)l.pp * l.virtual_stages) +
+                         " stages) exceeds the layers (" + str(m.layers) + "): every stage needs one");
   if (l.zero < 0 || l.zero > 3) return Status::error("zero must be 0, 1, 2 or 3, got " + str(l.zero));
   if (l.sp && l.tp == 1) return Status::error("sp (sequence parallelism) needs tp > 1");
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
@@ -97,6 +165,10 @@ Status validate(const ModelShape& m, const Layout& l) {
     if (micro_batches % l.pp != 0)
       return Status::error("the interleaved schedule needs the micro-batch count (" + str(micro_batches) +
                            ") to be a multiple of pp (" + str(l.pp) + ")");
+  }
+  if (!l.stage_layers.empty()) {
+    std::vector<int> checked;
+    RETURN_IF_ERROR(pp::split_layers(m.layers, l.pp * l.virtual_stages, {}, l.stage_layers, &checked));
   }
   return Status::ok();
 }
@@ -162,34 +234,46 @@ struct LayerTime {
 };
 
 LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring) {
-  const double b = l.micro_batch, s = m.seq, h = m.hidden, a = m.heads, t = l.tp, e = element_bytes(l.precision);
+  const double b = l.micro_batch, s = m.seq, h = m.hidden, t = l.tp, e = element_bytes(l.precision);
   const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
-  const double bs = b * s, hd = h / a, heads_local = a / t;
+  const double bs = b * s, hd = m.head_dim(), heads_local = m.heads / t, kv_local = kv_heads_local(m, l.tp);
+  const double f = m.ffn_width() / t, mlp_in = m.swiglu ? 2 : 1;
+  const bool fused = l.attention == Attention::kFused;
   auto gemm = [&](double M, double N, double K, double batch) {
     return 2 * M * N * K * batch / (peak * c.gemm.at(M, N, K));
   };
-  // The six GEMMs of a Megatron block at their tensor-parallel shapes (Shoeybi et al. 2019,
-  // Fig. 3): column-parallel QKV and fc1, row-parallel projection and fc2, attention per
-  // local head. Each backward GEMM (input gradient, weight gradient) has the forward's
-  // dimensions permuted: twice the forward time.
-  const double qkv = gemm(bs, 3 * h / t, h, 1), proj = gemm(bs, h, h / t, 1);
-  const double fc1 = gemm(bs, 4 * h / t, h, 1), fc2 = gemm(bs, h, 4 * h / t, 1);
-  const double scores = gemm(s, s, hd, b * heads_local), context = gemm(s, hd, s, b * heads_local);
+  // The block's GEMMs at their tensor-parallel shapes (Shoeybi et al. 2019, Fig. 3):
+  // column-parallel q k v (GQA's k and v narrower) and MLP-in (SwiGLU's gate and up side by
+  // side), row-parallel o and MLP-out, attention per local head. Each backward GEMM (input
+  // gradient, weight gradient) has the forward's dimensions permuted: twice the forward time.
+  const double qkv = gemm(bs, (heads_local + 2 * kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
+  const double fc1 = gemm(bs, mlp_in * f, h, 1), fc2 = gemm(bs, h, f, 1);
+  const double products = gemm(s, s, hd, b * heads_local) + gemm(s, hd, s, b * heads_local);
+  // Unfused attention computes all s x s scores and runs its backward as four GEMMs; a fused
+  // causal kernel skips the masked half of the blocks and recomputes the scores in its
+  // backward: five products there (S, dV, dP, dQ, dK) to the forward's two (Dao 2023).
+  const double attention_f = fused ? products / 2 : products;
+  const double attention_b = fused ? 2.5 * attention_f : 2 * attention_f;
   // Memory-bound kernels, bytes per element (docs/planning.md, "Memory-bound kernels"):
-  // the layer's two LayerNorms and two bias-dropout-adds run on the whole b s h (1/t of it
-  // with sp), bias-GeLU on 4bsh/t, scale-mask-softmax and attention dropout on b a s^2/t.
+  // the two norms and the two residual adds (bias-dropout-adds with dropout) run on the
+  // whole b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k;
+  // unfused attention's scale-mask-softmax and dropout on b a s^2/t.
   const double rep = l.sp ? bs * h / t : bs * h;  // elements of the replicated regions
-  const double mlp = 4 * bs * h / t, score_elems = b * heads_local * s * s;
-  // Plus the attention's layout copies of q, k, v and the context (b s h/t each).
-  const double ln_f = 2 * e, bda_f = 3 * e + 1, gelu_f = 2 * e, softmax_f = 2 * e, drop_f = 2 * e + 1;
-  const double ln_b = 3 * e, bda_b = 6 * e + 1, gelu_b = 4 * e, softmax_b = 3 * e, drop_b = 2 * e + 1;
-  const double copies = 4 * bs * h / t * 2 * e;
-  const double attn_core_mem = score_elems * (softmax_f + drop_f) / hbm;
+  const double act_elems = bs * f, score_elems = b * heads_local * s * s;
+  const double rotary = m.rope ? bs * (heads_local + kv_local) * hd : 0;
+  const double drop = m.dropout ? 1 : 0;
+  const double norm_f = 2 * e, add_f = 3 * e + drop, act_f = (m.swiglu ? 3 : 2) * e, rope_f = 2 * e;
+  const double norm_b = 3 * e, add_b = m.dropout ? 6 * e + 1 : 2 * e, act_b = (m.swiglu ? 5 : 4) * e, rope_b = 2 * e;
+  const double softmax_f = 2 * e + drop * (2 * e + 1), softmax_b = 3 * e + drop * (2 * e + 1);
+  // Plus the attention's layout copies of q, k, v and the context.
+  const double copies = (2 * heads_local + 2 * kv_local) * hd * bs * 2 * e;
+  const double attn_core_mem = fused ? 0 : score_elems * softmax_f / hbm;
   LayerTime lt;
-  lt.gemm_f = qkv + proj + fc1 + fc2 + scores + context;
-  lt.mem_f = (rep * 2 * (ln_f + bda_f) + mlp * gelu_f + copies) / hbm + attn_core_mem;
-  lt.gemm_b = 2 * lt.gemm_f;
-  lt.mem_b = (rep * 2 * (ln_b + bda_b) + mlp * gelu_b + copies + score_elems * (softmax_b + drop_b)) / hbm;
+  lt.gemm_f = qkv + proj + fc1 + fc2 + attention_f;
+  lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies) / hbm + attn_core_mem;
+  lt.gemm_b = 2 * (qkv + proj + fc1 + fc2) + attention_b;
+  lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies +
+              (fused ? 0 : score_elems * softmax_b)) / hbm;
   // Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
   // sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.
   // 2022 §4.2.2). Not overlapped with compute.
@@ -204,8 +288,8 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   switch (l.recompute) {
     case Recompute::kNone:
       break;
-    case Recompute::kSelective:
-      lt.recompute = scores + context + attn_core_mem;
+    case Recompute::kSelective:  // a fused kernel already recomputes its scores: nothing more
+      lt.recompute = fused ? 0 : attention_f + attn_core_mem;
       break;
     case Recompute::kFull:
       lt.recompute = lt.gemm_f + lt.mem_f;
@@ -215,22 +299,23 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   return lt;
 }
 
-// Parameters one GPU holds for its pipeline stage (tp-sharded matrices, replicated
-// LayerNorms and row-parallel biases): first stage with the token and position embedding,
-// last stage with the tied head's copy and the final LayerNorm.
+// Parameters one GPU holds for each pipeline stage (tp-sharded matrices, replicated norms and
+// row-parallel biases): its layers, the first stage's token embedding (and position table),
+// the last stage's final norm and head (its own, or with pp > 1 the tied embedding's copy).
 struct StageParams {
-  double first = 0, last = 0, per_layer = 0;
+  double per_layer = 0, embedding = 0, head = 0;
+  double of(int stage, int stages, int layers) const {
+    return layers * per_layer + (stage == 0 ? embedding : 0) + (stage == stages - 1 ? head : 0);
+  }
 };
 
 StageParams stage_params(const ModelShape& m, const Layout& l) {
-  const double h = m.hidden, t = l.tp;
+  const double h = m.hidden, t = l.tp, V = m.vocab;
   StageParams p;
-  p.per_layer = 12 * h * h / t + 7 * h / t + 6 * h;
-  const double layers = p.per_layer * m.layers / l.pp;
-  const double embedding = (double)m.vocab * h / t + (double)m.seq * h;
-  const double head = (l.pp > 1 ? (double)m.vocab * h / t : 0) + 2 * h;
-  p.first = layers + embedding + (l.pp == 1 ? head : 0);
-  p.last = l.pp == 1 ? p.first : layers + head;
+  p.per_layer = block_params(m, l.tp);
+  p.embedding = V * h / t + (m.rope ? 0 : (double)m.seq * h);
+  const bool head_matrix = !m.tied_head || l.pp > 1;  // else the embedding serves as the head
+  p.head = (head_matrix ? V * h / t : 0) + norm_params(m);
   return p;
 }
 
@@ -241,7 +326,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   RETURN_IF_ERROR(validate(c));
   *out = Prediction();
   Prediction& r = *out;
-  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages;
+  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, S = p * v;
   const int mb = l.global_batch / (l.micro_batch * d);
   r.micro_batches = mb;
   const double b = l.micro_batch, s = m.seq, h = m.hidden, V = m.vocab, e = element_bytes(l.precision);
@@ -252,44 +337,15 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const LayerTime lt = layer_time(m, l, c, tp_ring);
   r.layer_forward = {lt.gemm_f, lt.mem_f, lt.comm_f, 0};
   r.layer_backward = {lt.gemm_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
-  const int layers_per_chunk = m.layers / (p * v);
 
-  // Pipeline sends: one activation forward, one gradient backward per chunk and micro-batch,
-  // b s h elements, 1/t of it per GPU with scatter/gather or sp (then re-gathered in-node).
-  double send = 0;
-  if (p > 1) {
-    const bool split = (l.pp_scatter_gather || l.sp) && t > 1;
-    send = p2p_s(bsh * e / (split ? t : 1), pp_ring) + (split && !l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
-  }
-
-  // ZeRO-3: each chunk's parameters are all-gathered before its forward and again before its
-  // backward (its gradients are reduce-scattered with the other stages' below); prefetch
-  // hides a gather behind the previous layer's compute, except the first layer's.
-  const StageParams sparams = stage_params(m, l);
-  double tf = layers_per_chunk * lt.forward() + send;
-  double tb = layers_per_chunk * lt.backward() + send;
-  double z3_gather = 0, z3_exposed = 0;  // per chunk, forward + backward
-  if (l.zero == 3 && d > 1) {
-    // Gathers layer by layer: the stage's parameters (embedding included) over its chunks,
-    // one collective per layer.
-    const double layer_gather = all_gather_s(sparams.per_layer * e, dp_ring);
-    const double chunk_gather =
-        all_gather_s(sparams.first * e / v, dp_ring) + (layers_per_chunk - 1) * (d - 1) * dp_ring.latency;
-    const double exposed_f = std::max(layer_gather, chunk_gather - layers_per_chunk * lt.forward());
-    const double exposed_b = std::max(layer_gather, chunk_gather - layers_per_chunk * lt.backward());
-    tf += exposed_f;
-    tb += exposed_b;
-    z3_gather = 2 * chunk_gather;
-    z3_exposed = exposed_f + exposed_b;
-  }
-
-  // First stage: embedding lookup + position add + dropout, its tp reduction (all-reduce, or
-  // reduce-scatter with sp) forward; the scatter-add of its gradient backward.
+  // First stage: embedding lookup (+ position add and dropout), its tp reduction
+  // (all-reduce, or reduce-scatter with sp) forward; the scatter-add of its gradient backward.
   const double rep = l.sp ? bsh / t : bsh;
+  const double embed_bytes = (2 + (m.rope ? 0 : 1) + (m.dropout ? 2 : 0)) * e + (m.dropout ? 1 : 0);
   const double emb_f =
-      rep * (5 * e + 1) / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
-  const double emb_b = rep * (5 * e + 1) / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
-  // Last stage: final LayerNorm, the vocabulary-parallel head GEMM and cross-entropy (fp32
+      rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
+  const double emb_b = rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
+  // Last stage: final norm, the vocabulary-parallel head GEMM and cross-entropy (fp32
   // logits: cast, max, exp, sum, ~(e + 20) bytes per logit forward, (4 + e) backward), and
   // the head's input gradient all-reduce (with sp: all-gather forward, reduce-scatter back).
   const double logits = b * s * V / t;
@@ -301,22 +357,63 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // The tp collectives among these (for the per-axis account): sp ? 2 all-gather-sized : 1 all-reduce.
   const double edge_tp = l.sp ? 2 * all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring);
 
-  // The pipeline, by the engine's schedule simulator on equal per-chunk costs; the first and
-  // last stages' extra work lies on the steady-state critical path of every micro-batch.
+  // Layers per stage: as given, or balanced on these costs.
+  std::vector<int>& layers = r.stage_layers;
+  RETURN_IF_ERROR(pp::split_layers(m.layers, S, {lt.forward() + lt.backward(), emb_f + emb_b, head_f + head_b},
+                                   l.stage_layers, &layers));
+
+  // Pipeline sends: one activation forward, one gradient backward per chunk and micro-batch,
+  // b s h elements, 1/t of it per GPU with scatter/gather or sp (then re-gathered in-node).
+  double send = 0;
+  if (p > 1) {
+    const bool split = (l.pp_scatter_gather || l.sp) && t > 1;
+    send = p2p_s(bsh * e / (split ? t : 1), pp_ring) + (split && !l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
+  }
+
+  // Each stage's forward and backward per micro-batch. ZeRO-3: each stage's parameters are
+  // all-gathered before its forward and again before its backward (its gradients are
+  // reduce-scattered with the other stages' below); prefetch hides a gather behind the
+  // previous layer's compute, except the first layer's.
+  const StageParams sparams = stage_params(m, l);
+  std::vector<double> tf(S), tb(S), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
+  for (int st = 0; st < S; st++) {
+    const int n = layers[st];
+    tf[st] = n * lt.forward() + send + (st == 0 ? emb_f : 0) + (st == S - 1 ? head_f : 0);
+    tb[st] = n * lt.backward() + send + (st == 0 ? emb_b : 0) + (st == S - 1 ? head_b : 0);
+    if (l.zero == 3 && d > 1) {
+      // Gathers layer by layer: one collective per layer, the stage's edges with its first.
+      const double layer_gather = all_gather_s(sparams.per_layer * e, dp_ring);
+      const double stage_gather =
+          all_gather_s(sparams.of(st, S, n) * e, dp_ring) + (n - 1) * (d - 1) * dp_ring.latency;
+      const double exposed_f = std::max(layer_gather, stage_gather - n * lt.forward());
+      const double exposed_b = std::max(layer_gather, stage_gather - n * lt.backward());
+      tf[st] += exposed_f, tb[st] += exposed_b;
+      z3_gather[st] = 2 * stage_gather, z3_exposed[st] = exposed_f + exposed_b;
+    }
+  }
+  // Sums over the stages pipeline rank `rank` runs (its chunks).
+  auto over_rank = [&](int rank, auto&& value) {
+    double sum = 0;
+    for (int st = rank; st < S; st += p) sum += value(st);
+    return sum;
+  };
+
+  // The pipeline, by the engine's schedule simulator on each stage's cost.
   pp::SimResult sim;
   RETURN_IF_ERROR(pp::simulate(l.schedule, p, mb, v, tf, tb, &sim));
-  const double extra_first = emb_f + emb_b, extra_last = head_f + head_b;
-  const double extra = p == 1 ? extra_first + extra_last : std::max(extra_first, extra_last);
-  r.pipeline_s = sim.makespan + mb * extra;
-  double busy = mb * (extra_first + extra_last);
+  r.pipeline_s = sim.makespan;
+  double busy = 0;
   for (double x : sim.busy) busy += x;
   r.bubble = std::max(0.0, 1 - busy / (p * r.pipeline_s));
 
   // Data parallelism on the first stage's GPU (it finishes the pipeline last).
-  const double grad_bytes = sparams.first * e;
+  const double first_params = over_rank(0, [&](int st) { return sparams.of(st, S, layers[st]); });
+  const double grad_bytes = first_params * e;
   const int buckets = std::max(1, (int)std::ceil(grad_bytes / l.dp_bucket_bytes));
   const double bucket = grad_bytes / buckets;
-  const double last_backward = v * tb + (p == 1 ? emb_b + head_b : emb_b);  // last micro-batch
+  const double last_backward = over_rank(0, [&](int st) { return tb[st]; });  // last micro-batch
+  const double first_z3_gather = over_rank(0, [&](int st) { return z3_gather[st]; });
+  const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
   double dp_total = 0, dp_exposed = 0;
   if (d > 1) {
     if (l.zero <= 1) {
@@ -335,8 +432,8 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
       const double window = mb * last_backward;
       dp_exposed = l.dp_overlap ? exposed_after_window(dp_total, per, buckets * mb, window) : dp_total;
       // ZeRO-3's gathers, whose exposed part is already inside tf and tb.
-      dp_total += mb * v * z3_gather;
-      dp_exposed += mb * v * z3_exposed;
+      dp_total += mb * first_z3_gather;
+      dp_exposed += mb * first_z3_exposed;
     }
     if (l.zero == 1 || l.zero == 2) {  // updated parameters all-gathered after the step
       const double ag = all_gather_s(grad_bytes, dp_ring);
@@ -349,14 +446,15 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
   r.dp = {dp_total - std::min(dp_total, dp_exposed), std::min(dp_total, dp_exposed)};
   // dp_exposed beyond the ZeRO-3 part that already sits inside the pipeline time.
-  const double dp_tail = r.dp.exposed - mb * v * z3_exposed;
+  const double dp_tail = r.dp.exposed - mb * first_z3_exposed;
 
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
-  r.tp.exposed = mb * ((double)m.layers / p * tp_layer + edge_tp * (p == 1 ? 2 : 1));
-  // The tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
+  const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
+  r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1));
+  // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
-  const double tied = p > 1 ? all_reduce_s(V * h / t * e, ring_for((p - 1) * t * d, 2, c)) : 0;
+  const double tied = p > 1 && m.tied_head ? all_reduce_s(V * h / t * e, ring_for((p - 1) * t * d, 2, c)) : 0;
   r.pp.exposed = 2 * mb * v * send + tied;
 
   // Optimizer step on this GPU's shard, as passes over memory (Megatron's mixed-precision
@@ -364,7 +462,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // and write the fp32 master weights and both moments; read the fp32 master again to write
   // the 16-bit weights; zero the gradient buffer.
   const StateDtypes dt = l.precision == Precision::kFp32 ? kFp32State : kMixedState;
-  const StateBytes first_state = model_state_bytes(sparams.first, dt, l.zero, d);
+  const StateBytes first_state = model_state_bytes(first_params, dt, l.zero, d);
   const double owned = first_state.optim / dt.optim;
   const double master = l.precision == Precision::kFp32 ? 0 : 4;  // fp32 copy read for the cast
   r.optimizer_s = (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads) / hbm;
@@ -375,32 +473,32 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.gpus()) / 1e12;
   r.mfu = r.model_flops / (r.step_s * l.gpus() * peak);
 
-  // Memory of the most loaded GPU.
-  const StateBytes state = model_state_bytes(std::max(sparams.first, sparams.last), dt, l.zero, d);
-  r.memory.params = state.params;
-  r.memory.grads = state.grads;
-  r.memory.optim = state.optim;
-  const double per_layer = activation_bytes_per_layer(m, l.micro_batch, t, l.sp, l.recompute) * e / 2;
-  double act = 0;
-  for (int rank : {0, p - 1}) {
-    // peak_in_flight counts (micro-batch, chunk) sets of L/(p v) layers each.
-    const double sets = sim.peak_in_flight[rank];
-    double a = sets * layers_per_chunk * per_layer;
-    if (rank == 0) a += sets / v * rep;            // embedding dropout mask, 1 byte per element
-    if (rank == p - 1) a += rep * e + logits * 4;  // final LayerNorm input, fp32 logits of one micro-batch
-    act = std::max(act, a);
-  }
+  // Memory of the most loaded GPU, pipeline rank by pipeline rank.
+  const double per_layer = activation_bytes_per_layer(m, l.micro_batch, t, l.sp, l.recompute, l.attention) * e / 2;
   // Full recompute rebuilds one layer's activations at a time during backward.
-  if (l.recompute == Recompute::kFull)
-    act += activation_bytes_per_layer(m, l.micro_batch, t, l.sp, Recompute::kNone) * e / 2;
-  r.memory.activations = act;
+  const double rebuilt =
+      l.recompute == Recompute::kFull
+          ? activation_bytes_per_layer(m, l.micro_batch, t, l.sp, Recompute::kNone, l.attention) * e / 2
+          : 0;
   // Communication staging: one dp bucket in flight (stages 1-2 reduce-scatter into a
   // separate buffer), ZeRO-3's gathered current and prefetched layers, and the tp
   // collectives' output buffer of b s h.
-  double buffers = t > 1 ? bsh * e : 0;
-  if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(grad_bytes, l.dp_bucket_bytes);
-  if (d > 1 && l.zero == 3) buffers += 2 * sparams.per_layer * e;
-  r.memory.buffers = buffers;
+  for (int rank = 0; rank < p; rank++) {
+    const double params = over_rank(rank, [&](int st) { return sparams.of(st, S, layers[st]); });
+    const StateBytes state = model_state_bytes(params, dt, l.zero, d);
+    // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
+    // (its layers over v on average).
+    const double sets = sim.peak_in_flight[rank];
+    const double rank_layers = over_rank(rank, [&](int st) { return (double)layers[st]; });
+    double act = sets * rank_layers / v * per_layer + rebuilt;
+    if (rank == 0 && m.dropout) act += sets / v * rep;  // embedding dropout mask, 1 byte per element
+    if (rank == p - 1) act += rep * e + logits * 4;     // final norm input, fp32 logits of one micro-batch
+    double buffers = t > 1 ? bsh * e : 0;
+    if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(params * e, l.dp_bucket_bytes);
+    if (d > 1 && l.zero == 3) buffers += 2 * sparams.per_layer * e;
+    const MemoryBreakdown mem{state.params, state.grads, state.optim, act, buffers};
+    if (rank == 0 || mem.total() > r.memory.total()) r.memory = mem, r.memory_rank = rank;
+  }
   r.memory_available = c.memory_bytes - c.reserved_bytes;
   return Status::ok();
 }

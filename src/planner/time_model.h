@@ -1,24 +1,28 @@
 // The planner's time model: step time, throughput, communication per axis and memory per
-// GPU of one layout of a GPT on a cluster, from first principles plus a few calibrated
-// efficiencies (planner/cluster.h). Every assumption and its source is in docs/planning.md
-// ("Time model"); tests/unit/test_planner_time.cc holds it to published runs.
+// GPU of one layout of a decoder-only transformer (GPT- or Llama-shaped) on a cluster, from
+// first principles plus a few calibrated efficiencies (planner/cluster.h). Every
+// assumption and its source is in docs/planning.md ("Time model");
+// tests/unit/test_planner_time.cc holds it to published runs.
 //
 // Shape of the computation (per GPU, per micro-batch of b sequences of s tokens):
-//   layer = the six GEMMs of a Megatron block at their tensor-parallel shapes (over peak x
-//           efficiency(shape)) + memory-bound kernels (bytes over HBM bandwidth) + the
-//           block's tp collectives (exposed); recompute adds forward work to backward;
-//   stage = L/(p v) layers per chunk (+ embedding on the first stage, head and loss on the
-//           last) -> pp::simulate (the engine's own schedule generator) for the pipeline;
+//   layer = the block's GEMMs at their tensor-parallel shapes (q k v, o, the MLP's two or
+//           three matrices, attention per local head; over peak x efficiency(shape)) +
+//           memory-bound kernels (bytes over HBM bandwidth) + the block's tp collectives
+//           (exposed); recompute adds forward work to backward;
+//   stage = its layers (a split per stage, even or not) + the embedding on the first stage,
+//           the head and loss on the last -> pp::simulate (the engine's own schedule
+//           generator) with each stage's own cost;
 //   step  = pipeline + exposed data-parallel reduction + optimizer step.
 //
 // Rank order (Megatron's, and the engine's mesh): tp varies fastest, then dp, then pp. A
 // group of stride k and size n sits in one node when k n <= GPUs per node; otherwise it
 // crosses nodes (see docs/planning.md for the bandwidth such a ring gets).
 //
-// predict() allocates only inside pp::simulate; a layout search may call it thousands of
-// times.
+// predict() allocates a few vectors of p x v entries and inside pp::simulate; a layout
+// search may call it thousands of times.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "model/config.h"
@@ -27,15 +31,40 @@
 
 namespace meshtrain::planner {
 
-// A GPT's shape: L layers, hidden h, a heads, sequence s, vocabulary V (tied embedding,
-// learned positions, as GPT-2/3 and Megatron).
+// A model as the time model sees it: the engine's architecture record (model::GptConfig)
+// reduced to what costs time and memory. The defaults of the parts are GPT-2/3's (and
+// Megatron's): multi-head attention, a 4h GELU MLP, LayerNorm, learned positions, biases,
+// a tied head and dropout. Llama's are GQA, SwiGLU of its own width, RMSNorm, RoPE, no
+// biases, an untied head and no dropout.
 struct ModelShape {
   int layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+  int kv_heads = 0;        // key/value heads: 0 means heads (MHA); fewer is GQA, 1 MQA
+  int ffn = 0;             // the MLP's hidden width: 0 means 4 hidden
+  bool swiglu = false;     // gate and up projections (ffn wide each) then down; else fc1, GELU, fc2
+  bool rms_norm = false;   // one weight per norm; else LayerNorm's weight and bias
+  bool rope = false;       // rotary positions, no parameters; else a seq x hidden table
+  bool bias = true;        // biases on every linear layer
+  bool tied_head = true;   // the head is the embedding; else its own vocab x hidden
+  bool dropout = true;     // dropout after attention, the projections and the embedding
+
+  int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  int ffn_width() const { return ffn > 0 ? ffn : 4 * hidden; }
+  double head_dim() const { return (double)hidden / heads; }
+  // Weights of one block's matrices: q, k, v, o and the MLP's two or three.
+  double block_matrix_weights() const;
 };
 
-// The engine's GPT: its padded vocabulary (the head GEMM's width), and its maximum sequence
-// length unless `seq` > 0.
+// The engine's model: its padded vocabulary (the head GEMM's width), and its maximum
+// sequence length unless `seq` > 0. GPT-2-shaped models train with dropout, others without.
 ModelShape model_shape(const model::GptConfig& c, int seq = 0);
+
+// How attention runs: one fused kernel that never writes the b x a x s x s scores
+// (FlashAttention, Dao et al. 2022; what current stacks and the engine's own blocked kernel
+// do), or Megatron 2021-22's unfused kernels (the published A100 runs of Narayanan et al. and
+// Korthikanti et al.), which keep the softmax output and dropout mask for the backward.
+enum class Attention { kFused, kUnfused };
+const char* attention_name(Attention a);  // "fused", "unfused"
+Status parse_attention(const std::string& name, Attention* out);
 
 enum class Recompute { kNone, kSelective, kFull };
 const char* recompute_name(Recompute r);  // "none", "selective", "full"
@@ -59,21 +88,34 @@ struct Layout {
   // Pipeline sends split over the tp ranks and re-gathered over NVLink (Narayanan et al.
   // 2021 §4.1, "scatter/gather"); sequence parallelism shards the sends anyway.
   bool pp_scatter_gather = true;
+  Attention attention = Attention::kFused;
+  // Layers per pipeline stage (pp x virtual_stages entries, in model order); empty: the
+  // split that balances the stages' predicted times, the embedding counted on the first and
+  // the head on the last (pp::split_layers), even where the layers divide evenly and the
+  // edges are cheap. Llama 3 405B: 126 layers on 16 stages as 7, 8 x 14, 7.
+  std::vector<int> stage_layers;
   int gpus() const { return tp * pp * dp; }
 };
 
 // Activation bytes one transformer layer keeps for its backward, for one micro-batch of b
-// sequences with 16-bit activations: Korthikanti et al. 2022, Table 2 (s b h (34 + 5as/h)
-// without parallelism; t the tensor-parallel size). Full recompute keeps the layer input,
-// 2sbh, sharded over t with sp.
-double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r);
+// sequences with 16-bit activations. For a GPT block with unfused attention this is
+// Korthikanti et al. 2022, Table 2: s b h (34 + 5as/h) without parallelism (t the
+// tensor-parallel size); the same inventory, tensor by tensor, covers the other parts
+// (docs/planning.md, "Memory per GPU"): GQA's narrower k and v, SwiGLU's gate and up, no
+// dropout masks, and a fused attention's per-row softmax statistics instead of the
+// s x s scores. Full recompute keeps the layer input, 2sbh, sharded over t with sp.
+double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r,
+                                  Attention attention);
 
-// Parameters (Narayanan et al. 2021): 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)).
+// Parameters: every block's matrices, biases and norms, the embedding (and positions), an
+// untied head, the final norm. For a GPT this is Narayanan et al. 2021's
+// 12 L h^2 (1 + 13/(12h) + (V + s)/(12 L h)) plus the final LayerNorm's 2h.
 double parameter_count(const ModelShape& m);
-// Model FLOPs per step, no recompute (Korthikanti et al. 2022):
-// 72 B L s h^2 (1 + s/(6h) + V/(12 h L)).
+// Model FLOPs per step, no recompute: 6 per weight per token for the blocks' matrices and the
+// head, and 12 s h per token per layer for attention's two products (Korthikanti et al.
+// 2022; for a GPT, 72 B L s h^2 (1 + s/(6h) + V/(12 h L))).
 double model_flops(const ModelShape& m, double global_batch);
-// Narayanan et al. 2021's F, which counts one extra forward (full recompute):
+// Narayanan et al. 2021's F, which counts one extra forward (full recompute): for a GPT
 // 96 B s L h^2 (1 + s/(6h) + V/(16 L h)). Their Table 1's TFLOP/s per GPU divide this.
 double narayanan_flops(const ModelShape& m, double global_batch);
 
@@ -114,14 +156,18 @@ struct Prediction {
   double optimizer_s = 0;  // the optimizer step on this rank's shard
   // One layer, one micro-batch, one GPU: forward, and backward with its recompute.
   LayerCost layer_forward, layer_backward;
-  MemoryBreakdown memory;
+  MemoryBreakdown memory;    // the GPU whose total is largest
+  int memory_rank = 0;       // its pipeline rank
+  std::vector<int> stage_layers;  // layers per pipeline stage, as given or as split
   double memory_available = 0;  // cluster memory per GPU less its reserved allowance
   bool fits() const { return memory.total() <= memory_available; }
 };
 
-// Rejects a layout that cannot run the model: sizes < 1, B not a multiple of b dp, L not a
-// multiple of p v, heads or 4h not divisible by tp, sp without tp, interleaving rules of
-// pp::simulate, an unknown ZeRO stage. Messages name the field.
+// Rejects a layout that cannot run the model: sizes < 1, B not a multiple of b dp, more
+// stages (p v) than layers, heads or the MLP width not divisible by tp, key/value heads that
+// neither split over tp nor divide it (then each is replicated on tp/kv ranks, as Megatron
+// does), sp without tp, interleaving rules of pp::simulate, an unknown ZeRO stage. Messages
+// name the field.
 Status validate(const ModelShape& m, const Layout& l);
 
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out);

@@ -1,7 +1,7 @@
-// The published runs the planner is held to (../shared/reference/published-numbers.md):
+// The published runs the planner is held to: on A100 (../shared/reference/published-numbers.md)
 // Narayanan et al. 2021 (arXiv 2104.04473) Table 1 and Korthikanti et al. 2022 (arXiv
-// 2205.05198) Tables 3 and 5, with the layouts they ran. Shared by the time-model and the
-// layout-search tests.
+// 2205.05198) Tables 3 and 5; on H100 NVIDIA's and Meta's BF16 runs (below), with the
+// layouts they ran. Shared by the time-model and the layout-search tests.
 #pragma once
 #include <vector>
 
@@ -39,6 +39,14 @@ inline const std::vector<NarayananRow>& narayanan_rows() {
   return rows;
 }
 
+// The papers' runs split the layers evenly over the stages and ran Megatron's unfused
+// attention kernels.
+inline void as_published(int layers, Layout* l) {
+  l->attention = Attention::kUnfused;
+  const int stages = l->pp * l->virtual_stages;
+  l->stage_layers.assign(stages, layers / stages);
+}
+
 inline Layout narayanan_layout(const NarayananRow& r) {
   Layout l;
   l.tp = r.t, l.pp = r.p, l.dp = r.gpus / (r.t * r.p);
@@ -49,6 +57,7 @@ inline Layout narayanan_layout(const NarayananRow& r) {
   l.precision = Precision::kFp16;
   l.dp_overlap = r.overlapped_dp;
   l.pp_scatter_gather = true;  // "with the scatter/gather optimization enabled" (§5.1)
+  as_published(r.layers, &l);
   return l;
 }
 
@@ -79,7 +88,72 @@ inline Layout korthikanti_layout(const KorthikantiRow& r, bool selective_sp) {
   l.schedule = r.v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
   l.virtual_stages = r.v;
   l.precision = Precision::kBf16;
+  as_published(r.layers, &l);
   return l;
+}
+
+// Published BF16 runs on DGX-class H100 80GB nodes (8 GPUs, NVLink 4, 8 x 400 Gb/s), which
+// calibrate and validate the h100-80g preset (docs/planning.md, "H100"):
+//  - NVIDIA DGX Cloud Benchmarking (github.com/NVIDIA/dgxc-benchmarking; NeMo on DGX H100
+//    "EOS"): GPT-3 175B (tag v25.04.02, nemo_megatron/README_175b.md: TP4 PP8 VP6 per its
+//    shipped config, MBS1 GBS256, s 2048: 63099 tokens/s on 128 GPUs), Nemotron-4 15B
+//    (v25.04.02, nemotron/README.md: TP2 DP8 MBS2 GBS64, s 4096: 98550 tokens/s on 16) and
+//    Nemotron-4 340B (v25.05.05, nemotron/README.md: TP8 PP8 VP12 DP4 MBS1 GBS64, s 4096:
+//    56913 tokens/s on 256). Its Llama 3.1 runs all use context parallelism, which the
+//    planner does not model, and are not used.
+//  - Llama 3 405B (Dubey et al. 2024, arXiv 2407.21783, Table 4): TP8 PP16 with DP 64 and 128
+//    at s 8192 and 16M tokens per batch, 430 and 400 model TFLOP/s per GPU. The paper gives
+//    neither the micro-batch nor the chunks per rank: micro-batch 1 and two chunks (its
+//    interleaved schedule; with one the 16,384-GPU run's 16 micro-batches would leave half
+//    the pipeline idle) are assumptions, as is ZeRO-1 for its FSDP. It drops one layer from
+//    the first and the last stage (§3.3.2): 3, 4 x 30, 3 over 32 stages.
+// Every run: sequence parallelism with tp, the distributed optimizer (ZeRO-1), fused
+// attention, no recompute. Nemotron-4 (Parmar et al. 2024; Nemotron-4 340B report): GQA with
+// 8 KV heads, RoPE, a 4h squared-ReLU MLP (two matrices, counted as GELU's), no biases, an
+// untied 256k head, no dropout.
+struct H100Run {
+  const char* name;
+  ModelShape model;
+  Layout layout;
+  double tokens_per_s;    // published, all GPUs together (0: the TFLOP/s figure is published)
+  double tflops_per_gpu;  // published model TFLOP/s per GPU (model_flops over the step)
+};
+
+inline ModelShape nemotron4(int layers, int hidden, int heads) {
+  ModelShape m{layers, hidden, heads, 4096, 256000};
+  m.kv_heads = 8, m.rope = true, m.bias = false, m.tied_head = false, m.dropout = false;
+  return m;
+}
+
+inline Layout h100_layout(int tp, int pp, int dp, int micro_batch, int global_batch, int v) {
+  Layout l;
+  l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = micro_batch, l.global_batch = global_batch;
+  l.virtual_stages = v, l.schedule = v > 1 ? ScheduleKind::kInterleaved : ScheduleKind::k1F1B;
+  l.sp = tp > 1, l.zero = 1, l.precision = Precision::kBf16, l.attention = Attention::kFused;
+  return l;
+}
+
+inline const std::vector<H100Run>& h100_runs() {
+  static const std::vector<H100Run> runs = [] {
+    ModelShape gpt3{96, 12288, 96, 2048, 51200};
+    ModelShape llama3_405b{126, 16384, 128, 8192, 128256};
+    llama3_405b.kv_heads = 8, llama3_405b.ffn = 53248, llama3_405b.swiglu = true, llama3_405b.rms_norm = true;
+    llama3_405b.rope = true, llama3_405b.bias = false, llama3_405b.tied_head = false, llama3_405b.dropout = false;
+    std::vector<int> meta_split(32, 4);
+    meta_split.front() = meta_split.back() = 3;
+    Layout gpt3_layout = h100_layout(4, 8, 4, 1, 256, 6);
+    gpt3_layout.stage_layers.assign(48, 2);
+    Layout meta_8k = h100_layout(8, 16, 64, 1, 2048, 2), meta_16k = h100_layout(8, 16, 128, 1, 2048, 2);
+    meta_8k.stage_layers = meta_16k.stage_layers = meta_split;
+    return std::vector<H100Run>{
+        {"gpt3-175b, 128 GPUs (DGXC)", gpt3, gpt3_layout, 63099, 0},
+        {"nemotron4-15b, 16 GPUs (DGXC)", nemotron4(32, 6144, 48), h100_layout(2, 1, 8, 2, 64, 1), 98550, 0},
+        {"nemotron4-340b, 256 GPUs (DGXC)", nemotron4(96, 18432, 96), h100_layout(8, 8, 4, 1, 64, 12), 56913, 0},
+        {"llama3-405b, 8192 GPUs (Meta)", llama3_405b, meta_8k, 0, 430},
+        {"llama3-405b, 16384 GPUs (Meta)", llama3_405b, meta_16k, 0, 400},
+    };
+  }();
+  return runs;
 }
 
 }  // namespace meshtrain::planner

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "planner/cluster.h"
+#include "model/config.h"
+#include "planner/models.h"
 #include "planner/time_model.h"
 #include "published_runs.h"
 
@@ -20,6 +22,12 @@ using parallel::pp::ScheduleKind;
 Cluster a100() {
   Cluster c;
   EXPECT_TRUE(cluster_preset("a100-80g", &c).is_ok());
+  return c;
+}
+
+Cluster h100_cluster() {
+  Cluster c;
+  EXPECT_TRUE(cluster_preset("h100-80g", &c).is_ok());
   return c;
 }
 
@@ -105,20 +113,20 @@ TEST(PlannerTimeKorthikanti, Table4LayerTimesWithinFifteenPercent) {
 TEST(PlannerTimeActivations, Table2Formulas) {
   // 175B's layer: s 2048, b 1, h 12288, a 96, t 8: sbh = 25,165,824.
   const ModelShape big = shape(96, 12288, 96);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 1, false, Recompute::kNone), 2868903936.0);      // 114 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kNone), 578813952.0);       // 23 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kNone), 358612992.0);        // 14.25 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kSelective), 327155712.0);  // 13 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kSelective), 106954752.0);   // 4.25 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kFull), 50331648.0);        // 2 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 1, false, Recompute::kNone, Attention::kUnfused), 2868903936.0);      // 114 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kNone, Attention::kUnfused), 578813952.0);       // 23 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kNone, Attention::kUnfused), 358612992.0);        // 14.25 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kSelective, Attention::kUnfused), 327155712.0);  // 13 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, true, Recompute::kSelective, Attention::kUnfused), 106954752.0);   // 4.25 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(big, 1, 8, false, Recompute::kFull, Attention::kUnfused), 50331648.0);        // 2 sbh
   // 22B's layer: s 2048, b 4, h 6144, a 64, t 8: sbh = 50,331,648.
   const ModelShape small = shape(48, 6144, 64);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 1, false, Recompute::kNone), 7079985152.0);  // 422/3 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kNone), 1325400064.0);  // 79/3 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kNone), 884998144.0);    // 422/24 sbh
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kSelective), 654311424.0);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kSelective), 213909504.0);
-  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kFull), 100663296.0);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 1, false, Recompute::kNone, Attention::kUnfused), 7079985152.0);  // 422/3 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kNone, Attention::kUnfused), 1325400064.0);  // 79/3 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kNone, Attention::kUnfused), 884998144.0);    // 422/24 sbh
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kSelective, Attention::kUnfused), 654311424.0);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, true, Recompute::kSelective, Attention::kUnfused), 213909504.0);
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(small, 4, 8, false, Recompute::kFull, Attention::kUnfused), 100663296.0);
 }
 
 // With 1F1B the first stage keeps p micro-batches of L/p layers: Korthikanti's
@@ -127,7 +135,7 @@ TEST(PlannerTimeActivations, Table2Formulas) {
 TEST(PlannerTimeActivations, FirstStageOf1F1BHoldsAllLayersOnce) {
   const ModelShape m = shape(96, 12288, 96);
   Layout l;
-  l.tp = 8, l.pp = 8, l.global_batch = 64, l.sp = true;
+  l.tp = 8, l.pp = 8, l.global_batch = 64, l.sp = true, l.attention = Attention::kUnfused;
   Prediction p;
   ASSERT_TRUE(predict(m, l, a100(), &p).is_ok());
   const double sbh = 2048.0 * 12288;
@@ -198,7 +206,7 @@ TEST(PlannerTimeProperties, RecomputeTradesTimeForMemory) {
   const Recompute modes[] = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   for (int i = 0; i < 3; i++) {
     Layout l;
-    l.tp = 8, l.micro_batch = 4, l.global_batch = 4, l.recompute = modes[i];
+    l.tp = 8, l.micro_batch = 4, l.global_batch = 4, l.recompute = modes[i], l.attention = Attention::kUnfused;
     ASSERT_TRUE(predict(m, l, a100(), &p[i]).is_ok());
   }
   EXPECT_LT(p[0].step_s, p[1].step_s);
@@ -251,6 +259,7 @@ TEST(PlannerTimeProperties, OutputsAreConsistent) {
   EXPECT_TRUE(p.fits()) << p.memory.total() / 1e9 << " GB";
   Layout tiny = l;  // the 1T model on one node: it cannot fit
   tiny.pp = 1, tiny.dp = 1, tiny.global_batch = 8, tiny.schedule = ScheduleKind::k1F1B, tiny.virtual_stages = 1;
+  tiny.stage_layers.clear();
   ASSERT_TRUE(predict(m, tiny, a100(), &p).is_ok());
   EXPECT_FALSE(p.fits());
 }
@@ -267,7 +276,10 @@ TEST(PlannerTimeLayout, RejectsLayoutsThatCannotRun) {
   l.global_batch = 8;
   l.tp = 5, fails(l, "tp");
   l.tp = 1, l.global_batch = 7, l.micro_batch = 2, fails(l, "global_batch");
-  l.global_batch = 8, l.micro_batch = 1, l.pp = 5, fails(l, "layers");
+  l.global_batch = 8, l.micro_batch = 1, l.pp = 25, fails(l, "layers");
+  l.pp = 4, l.stage_layers = {6, 6, 6}, fails(l, "--stage-layers lists 3 stages");
+  l.stage_layers = {6, 6, 6, 5}, fails(l, "sums to 23");
+  l.stage_layers = {}, l.pp = 1;
   l.pp = 2, l.schedule = ScheduleKind::kInterleaved, l.virtual_stages = 2, l.global_batch = 3,
   fails(l, "multiple of pp");
   l = Layout(), l.sp = true, fails(l, "sp");
@@ -316,8 +328,136 @@ TEST(PlannerTimeCluster, FieldErrorsNameTheKey) {
   EXPECT_NE(validate(c).message().find("'reserved_gb'"), std::string::npos);
 }
 
+// The H100 preset against every published H100 run: aggregate tokens/s for NVIDIA's, model
+// TFLOP/s per GPU for Meta's, within 15%; NVIDIA's runs ran, so their layouts must fit.
+TEST(PlannerTimeH100, PublishedRunsWithinFifteenPercent) {
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  for (const H100Run& r : h100_runs()) {
+    Prediction p;
+    ASSERT_TRUE(predict(r.model, r.layout, h100, &p).is_ok()) << r.name;
+    if (r.tokens_per_s > 0) {
+      EXPECT_LT(std::abs(rel_err(p.tokens_per_s, r.tokens_per_s)), 0.15)
+          << r.name << ": predicted " << p.tokens_per_s << " tokens/s, published " << r.tokens_per_s;
+      EXPECT_TRUE(p.fits()) << r.name << ": " << p.memory.total() / 1e9 << " GB";
+    } else {
+      const double tflops = p.model_flops / (p.step_s * r.layout.gpus()) / 1e12;
+      EXPECT_LT(std::abs(rel_err(tflops, r.tflops_per_gpu)), 0.15)
+          << r.name << ": predicted " << tflops << " TFLOP/s per GPU, published " << r.tflops_per_gpu;
+    }
+  }
+}
+
+ModelShape preset(const char* name) {
+  ModelShape m;
+  EXPECT_TRUE(planning_model(name, &m).is_ok()) << name;
+  return m;
+}
+
+// The planner counts every engine preset's parameters as the engine does (the engine
+// excludes the vocabulary's padding rows; positions at max_seq_len).
+TEST(PlannerTimeArchitecture, ParameterCountsMatchTheEngine) {
+  for (const std::string& name : model::preset_names()) {
+    model::GptConfig c;
+    ASSERT_TRUE(model::preset_config(name, &c).is_ok());
+    ModelShape m = model_shape(c);
+    m.vocab = c.vocab;
+    EXPECT_NEAR(parameter_count(m), (double)model::num_parameters(c), 1e-9 * model::num_parameters(c)) << name;
+  }
+  // The published sizes (Touvron et al. 2023; Dubey et al. 2024): 6.74B, 70.6B, 8.03B, 405.9B.
+  EXPECT_NEAR(parameter_count(preset("llama2-7b")) / 1e9, 6.74, 0.005);
+  EXPECT_NEAR(parameter_count(preset("llama3-8b")) / 1e9, 8.03, 0.005);
+  EXPECT_NEAR(parameter_count(preset("llama3-70b")) / 1e9, 70.6, 0.05);
+  EXPECT_NEAR(parameter_count(preset("llama3-405b")) / 1e9, 405.9, 0.5);
+}
+
+// The parts, each where it should count: GQA narrows k and v in the weights and in the
+// activations; SwiGLU has three matrices; a fused kernel keeps 4 bytes per score row instead
+// of the s x s scores.
+TEST(PlannerTimeArchitecture, EachPartCountsWhereItShould) {
+  const ModelShape gqa = preset("llama3-70b");
+  ASSERT_EQ(gqa.kv(), 8);
+  ASSERT_TRUE(gqa.swiglu && gqa.rope && gqa.rms_norm && !gqa.bias && !gqa.tied_head && !gqa.dropout);
+  ModelShape mha = gqa;
+  mha.kv_heads = 0;
+  const double h = gqa.hidden, hd = gqa.head_dim(), f = gqa.ffn_width(), s = gqa.seq;
+  EXPECT_DOUBLE_EQ(gqa.block_matrix_weights(), h * (h + 2 * 8 * hd) + h * h + 3 * h * f);
+  EXPECT_DOUBLE_EQ(mha.block_matrix_weights() - gqa.block_matrix_weights(), 2 * h * (64 - 8) * hd);
+  // Per layer, b = 1, t = 8: k and v are kept twice (k for the scores, v for the context).
+  const double t = 8, sb = s;
+  const double narrower = activation_bytes_per_layer(mha, 1, 8, true, Recompute::kNone, Attention::kFused) -
+                          activation_bytes_per_layer(gqa, 1, 8, true, Recompute::kNone, Attention::kFused);
+  EXPECT_DOUBLE_EQ(narrower, 4 * sb * (64 - 8) / t * hd);
+  // Model FLOPs: 6 per weight per token (blocks and head) and 12 s h per token per layer.
+  const double tokens = 16 * s;
+  EXPECT_DOUBLE_EQ(model_flops(gqa, 16),
+                   tokens * (6 * (80 * gqa.block_matrix_weights() + gqa.vocab * h) + 12 * 80 * s * h));
+  // Unfused attention's scores: 2 bytes of softmax per score without dropout, 5 with.
+  const double rows = 1 * (64 / t) * s;
+  EXPECT_DOUBLE_EQ(activation_bytes_per_layer(gqa, 1, 8, true, Recompute::kNone, Attention::kUnfused) -
+                       activation_bytes_per_layer(gqa, 1, 8, true, Recompute::kNone, Attention::kFused),
+                   rows * s * 2 - rows * 4);
+}
+
+// Llama 3 405B's 126 layers on 16 stages, left to the planner: one layer fewer on the first
+// and the last stage (Dubey et al. 2024 §3.3.2), which carry the embedding and the head.
+TEST(PlannerTimeArchitecture, UnevenStagesAsLlama3Split) {
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  Layout l = h100_layout(8, 16, 64, 1, 2048, 1);
+  Prediction p;
+  ASSERT_TRUE(predict(preset("llama3-405b"), l, h100, &p).is_ok());
+  std::vector<int> expected(16, 8);
+  expected.front() = expected.back() = 7;
+  EXPECT_EQ(p.stage_layers, expected);
+  // Given layers are used as given; a stage of 14 layers makes the step slower.
+  Layout lopsided = l;
+  lopsided.stage_layers = expected;
+  lopsided.stage_layers[0] = 1, lopsided.stage_layers[1] = 14;
+  Prediction q;
+  ASSERT_TRUE(predict(preset("llama3-405b"), lopsided, h100, &q).is_ok());
+  EXPECT_EQ(q.stage_layers, lopsided.stage_layers);
+  EXPECT_GT(q.pipeline_s, 1.3 * p.pipeline_s) << q.pipeline_s << " s vs " << p.pipeline_s << " s";
+}
+
+// An untied head is the last stage's own: no tied-embedding all-reduce between the first and
+// last stage, and the last stage holds the head's vocab x hidden / t.
+TEST(PlannerTimeArchitecture, UntiedHeadLivesOnTheLastStage) {
+  ModelShape untied = preset("llama3-8b"), tied = untied;
+  tied.tied_head = true;
+  Layout l = h100_layout(2, 4, 1, 1, 16, 1);
+  l.stage_layers = {8, 8, 8, 8};
+  Prediction a, b;
+  ASSERT_TRUE(predict(untied, l, h100_cluster(), &a).is_ok());
+  ASSERT_TRUE(predict(tied, l, h100_cluster(), &b).is_ok());
+  EXPECT_LT(a.pp.exposed, b.pp.exposed);  // no tied all-reduce
+  EXPECT_DOUBLE_EQ(parameter_count(untied) - parameter_count(tied), (double)untied.vocab * untied.hidden);
+}
+
+// Key/value heads either split over tp or each is replicated on tp/kv ranks (Megatron);
+// anything else is refused naming kv_heads.
+TEST(PlannerTimeArchitecture, KvHeadsSplitOrReplicate) {
+  ModelShape m = preset("llama3-8b");  // 32 heads, 8 kv heads
+  Layout l = h100_layout(8, 1, 1, 1, 8, 1);
+  Prediction split, replicated;
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &split).is_ok());
+  m.kv_heads = 2;  // tp 8 > 2 kv heads: one replicated head per rank
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &replicated).is_ok());
+  EXPECT_DOUBLE_EQ(split.memory.params, replicated.memory.params);  // one kv head per rank either way
+  m.heads = 48, m.hidden = 6144, m.kv_heads = 8;  // 8 kv heads over 6 ranks: neither splits nor divides
+  l.tp = 6;
+  const Status s = predict(m, l, h100_cluster(), &split);
+  EXPECT_NE(s.message().find("kv_heads (8) must split over tp (6)"), std::string::npos) << s.message();
+}
+
 // The engine's GPT as a planner shape: the padded vocabulary, its sequence length.
 TEST(PlannerTimeLayout, EngineShape) {
+  const ModelShape llama = preset("llama3-405b");  // planned at its pre-training length
+  EXPECT_EQ(llama.seq, 8192);
+  EXPECT_EQ(llama.vocab, 128256);
+  EXPECT_EQ(preset("llama2-70b").seq, 4096);
+  EXPECT_FALSE(preset("gpt2-124m").swiglu);
+  EXPECT_TRUE(preset("gpt2-124m").dropout);
   model::GptConfig g;
   g.layers = 12, g.heads = 12, g.dim = 768, g.max_seq_len = 1024, g.vocab = 50257;
   const ModelShape m = model_shape(g);

@@ -171,7 +171,7 @@ std::string describe(int rank, const Action& a) {
 
 // Runs rank r's actions until it finishes or blocks on a receive with nothing to take.
 // Returns whether it advanced; *error is set on a mismatched pairing.
-bool advance(int r, int p, double tf, double tb, RankState* s,
+bool advance(int r, int p, const std::vector<double>& tf, const std::vector<double>& tb, RankState* s,
              std::map<ChannelKey, std::deque<Message>>* channels, Status* error) {
   bool moved = false;
   while (s->next < s->actions.size()) {
@@ -192,7 +192,7 @@ bool advance(int r, int p, double tf, double tb, RankState* s,
       int to_stage = carries_grad(a.kind) ? stage - 1 : stage + 1;
       (*channels)[{r, a.peer, carries_grad(a.kind)}].push_back({s->clock, a.microbatch, to_stage});
     } else {
-      double cost = a.kind == ActionKind::kForward ? tf : tb;
+      double cost = a.kind == ActionKind::kForward ? tf[stage] : tb[stage];
       s->spans.push_back({a.kind, a.microbatch, a.chunk, s->clock, s->clock + cost});
       s->clock += cost;
       s->busy += cost;
@@ -210,6 +210,19 @@ bool advance(int r, int p, double tf, double tb, RankState* s,
 Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, SimResult* out) {
   RETURN_IF_ERROR(check_args(kind, p, m, v));
   if (!(tf >= 0) || !(tb >= 0)) return Status::error("costs tf and tb must be >= 0");
+  const size_t stages = (size_t)p * v;
+  return simulate(kind, p, m, v, std::vector<double>(stages, tf), std::vector<double>(stages, tb), out);
+}
+
+Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf,
+                const std::vector<double>& tb, SimResult* out) {
+  RETURN_IF_ERROR(check_args(kind, p, m, v));
+  const size_t stages = (size_t)p * v;
+  if (tf.size() != stages || tb.size() != stages)
+    return Status::error("stage costs: " + std::to_string(tf.size()) + " forward and " + std::to_string(tb.size()) +
+                         " backward given, the pipeline has " + std::to_string(stages) + " stages (p x v)");
+  for (size_t i = 0; i < stages; i++)
+    if (!(tf[i] >= 0) || !(tb[i] >= 0)) return Status::error("stage costs must be >= 0");
   std::vector<RankState> ranks(p);
   for (int r = 0; r < p; ++r) RETURN_IF_ERROR(make_schedule(kind, p, m, v, r, &ranks[r].actions));
 

@@ -75,5 +75,9 @@ struct SimResult {
 // Fails on invalid arguments, on a deadlock (some rank waits on a receive whose send never
 // comes) and on a receive that pairs with a send of a different micro-batch or stage.
 Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, SimResult* out);
+// The same with a cost per stage (p x v entries, in model order: stage = chunk x p + rank):
+// uneven layer counts, and the first stage's embedding and the last one's head.
+Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf,
+                const std::vector<double>& tb, SimResult* out);
 
 }  // namespace meshtrain::parallel::pp

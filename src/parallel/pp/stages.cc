@@ -9,7 +9,8 @@ namespace meshtrain::parallel::pp {
 
 double layer_cost(const model::GptConfig& c, int B, int T) {
   const double N = (double)B * T, C = c.dim;
-  return 24.0 * N * C * C + 2.0 * N * T * C;  // four linears (12C^2 weights), causal attention
+  const double weights = C * ((double)c.qkv_dim() + C + c.fc_dim() + c.ffn());  // q k v, o, MLP in and out
+  return 2.0 * N * weights + 2.0 * N * T * C;  // the linears, causal attention
 }
 
 double head_cost(const model::GptConfig& c, int B, int T) {
@@ -18,7 +19,12 @@ double head_cost(const model::GptConfig& c, int B, int T) {
 
 Status split_layers(const model::GptConfig& c, int B, int T, int stages,
                     const std::vector<int>& requested, std::vector<int>* out) {
-  const int L = c.layers;
+  return split_layers(c.layers, stages, {layer_cost(c, B, T), 0, head_cost(c, B, T)}, requested, out);
+}
+
+Status split_layers(int L, int stages, const StageCosts& costs, const std::vector<int>& requested,
+                    std::vector<int>* out) {
+  if (stages < 1) return Status::error("the pipeline needs at least one stage");
   if (stages > L)
     return Status::error("the pipeline has " + std::to_string(stages) +
                          " stages (--pp x --virtual-stages) but the model only " + std::to_string(L) +
@@ -38,8 +44,7 @@ Status split_layers(const model::GptConfig& c, int B, int T, int stages,
     return Status::ok();
   }
   // best[s][l]: the smallest possible most-expensive stage when the first s stages hold the
-  // first l layers; the last stage also pays for the head.
-  const double lc = layer_cost(c, B, T), hc = head_cost(c, B, T);
+  // first l layers.
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
   std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(L + 1, 0));
@@ -47,10 +52,9 @@ Status split_layers(const model::GptConfig& c, int B, int T, int stages,
   for (int s = 1; s <= stages; s++)
     for (int l = s; l <= L; l++)
       for (int k = s - 1; k < l; k++) {  // stage s holds layers [k, l)
-        const double cost = (l - k) * lc + (s == stages ? hc : 0.0);
+        const double cost = (l - k) * costs.layer + (s == 1 ? costs.first : 0.0) + (s == stages ? costs.last : 0.0);
         const double worst = std::max(best[s - 1][k], cost);
-        // Ties keep the earliest cut: earlier stages, which keep more micro-batches in
-        // flight under 1F1B, get fewer layers.
+        // Ties keep the earliest cut: earlier stages get fewer layers.
         if (worst < best[s][l]) best[s][l] = worst, cut[s][l] = k;
       }
   out->assign(stages, 0);

@@ -13,13 +13,25 @@
 namespace meshtrain::parallel::pp {
 
 // Relative forward cost of one transformer layer and of the head on a B x T micro-batch
-// (matmul and attention FLOPs; the embedding lookup is negligible).
+// (matmul and attention FLOPs, for any block: GQA's narrower k and v, SwiGLU's three
+// matrices; the embedding lookup is negligible).
 double layer_cost(const model::GptConfig& c, int B, int T);
 double head_cost(const model::GptConfig& c, int B, int T);
 
+// What a stage's cost is made of, in any one unit: each layer, plus the first stage's
+// embedding and the last stage's head and loss.
+struct StageCosts {
+  double layer = 1, first = 0, last = 0;
+};
+
 // Layers per stage. `requested` (from --stage-layers) is used as given after checking it
 // (S entries, each >= 1, summing to the layer count); empty: the split that minimises the
-// most expensive stage, the head counted on the last one.
+// most expensive stage; of equally good ones, the one with fewer layers early (earlier
+// stages keep more micro-batches in flight under 1F1B). With a head worth a fraction of a
+// layer this is Llama 3 405B's split: 126 layers on 16 stages as 7, 8 x 14, 7.
+Status split_layers(int layers, int stages, const StageCosts& costs, const std::vector<int>& requested,
+                    std::vector<int>* layers_per_stage);
+// The engine's model: the head counted on the last stage.
 Status split_layers(const model::GptConfig& c, int B, int T, int stages,
                     const std::vector<int>& requested, std::vector<int>* layers_per_stage);
 
