@@ -139,13 +139,13 @@ std::string layout_name(const Candidate& c) {
   return even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
 }
 
-// Layers per stage, run-length encoded: "7,8x14,7".
+// Layers per stage, runs of equal stages counted: "7,8(x14),7".
 std::string stage_layers_text(const std::vector<int>& layers) {
   std::string out;
   for (size_t i = 0; i < layers.size();) {
     size_t j = i;
     while (j < layers.size() && layers[j] == layers[i]) j++;
-    out += (out.empty() ? "" : ",") + std::to_string(layers[i]) + (j - i > 1 ? "x" + std::to_string(j - i) : "");
+    out += (out.empty() ? "" : ",") + std::to_string(layers[i]) + (j - i > 1 ? "(x" + std::to_string(j - i) + ")" : "");
     i = j;
   }
   return out;

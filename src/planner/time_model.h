@@ -92,7 +92,7 @@ struct Layout {
   // Layers per pipeline stage (pp x virtual_stages entries, in model order); empty: the
   // split that balances the stages' predicted times, the embedding counted on the first and
   // the head on the last (pp::split_layers), even where the layers divide evenly and the
-  // edges are cheap. Llama 3 405B: 126 layers on 16 stages as 7, 8 x 14, 7.
+  // edges are cheap. Llama 3 405B: 126 layers on 16 stages as 7, fourteen of 8, 7.
   std::vector<int> stage_layers;
   int gpus() const { return tp * pp * dp; }
 };

@@ -106,7 +106,7 @@ inline Layout korthikanti_layout(const KorthikantiRow& r, bool selective_sp) {
 //    neither the micro-batch nor the chunks per rank: micro-batch 1 and two chunks (its
 //    interleaved schedule; with one the 16,384-GPU run's 16 micro-batches would leave half
 //    the pipeline idle) are assumptions, as is ZeRO-1 for its FSDP. It drops one layer from
-//    the first and the last stage (§3.3.2): 3, 4 x 30, 3 over 32 stages.
+//    the first and the last stage (§3.3.2): 3, thirty of 4, 3 over 32 stages.
 // Every run: sequence parallelism with tp, the distributed optimizer (ZeRO-1), fused
 // attention, no recompute. Nemotron-4 (Parmar et al. 2024; Nemotron-4 340B report): GQA with
 // 8 KV heads, RoPE, a 4h squared-ReLU MLP (two matrices, counted as GELU's), no biases, an

@@ -28,7 +28,7 @@ struct StageCosts {
 // (S entries, each >= 1, summing to the layer count); empty: the split that minimises the
 // most expensive stage; of equally good ones, the one with fewer layers early (earlier
 // stages keep more micro-batches in flight under 1F1B). With a head worth a fraction of a
-// layer this is Llama 3 405B's split: 126 layers on 16 stages as 7, 8 x 14, 7.
+// layer this is Llama 3 405B's split: 126 layers on 16 stages as 7, fourteen of 8, 7.
 Status split_layers(int layers, int stages, const StageCosts& costs, const std::vector<int>& requested,
                     std::vector<int>* layers_per_stage);
 // The engine's model: the head counted on the last stage.
