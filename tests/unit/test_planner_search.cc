@@ -133,6 +133,42 @@ TEST(PlannerSearch, PlanCommand) {
   expect_failure(run(kBinary + " plan --model gpt3-13b --gpus 8 --global-batch 8 --sp --no-sp"), {"contradict"});
 }
 
+// A Llama as a user plans it: the architecture in the header, uneven stages in the layout,
+// the parts overridable by flag; bad parts named.
+TEST(PlannerSearch, PlanCommandKnowsArchitectures) {
+  using namespace cli_test;
+  const std::string meta = kBinary +
+                           " plan --model llama3-405b --cluster h100-80g --gpus 8192 --global-batch 2048 --tp 8 "
+                           "--pp 16 --zero 1 --micro-batch 1 --schedule 1f1b --sp --recompute none";
+  RunResult table = run(meta);
+  ASSERT_EQ(table.exit_code, 0) << describe(table);
+  for (const char* s : {"llama: RMSNorm", "8 kv heads", "SwiGLU 53248", "untied head", "L=126", "V=128256",
+                        "fused attention", "layers 7,8(x14),7"})
+    EXPECT_NE(table.out.find(s), std::string::npos) << s << "\n" << table.out;
+  RunResult js = run(meta + " --json");
+  ASSERT_EQ(js.exit_code, 0) << describe(js);
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["model"]["arch"], "llama");
+  EXPECT_EQ(j["model"]["kv_heads"], 8);
+  std::vector<int> split(16, 8);
+  split.front() = split.back() = 7;
+  EXPECT_EQ(j["layouts"][0]["layout"]["stage_layers"].get<std::vector<int>>(), split);
+  // Given layers per stage, and a GPT turned into a Llama by --arch with its own KV heads.
+  RunResult given = run(meta + " --stage-layers 6,8,8,8,8,8,8,8,8,8,8,8,8,8,8,8 --json");
+  ASSERT_EQ(given.exit_code, 0) << describe(given);
+  EXPECT_EQ(nlohmann::json::parse(given.out)["layouts"][0]["layout"]["stage_layers"][0], 6);
+  RunResult arch = run(kBinary + " plan --model gpt3-13b --arch llama --kv-heads 8 --gpus 64 --global-batch 512 --json");
+  ASSERT_EQ(arch.exit_code, 0) << describe(arch);
+  EXPECT_EQ(nlohmann::json::parse(arch.out)["model"]["arch"], "llama");
+  EXPECT_EQ(nlohmann::json::parse(arch.out)["model"]["kv_heads"], 8);
+  const std::string small = kBinary + " plan --model llama3-8b --gpus 8 --global-batch 8";
+  expect_failure(run(small + " --stage-layers 16,16"), {"--stage-layers needs --pp"});
+  expect_failure(run(small + " --pp 2 --stage-layers 16,15"), {"--stage-layers sums to 31 layers, the model has 32"});
+  expect_failure(run(small + " --kv-heads 5"), {"--kv-heads 5 must divide --heads 32"});
+  expect_failure(run(small + " --attention flash"), {"unknown attention kernel 'flash'"});
+  expect_failure(run(small + " --arch mamba"), {"--arch must be gpt2 or llama"});
+}
+
 class PlanAuto : public cli_test::CliTest {};
 
 TEST_F(PlanAuto, RunsTheChosenLayoutAndKeepsFixedFlags) {
