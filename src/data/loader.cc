@@ -12,7 +12,7 @@ Status TokenLoader::open(const std::string& path, TokenLoader* out) {
   return read_token_file(path, &out->tokens_);
 }
 
-TokenLoader TokenLoader::from_tokens(std::vector<uint16_t> tokens) {
+TokenLoader TokenLoader::from_tokens(std::vector<Token> tokens) {
   TokenLoader l;
   l.tokens_ = std::move(tokens);
   l.path_ = "<memory>";

@@ -9,13 +9,14 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/token_file.h"
 
 namespace meshtrain::data {
 
 class TokenLoader {
  public:
   static Status open(const std::string& path, TokenLoader* out);
-  static TokenLoader from_tokens(std::vector<uint16_t> tokens);
+  static TokenLoader from_tokens(std::vector<Token> tokens);
 
   // Error when a global batch of G rows of T tokens does not fit in the file, or a token
   // is outside the vocabulary.
@@ -28,7 +29,7 @@ class TokenLoader {
   const std::string& path() const { return path_; }
 
  private:
-  std::vector<uint16_t> tokens_;
+  std::vector<Token> tokens_;
   std::string path_;
 };
 

@@ -52,11 +52,11 @@ Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
 #pragma omp parallel for schedule(dynamic)
   for (size_t i = 0; i < docs.size(); i++) encoded[i] = tok.encode(docs[i]);
 
-  std::vector<uint16_t> train, val;
-  auto append = [&](std::vector<uint16_t>& dst, const std::vector<int>& ids, size_t from, size_t to) {
-    for (size_t i = from; i < to; i++) dst.push_back(static_cast<uint16_t>(ids[i]));
+  std::vector<Token> train, val;
+  auto append = [&](std::vector<Token>& dst, const std::vector<int>& ids, size_t from, size_t to) {
+    for (size_t i = from; i < to; i++) dst.push_back(static_cast<Token>(ids[i]));
   };
-  const uint16_t eot = static_cast<uint16_t>(tok.eot_id());
+  const Token eot = static_cast<Token>(tok.eot_id());
   if (docs.size() == 1) {
     const auto& ids = encoded[0];
     size_t split = ids.size() - (size_t)std::floor(ids.size() * o.val_fraction);

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cerrno>
@@ -23,31 +24,49 @@ std::string errno_text() { return std::strerror(errno); }
 
 
 
-Status write_contents(int fd, std::span<const uint16_t> tokens) {
+int32_t version_for(std::span<const Token> tokens) {
+  for (Token t : tokens)
+    if (t > 0xFFFF) return kTokenFileVersion32;
+  return kTokenFileVersion16;
+}
+
+Status write_contents(int fd, std::span<const Token> tokens) {
+  const int32_t version = version_for(tokens);
   std::array<int32_t, kTokenFileHeaderInts> header{};
   header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
+  header[1] = version;
   header[2] = static_cast<int32_t>(tokens.size());
   RETURN_IF_ERROR(write_all(fd, header.data(), kTokenFileHeaderBytes));
-  RETURN_IF_ERROR(write_all(fd, tokens.data(), tokens.size_bytes()));
+  if (version == kTokenFileVersion32) {
+    RETURN_IF_ERROR(write_all(fd, tokens.data(), tokens.size_bytes()));
+  } else {
+    // Narrowed in pieces, so a large file never needs a second full copy.
+    std::vector<uint16_t> narrow;
+    for (size_t at = 0; at < tokens.size(); at += narrow.size()) {
+      narrow.assign(tokens.begin() + at, tokens.begin() + std::min(tokens.size(), at + (size_t)(1 << 20)));
+      RETURN_IF_ERROR(write_all(fd, narrow.data(), narrow.size() * sizeof(uint16_t)));
+    }
+  }
   if (::fsync(fd) != 0) return Status::error("fsync failed: " + errno_text());
   return Status::ok();
 }
 
-// Checks the header against the file size; returns the token count.
+// Checks the header against the file size; returns the token count and width.
 Status check_header(const std::array<int32_t, kTokenFileHeaderInts>& header, uint64_t file_size,
-                    size_t* count) {
+                    size_t* count, size_t* width) {
   if (header[0] != kTokenFileMagic) {
     return Status::error("bad magic " + std::to_string(header[0]) + ", expected " +
                          std::to_string(kTokenFileMagic) + " (not an llm.c token file?)");
   }
-  if (header[1] != kTokenFileVersion) {
+  *width = token_bytes(header[1]);
+  if (*width == 0) {
     return Status::error("unsupported version " + std::to_string(header[1]) + ", expected " +
-                         std::to_string(kTokenFileVersion));
+                         std::to_string(kTokenFileVersion16) + " (uint16 tokens, llm.c's) or " +
+                         std::to_string(kTokenFileVersion32) + " (uint32 tokens)");
   }
   if (header[2] < 0) return Status::error("negative token count " + std::to_string(header[2]));
   *count = static_cast<size_t>(header[2]);
-  const uint64_t expected = kTokenFileHeaderBytes + 2 * static_cast<uint64_t>(*count);
+  const uint64_t expected = kTokenFileHeaderBytes + *width * static_cast<uint64_t>(*count);
   if (file_size < expected) {
     return Status::error("truncated: header says " + std::to_string(*count) + " tokens (" +
                          std::to_string(expected) + " bytes) but file has " +
@@ -67,22 +86,42 @@ Status check_header_size(uint64_t file_size) {
                        std::to_string(kTokenFileHeaderBytes) + "-byte header");
 }
 
-Status read_contents(int fd, std::vector<uint16_t>* tokens) {
+// `count` tokens of `width` bytes from `bytes` into `tokens`.
+void widen(const char* bytes, size_t count, size_t width, std::vector<Token>* tokens) {
+  tokens->resize(count);
+  if (width == sizeof(Token)) {
+    if (count > 0) std::memcpy(tokens->data(), bytes, count * width);
+    return;
+  }
+  for (size_t i = 0; i < count; i++) {
+    uint16_t t;
+    std::memcpy(&t, bytes + i * width, width);
+    (*tokens)[i] = t;
+  }
+}
+
+Status read_contents(int fd, std::vector<Token>* tokens) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return Status::error("fstat failed: " + errno_text());
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   RETURN_IF_ERROR(check_header_size(file_size));
   std::array<int32_t, kTokenFileHeaderInts> header{};
   RETURN_IF_ERROR(read_exact(fd, header.data(), kTokenFileHeaderBytes));
-  size_t count = 0;
-  RETURN_IF_ERROR(check_header(header, file_size, &count));
-  tokens->resize(count);
-  return read_exact(fd, tokens->data(), count * sizeof(uint16_t));
+  size_t count = 0, width = 0;
+  RETURN_IF_ERROR(check_header(header, file_size, &count, &width));
+  std::vector<char> bytes(count * width);
+  RETURN_IF_ERROR(read_exact(fd, bytes.data(), bytes.size()));
+  widen(bytes.data(), count, width, tokens);
+  return Status::ok();
 }
 
 }  // namespace
 
-Status write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
+size_t token_bytes(int32_t version) {
+  return version == kTokenFileVersion16 ? sizeof(uint16_t) : version == kTokenFileVersion32 ? sizeof(uint32_t) : 0;
+}
+
+Status write_token_file(const std::string& path, std::span<const Token> tokens) {
   // The count lives in an int32 slot of the header.
   if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
     return Status::error("writing " + path + ": " + std::to_string(tokens.size()) +
@@ -100,7 +139,7 @@ Status write_token_file(const std::string& path, std::span<const uint16_t> token
   return status.with_context("writing " + tmp);
 }
 
-Status read_token_file(const std::string& path, std::vector<uint16_t>* tokens) {
+Status read_token_file(const std::string& path, std::vector<Token>* tokens) {
   tokens->clear();  // callers never see a partial or stale result on error
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Status::error("token file " + path + ": cannot open: " + errno_text());
@@ -110,15 +149,14 @@ Status read_token_file(const std::string& path, std::vector<uint16_t>* tokens) {
   return status.with_context("token file " + path);
 }
 
-Status parse_token_file(std::string_view bytes, std::vector<uint16_t>* tokens) {
+Status parse_token_file(std::string_view bytes, std::vector<Token>* tokens) {
   tokens->clear();
   RETURN_IF_ERROR(check_header_size(bytes.size()));
   std::array<int32_t, kTokenFileHeaderInts> header{};
   std::memcpy(header.data(), bytes.data(), kTokenFileHeaderBytes);
-  size_t count = 0;
-  RETURN_IF_ERROR(check_header(header, bytes.size(), &count));
-  tokens->resize(count);
-  if (count > 0) std::memcpy(tokens->data(), bytes.data() + kTokenFileHeaderBytes, count * sizeof(uint16_t));
+  size_t count = 0, width = 0;
+  RETURN_IF_ERROR(check_header(header, bytes.size(), &count, &width));
+  widen(bytes.data() + kTokenFileHeaderBytes, count, width, tokens);
   return Status::ok();
 }
 

@@ -30,8 +30,8 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
 
   BatchShape shape{o.micro_batch, std::max(1, o.grad_accum), T, 1, 0};
   std::mt19937 rng(o.seed);
-  std::vector<uint16_t> tokens((size_t)shape.G() * T * (warmup + steps) + 1);
-  for (auto& t : tokens) t = (uint16_t)(rng() % config.vocab);
+  std::vector<data::Token> tokens((size_t)shape.G() * T * (warmup + steps) + 1);
+  for (auto& t : tokens) t = (data::Token)(rng() % config.vocab);
   auto data = data::TokenLoader::from_tokens(std::move(tokens));
 
   // As training stores it: fp32, or 16-bit weights and gradients with fp32 master weights.

@@ -1,5 +1,6 @@
-// An llm.c token file's bytes: parse_token_file. Accepted means exactly a 1024-byte
-// header and the count of tokens it states.
+// A token file's bytes: parse_token_file. Accepted means exactly a 1024-byte header and
+// the count of tokens it states, 2 or 4 bytes each as its version says.
+#include <cstring>
 #include <vector>
 
 #include "data/token_file.h"
@@ -7,13 +8,15 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;
-  std::vector<uint16_t> tokens = {1};
+  std::vector<data::Token> tokens = {1};
   const Status s = data::parse_token_file(fuzz::as_text(data, size), &tokens);
   if (!s.is_ok()) {
     if (!tokens.empty()) fuzz::broken_promise("tokens left after an error");
     return 0;
   }
-  if (data::kTokenFileHeaderBytes + 2 * tokens.size() != size)
+  int32_t version;
+  std::memcpy(&version, data + sizeof(int32_t), sizeof version);
+  if (data::kTokenFileHeaderBytes + data::token_bytes(version) * tokens.size() != size)
     fuzz::broken_promise("accepted " + std::to_string(tokens.size()) + " tokens from " + std::to_string(size) + " bytes");
   return 0;
 }

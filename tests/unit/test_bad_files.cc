@@ -269,19 +269,20 @@ TEST_F(BadFiles, LlmcTruncatedOrBadMagicIsNamed) {
 }
 
 TEST_F(BadFiles, TokenFileWithAWrongHeaderIsNamed) {
-  std::vector<uint16_t> tokens = {1, 2, 3};
+  std::vector<data::Token> tokens = {1, 2, 3};
   ASSERT_TRUE(data::write_token_file(path("t.bin"), tokens).is_ok());
   const std::string good = read_file(path("t.bin"));
   auto header_error = [&](size_t slot, int32_t value) {
     std::string bad = good;
     std::memcpy(bad.data() + 4 * slot, &value, 4);
-    std::vector<uint16_t> got = {9};
+    std::vector<data::Token> got = {9};
     std::string msg = refused(data::parse_token_file(bad, &got), "slot " + std::to_string(slot));
     EXPECT_TRUE(got.empty());
     return msg;
   };
   expect_names(header_error(0, 20240326), {"bad magic 20240326", "20240520"});
-  expect_names(header_error(1, 2), {"unsupported version 2"});
+  expect_names(header_error(1, 3), {"unsupported version 3", "uint16", "uint32"});
+  expect_names(header_error(1, 2), {"truncated"});  // version 2 reads 4 bytes a token
   expect_names(header_error(2, -5), {"negative token count -5"});
   expect_names(header_error(2, 4), {"truncated", "4 tokens"});
   write_file(path("t.bin"), good.substr(0, 1000));
@@ -333,8 +334,8 @@ TEST_F(BadFiles, ConfigStringsSurviveTheRoundTrip) {
 
   const std::string data = path("d\"a ta");
   fs::create_directories(data);
-  std::vector<uint16_t> tokens(600);
-  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (uint16_t)(i * 7 % 100);
+  std::vector<data::Token> tokens(600);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (data::Token)(i * 7 % 100);
   ASSERT_TRUE(data::write_token_file(data + "/train.bin", tokens).is_ok());
   const std::string tiny = " --model tiny --layers 1 --heads 2 --dim 16 --seq-len 16 --vocab 128 --micro-batch 2"
                            " --steps 1 --threads 1 --peak-gflops 100 --quiet";

@@ -341,7 +341,7 @@ TEST_F(Cli, ParamGradOptimPeaksAreFourBytesPerElement) {
 TEST_F(Cli, ExportAndInitFromRoundTrip) {
   // Three windows of G*T = 64 tokens: step 4 of a resumed run reads window 0 again, the
   // window step 1 of a run started from the export reads.
-  std::vector<uint16_t> tokens;
+  std::vector<data::Token> tokens;
   ASSERT_TRUE(data::read_token_file(corpus_ + "/train.bin", &tokens).is_ok());
   tokens.resize(3 * 64 + 1);
   const std::string data = path("data3");
@@ -552,9 +552,36 @@ TEST_F(Cli, MissingDataIsNamed) {
   expect_failure(run(train(kTiny + " --steps 1", path("empty"))),
                  {path("empty") + "/train.bin"});
   // A corpus shorter than one batch.
-  std::vector<uint16_t> few = {1, 2, 3};
+  std::vector<data::Token> few = {1, 2, 3};
   ASSERT_TRUE(data::write_token_file(path("empty/train.bin"), few).is_ok());
   expect_failure(run(train(kTiny + " --steps 1", path("empty"))), {"3 tokens", "fewer than"});
+}
+
+// A vocabulary past 16 bits (Llama 3's is 128,256): its token file is written with 32-bit
+// ids, the model trains on it, and one whose vocabulary an id exceeds is refused naming it.
+TEST_F(Cli, AVocabularyPast65536TrainsOnWideTokenFiles) {
+  std::vector<data::Token> tokens(600);
+  for (size_t i = 0; i < tokens.size(); i++) tokens[i] = (data::Token)(i * 7919 % 70001);
+  tokens[300] = 70000;  // the largest id
+  const std::string data = path("wide");
+  fs::create_directories(data);
+  ASSERT_TRUE(data::write_token_file(data + "/train.bin", tokens).is_ok());
+  EXPECT_EQ(fs::file_size(data + "/train.bin"), data::kTokenFileHeaderBytes + 4 * tokens.size());
+  const std::string small = "--model tiny --layers 1 --heads 2 --dim 16 --seq-len 16 --micro-batch 2 --steps 2 ";
+  RunResult r = run(train(small + "--vocab 70001 --out " + path("run"), data));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  const Metrics m = read_metrics(path("run") + "/metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 2u);
+  EXPECT_TRUE(std::isfinite(m.steps.back()["loss"].get<double>()));
+  expect_failure(run(train(small + "--vocab 60000 --out " + path("never"), data)),
+                 {"token id 70000", "vocabulary of 60000"});
+  // Ids that fit 16 bits stay in llm.c's format.
+  tokens.assign(600, 50000);
+  ASSERT_TRUE(data::write_token_file(data + "/small.bin", tokens).is_ok());
+  EXPECT_EQ(fs::file_size(data + "/small.bin"), data::kTokenFileHeaderBytes + 2 * tokens.size());
+  std::vector<data::Token> back;
+  ASSERT_TRUE(data::read_token_file(data + "/small.bin", &back).is_ok());
+  EXPECT_EQ(back, tokens);
 }
 
 TEST_F(Cli, BadModelShapesAreNamed) {
@@ -563,8 +590,8 @@ TEST_F(Cli, BadModelShapesAreNamed) {
   expect_failure(run(train("--model huge --steps 1")), {"huge", "tiny"});
   expect_failure(run(train("--model tiny --seq-len 32 --micro-batch 2 --vocab 100 --steps 1")),
                  {"train.bin", "token id", "outside the model's vocabulary of 100"});
-  expect_failure(run(train("--model tiny --seq-len 32 --micro-batch 2 --vocab 70000 --steps 1")),
-                 {"--vocab must be in [2, 65536]", "70000"});
+  expect_failure(run(train("--model tiny --seq-len 32 --micro-batch 2 --vocab 20000000 --steps 1")),
+                 {"--vocab must be in [2, 16777216]", "20000000"});
   // A flag given twice is refused rather than silently resolved.
   expect_failure(run(train(kTiny + " --vocab 50257 --steps 1")), {"--vocab"});
 

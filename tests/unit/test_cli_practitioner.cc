@@ -270,7 +270,7 @@ TEST_F(CliPractitioner, PresetConfigsAreAccepted) {
       << "no configs/tiny.toml in " << configs;
 
   // Fewer tokens than any preset's global batch.
-  std::vector<uint16_t> tokens;
+  std::vector<data::Token> tokens;
   ASSERT_TRUE(data::read_token_file(corpus_ + "/train.bin", &tokens).is_ok());
   tokens.resize(100);
   fs::create_directories(path("few"));

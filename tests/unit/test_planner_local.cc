@@ -111,8 +111,8 @@ class PlannerLocal : public ::testing::Test {
     dir_ = cli_test::fresh_dir(fs::temp_directory_path() / ("meshtrain_planner_local_" + cli_test::kPid));
     // Random tokens below the vocabulary: what the step costs does not depend on them.
     std::mt19937 rng(1);
-    std::vector<uint16_t> tokens(100000);
-    for (auto& t : tokens) t = (uint16_t)(rng() % 512);
+    std::vector<data::Token> tokens(100000);
+    for (auto& t : tokens) t = (data::Token)(rng() % 512);
     data_ok_ = data::write_token_file(dir_ + "/train.bin", tokens).is_ok();
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }

@@ -100,7 +100,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   ASSERT_TRUE(checkpoint::export_hf_safetensors(gpt, init).is_ok());
 
   std::mt19937 rng(5);
-  std::vector<uint16_t> tokens(700);  // E = 10 windows of G*T = 64: no wrap in 10 steps... plus 1
+  std::vector<data::Token> tokens(700);  // E = 10 windows of G*T = 64: no wrap in 10 steps... plus 1
   for (auto& t : tokens) t = rng() % pc.config.vocab;
   const std::string tok_path = (dir_ / "tokens.bin").string();
   ASSERT_TRUE(data::write_token_file(tok_path, tokens).is_ok());
