@@ -9,6 +9,7 @@
 
 #include "checkpoint/hf_gpt2_config.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_model.h"
 #include "core/file_io.h"
 
 namespace meshtrain::checkpoint {
@@ -20,12 +21,13 @@ void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
     for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
-}  // namespace
-
-Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
+// The model's tensors as HF stores them; `storage` keeps the transposed copies alive.
+void hf_tensors(const model::Gpt& gpt, std::vector<std::vector<float>>* storage_out,
+                std::vector<TensorToWrite>* tensors_out, std::map<std::string, std::string>* meta_out) {
   const auto& cfg = gpt.config();
-  std::vector<std::vector<float>> storage;  // transposed copies must outlive the write
-  std::vector<TensorToWrite> tensors;
+  auto& storage = *storage_out;
+  auto& tensors = *tensors_out;
+  storage.reserve(gpt.layout().tensors().size());
   for (const auto& t : gpt.layout().tensors()) {
     const float* src = gpt.params() + t.offset;
     auto shape = hf_shape(t, cfg.vocab);
@@ -44,17 +46,31 @@ Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
       {"n_positions", std::to_string(cfg.max_seq_len)},
       {"vocab_size", std::to_string(cfg.vocab)},
       {"producer", "meshtrain"}};
+  *meta_out = meta;
+}
+
+}  // namespace
+
+Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
+  std::vector<std::vector<float>> storage;
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> meta;
+  hf_tensors(gpt, &storage, &tensors, &meta);
   return write_safetensors(path, tensors, meta);
 }
 
-Status export_hf_folder(const model::Gpt& gpt, const std::string& dir) {
+Status export_hf_folder(const model::Gpt& gpt, const std::string& dir, double max_shard_bytes) {
   namespace fs = std::filesystem;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return Status::error("cannot create " + dir + ": " + ec.message());
   nlohmann::json config;
   RETURN_IF_ERROR(hf_config_json(gpt.config(), &config));
-  RETURN_IF_ERROR(export_hf_safetensors(gpt, (fs::path(dir) / kHfWeightsFile).string()));
+  std::vector<std::vector<float>> storage;
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> meta;
+  hf_tensors(gpt, &storage, &tensors, &meta);
+  RETURN_IF_ERROR(write_safetensors_model(dir, tensors, meta, max_shard_bytes));
   const std::string text = config.dump(2) + "\n";
   return write_file_synced((fs::path(dir) / "config.json").string(), text.data(), text.size());
 }
@@ -207,14 +223,14 @@ Status hf_folder_heads(const std::string& dir, int* heads) {
 }
 
 Status infer_hf_config(const std::string& path, int heads_hint, model::GptConfig* config) {
-  SafetensorsFile f;
-  RETURN_IF_ERROR(SafetensorsFile::open(path, &f));
+  SafetensorsModel f;
+  RETURN_IF_ERROR(SafetensorsModel::open(path, &f));
   return infer_hf_config(f, heads_hint, config);
 }
 
 Status load_hf_safetensors(const std::string& path, model::Gpt* gpt) {
-  SafetensorsFile f;
-  RETURN_IF_ERROR(SafetensorsFile::open(path, &f));
+  SafetensorsModel f;
+  RETURN_IF_ERROR(SafetensorsModel::open(path, &f));
   const auto& cfg = gpt->config();
   RETURN_IF_ERROR(check_hf_tensors(f, gpt->layout(), cfg.vocab));
   std::vector<float> tmp;

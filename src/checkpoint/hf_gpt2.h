@@ -14,15 +14,19 @@ namespace meshtrain::checkpoint {
 // Writes the model's weights as fp32 in HF GPT-2 names and layouts, with the head count
 // and shape in __metadata__. Atomic.
 Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path);
-// A Hugging Face model folder: `dir`/model.safetensors as above and `dir`/config.json, a
+// A Hugging Face model folder: the weights as above, in `dir`/model.safetensors or, past
+// `max_shard_bytes` (Hugging Face's save_pretrained default: 5 GB), in shards with
+// model.safetensors.index.json (checkpoint/safetensors_model.h), and `dir`/config.json, a
 // GPT2Config (model_type "gpt2", GPT2LMHeadModel, the shape, tied embeddings, GELU's tanh
-// form, LayerNorm epsilon 1e-5). The tokenizer files are data::write_hf_tokenizer's.
+// form, LayerNorm epsilon 1e-5) or a LlamaConfig. The tokenizer files are
+// data::write_hf_tokenizer's.
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
+inline constexpr double kHfMaxShardBytes = 5e9;
 // Hugging Face's config.json for the model: a GPT2Config, or a LlamaConfig (GQA, RoPE with
 // Llama 3 scaling, SwiGLU width, RMSNorm epsilon, tied or untied head). Other mixes of
 // parts have no Hugging Face config: an error.
 Status hf_config_json(const model::GptConfig& config, nlohmann::json* out);
-Status export_hf_folder(const model::Gpt& gpt, const std::string& dir);
+Status export_hf_folder(const model::Gpt& gpt, const std::string& dir, double max_shard_bytes = kHfMaxShardBytes);
 // A Hugging Face LlamaConfig (config.json's model_type "llama") as the model record: the
 // shape, GQA, SwiGLU width, RMSNorm epsilon, rotary theta and Llama 3 scaling, tied or
 // untied head. *is_llama is false (and *config untouched) for another model_type.
@@ -38,6 +42,7 @@ Status hf_folder_heads(const std::string& dir, int* heads);
 // before any model is built (the checks are listed in hf_gpt2_config.h).
 Status infer_hf_config(const std::string& path, int heads_hint, model::GptConfig* config);
 // Loads the weights into `gpt`, whose config must match the file (see infer_hf_config).
+// `path` is a .safetensors file or a sharded model's index (.index.json).
 Status load_hf_safetensors(const std::string& path, model::Gpt* gpt);
 
 }  // namespace meshtrain::checkpoint

@@ -36,7 +36,7 @@ int64_t block_index(const std::string& full_name) {
 // reported by name later instead of silently shortening the model. A file naming more
 // blocks than it has block tensors is rejected here, so the layout built to name missing
 // tensors is never larger than 12 entries per tensor of the file.
-Status count_layers(const SafetensorsFile& f, int* layers) {
+Status count_layers(const SafetensorsModel& f, int* layers) {
   int64_t highest = -1, in_blocks = 0;
   for (const auto& info : f.tensors()) {
     const int64_t b = block_index(info.name);
@@ -62,7 +62,7 @@ std::string list_names(const std::vector<std::string>& names) {
 // Names the tensors the model needs but the file lacks, and the file's tensors that are
 // not GPT-2 parameters (HF's attention-mask buffers and tied lm_head excepted): a misspelt
 // name shows up in both lists, which makes the mistake obvious.
-Status check_tensor_names(const SafetensorsFile& f, const model::ParamLayout& layout) {
+Status check_tensor_names(const SafetensorsModel& f, const model::ParamLayout& layout) {
   std::vector<std::string> missing_names, unexpected_names;
   for (const auto& t : layout.tensors())
     if (!f.find(hf_tensor_name(f, t.name))) missing_names.push_back(t.name);
@@ -97,7 +97,7 @@ bool parse_positive_int(const std::string& s, int* out) {
   return true;
 }
 
-Status infer_heads(const SafetensorsFile& f, int heads_hint, int dim, int* heads) {
+Status infer_heads(const SafetensorsModel& f, int heads_hint, int dim, int* heads) {
   auto meta = f.metadata().find("n_head");
   if (meta == f.metadata().end()) {
     *heads = heads_hint > 0 ? heads_hint : std::max(1, dim / 64);
@@ -113,7 +113,7 @@ Status infer_heads(const SafetensorsFile& f, int heads_hint, int dim, int* heads
 
 }  // namespace
 
-std::string hf_tensor_name(const SafetensorsFile& f, const std::string& name) {
+std::string hf_tensor_name(const SafetensorsModel& f, const std::string& name) {
   if (f.find(name)) return name;
   if (f.find("transformer." + name)) return "transformer." + name;
   return name;
@@ -125,7 +125,7 @@ std::vector<int64_t> hf_shape(const model::ParamTensor& t, int vocab) {
   return t.shape;
 }
 
-Status infer_hf_config(const SafetensorsFile& f, int heads_hint, model::GptConfig* config) {
+Status infer_hf_config(const SafetensorsModel& f, int heads_hint, model::GptConfig* config) {
   const std::string& path = f.path();
   const TensorInfo* wte = f.find(hf_tensor_name(f, "wte.weight"));
   const TensorInfo* wpe = f.find(hf_tensor_name(f, "wpe.weight"));
@@ -150,7 +150,7 @@ Status infer_hf_config(const SafetensorsFile& f, int heads_hint, model::GptConfi
   return Status::ok();
 }
 
-Status check_hf_tensors(const SafetensorsFile& f, const model::ParamLayout& layout, int vocab) {
+Status check_hf_tensors(const SafetensorsModel& f, const model::ParamLayout& layout, int vocab) {
   RETURN_IF_ERROR(check_tensor_names(f, layout));
   for (const auto& t : layout.tensors()) {
     const std::string name = hf_tensor_name(f, t.name);

@@ -7,6 +7,7 @@
 #include "checkpoint/hf_gpt2_config.h"
 #include "checkpoint/llmc.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_model.h"
 
 namespace meshtrain::checkpoint {
 
@@ -17,15 +18,18 @@ namespace {
 enum class Kind { kCheckpointDir, kLlmc, kSafetensors };
 
 // Resolves a run folder to its newest checkpoint folder, and a Hugging Face model folder
-// (model.safetensors, no index.json) to its weights file.
+// (no index.json: model.safetensors, or shards named by model.safetensors.index.json) to
+// its weights file or its shards' index.
 Status classify(const std::string& path, Kind* kind, std::string* resolved) {
   std::error_code ec;
   *resolved = path;
-  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "index.json", ec) &&
-      fs::is_regular_file(fs::path(path) / kHfWeightsFile, ec)) {
-    *kind = Kind::kSafetensors;
-    *resolved = (fs::path(path) / kHfWeightsFile).string();
-    return Status::ok();
+  if (fs::is_directory(path, ec) && !fs::exists(fs::path(path) / "index.json", ec)) {
+    for (const char* weights : {kHfIndexFile, kHfWeightsFile}) {
+      if (!fs::is_regular_file(fs::path(path) / weights, ec)) continue;
+      *kind = Kind::kSafetensors;
+      *resolved = (fs::path(path) / weights).string();
+      return Status::ok();
+    }
   }
   if (fs::is_directory(path, ec)) {
     *kind = Kind::kCheckpointDir;
@@ -73,8 +77,8 @@ Status model_file_config(const std::string& path, int heads_hint, model::GptConf
       if (resolved != path) RETURN_IF_ERROR(read_hf_llama_config(path, config, &is_llama));
       if (is_llama) {
         RETURN_IF_ERROR(check_heads(path, heads_hint, config->heads));
-        SafetensorsFile f;
-        RETURN_IF_ERROR(SafetensorsFile::open(resolved, &f));
+        SafetensorsModel f;
+        RETURN_IF_ERROR(SafetensorsModel::open(resolved, &f));
         return check_hf_tensors(f, model::ParamLayout(*config), config->vocab);
       }
       // A folder's config.json names the heads (a bare file's metadata may not).

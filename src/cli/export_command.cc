@@ -4,6 +4,7 @@
 #include "checkpoint/hf_gpt2.h"
 #include "checkpoint/llmc.h"
 #include "checkpoint/model_file.h"
+#include "checkpoint/safetensors_model.h"
 #include "cli/commands.h"
 #include "data/tokenizer_files.h"
 
@@ -15,6 +16,7 @@ namespace fs = std::filesystem;
 
 struct ExportOptions {
   std::string in, out, format = "hf", tokenizer;
+  double max_shard_gb = checkpoint::kHfMaxShardBytes / 1e9;
 };
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -57,11 +59,14 @@ Status run_export(const ExportOptions& o) {
   if (o.format == "llmc")
     RETURN_IF_ERROR(checkpoint::export_llmc_model(*gpt, o.out));
   else if (hf_folder)
-    RETURN_IF_ERROR(checkpoint::export_hf_folder(*gpt, o.out));
+    RETURN_IF_ERROR(checkpoint::export_hf_folder(*gpt, o.out, o.max_shard_gb * 1e9));
   else
     RETURN_IF_ERROR(checkpoint::export_hf_safetensors(*gpt, o.out));
+  const bool sharded = hf_folder && fs::exists(fs::path(o.out) / checkpoint::kHfIndexFile);
   std::printf("export: %s -> %s (%s%s)\n", source.c_str(), o.out.c_str(), o.format.c_str(),
-              hf_folder ? " folder: model.safetensors, config.json" : "");
+              !hf_folder ? ""
+              : sharded  ? " folder: model-*-of-*.safetensors, model.safetensors.index.json, config.json"
+                         : " folder: model.safetensors, config.json");
   return export_tokenizer(o, o.in, hf_folder);
 }
 
@@ -81,6 +86,11 @@ Command add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--format", o->format, "hf or llmc (llm.c model .bin, version 3)")
       ->check(CLI::IsMember({"hf", "llmc"}))
+      ->capture_default_str();
+  cmd->add_option("--max-shard-gb", o->max_shard_gb,
+                  "hf folder: weights past this size (decimal GB) go into shards model-0000N-of-0000M.safetensors "
+                  "with model.safetensors.index.json, as Hugging Face's save_pretrained writes them")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer,
                   "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "

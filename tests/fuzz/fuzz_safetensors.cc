@@ -7,6 +7,7 @@
 
 #include "checkpoint/hf_gpt2_config.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_model.h"
 #include "fuzz_util.h"
 
 namespace meshtrain::fuzz {
@@ -28,7 +29,7 @@ void read_every_tensor(const checkpoint::SafetensorsFile& f) {
   }
 }
 
-void check_as_gpt2(const checkpoint::SafetensorsFile& f) {
+void check_as_gpt2(const checkpoint::SafetensorsModel& f) {
   model::GptConfig c;
   if (!checkpoint::infer_hf_config(f, 0, &c).is_ok()) return;
   const model::ParamLayout layout(c);
@@ -48,6 +49,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!checkpoint::SafetensorsFile::from_bytes(std::string(fuzz::as_text(data, size)), "fuzz.safetensors", &f).is_ok())
     return 0;
   fuzz::read_every_tensor(f);
-  fuzz::check_as_gpt2(f);
+  fuzz::check_as_gpt2(checkpoint::SafetensorsModel::single(f));
   return 0;
 }

@@ -30,7 +30,8 @@ Inputs
                     lm_head.weight, which is tied to wte) are ignored.
                     Accepted dtypes: F64, F32, F16, BF16.
   TOKENS.bin        llm.c token file: 256 int32 header (magic 20240520,
-                    version 1, token count at index 2), then count uint16.
+                    version 1, token count at index 2), then count uint16
+                    (version 2: uint32, meshtrain's for vocabularies past 65536).
 
 Model
   GPT-2: x = wte[idx] + wpe[pos]; per block x += attn(ln_1(x)),
@@ -85,6 +86,7 @@ stderr and the exit status is 1.
 import argparse
 import json
 import math
+import os
 import re
 import struct
 import sys
@@ -110,6 +112,25 @@ _ST_DTYPES = {
 
 
 def read_safetensors(path):
+    """A .safetensors file, or a sharded model's index (.index.json): its weight_map's
+    shards, read one by one, each tensor from the shard the map names."""
+    if path.endswith(".index.json"):
+        try:
+            with open(path) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise RefError("cannot read index %s: %s" % (path, e))
+        folder = os.path.dirname(path)
+        tensors = {}
+        for shard in sorted(set(weight_map.values())):
+            for name, t in read_safetensors(os.path.join(folder, shard)).items():
+                if weight_map.get(name) != shard:
+                    raise RefError("%s: %s holds %r, which its weight_map puts elsewhere" % (path, shard, name))
+                tensors[name] = t
+        missing = sorted(set(weight_map) - set(tensors))
+        if missing:
+            raise RefError("%s: no shard holds %r" % (path, missing))
+        return tensors
     try:
         with open(path, "rb") as f:
             raw = f.read()
@@ -191,13 +212,15 @@ def read_tokens(path):
     header = np.frombuffer(raw[:1024], dtype="<i4")
     if header[0] != 20240520:
         raise RefError("%s: bad magic %d (want 20240520)" % (path, header[0]))
-    if header[1] != 1:
-        raise RefError("%s: unsupported version %d (want 1)" % (path, header[1]))
+    widths = {1: ("<u2", 2), 2: ("<u4", 4)}  # llm.c's uint16; meshtrain's uint32
+    if int(header[1]) not in widths:
+        raise RefError("%s: unsupported version %d (want 1 or 2)" % (path, header[1]))
+    dtype, width = widths[int(header[1])]
     count = int(header[2])
-    if count < 0 or 1024 + 2 * count > len(raw):
+    if count < 0 or 1024 + width * count > len(raw):
         raise RefError("%s: header says %d tokens but file holds %d"
-                       % (path, count, (len(raw) - 1024) // 2))
-    return np.frombuffer(raw[1024:1024 + 2 * count], dtype="<u2").astype(np.int64)
+                       % (path, count, (len(raw) - 1024) // width))
+    return np.frombuffer(raw[1024:1024 + width * count], dtype=dtype).astype(np.int64)
 
 
 # ----------------------------------------------------------------------------

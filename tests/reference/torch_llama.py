@@ -18,7 +18,8 @@ Inputs
                     or rope_type "llama3" with factor, low_freq_factor,
                     high_freq_factor, original_max_position_embeddings),
                     tie_word_embeddings.
-  INIT.safetensors  Hugging Face Llama names, nn.Linear weights [out, in]:
+  INIT.safetensors  (or a sharded model's model.safetensors.index.json)
+                    Hugging Face Llama names, nn.Linear weights [out, in]:
                       model.embed_tokens.weight [V, C],
                       model.layers.{i}.input_layernorm.weight [C],
                       model.layers.{i}.self_attn.{q,k,v,o}_proj.weight,

@@ -20,6 +20,7 @@
 #include "checkpoint/llmc.h"
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_model.h"
 #include "cli_test_util.h"
 #include "comm/self_group.h"
 #include "data/bpe.h"
@@ -226,7 +227,7 @@ TEST(BadSafetensors, Gpt2ShapesAndMetadataAreChecked) {
     checkpoint::SafetensorsFile f;
     EXPECT_TRUE(checkpoint::SafetensorsFile::from_bytes(safetensors_bytes(header, data), "m.safetensors", &f).is_ok());
     model::GptConfig c;
-    return refused(checkpoint::infer_hf_config(f, 0, &c), header);
+    return refused(checkpoint::infer_hf_config(checkpoint::SafetensorsModel::single(f), 0, &c), header);
   };
   // Block 5 named, one block tensor held: refused before a 6-layer layout is built.
   expect_names(infer_error("{" + wte + wpe +

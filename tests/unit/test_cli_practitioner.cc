@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -483,6 +484,20 @@ TEST_F(CliPractitioner, LlamaExportsAsAHuggingFaceFolder) {
   const RunResult from_run = run(generate(run_dir, args)), from_folder = run(generate(hf, args));
   ASSERT_EQ(from_folder.exit_code, 0) << describe(from_folder);
   EXPECT_EQ(from_folder.out, from_run.out);
+  // The same in shards (Hugging Face's layout past --max-shard-gb), read back the same.
+  const std::string sharded = path("llama-sharded");
+  r = run(kBinary + " export --checkpoint " + run_dir + " --out " + sharded + " --max-shard-gb 0.00004");
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("model.safetensors.index.json"), std::string::npos) << r.out;
+  std::set<std::string> shards;
+  const json index = read_json(sharded + "/model.safetensors.index.json");
+  for (const auto& [name, file] : index["weight_map"].items()) shards.insert(file.get<std::string>());
+  EXPECT_GT(shards.size(), 1u);
+  for (const std::string& f : shards) EXPECT_TRUE(fs::exists(sharded + "/" + f)) << f;
+  EXPECT_FALSE(fs::exists(sharded + "/model.safetensors"));
+  const RunResult from_shards = run(generate(sharded, args));
+  ASSERT_EQ(from_shards.exit_code, 0) << describe(from_shards);
+  EXPECT_EQ(from_shards.out, from_run.out);
   const std::string once = " --seq-len 32 --micro-batch 2 --steps 1 --lr 0 --quiet --out ";
   const RunResult a = run(train("--init-from " + run_dir + once + path("from_run")));
   const RunResult b = run(train("--init-from " + hf + once + path("from_folder")));

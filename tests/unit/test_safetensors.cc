@@ -10,10 +10,16 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/hf_gpt2_config.h"
+#include "checkpoint/model_file.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_model.h"
+#include "model/gpt.h"
 
 namespace meshtrain::checkpoint {
 namespace {
@@ -335,6 +341,125 @@ TEST_F(SafetensorsTest, F16SubnormalsAndLargeTensorsConvertExactly) {
                               : std::ldexp(1.0f + mant / 1024.0f, exp - 15);
     ASSERT_EQ(got[k], expected) << "bits 0x" << std::hex << v;
   }
+}
+
+}  // namespace
+}  // namespace meshtrain::checkpoint
+
+// ---- Sharded models: model-0000N-of-0000M.safetensors + model.safetensors.index.json ----
+
+namespace meshtrain::checkpoint {
+namespace {
+
+model::Gpt llama_tiny() {
+  model::GptConfig c;
+  EXPECT_TRUE(model::preset_config("llama-tiny", &c).is_ok());
+  model::Gpt gpt(c);
+  gpt.init_weights(7);
+  return gpt;
+}
+
+// A Llama folder past the shard size: shards named as Hugging Face names them, an index
+// whose weight map covers every tensor and whose total is the tensors' bytes, and a model
+// read back from the folder bit for bit. Exported again in one piece, the shards go.
+TEST_F(SafetensorsTest, ShardedFolderRoundTripsAndReplacesAnEarlierExport) {
+  const model::Gpt gpt = llama_tiny();
+  const std::string dir = path("llama");
+  ASSERT_TRUE(export_hf_folder(gpt, dir, 100e3).is_ok());  // 100 kB shards
+  namespace fs = std::filesystem;
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));
+  const json index = json::parse(read_all(dir + "/" + kHfIndexFile));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  ASSERT_GT(files.size(), 2u);
+  const std::string last = "model-0000" + std::to_string(files.size()) + "-of-0000" + std::to_string(files.size()) +
+                           ".safetensors";
+  EXPECT_TRUE(files.count("model-00001-of-0000" + std::to_string(files.size()) + ".safetensors"));
+  EXPECT_TRUE(files.count(last));
+  EXPECT_EQ(index["weight_map"].size(), gpt.layout().tensors().size());
+  uint64_t bytes = 0;  // fp32, HF's shapes (the vocabulary unpadded)
+  for (const auto& t : gpt.layout().tensors()) {
+    uint64_t n = 4;
+    for (int64_t d : hf_shape(t, gpt.config().vocab)) n *= (uint64_t)d;
+    bytes += n;
+  }
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), bytes);
+  SafetensorsModel m;
+  ASSERT_TRUE(SafetensorsModel::open(dir + "/" + kHfIndexFile, &m).is_ok());
+  EXPECT_EQ(m.shard_count(), files.size());
+  std::unique_ptr<model::Gpt> back;
+  ASSERT_TRUE(open_model_file(dir, 0, &back).is_ok());
+  ASSERT_EQ(back->config().kv_head_count(), gpt.config().kv_head_count());
+  ASSERT_EQ(back->layout().total(), gpt.layout().total());
+  EXPECT_EQ(std::memcmp(back->params(), gpt.params(), sizeof(float) * gpt.layout().total()), 0);
+
+  ASSERT_TRUE(export_hf_folder(gpt, dir).is_ok());  // the default 5 GB: one file
+  EXPECT_TRUE(fs::exists(dir + "/model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir + "/" + kHfIndexFile));
+  for (const std::string& f : files) EXPECT_FALSE(fs::exists(dir + "/" + f)) << f;
+  ASSERT_TRUE(open_model_file(dir, 0, &back).is_ok());
+  EXPECT_EQ(std::memcmp(back->params(), gpt.params(), sizeof(float) * gpt.layout().total()), 0);
+}
+
+// An index that does not describe its shards is refused before any weight is read, naming
+// the index and what is wrong.
+TEST_F(SafetensorsTest, BadIndexesAreNamed) {
+  const model::Gpt gpt = llama_tiny();
+  const std::string dir = path("llama");
+  ASSERT_TRUE(export_hf_folder(gpt, dir, 100e3).is_ok());
+  const std::string index_path = dir + "/" + kHfIndexFile;
+  const json good = json::parse(read_all(index_path));
+  auto refused_with = [&](const json& index) {
+    std::ofstream(index_path) << index.dump();
+    SafetensorsModel m;
+    const Status s = SafetensorsModel::open(index_path, &m);
+    EXPECT_FALSE(s.is_ok());
+    EXPECT_NE(s.message().find(index_path), std::string::npos) << s.message();
+    std::unique_ptr<model::Gpt> never;
+    EXPECT_FALSE(open_model_file(dir, 0, &never).is_ok());
+    return s.message();
+  };
+  // A tensor that shares its shard with others, and one alone in its shard (the head).
+  std::map<std::string, int> per_file;
+  for (const auto& [name, file] : good["weight_map"].items()) per_file[file.get<std::string>()]++;
+  std::string first, first_file;
+  for (const auto& [name, file] : good["weight_map"].items())
+    if (per_file[file.get<std::string>()] > 1 && first.empty()) first = name, first_file = file.get<std::string>();
+  const std::string lone_file = good["weight_map"]["lm_head.weight"];
+  ASSERT_EQ(per_file[lone_file], 1);
+  json j = good;
+  j.erase("weight_map");
+  EXPECT_NE(refused_with(j).find("no \"weight_map\""), std::string::npos);
+  j = good;
+  j["weight_map"][first] = "../elsewhere.safetensors";
+  EXPECT_NE(refused_with(j).find("not a file name in the index's folder"), std::string::npos);
+  j = good;
+  j["weight_map"].erase(first);
+  std::string msg = refused_with(j);
+  EXPECT_NE(msg.find("holds tensor '" + first + "', which the weight_map does not list"), std::string::npos) << msg;
+  j = good;
+  j["weight_map"].erase("lm_head.weight");
+  msg = refused_with(j);
+  EXPECT_NE(msg.find(lone_file + " is in the folder, but the weight_map names no tensor in it"), std::string::npos)
+      << msg;
+  j = good;
+  j["weight_map"]["model.layers.99.mlp.up_proj.weight"] = first_file;
+  EXPECT_NE(refused_with(j).find("'model.layers.99.mlp.up_proj.weight'"), std::string::npos);
+  j = good;
+  j["metadata"]["total_size"] = 12;
+  EXPECT_NE(refused_with(j).find("total_size is 12"), std::string::npos);
+  j = good;
+  std::string other;
+  for (const auto& [name, file] : good["weight_map"].items())
+    if (file != first_file) other = file;
+  j["weight_map"][first] = other;
+  msg = refused_with(j);
+  EXPECT_NE(msg.find("weight_map puts '" + first + "' in " + other), std::string::npos) << msg;
+  std::ofstream(index_path) << good.dump();
+  std::filesystem::remove(dir + "/" + other);
+  SafetensorsModel m;
+  const Status missing = SafetensorsModel::open(index_path, &m);
+  EXPECT_NE(missing.message().find(other), std::string::npos) << missing.message();
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "checkpoint/hf_gpt2.h"
+#include "checkpoint/safetensors_model.h"
 #include "checkpoint/safetensors.h"
 #include "core/file_io.h"
 #include "comm/self_group.h"
@@ -96,8 +97,19 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   const ParityCase pc = make_case(GetParam());
   model::Gpt gpt(pc.config);
   gpt.init_weights(42);
-  const std::string init = (dir_ / "init.safetensors").string();
-  ASSERT_TRUE(checkpoint::export_hf_safetensors(gpt, init).is_ok());
+  // GPT-2: one .safetensors file. Llama: the Hugging Face folder export writes, its weights
+  // in shards (GQA's case) or one file (MQA's), and the reference builds its model from that
+  // folder's config.json.
+  std::string init = (dir_ / "init.safetensors").string();
+  const fs::path folder = dir_ / "hf";
+  if (pc.config.is_gpt2()) {
+    ASSERT_TRUE(checkpoint::export_hf_safetensors(gpt, init).is_ok());
+  } else {
+    const bool sharded = GetParam() == "llama-gqa";
+    ASSERT_TRUE(checkpoint::export_hf_folder(gpt, folder.string(), sharded ? 40e3 : checkpoint::kHfMaxShardBytes).is_ok());
+    init = (folder / (sharded ? checkpoint::kHfIndexFile : checkpoint::kHfWeightsFile)).string();
+    ASSERT_TRUE(fs::exists(init)) << init;
+  }
 
   std::mt19937 rng(5);
   std::vector<data::Token> tokens(700);  // E = 10 windows of G*T = 64: no wrap in 10 steps... plus 1
@@ -110,12 +122,8 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   std::string cmd = "/usr/bin/python3 " MESHTRAIN_SOURCE_DIR "/tests/reference/";
   if (pc.config.is_gpt2()) {
     cmd += "torch_gpt2.py --heads 4";
-  } else {  // the reference builds its Llama from the config.json export writes
-    nlohmann::json hf;
-    ASSERT_TRUE(checkpoint::hf_config_json(pc.config, &hf).is_ok());
-    const std::string config = (dir_ / "config.json").string(), text = hf.dump(2);
-    ASSERT_TRUE(write_file_synced(config, text.data(), text.size()).is_ok());
-    cmd += "torch_llama.py --config " + config;
+  } else {
+    cmd += "torch_llama.py --config " + (folder / "config.json").string();
   }
   cmd += " --init " + init + " --tokens " + tok_path + " --batch 2 --seq-len 16";
   cmd += " --grad-accum 2 --steps " + std::to_string(pc.steps) + " --lr " + std::to_string(a.lr);
