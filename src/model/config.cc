@@ -155,7 +155,11 @@ Status validate_tp(const GptConfig& c, int tp) {
   RETURN_IF_ERROR(need("the number of heads", c.heads));
   RETURN_IF_ERROR(need("the MLP width", c.ffn()));
   RETURN_IF_ERROR(need("the padded vocabulary", c.padded_vocab()));
-  if (c.kv_head_count() != c.heads) RETURN_IF_ERROR(need("the key/value heads", c.kv_head_count()));
+  const int kv = c.kv_head_count();
+  if (kv % tp != 0 && tp % kv != 0)
+    return Status::error("--tp " + std::to_string(tp) + " and the " + std::to_string(kv) +
+                         " key/value heads: the heads must split evenly over the ranks, or divide them "
+                         "(each head then replicated on tp / heads ranks)");
   return Status::ok();
 }
 

@@ -42,6 +42,13 @@ struct GptConfig {
   int kv_dim() const { return kv_head_count() * head_dim(); }
   // Rows of the fused q, k, v projection: dim + 2 x kv_dim.
   int qkv_dim() const { return dim + 2 * kv_dim(); }
+  // Key/value heads one of tp ranks holds: its share, or one when there are fewer heads
+  // than ranks (each head then replicated on tp / kv ranks, as Megatron does).
+  int kv_heads_per_rank(int tp) const { return kv_head_count() >= tp ? kv_head_count() / tp : 1; }
+  // How many tp ranks hold each key/value head (1 unless replicated).
+  int kv_replicas(int tp) const { return kv_head_count() >= tp ? 1 : tp / kv_head_count(); }
+  // Rows of one tp rank's fused q, k, v projection.
+  int qkv_dim_per_rank(int tp) const { return dim / tp + 2 * kv_heads_per_rank(tp) * head_dim(); }
   int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
   // Rows of the MLP's first projection: ffn, or [gate; up] = 2 x ffn for SwiGLU.
   int fc_dim() const { return mlp == Mlp::kSwiGlu ? 2 * ffn() : ffn(); }
@@ -72,7 +79,8 @@ std::string describe_arch(const GptConfig& c);
 Status validate(const GptConfig& c);
 
 // Rejects a tensor-parallel size that does not divide heads, the MLP width or the padded
-// vocabulary, or whose key/value heads neither split evenly over tp nor fit it.
+// vocabulary, or whose key/value heads neither split evenly over tp nor divide it (fewer
+// heads than ranks are replicated: kv_replicas).
 Status validate_tp(const GptConfig& c, int tp);
 
 // Parameters as a user counts them: a tied head once, padding rows excluded.

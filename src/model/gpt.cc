@@ -25,8 +25,9 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   CHECK_MSG(validate_tp(config, tp_size_).is_ok(), "model shape not divisible by tp");
   Cl_ = config.dim / tp_size_;
   NHl_ = config.heads / tp_size_;
-  NKVl_ = config.kv_head_count() / tp_size_;
-  Ql_ = config.qkv_dim() / tp_size_;
+  NKVl_ = config.kv_heads_per_rank(tp_size_);
+  Ql_ = config.qkv_dim_per_rank(tp_size_);
+  kv_replicas_ = config.kv_replicas(tp_size_);
   Fcl_ = config.fc_dim() / tp_size_;
   Fl_ = config.ffn() / tp_size_;
   if (config.positions == Positions::kRope) {
@@ -183,7 +184,7 @@ int64_t ActivationInventory::recompute_scratch(Recompute mode) const {
 
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel) {
   const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp;
-  const int64_t Ql = config.qkv_dim() / tp, Fcl = config.fc_dim() / tp, Fl = config.ffn() / tp;
+  const int64_t Ql = config.qkv_dim_per_rank(tp), Fcl = config.fc_dim() / tp, Fl = config.ffn() / tp;
   const int64_t stats = config.norm == Norm::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
   const int64_t Vl = config.padded_vocab() / tp;
   const bool sp = sequence_parallel && tp > 1;
@@ -197,8 +198,11 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
   a.head = Nl * C + stats * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
   a.recompute_selective = attention_core;
   a.recompute_full = a.block_none;
-  // dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu.
+  // dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu;
+  // with replicated key/value heads, every head's k and v gradient [heads,N,2hs] for the
+  // exchange between a head's ranks.
   a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl + N * Ql + N * Fcl + N * Fl;
+  if (config.kv_replicas(tp) > 1) a.gradient_scratch += N * 2 * (int64_t)config.kv_dim();
   return a;
 }
 
@@ -229,6 +233,7 @@ void Gpt::ensure_activations(int B, int T) {
   dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
   dbranch_ = take(Nl * C);
   datty_ = take(N * Cl), dqkv_ = take(N * Ql_), dfch_ = take(N * Fcl_), dfch_gelu_ = take(N * Fl_);
+  kv_exchange_ = kv_replicas_ > 1 ? take(N * 2 * (size_t)config_.kv_dim()) : nullptr;
   CHECK(cursor == shared_.data() + shared_.size());
 }
 
@@ -347,6 +352,35 @@ void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
 k::GemmInput Gpt::gemm_weight(int u, const float* unit_base, const ParamTensor& t) const {
   if (const uint16_t* half = store_->acquired_bf16(u)) return k::GemmInput(half + layout_.offset_in_unit(t));
   return param(u, unit_base, t);
+}
+
+// A key/value head replicated on several tp ranks (fewer heads than ranks): each rank's k
+// and v see only its own query heads, so each rank's weight gradient of the head is a part
+// of the head's; the rest is the other replicas' dk, dv times the same input. One tp
+// all-reduce of every head's [N, 2hs] (a rank writes its own head's slot, zeros elsewhere)
+// gives each head's total; a weight-gradient-only GEMM adds total minus own. The input
+// gradient needs nothing: the tp reduction of the column-parallel input gradient already
+// sums every replica's part.
+void Gpt::add_kv_replica_grads(k::GradOutput dqkv_weight, float* dqkv_bias, const float* inp, int N) {
+  const size_t hs = config_.head_dim(), row = 2 * hs, C = config_.dim, Cl = Cl_;
+  const int head = tp_rank_ / kv_replicas_;
+  float* slots = kv_exchange_;
+  std::fill(slots, slots + (size_t)N * 2 * config_.kv_dim(), 0.0f);
+  float* mine = slots + (size_t)head * N * row;
+  for (int n = 0; n < N; n++) {
+    const float* src = dqkv_ + (size_t)n * Ql_ + Cl;  // this row's k then v gradient (one head each)
+    std::copy(src, src + row, mine + (size_t)n * row);
+  }
+  tp_all_reduce(slots, (size_t)N * 2 * config_.kv_dim());
+  for (int n = 0; n < N; n++) {  // the other replicas' part: the total less this rank's own
+    const float* own = dqkv_ + (size_t)n * Ql_ + Cl;
+    for (size_t j = 0; j < row; j++) mine[(size_t)n * row + j] -= own[j];
+  }
+  // The k and v rows follow q's Cl rows in the fused weight (and bias) gradient.
+  if (dqkv_weight.fp32) dqkv_weight.fp32 += Cl * C;
+  else dqkv_weight.bf16 += Cl * C;
+  k::matmul_backward(nullptr, dqkv_weight, dqkv_bias ? dqkv_bias + Cl : nullptr, mine, inp, k::GemmInput(inp), N,
+                     (int)C, (int)row, precision_);
 }
 
 k::GradOutput Gpt::weight_grad(int u, float* unit_base, const ParamTensor& t) const {
@@ -554,8 +588,9 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
                      Wg(kAttProjW), N, Cl_, C, precision_);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
   rotate_qk(dqkv_, B, T, /*inverse=*/true);  // to the gradients of the unrotated q and k
-  k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, gather_rows(a.ln1, gathered_), Wg(kQkvW),
-                     N, C, Ql_, precision_);
+  const float* ln1_rows = gather_rows(a.ln1, gathered_);
+  k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, ln1_rows, Wg(kQkvW), N, C, Ql_, precision_);
+  if (kv_replicas_ > 1) add_kv_replica_grads(Gw(kQkvW), G(kQkvB), ln1_rows, N);
   dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean, a.ln1_rstd, Nl);
   store_->release_params(u);

@@ -263,6 +263,7 @@ class Gpt {
   Recompute recompute_of(int l) const;
   void count_block_flops(int B, int T, bool recomputing, bool attention_only);
   void block_backward(int l, const float* block_in, int B, int T);
+  void add_kv_replica_grads(kernels::GradOutput dqkv_weight, float* dqkv_bias, const float* inp, int N);
 
   GptConfig config_;
   ParamLayout layout_;
@@ -278,6 +279,8 @@ class Gpt {
   // by every block in backward, and buffers for the tensor-parallel exchanges.
   Buffer<float> shared_;
   float *dresidual_, *dln_, *datty_, *dqkv_, *dfch_, *dfch_gelu_;
+  float* kv_exchange_ = nullptr;  // [kv heads, N, 2hs] replicated heads' k, v gradients
+  int kv_replicas_ = 1;           // tp ranks holding each key/value head
   float* partial_;   // [B,T,C] a row-parallel linear's output before the tp reduction
   float* gathered_;  // [B,T,C] an all-gathered residual-stream tensor (sequence parallel)
   bool sp_ = false;

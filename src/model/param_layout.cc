@@ -83,12 +83,13 @@ void ParamLayout::add_llama_block(const GptConfig& c, int l) {
   add(p + "input_layernorm.weight", {C}, S::kReplicated, false, false, l, kLn1W, false);
   if (layernorm) add(p + "input_layernorm.bias", {C}, S::kReplicated, false, false, l, kLn1B, false);
   add(p + "self_attn.q_proj.weight", {C, C}, S::kRows, true, false, l, kQkvW, true);
-  add(p + "self_attn.k_proj.weight", {KV, C}, S::kRows, true, false, l, -1, true);
-  add(p + "self_attn.v_proj.weight", {KV, C}, S::kRows, true, false, l, -1, true);
+  const int NKV = c.kv_head_count();
+  add(p + "self_attn.k_proj.weight", {KV, C}, S::kKvHeadRows, true, false, l, -1, true, NKV);
+  add(p + "self_attn.v_proj.weight", {KV, C}, S::kKvHeadRows, true, false, l, -1, true, NKV);
   if (bias) {
     add(p + "self_attn.q_proj.bias", {C}, S::kRows, false, false, l, kQkvB, false);
-    add(p + "self_attn.k_proj.bias", {KV}, S::kRows, false, false, l, -1, false);
-    add(p + "self_attn.v_proj.bias", {KV}, S::kRows, false, false, l, -1, false);
+    add(p + "self_attn.k_proj.bias", {KV}, S::kKvHeadRows, false, false, l, -1, false, NKV);
+    add(p + "self_attn.v_proj.bias", {KV}, S::kKvHeadRows, false, false, l, -1, false, NKV);
   }
   add(p + "self_attn.o_proj.weight", {C, C}, S::kCols, true, false, l, kAttProjW, true);
   if (bias) add(p + "self_attn.o_proj.bias", {C}, S::kReplicated, false, false, l, kAttProjB, false);
@@ -148,15 +149,19 @@ size_t ParamLayout::offset_in_unit(const ParamTensor& t) const {
 }
 
 void ParamLayout::add(std::string name, std::vector<int64_t> global_shape, TpSplit split,
-                      bool decay, bool hf_transposed, int layer, int slot, bool linear) {
+                      bool decay, bool hf_transposed, int layer, int slot, bool linear, int kv_heads) {
   if (slot >= 0) building_[slot] = (int)tensors_.size();
   ParamTensor t;
   t.name = std::move(name);
   t.split = split;
   t.layer = layer;
+  t.kv_heads = kv_heads;
   t.global_shape = global_shape;
   std::vector<int64_t> shape = global_shape;  // dims divisible by tp: validated by the caller
   if (split == TpSplit::kRows || split == TpSplit::kQkvRows) shape[0] /= tp_;
+  if (split == TpSplit::kKvHeadRows) shape[0] = shape[0] / kv_heads * std::max(1, kv_heads / tp_);
+  t.tp_copy = (split == TpSplit::kReplicated && tp_rank_ > 0) ||
+              (split == TpSplit::kKvHeadRows && kv_heads < tp_ && tp_rank_ % (tp_ / kv_heads) != 0);
   if (split == TpSplit::kCols) shape[1] /= tp_;
   t.numel = 1;
   for (int64_t d : shape) t.numel *= (size_t)d;
@@ -198,6 +203,13 @@ void for_each_run(const ParamTensor& t, int tp, int r, Copy copy) {
       const size_t block = (size_t)g[0] / 3, rows = block / tp;
       for (size_t j = 0; j < 3; j++)
         copy((j * block + r * rows) * cols, j * rows * cols, rows * cols);
+      return;
+    }
+    case TpSplit::kKvHeadRows: {  // heads [first, first + held) of g[0] / kv_heads rows each
+      const size_t head_rows = (size_t)g[0] / t.kv_heads;
+      const int held = std::max(1, t.kv_heads / tp);
+      const int first = t.kv_heads >= tp ? r * held : r / (tp / t.kv_heads);
+      copy((size_t)first * head_rows * cols, 0, (size_t)held * head_rows * cols);
       return;
     }
     case TpSplit::kCols: {

@@ -18,6 +18,10 @@ enum class TpSplit {
   kRows,        // dim 0 split in t contiguous parts (column-parallel weights, their biases, wte)
   kQkvRows,     // dim 0 = [q; k; v], each split by heads: rank r holds its heads of all three
   kCols,        // dim 1 split in t contiguous parts (row-parallel weights)
+  // dim 0 = key/value heads (k_proj, v_proj and their biases): split by heads over tp, or,
+  // with fewer heads than ranks, rank r holds head r / (t / heads), each head on t / heads
+  // ranks whose weight gradients Gpt sums (Megatron's replication).
+  kKvHeadRows,
 };
 
 struct ParamTensor {
@@ -37,6 +41,10 @@ struct ParamTensor {
   // A linear layer's weight: its gradient is one GEMM's product per micro-batch, which the
   // GEMM can add into a 16-bit gradient itself (wte's also takes the embedding's rows).
   bool gemm_grad = false;
+  int kv_heads = 0;            // kKvHeadRows: the key/value heads of dim 0
+  // Another tp rank holds the same elements and counts them (in the gradient norm):
+  // replicated tensors on tp ranks > 0, a replicated key/value head on all but its first rank.
+  bool tp_copy = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
   int unit = -1;               // the local unit holding it (ParamLayout::units())
   // wte or an untied head: padded vocabulary rows (zero, no gradient, unpadded in HF files).
@@ -124,7 +132,7 @@ class ParamLayout {
   // Adds a tensor in `slot` of the unit being built (-1: none, a fused weight's later part).
   // linear: a linear layer's weight, read only by GEMMs (gemm_weight, gemm_grad).
   void add(std::string name, std::vector<int64_t> global_shape, TpSplit split, bool decay,
-           bool hf_transposed, int layer, int slot, bool linear);
+           bool hf_transposed, int layer, int slot, bool linear, int kv_heads = 0);
   void close_unit(int id, size_t first_tensor);
   void add_gpt2_block(const GptConfig& c, int l);
   void add_llama_block(const GptConfig& c, int l);

@@ -79,7 +79,7 @@ std::vector<AdamSegment> full_segments(const model::ParamLayout& layout) {
   std::vector<AdamSegment> out;
   for (const auto& t : layout.tensors())
     out.push_back({t.offset, t.offset, t.offset, t.numel, t.decay,
-                   t.split == model::TpSplit::kReplicated, layout.unit_of(t)});
+                   t.tp_copy, layout.unit_of(t)});
   return out;
 }
 

@@ -44,7 +44,7 @@ float clip_grads(float* grads, size_t n, double norm, float max_norm, double los
 struct AdamSegment {
   size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
   bool decay = false;
-  bool tp_replicated = false;  // every tensor-parallel rank holds these elements
+  bool tp_copy = false;  // another tensor-parallel rank holds these elements and counts them
   int unit = -1;               // the layout unit the elements belong to
 };
 

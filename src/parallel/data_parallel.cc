@@ -261,14 +261,13 @@ void DataParallel::sum_tied_embedding() {
 
 double DataParallel::grad_norm() {
   // The optimizer's segments are exactly this rank's reduced gradient elements. Stage 0
-  // ranks all hold the whole gradient, stages 1-3 a shard each; tp-replicated elements
-  // are identical on every tp rank and count on tp rank 0 only.
-  const bool skip_replicated = tp_ && tp_->rank() > 0;
+  // ranks all hold the whole gradient, stages 1-3 a shard each; elements several tp ranks
+  // hold (replicated tensors, replicated key/value heads) count on one of them only.
   // The pipeline's last stage holds the second copy of the tied embedding.
   const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
   double local = 0;
   for (const auto& s : adamw_->segments()) {
-    if (s.tp_replicated && skip_replicated) continue;
+    if (s.tp_copy) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
     local += half_storage() ? optim::sum_of_squares(storage(), grads16_.data() + s.grad_offset, s.count)
                             : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);

@@ -39,7 +39,7 @@ std::vector<optim::AdamSegment> ShardLayout::adam_segments(const model::ParamLay
     // Position inside this rank's local shard buffer.
     const size_t local = units_[u].local_offset + (begin - own_begin(u));
     out.push_back({params_local ? local : begin, grads_local ? local : begin, local, end - begin,
-                   t.decay, t.split == model::TpSplit::kReplicated, layout.unit_of(t)});
+                   t.decay, t.tp_copy, layout.unit_of(t)});
   }
   return out;
 }

@@ -4,7 +4,8 @@
 // rows and must match the single-rank run with the tolerances of the GPT-2 matrices: the
 // loss within 1e-5 at every step, the gradient norm within 1e-5 relative, the final weights
 // within 3e-5 (99.9% of them within 1e-6).
-//   dp 2 with ZeRO 0-3; tp 2 (one kv head per rank), with and without sp; pp 2 (the
+//   dp 2 with ZeRO 0-3; tp 2 (one kv head per rank), with and without sp; tp 4 (each of
+//   the 2 kv heads replicated on 2 ranks, Megatron's rule), with and without sp; pp 2 (the
 //   embedding on the first stage, the untied head on the last) with 1F1B and GPipe; tp 2 x
 //   dp 2; pp 2 x dp 2 x ZeRO 1; selective and full recomputation.
 #include <gtest/gtest.h>
@@ -48,6 +49,8 @@ const std::vector<Cell> kCells = {
     {"--dp 2 --zero 3", 2, 4},
     {"--tp 2", 2},
     {"--tp 2 --sp", 2},
+    {"--tp 4", 4},  // 2 key/value heads over 4 ranks: each replicated on 2
+    {"--tp 4 --sp", 4},
     {"--pp 2 --schedule 1f1b", 2, 2, 4},
     {"--pp 2 --schedule gpipe", 2, 2, 4},
     {"--tp 2 --dp 2", 4, 4},
@@ -124,20 +127,28 @@ TEST_F(LlamaParallel, HalfPrecisionTracksFp32) {
 }
 
 // A Llama run's checkpoint resumes bit for bit in its own layout (pp 2, the untied head on
-// the last stage) and within 1e-5 under another (dp 2 x ZeRO 3); optimizer offload to files
+// the last stage) and within 1e-5 under another (dp 2 x ZeRO 3); a tp 4 run, whose ranks
+// each save and load a replica of a key/value head, resumes bit for bit; optimizer offload to files
 // trains bit-identically to the in-memory run.
 TEST_F(LlamaParallel, ResumesAcrossLayoutsAndOffloads) {
   ensure({{kReference.args(), 1}});
   const Metrics ref = metrics_of(kReference.args());
   const std::string base = " --steps 10 --save-every 5 --keep-checkpoints 0";
   const std::string pp2 = "--pp 2 --micro-batch 2 --grad-accum 4" + base, dp2 = "--dp 2 --zero 3 --micro-batch 4" + base;
+  const std::string tp4 = "--tp 4 --micro-batch 8" + base;  // replicated key/value heads
   const std::string full = path("full"), same = path("same"), other = path("other");
-  Job first = run_now(train(pp2 + " --quiet --out " + full), 2);
+  const std::string wide_full = path("wide_full"), wide = path("wide");
+  Job first, first_wide;
+  first.cmd = train(pp2 + " --quiet --out " + full), first.ranks = 2;
+  first_wide.cmd = train(tp4 + " --quiet --out " + wide_full), first_wide.ranks = 4;
+  run_jobs({&first, &first_wide}, dir_);
   ASSERT_EQ(first.result.exit_code, 0) << describe(first.result);
-  const Metrics whole = read_metrics(full + "/metrics.jsonl");
+  ASSERT_EQ(first_wide.result.exit_code, 0) << describe(first_wide.result);
+  const Metrics whole = read_metrics(full + "/metrics.jsonl"), whole_wide = read_metrics(wide_full + "/metrics.jsonl");
   ASSERT_EQ(whole.steps.size(), 10u);
-  for (const std::string& dir : {same, other}) {  // interrupted after step 5's checkpoint
-    fs::copy(full, dir, fs::copy_options::recursive);
+  for (const auto& [from, dir] : {std::pair{full, same}, {full, other}, {wide_full, wide}}) {
+    // interrupted after step 5's checkpoint
+    fs::copy(from, dir, fs::copy_options::recursive);
     fs::remove_all(step_dir(dir, 10));
     std::string kept;
     for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
@@ -146,20 +157,26 @@ TEST_F(LlamaParallel, ResumesAcrossLayoutsAndOffloads) {
     }
     write_file(dir + "/metrics.jsonl", kept);
   }
-  Job resumed_same, resumed_other, offloaded;
+  Job resumed_same, resumed_other, resumed_wide, offloaded;
   resumed_same.cmd = train(pp2 + " --quiet --out " + same + " --resume"), resumed_same.ranks = 2;
   resumed_other.cmd = train(dp2 + " --quiet --out " + other + " --resume"), resumed_other.ranks = 2;
   offloaded.cmd = train(kReference.args() + " --offload optimizer=nvme --offload-dir " + path("files") +
                         " --offload-chunk-mb 0.05 --quiet --out " + path("offloaded"));
-  run_jobs({&resumed_same, &resumed_other, &offloaded}, dir_);
-  for (const Job* j : {&resumed_same, &resumed_other, &offloaded}) ASSERT_EQ(j->result.exit_code, 0) << describe(j->result);
-  const Metrics ms = read_metrics(same + "/metrics.jsonl"), mo = read_metrics(other + "/metrics.jsonl");
+  resumed_wide.cmd = train(tp4 + " --quiet --out " + wide + " --resume"), resumed_wide.ranks = 4;
+  run_jobs({&resumed_same, &resumed_other, &resumed_wide, &offloaded}, dir_);
+  for (const Job* j : {&resumed_same, &resumed_other, &resumed_wide, &offloaded})
+    ASSERT_EQ(j->result.exit_code, 0) << describe(j->result);
+  const Metrics ms = read_metrics(same + "/metrics.jsonl"), mo = read_metrics(other + "/metrics.jsonl"),
+                mw = read_metrics(wide + "/metrics.jsonl");
   ASSERT_EQ(ms.steps.size(), 10u);
   ASSERT_EQ(mo.steps.size(), 10u);
+  ASSERT_EQ(mw.steps.size(), 10u);
   for (int s = 6; s <= 10; s++) {
     EXPECT_EQ(bits(ms.steps[s - 1]["loss"]), bits(whole.steps[s - 1]["loss"])) << "same layout, step " << s;
     EXPECT_NEAR(mo.steps[s - 1]["loss"].get<double>(), whole.steps[s - 1]["loss"].get<double>(), kLossTol)
         << "dp 2 x ZeRO 3 after a pp 2 checkpoint, step " << s;
+    EXPECT_EQ(bits(mw.steps[s - 1]["loss"]), bits(whole_wide.steps[s - 1]["loss"]))
+        << "tp 4 (replicated kv heads), step " << s;
   }
   const Metrics off = read_metrics(path("offloaded") + "/metrics.jsonl");
   ASSERT_EQ(off.steps.size(), (size_t)kSteps);
@@ -167,10 +184,11 @@ TEST_F(LlamaParallel, ResumesAcrossLayoutsAndOffloads) {
     EXPECT_EQ(bits(off.steps[s]["loss"]), bits(ref.steps[s]["loss"])) << "offloaded, step " << s + 1;
 }
 
-// Fewer key/value heads than tp ranks (Megatron replicates them) is not supported yet: it
-// is refused by name, on every rank, before any step.
+// Key/value heads that neither split over the tp ranks nor divide them (3 over 2) are
+// refused by name, on every rank, before any step.
 TEST_F(LlamaParallel, KvHeadsThatDoNotSplitAreRefused) {
-  expect_all_rejected({{"--tp 4 --micro-batch 8", 4, {"--tp 4 does not divide the key/value heads (2)"}}}, true);
+  expect_all_rejected(
+      {{"--tp 2 --dim 96 --heads 6 --kv-heads 3 --micro-batch 8", 2, {"--tp 2 and the 3 key/value heads"}}}, true);
 }
 
 }  // namespace

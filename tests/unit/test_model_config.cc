@@ -69,10 +69,19 @@ TEST(ModelConfig, BadPartsAreNamed) {
   GptConfig theta = c;
   theta.rope_theta = 0.5;
   fails(theta, "--rope-theta");
-  const Status tp = validate_tp(c, 4);
-  ASSERT_FALSE(tp.is_ok());
-  EXPECT_NE(tp.message().find("key/value heads (2)"), std::string::npos) << tp.message();
+  // 2 key/value heads: split over 2 ranks, replicated over 4 (each head on 2 ranks).
   EXPECT_TRUE(validate_tp(c, 2).is_ok());
+  EXPECT_TRUE(validate_tp(c, 4).is_ok());
+  EXPECT_EQ(c.kv_heads_per_rank(2), 1);
+  EXPECT_EQ(c.kv_replicas(2), 1);
+  EXPECT_EQ(c.kv_heads_per_rank(4), 1);
+  EXPECT_EQ(c.kv_replicas(4), 2);
+  EXPECT_EQ(c.qkv_dim_per_rank(4), 64 / 4 + 2 * 16);
+  GptConfig three = c;  // 3 key/value heads over 2 ranks: neither splits nor divides
+  three.dim = 96, three.heads = 6, three.kv_heads = 3, three.ffn_dim = 256;
+  const Status tp = validate_tp(three, 2);
+  ASSERT_FALSE(tp.is_ok());
+  EXPECT_NE(tp.message().find("--tp 2 and the 3 key/value heads"), std::string::npos) << tp.message();
 }
 
 TEST(ModelConfig, JsonRoundTripsEveryPart) {
