@@ -404,7 +404,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     }
     // The tied embedding's gradients swapped between the first and last stage.
     double tied = 0;
-    if (p > 1 && (r == 0 || r == p - 1)) {
+    if (p > 1 && (r == 0 || r == p - 1) && !layout.has_untied_head()) {
       const int E = layout.embedding_unit();
       const double n = l.zero == 0 ? (double)layout.units()[E].numel
                                    : (double)(shards.own_end(E) - shards.own_begin(E));

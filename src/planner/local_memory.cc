@@ -210,19 +210,22 @@ struct RankReplay {
     if (hold) store->acquire_params(E);
     if (first(c)) store->acquire_params(E), store->release_params(E);
     for (int l = chunks()[c].begin; l < chunks()[c].end; l++) block_forward(l);
-    if (last(c)) {
+    if (last(c)) {  // the final norm, and the head: wte when tied, else in the final unit
       const int F = layout.final_unit();
       store->acquire_params(F), store->release_params(F);
-      store->acquire_params(E), store->release_params(E);
+      if (!layout.has_untied_head()) store->acquire_params(E), store->release_params(E);
     }
     if (hold) store->release_params(E);
   }
   void backward(int c) {
     store->begin_pass(false);
     if (last(c)) {
-      const int E = layout.embedding_unit(), F = layout.final_unit();
-      store->acquire_params(E), store->acquire_grads(E), store->release_params(E);
-      if (!layout.has_layer(0)) store->release_grads(E);
+      const int F = layout.final_unit();
+      if (!layout.has_untied_head()) {  // the tied head's gradient goes into wte's
+        const int E = layout.embedding_unit();
+        store->acquire_params(E), store->acquire_grads(E), store->release_params(E);
+        if (!layout.has_layer(0)) store->release_grads(E);
+      }
       store->acquire_params(F), store->acquire_grads(F), store->release_params(F), store->release_grads(F);
     }
     for (int l = chunks()[c].end - 1; l >= chunks()[c].begin; l--) {
@@ -280,7 +283,8 @@ struct RankReplay {
       pipeline();
     }
     store->end_micro_batch();  // finish_reductions: every reduction retired
-    if (p > 1 && (rank == 0 || rank == p - 1) && layout.has_embedding()) store->tied_exchange();
+    if (p > 1 && (rank == 0 || rank == p - 1) && layout.has_embedding() && !layout.has_untied_head())
+      store->tied_exchange();
     store->gather_updated_params();
   }
 

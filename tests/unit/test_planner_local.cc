@@ -211,6 +211,49 @@ TEST_F(PlannerLocal, LocalLayoutsMatchTheEngine) {
   }
 }
 
+// A Llama block (RMSNorm, GQA with 2 key/value heads, SwiGLU, an untied head) as the engine
+// runs it: the replayed peak equals the tracker's to the byte, in layouts that split its
+// new parts (tp 2 with sp: one kv head per rank; tp 4: each replicated on two ranks, with
+// the exchange buffer; pp 2: the untied head on the last stage; dp 2 ZeRO-3).
+TEST_F(PlannerLocal, LlamaMemoryIsExactToTheByte) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
+#endif
+  ASSERT_TRUE(data_ok_);
+  model::GptConfig config;
+  config.layers = 2, config.dim = 64, config.heads = 4, config.max_seq_len = 64, config.vocab = 512;
+  ASSERT_TRUE(model::apply_arch("llama", &config).is_ok());
+  config.kv_heads = 2;
+  const std::string flags = "--arch llama --layers 2 --dim 64 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
+                            "--micro-batch 4 --steps 2 --threads 1 --eval-every 0 --peak-gflops 100 --quiet";
+  struct Case {
+    const char* name;
+    std::string flags;
+    Layout layout;
+  };
+  const std::vector<Case> llama_cases = {{"tp2 sp", "--tp 2 --sp", layout(2, 1, 1, 0, 1, true)},
+                                         {"tp4 (replicated kv)", "--tp 4", layout(4, 1, 1, 0, 1)},
+                                         {"pp2 1f1b", "--pp 2 --grad-accum 4", layout(1, 2, 1, 0, 4)},
+                                         {"dp2 zero3", "--dp 2 --zero 3", layout(1, 1, 2, 3, 1)}};
+  const Cluster cluster = local_cluster(1, 200, 600);
+  LocalRun lr;
+  lr.threads = 1;
+  for (const Case& c : llama_cases) {
+    SCOPED_TRACE(c.name);
+    const std::string out = dir_ + "/llama_" + std::to_string(&c - llama_cases.data());
+    const cli_test::RunResult r = cli_test::run("timeout -k 10 120 " + cli_test::kBinary + " train --data " + dir_ +
+                                                " " + flags + " " + c.flags + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << cli_test::describe(r);
+    const cli_test::Metrics m = cli_test::read_metrics(out + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 2u);
+    Prediction p;
+    std::vector<EngineMemory> ranks;
+    ASSERT_TRUE(predict_local(config, c.layout, lr, cluster, &p, &ranks).is_ok());
+    EXPECT_EQ(ranks[0].total, m.steps.back()["mem"]["total"].get<double>());
+    fs::remove_all(out);
+  }
+}
+
 // Without runs: the replayed memory is built from the engine's own accounting.
 TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
   const model::GptConfig config = test_model();

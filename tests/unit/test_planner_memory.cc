@@ -65,10 +65,16 @@ TEST(PlannerMemory, ZeroPaperTable1) {
 // The tracker's parameter, gradient and optimizer bytes of a real rank (its model and its
 // DataParallel store for a dp group of N, laid out without running) equal the accounting
 // for that rank's shards, to the byte: the whole model and a pipeline stage, every stage,
-// fp32 storage (4 + 4 + 8) and 16-bit storage with fp32 master weights (2 + 2 + 12).
+// fp32 storage (4 + 4 + 8) and 16-bit storage with fp32 master weights (2 + 2 + 12), for a
+// GPT-2 and a Llama (its untied head in the last stage's unit).
 TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
-  model::GptConfig c;
-  c.layers = 3, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
+  model::GptConfig gpt2;
+  gpt2.layers = 3, gpt2.heads = 4, gpt2.dim = 64, gpt2.max_seq_len = 32, gpt2.vocab = 1000;
+  model::GptConfig llama = gpt2;  // RMSNorm, no biases, GQA, SwiGLU, an untied head
+  ASSERT_TRUE(model::apply_arch("llama", &llama).is_ok());
+  llama.kv_heads = 2;
+  for (const model::GptConfig& c : {gpt2, llama}) {
+  SCOPED_TRACE(model::arch_name(c));
   auto current = [] { return MemoryTracker::instance().stats().current; };
   auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
   using kernels::Precision;
@@ -93,6 +99,7 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
           EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
         }
       }
+  }
 }
 
 // With bf16 storage a unit in use holds an fp32 copy of its other tensors only: the GEMMs
