@@ -85,7 +85,7 @@ Command add_bench_command(CLI::App& app) {
               std::vector<kernels::Precision> precisions;
               for (const std::string& name : *peak_precision) {
                 kernels::Precision p;
-                if (Status s = train::parse_precision(name, &p); !s.is_ok()) return fail(s);
+                if (Status s = train::parse_precision_flag(name, &p); !s.is_ok()) return fail(s);
                 precisions.push_back(p);
               }
               std::printf("%s", machine::machine_summary().c_str());

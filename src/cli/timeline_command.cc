@@ -8,6 +8,7 @@
 #include "parallel/pp/schedule.h"
 #include "plot/run_plot.h"
 #include "plot/timeline_svg.h"
+#include "parallel/pp/sim_trace.h"
 #include "trace/timeline.h"
 
 namespace meshtrain::cli {
@@ -31,7 +32,7 @@ Status simulated_timeline(const TimelineArgs& a, trace::Timeline* out, std::stri
   RETURN_IF_ERROR(pp::simulate(kind, a.pp, a.micro_batches, a.virtual_stages, 1, 2, &sim));
   *source = "simulated " + a.simulate + " p=" + std::to_string(a.pp) + " m=" + std::to_string(a.micro_batches) +
             " v=" + std::to_string(a.virtual_stages) + ", forward 1 ms, backward 2 ms";
-  return trace::analyze(trace::simulated_trace(sim), std::nullopt, out);
+  return trace::analyze(pp::simulated_trace(sim), std::nullopt, out);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {

@@ -25,7 +25,7 @@ Status TokenLoader::check(int G, int T, int vocab) const {
                          " tokens, fewer than one global batch needs (" + std::to_string(G) +
                          " rows x " + std::to_string(T) + " tokens + 1)");
   auto max_it = std::max_element(tokens_.begin(), tokens_.end());
-  if (max_it != tokens_.end() && *max_it >= vocab)
+  if (max_it != tokens_.end() && *max_it >= (Token)vocab)
     return Status::error(path_ + " contains token id " + std::to_string(*max_it) +
                          ", outside the model's vocabulary of " + std::to_string(vocab));
   return Status::ok();

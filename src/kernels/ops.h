@@ -12,6 +12,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
+
+#include "core/status.h"
 
 namespace meshtrain::kernels {
 
@@ -25,7 +28,8 @@ namespace meshtrain::kernels {
 // or two fp16 values fits an fp32 mantissa, so only the order of the fp32 additions can
 // differ from a native 16-bit unit.
 enum class Precision { kFp32, kBf16, kFp16 };
-const char* precision_name(Precision p);
+const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
+Status parse_precision(const std::string& name, Precision* out);
 
 // How bf16 GEMMs run on this machine, decided once at first use from oneDNN's effective ISA
 // (the CPU's, capped by ONEDNN_MAX_CPU_ISA): kOneDnn where it includes AVX512_BF16 or AMX and

@@ -12,6 +12,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/recompute.h"
 #include "model/param_layout.h"
 #include "model/param_store.h"
 
@@ -41,7 +42,7 @@ struct BlockActivations {
 //   kNone: everything; kSelective: all but the attention core's output and log-sum-exp,
 //   recomputed from the stored qkv in backward; kFull: only the block's output (the next
 //   block's input), the whole block recomputed in backward.
-enum class Recompute { kNone, kSelective, kFull };
+// (model::Recompute, model/recompute.h.)
 
 // The activation inventory of one tensor-parallel rank for B x T micro-batches, in floats
 // (activations are fp32), as a Gpt lays it out; computed without a model or an allocation,

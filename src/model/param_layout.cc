@@ -7,7 +7,7 @@
 namespace meshtrain::model {
 
 ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part)
-    : tp_(tp), tp_rank_(tp_rank), untied_head_(!c.tied_head) {
+    : untied_head_(!c.tied_head), tp_(tp), tp_rank_(tp_rank) {
   using S = TpSplit;
   building_.fill(-1);
   const int64_t C = c.dim;

@@ -11,24 +11,6 @@
 
 namespace meshtrain::planner {
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::kBf16:
-      return "bf16";
-    case Precision::kFp16:
-      return "fp16";
-    case Precision::kFp32:
-      return "fp32";
-  }
-  return "?";
-}
-
-Status parse_precision(const std::string& name, Precision* out) {
-  for (Precision p : {Precision::kBf16, Precision::kFp16, Precision::kFp32})
-    if (name == precision_name(p)) return *out = p, Status::ok();
-  return Status::error("unknown precision '" + name + "' (choose bf16, fp16 or fp32)");
-}
-
 double GemmEfficiency::at(double m, double n, double k) const {
   const double d = std::min({m, n, k});
   return d <= 0 ? 0 : max_fraction * d / (d + half_dim);

@@ -11,14 +11,14 @@
 #include <vector>
 
 #include "core/status.h"
+#include "kernels/ops.h"
 
 namespace meshtrain::planner {
 
-enum class Precision { kBf16, kFp16, kFp32 };
-
-// "bf16", "fp16", "fp32".
-const char* precision_name(Precision p);
-Status parse_precision(const std::string& name, Precision* out);
+// The engine's enum (kernels/ops.h), also the planner's.
+using kernels::Precision;
+using kernels::parse_precision;
+using kernels::precision_name;
 // Bytes of one element of activations, gradients and messages in this precision.
 inline double element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 

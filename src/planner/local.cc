@@ -181,18 +181,6 @@ LayerTime layer_time(const Dims& d, model::Recompute r, const Costs& k) {
   return lt;
 }
 
-model::Recompute engine_recompute(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return model::Recompute::kNone;
-    case Recompute::kSelective:
-      return model::Recompute::kSelective;
-    case Recompute::kFull:
-      return model::Recompute::kFull;
-  }
-  return model::Recompute::kNone;
-}
-
 }  // namespace
 
 Cluster local_cluster(int threads_per_rank, double peak_gflops_fp32, double peak_gflops_bf16) {
@@ -284,7 +272,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
   std::vector<int> stage_layers;
   if (p > 1) RETURN_IF_ERROR(pp::split_layers(config, B, T, p * v, run.stage_layers, &stage_layers));
-  const model::Recompute recompute = engine_recompute(l.recompute);
+  const model::Recompute recompute = l.recompute;
   const model::ActivationInventory inv = model::activation_inventory(config, B, T, t, l.sp);
 
   // ---- Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0) ----

@@ -37,24 +37,6 @@ Status parse_attention(const std::string& name, Attention* out) {
   return Status::error("unknown attention kernel '" + name + "' (choose fused or unfused)");
 }
 
-const char* recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::kNone:
-      return "none";
-    case Recompute::kSelective:
-      return "selective";
-    case Recompute::kFull:
-      return "full";
-  }
-  return "?";
-}
-
-Status parse_recompute(const std::string& name, Recompute* out) {
-  for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
-    if (name == recompute_name(r)) return *out = r, Status::ok();
-  return Status::error("unknown recompute mode '" + name + "' (choose none, selective or full)");
-}
-
 namespace {
 
 // Key/value heads one of t tensor-parallel ranks holds: its share, or one replicated head

@@ -26,6 +26,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "model/recompute.h"
 #include "parallel/pp/schedule.h"
 #include "planner/cluster.h"
 
@@ -66,9 +67,10 @@ enum class Attention { kFused, kUnfused };
 const char* attention_name(Attention a);  // "fused", "unfused"
 Status parse_attention(const std::string& name, Attention* out);
 
-enum class Recompute { kNone, kSelective, kFull };
-const char* recompute_name(Recompute r);  // "none", "selective", "full"
-Status parse_recompute(const std::string& name, Recompute* out);
+// The engine's enum (model/recompute.h), also the planner's.
+using model::Recompute;
+using model::parse_recompute;
+using model::recompute_name;
 
 struct Layout {
   int tp = 1, pp = 1, dp = 1;

@@ -178,29 +178,4 @@ Status read_timeline(const std::string& path, std::optional<int> step, Timeline*
   return analyze(events, step, out).with_context(path);
 }
 
-json simulated_trace(const parallel::pp::SimResult& sim, int step) {
-  using parallel::pp::ActionKind;
-  int chunks = 1;
-  for (const auto& rank : sim.spans)
-    for (const auto& s : rank) chunks = std::max(chunks, s.chunk + 1);
-  json events = json::array();
-  for (size_t r = 0; r < sim.spans.size(); ++r) {
-    std::vector<SpanRecord> spans;
-    for (const auto& s : sim.spans[r]) {
-      bool forward = s.kind == ActionKind::kForward;
-      // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + string.
-      std::string name = forward ? "F" : "B";
-      name += std::to_string(s.microbatch);
-      if (chunks > 1) {
-        name += '.';
-        name += std::to_string(s.chunk);
-      }
-      spans.push_back({Lane::kCompute, name, forward ? category::kForward : category::kBackward, s.start * 1000,
-                       s.end * 1000, {{"step", step}, {"mb", s.microbatch}, {"chunk", s.chunk}}});
-    }
-    for (json& e : trace_events(static_cast<int>(r), spans)) events.push_back(std::move(e));
-  }
-  return events;
-}
-
 }  // namespace meshtrain::trace

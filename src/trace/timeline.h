@@ -16,7 +16,6 @@
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
-#include "parallel/pp/schedule.h"
 #include "trace/trace.h"
 
 namespace meshtrain::trace {
@@ -60,8 +59,6 @@ Status analyze(const nlohmann::json& events, std::optional<int> step, Timeline* 
 // read_trace() then analyze(); errors name the file.
 Status read_timeline(const std::string& path, std::optional<int> step, Timeline* out);
 
-// The theoretical timeline of a simulated schedule as trace events: rank r's forwards and
-// backwards on its compute lane, tagged with `step`, one simulator time unit = 1 ms.
-nlohmann::json simulated_trace(const parallel::pp::SimResult& sim, int step = 0);
+// A simulated schedule becomes trace events through parallel/pp/sim_trace.h.
 
 }  // namespace meshtrain::trace

@@ -21,7 +21,7 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   RETURN_IF_ERROR(resolve_model(o, &config, &T));
   if (steps < 1 || warmup < 0) return Status::error("--steps must be >= 1 and --warmup >= 0");
   kernels::Precision precision;
-  RETURN_IF_ERROR(parse_precision(o.precision, &precision));
+  RETURN_IF_ERROR(parse_precision_flag(o.precision, &precision));
   const int threads = o.threads > 0 ? o.threads : (int)std::max(1u, std::thread::hardware_concurrency());
   omp_set_num_threads(threads);
   // Measured afresh (and not cached): the figure printed beside the result is this run's.

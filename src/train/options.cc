@@ -66,12 +66,9 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"peak_gflops", o.peak_gflops}};
 }
 
-Status parse_precision(const std::string& name, kernels::Precision* out) {
-  if (name == "fp32") *out = kernels::Precision::kFp32;
-  else if (name == "bf16") *out = kernels::Precision::kBf16;
-  else if (name == "fp16") *out = kernels::Precision::kFp16;
-  else return Status::error("--precision must be fp32, bf16 or fp16, got '" + name + "'");
-  return Status::ok();
+Status parse_precision_flag(const std::string& name, kernels::Precision* out) {
+  if (kernels::parse_precision(name, out).is_ok()) return Status::ok();
+  return Status::error("--precision must be fp32, bf16 or fp16, got '" + name + "'");
 }
 
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {

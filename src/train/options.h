@@ -83,8 +83,8 @@ struct TrainOptions {
 
 nlohmann::json to_json(const TrainOptions& o);
 
-// --precision as the kernels' enum; fp16 and unknown names are errors that say why.
-Status parse_precision(const std::string& name, kernels::Precision* out);
+// --precision as the kernels' enum; an unknown name is an error naming the flag.
+Status parse_precision_flag(const std::string& name, kernels::Precision* out);
 
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);

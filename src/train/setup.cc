@@ -329,7 +329,7 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
 // Checks without communication: flags, layout arithmetic, model shape, data files.
 Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::string* resume_dir) {
   RETURN_IF_ERROR(check_options(o));
-  RETURN_IF_ERROR(parse_precision(o.precision, &run->precision));
+  RETURN_IF_ERROR(parse_precision_flag(o.precision, &run->precision));
   run->opt = o;
   run->is_main = world.rank() == 0;
   run->threads = o.threads > 0 ? o.threads : default_threads(local_ranks());

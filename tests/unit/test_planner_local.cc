@@ -281,9 +281,7 @@ TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
     EXPECT_EQ(e.optim, st.optim);
     // Activations: whole sets of the inventory plus the shared scratch.
     const model::ActivationInventory inv = model::activation_inventory(config, 4, 64, c.layout.tp, c.layout.sp);
-    const model::Recompute r = c.layout.recompute == Recompute::kFull        ? model::Recompute::kFull
-                               : c.layout.recompute == Recompute::kSelective ? model::Recompute::kSelective
-                                                                             : model::Recompute::kNone;
+    const model::Recompute r = c.layout.recompute;
     const double shared = 4.0 * (double)(inv.recompute_scratch(r) + inv.gradient_scratch);
     EXPECT_GT(e.activations, shared);
     if (c.layout.pp == 1) {  // one set: the whole model

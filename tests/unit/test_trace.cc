@@ -27,6 +27,7 @@
 
 #include "cli_test_util.h"
 #include "parallel/pp/schedule.h"
+#include "parallel/pp/sim_trace.h"
 #include "plot/timeline_svg.h"
 #include "trace/timeline.h"
 #include "trace/trace.h"
@@ -73,7 +74,7 @@ json simulated(pp::ScheduleKind kind, int p, int m, int v, int step = 0) {
   pp::SimResult sim;
   Status s = pp::simulate(kind, p, m, v, 1, 2, &sim);
   EXPECT_TRUE(s.is_ok()) << s.message();
-  return simulated_trace(sim, step);
+  return pp::simulated_trace(sim, step);
 }
 
 Timeline analyzed(const json& events, std::optional<int> step = std::nullopt) {

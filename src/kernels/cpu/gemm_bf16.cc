@@ -28,6 +28,12 @@ const char* precision_name(Precision p) {
   }
 }
 
+Status parse_precision(const std::string& name, Precision* out) {
+  for (Precision p : {Precision::kFp32, Precision::kBf16, Precision::kFp16})
+    if (name == precision_name(p)) return *out = p, Status::ok();
+  return Status::error("unknown precision '" + name + "' (choose fp32, bf16 or fp16)");
+}
+
 namespace {
 
 using dnnl::memory;

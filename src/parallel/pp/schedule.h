@@ -68,7 +68,7 @@ struct SimResult {
   // set holds 1/v of the rank's layers, so peak / v is the memory in micro-batch units.
   std::vector<int> peak_in_flight;
   // Per rank: every forward and backward in execution order with its start and end, the
-  // schedule's theoretical timeline (trace/timeline.h turns it into a drawable trace).
+  // schedule's theoretical timeline (pp/sim_trace.h turns it into trace events).
   std::vector<std::vector<SimSpan>> spans;
 };
 
