@@ -72,7 +72,7 @@ Status plan_model(const PlanFlags& f, model::GptConfig* config, planner::ModelSh
     if (v < 0) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
   model::GptConfig& c = *config;
   if (f.layers) c.layers = f.layers;
-  if (f.heads) c.heads = f.heads, c.kv_heads = 0;
+  if (f.heads) c.heads = f.heads;  // the key/value heads stay: --kv-heads to change them
   if (f.dim) c.dim = f.dim;
   if (f.seq_len) seq = f.seq_len, c.max_seq_len = std::max(c.max_seq_len, f.seq_len);
   if (f.vocab) c.vocab = f.vocab;
