@@ -118,6 +118,12 @@ Command add_train_command(CLI::App& app) {
                   "ZeRO stage: 0 replicated, 1 optimizer state sharded, 2 + gradients, "
                   "3 + parameters (FSDP)")
       ->capture_default_str();
+  cmd->add_option("--zero3-gather", o->zero3_gather,
+                  "ZeRO-3 parameter gathers: step (each unit once per step, kept to the step's end: its "
+                  "full parameters resident meanwhile), use (at every forward and backward use: only the "
+                  "units in use resident), auto (step with --pp > 1, else use)")
+      ->check(CLI::IsMember({"auto", "step", "use"}))
+      ->capture_default_str();
   cmd->add_option("--bucket-mb", o->bucket_mb, "Gradient all-reduce bucket size (ZeRO 0)")
       ->capture_default_str();
   auto no_overlap = std::make_shared<bool>(false);

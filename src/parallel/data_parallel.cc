@@ -200,8 +200,20 @@ void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
   CHECK_MSG(tied_peer_ < 0 || layout_.has_embedding(), "a tied peer needs the embedding unit");
 }
 
+void DataParallel::drop_kept_gathers() {
+  if (config_.zero_stage != 3 || !config_.keep_gathered) return;
+  for (auto& g : gathered_) {
+    if (!g || g->refs > 0) continue;
+    if (g->request) g->request->wait();  // a prefetch never used
+    pool_.give(std::move(g->data));
+    if (!g->half.empty()) pool16_.give(std::move(g->half));
+    g.reset();
+  }
+}
+
 void DataParallel::begin_step(int micro_batches) {
   CHECK(micro_batches >= 1);
+  drop_kept_gathers();  // parameters gathered since (by an evaluation, say) are current, but freed
   zero_grads();
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
@@ -218,6 +230,7 @@ void DataParallel::finish_reductions() {
   }
   wait_pending();
   if (tied_peer_ >= 0) sum_tied_embedding();
+  drop_kept_gathers();  // the update changes the parameters: the next step gathers afresh
 }
 
 size_t DataParallel::reduced_range(int u, size_t* n) const {
@@ -358,10 +371,13 @@ DataParallel::Gathered& DataParallel::gather(int u) {
 
 // The unit the model will ask for after u in the current pass (-1: none worth fetching).
 int DataParallel::next_unit(int u) const {
-  const int E = layout_.embedding_unit(), F = layout_.final_unit();
-  if (pass_ == Pass::kForward) return u == F ? -1 : u + 1;  // E, B_0.., F
-  if (u == E) return F;                                      // head, then final norm
-  return u - 1 > E ? u - 1 : -1;                             // F, B_{L-1}..B_0
+  // A pipeline stage may hold neither the embedding nor the final norm: its units are then
+  // blocks in order. The last unit index is the final norm's when the part holds it.
+  const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
+  const bool tied_head = E >= 0 && !layout_.has_untied_head() && layout_.has_final_norm();
+  if (pass_ == Pass::kForward) return u == last ? -1 : u + 1;  // E, B_0.., F
+  if (tied_head && u == E) return last;                        // the tied head, then the final norm
+  return u - 1 > E ? u - 1 : -1;                               // F, B_{L-1}..B_0
 }
 
 DataParallel::PackedUnits::PackedUnits(const model::ParamLayout& layout,
@@ -446,6 +462,7 @@ void DataParallel::release_params(int u) {
   if (config_.zero_stage < 3 && !half_storage()) return;
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
   if (--gathered_[u]->refs > 0) return;
+  if (config_.zero_stage == 3 && config_.keep_gathered) return;  // until the step ends
   pool_.give(std::move(gathered_[u]->data));
   if (!gathered_[u]->half.empty()) pool16_.give(std::move(gathered_[u]->half));
   gathered_[u].reset();
@@ -470,8 +487,8 @@ float* DataParallel::acquire_grads(int u) {
 
 void DataParallel::release_grads(int u) {
   const int stage = config_.zero_stage;
-  if (stage >= 2) {
-    start_unit_reduce_scatter(u);
+  if (stage >= 2) {  // per micro-batch, or once the unit's last micro-batch is done
+    if (!config_.reduce_once_per_step || ++released_[u] == micro_batches_) start_unit_reduce_scatter(u);
     return;
   }
   if (half_storage()) {  // this micro-batch's fp32 gradient into the 16-bit accumulation

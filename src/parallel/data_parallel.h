@@ -18,7 +18,9 @@
 // Reductions start as soon as a unit's (or bucket's) gradients are final, so they overlap
 // the backward pass of earlier units; stages 0-1 reduce a unit only after its last
 // micro-batch (a unit is final once it has been released once per micro-batch of the step,
-// which holds for any pipeline schedule's order of backward passes).
+// which holds for any pipeline schedule's order of backward passes), and so do stages 2-3
+// with reduce_once_per_step (pipelines: one reduce-scatter per unit per step). With
+// keep_gathered, stage 3 gathers each unit once per step instead of at every use.
 #pragma once
 #include <memory>
 #include <vector>
@@ -37,6 +39,13 @@ struct DpConfig {
   // kFp32: fp32 parameters and gradients in the model's buffers. kBf16 / kFp16: 16-bit
   // parameters and gradients in this store, fp32 master weights in the optimizer.
   kernels::Precision storage = kernels::Precision::kFp32;
+  // Stages 2-3: accumulate a unit's gradient over every micro-batch of the step and
+  // reduce-scatter it once (torchtitan's FSDP under pipelines), instead of once per
+  // micro-batch. The unit's fp32 gradient stays whole from its first backward to its last.
+  bool reduce_once_per_step = false;
+  // Stage 3: a unit stays gathered from its first use in a step to the step's end (once
+  // per step, while the rank's units fit), instead of being gathered for every use.
+  bool keep_gathered = false;
 };
 
 // The full buffers a model keeps locally at a ZeRO stage (none with 16-bit storage).
@@ -113,6 +122,7 @@ class DataParallel : public model::ParamStore {
     int refs = 0;
   };
 
+  void drop_kept_gathers();  // keep_gathered: every unit kept since its first use
   void build_buckets();
   void start_bucket(size_t b);
   void complete_bucket(size_t b);

@@ -266,7 +266,8 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
   if (run.threads < 1) return Status::error("threads must be >= 1");
-  if (l.pp > 1 && l.zero >= 2) return Status::error("zero 2 and 3 cannot be combined with pp > 1 (the engine's rule)");
+  if (l.pp > 1 && l.zero >= 2)
+    return Status::error("zero 2 and 3 with pp > 1: the engine runs them (once per step), the local predictor does not model them yet");
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
   if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");

@@ -36,7 +36,7 @@ struct Candidate {
 // allow up to the layers (stages split as evenly as predicted times allow, so 126 layers
 // can take 16 stages), micro-batches 1-16 (powers of two), interleaving with v chunks per
 // rank where the layers split evenly and the micro-batches are a multiple of pp (Megatron's
-// rule), ZeRO 0-3 (0-1 with pp > 1, as the engine allows; 0 alone without dp), sp with tp >
+// rule), ZeRO 0-3 (0-1 with pp > 1: the engine runs 2-3 under pipelines once per step, which the time model does not model yet; 0 alone without dp), sp with tp >
 // 1, and the recomputation modes (selective only with unfused attention: a fused kernel
 // already recomputes its scores, so it equals none). GPipe is searched only when asked for
 // (1F1B has its bubble with less memory). Errors: no valid layout at all, naming why.

@@ -44,6 +44,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"loss_scale_backoff", o.loss_scale.backoff},
           {"loss_scale_min", o.loss_scale.min_scale},
           {"zero", o.zero},
+          {"zero3_gather", o.zero3_gather},
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},
           {"comm_timeout", o.comm_timeout},

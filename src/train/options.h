@@ -58,6 +58,9 @@ struct TrainOptions {
   std::string precision = "fp32";
   optim::LossScaleConfig loss_scale;  // fp16's dynamic loss scaling
   int zero = 0;               // ZeRO stage 0-3
+  // ZeRO-3 parameters: "step" gathers each unit once per step and keeps it to the step's
+  // end, "use" at every forward and backward use, "auto" step under pipelines, else use.
+  std::string zero3_gather = "auto";
   double bucket_mb = 25;      // stage-0 gradient bucket size
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)
   double comm_timeout = 300;  // seconds before a stuck collective aborts the job (0: never)

@@ -92,13 +92,6 @@ Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m
     return Status::error("--schedule interleaved needs the micro-batches per step (" + std::to_string(m) +
                          ", --grad-accum or --global-batch/(micro-batch x dp)) to be a multiple of --pp " +
                          std::to_string(shape.pp));
-  if (o.zero >= 2)
-    return Status::error(
-        "--zero " + std::to_string(o.zero) + " cannot be combined with --pp > 1: the pipeline runs "
-        "each micro-batch's backward separately, so ZeRO-2 would reduce-scatter every gradient once "
-        "per micro-batch (m times the data-parallel traffic) and ZeRO-3 would gather every "
-        "layer's parameters again for each micro-batch's forward and backward; use --zero 0 or 1 "
-        "with pipelines (DeepSpeed and Megatron-LM make the same restriction)");
   return Status::ok();
 }
 
@@ -262,6 +255,12 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
+  // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
+  // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
+  // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
+  const bool pipelined = run->mesh_shape.pp > 1;
+  dpc.reduce_once_per_step = pipelined;
+  dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined);
   if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
     model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
