@@ -399,8 +399,6 @@ TEST_F(DataParallel, BadLayoutsAreRejected) {
        {"--global-batch 8 is not divisible by --micro-batch x dp = 2 x 3"}},
       {"--dp 2 --zero 4 --micro-batch 4", 2, {"--zero must be 0, 1, 2 or 3, got 4"}},
       {"--tp 3 --micro-batch 4", 3, {"--tp 3 does not divide the number of heads (4)"}},
-      // ZeRO-2/3 would reduce (and gather) once per pipeline micro-batch.
-      {"--pp 2 --zero 2 --micro-batch 4", 2, {"--zero 2 cannot be combined with --pp > 1"}},
   };
   expect_all_rejected(cases);
 }
