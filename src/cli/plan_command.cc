@@ -124,7 +124,17 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   return Status::ok();
 }
 
-std::string stage_layers_text(const std::vector<int>& layers);
+// Layers per stage, runs of equal stages counted: "7,8(x14),7".
+std::string stage_layers_text(const std::vector<int>& layers) {
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j < layers.size() && layers[j] == layers[i]) j++;
+    out += (out.empty() ? "" : ",") + std::to_string(layers[i]) + (j - i > 1 ? "(x" + std::to_string(j - i) + ")" : "");
+    i = j;
+  }
+  return out;
+}
 
 // The layout in one line; the layers per stage where they are not all equal.
 std::string layout_name(const Candidate& c) {
@@ -137,18 +147,6 @@ std::string layout_name(const Candidate& c) {
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
   return even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
-}
-
-// Layers per stage, runs of equal stages counted: "7,8(x14),7".
-std::string stage_layers_text(const std::vector<int>& layers) {
-  std::string out;
-  for (size_t i = 0; i < layers.size();) {
-    size_t j = i;
-    while (j < layers.size() && layers[j] == layers[i]) j++;
-    out += (out.empty() ? "" : ",") + std::to_string(layers[i]) + (j - i > 1 ? "(x" + std::to_string(j - i) + ")" : "");
-    i = j;
-  }
-  return out;
 }
 
 // The model in words: its shape and the parts that are not GPT's.

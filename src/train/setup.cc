@@ -248,9 +248,8 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   comm::Group* tp = &run->mesh->tp();
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero, storage),
                                           tp, o.sp, run->part);
-  const model::Recompute mode = o.recompute == "full"        ? model::Recompute::kFull
-                                : o.recompute == "selective" ? model::Recompute::kSelective
-                                                             : model::Recompute::kNone;
+  model::Recompute mode = model::Recompute::kNone;
+  RETURN_IF_ERROR(model::parse_recompute(o.recompute, &mode));  // the flag was checked before any work
   run->gpt->set_recompute(mode, o.recompute_every);
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
