@@ -85,10 +85,15 @@ Command add_train_command(CLI::App& app) {
                   "fp16: the loss scale's floor; 10 overflowing steps in a row there stop the run")
       ->capture_default_str();
   cmd->add_option("--offload", o->offload,
-                  "optimizer=nvme: keep the AdamW state (moments, and the fp32 master weights of "
-                  "bf16/fp16 runs) in files under --offload-dir, streamed in chunks each step "
-                  "(optimizer=cpu: host memory, the default here)");
-  cmd->add_option("--offload-dir", o->offload_dir, "Folder for --offload optimizer=nvme files");
+                  "ZeRO-Infinity: comma list of optimizer=, params=, grads= each nvme (files under "
+                  "--offload-dir) or cpu (host memory, the default here). optimizer: the AdamW state "
+                  "(and the fp32 master weights of bf16/fp16 runs), streamed in chunks each step; "
+                  "params, grads (--zero 3, fp32): this rank's shards, read ahead of use and written "
+                  "as they are reduced");
+  cmd->add_option("--offload-dir", o->offload_dir, "Folder for the --offload ...=nvme files");
+  cmd->add_option("--offload-read-ahead", o->offload_read_ahead,
+                  "params=nvme: parameter shards read ahead of use, in units (blocks)")
+      ->capture_default_str();
   cmd->add_flag("--offload-page-cache", o->offload_page_cache,
                 "Stream the offloaded state through the page cache (faster when RAM holds the file; "
                 "default: O_DIRECT where the file system allows)");
@@ -97,7 +102,8 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--memory-budget", o->memory_budget_gb,
                   "GB of tracked memory per rank: when the model state and one micro-batch's "
-                  "activations exceed it, the optimizer state is offloaded (needs --offload-dir)");
+                  "activations exceed it, the optimizer state goes to files, then (--zero 3) the "
+                  "gradient shard, then the parameter shard (needs --offload-dir)");
   cmd->add_option("--trace", o->trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every rank's forward, "
                   "backward, optimizer and communication spans to FILE");

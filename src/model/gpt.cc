@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "model/initial_weights.h"
 
 namespace meshtrain::model {
 
@@ -146,22 +147,7 @@ void Gpt::init_weights(uint64_t seed) {
     return;
   }
   std::mt19937_64 rng(seed);
-  const float residual_std = 0.02f / std::sqrt(2.0f * config_.layers);
-  float* p = params();
-  std::memset(p, 0, sizeof(float) * layout_.total());
-  for (const ParamTensor& t : layout_.tensors()) {
-    float* w = p + t.offset;
-    if (t.shape.size() == 1) {
-      if (t.name.ends_with(".weight")) std::fill(w, w + t.numel, 1.0f);  // a norm's weight
-      continue;  // biases stay zero
-    }
-    const bool residual_proj = t.layer >= 0 && (&t == &layout_.layer(t.layer, kAttProjW) ||
-                                                &t == &layout_.layer(t.layer, kFcProjW));
-    std::normal_distribution<float> dist(0.0f, residual_proj ? residual_std : 0.02f);
-    size_t n = t.numel;
-    if (t.vocabulary_rows()) n = (size_t)config_.vocab * config_.dim;  // wte, lm_head: padding stays zero
-    for (size_t i = 0; i < n; i++) w[i] = dist(rng);
-  }
+  for (const ParamTensor& t : layout_.tensors()) draw_initial_tensor(config_, layout_, t, rng, params() + t.offset);
 }
 
 int64_t ActivationInventory::block(Recompute mode) const {

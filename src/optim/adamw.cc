@@ -88,8 +88,13 @@ AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool m
 
 AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
              bool master_weights)
-    : config_(config), segments_(std::move(segments)), size_(state_size), master_(master_weights) {
-  for (int k = 0; k < state_kinds(); k++) arrays_[k].allocate(MemCategory::kOptim, state_size);
+    : config_(config), segments_(std::move(segments)), size_(state_size), master_(master_weights),
+      store_(state_size) {
+  for (int k = 0; k < state_kinds(); k++) store_.add((ShardArray)k, MemCategory::kOptim);
+}
+
+unsigned AdamW::state_mask() const {
+  return bit(kMomentM) | bit(kMomentV) | (master_ ? bit(kMasterWeights) : 0u);
 }
 
 struct AdamW::Coefficients {
@@ -130,22 +135,24 @@ void over_blocks(size_t n, Body body) {
 }  // namespace
 
 template <typename Update>
-void AdamW::for_each_run(Update update) {
-  if (!offloaded_) {
+void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update) {
+  if (!store_.any_in_file(mask)) {
     for (const AdamSegment& s : segments_) {
-      float* arrays[3];
-      for (int k = 0; k < state_kinds(); k++) arrays[k] = arrays_[k].data() + s.state_offset;
+      float* arrays[kShardArrays] = {};
+      for (int a = 0; a < kShardArrays; a++)
+        if (mask & (1u << a)) arrays[a] = store_.data((ShardArray)a) + s.state_offset;
       update(s, 0, s.count, arrays);
     }
     return;
   }
-  // Chunk by chunk of the state: the segments' parts that fall into it.
-  offloaded_->for_each_chunk([&](size_t begin, size_t end, float* const* chunk) {
+  // Chunk by chunk of the store: the segments' parts that fall into it.
+  store_.for_each_chunk(mask, write_mask, [&](size_t begin, size_t end, float* const* chunk) {
     for (const AdamSegment& s : segments_) {
       const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
       if (a >= b) continue;
-      float* arrays[3];
-      for (int k = 0; k < state_kinds(); k++) arrays[k] = chunk[k] + (a - begin);
+      float* arrays[kShardArrays] = {};
+      for (int k = 0; k < kShardArrays; k++)
+        if (mask & (1u << k)) arrays[k] = chunk[k] + (a - begin);
       update(s, a - s.state_offset, b - s.state_offset, arrays);
     }
   });
@@ -153,7 +160,7 @@ void AdamW::for_each_run(Update update) {
 
 void AdamW::step(float* params, const float* grads, float lr, int t) {
   const Coefficients c = coefficients(lr, t);
-  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
     const float decay = s.decay ? c.decay : 1.0f;
     float* p = params + s.param_offset + from;
     const float* g = grads + s.grad_offset + from;
@@ -165,17 +172,36 @@ void AdamW::step(float* params, const float* grads, float lr, int t) {
 }
 
 void AdamW::init_master(const float* params) {
-  CHECK_MSG(master_ && !offloaded_, "init_master: no in-memory master weights");
+  CHECK_MSG(master_ && !offloaded(), "init_master: no in-memory master weights");
   for (const AdamSegment& s : segments_)
     std::copy(params + s.param_offset, params + s.param_offset + s.count,
-              arrays_[kMasterWeights].data() + s.state_offset);
+              store_.data(kMasterWeights) + s.state_offset);
+}
+
+void AdamW::step_shard(float grad_coef, float lr, int t) {
+  CHECK(store_.has(kShardParams) && store_.has(kShardGrads) && !master_);
+  const Coefficients c = coefficients(lr, t);
+  const unsigned mask = state_mask() | bit(kShardParams) | bit(kShardGrads);
+  for_each_run(mask, mask & ~bit(kShardGrads), [&](const AdamSegment& s, size_t from, size_t to, float* const* a) {
+    CHECK(s.param_offset == s.state_offset && s.grad_offset == s.state_offset);
+    const float decay = s.decay ? c.decay : 1.0f;
+    float* g = a[kShardGrads];
+    if (grad_coef != 1.0f) {  // clip_grads' multiplication, on the way to the update
+#pragma omp parallel for simd schedule(static)
+      for (size_t i = 0; i < to - from; i++) g[i] *= grad_coef;
+    }
+    over_blocks(to - from, [&](size_t b, size_t e) {
+      adam_update(a[kShardParams] + b, g + b, a[kMomentM] + b, a[kMomentV] + b, e - b, decay, c.b1, c.b2,
+                  c.eps, c.step_size, c.bias2_sqrt);
+    });
+  });
 }
 
 void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads,
                        float grad_coef, float lr, int t) {
   CHECK(master_);
   const Coefficients c = coefficients(lr, t);
-  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
     const float decay = s.decay ? c.decay : 1.0f;
     const uint16_t* g16 = grads + s.grad_offset + from;
     uint16_t* p16 = params + s.param_offset + from;
@@ -196,41 +222,35 @@ void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* g
 
 void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
   CHECK(master_);
-  for_each_run([&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+  for_each_run(bit(kMasterWeights), 0, [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
     kernels::to_half(p, st[kMasterWeights], params + s.param_offset + from, to - from);
   });
 }
 
 Status AdamW::offload(const std::string& dir, int rank, size_t chunk, bool direct) {
-  RETURN_IF_ERROR(OffloadedState::create(dir, rank, size_, state_kinds(), chunk, direct, &offloaded_));
-  // The moments are zero, as the file starts; master weights are already set.
-  if (master_) offloaded_->write(kMasterWeights, arrays_[kMasterWeights].data());
-  for (auto& a : arrays_) a.release();
+  store_.set_chunk(chunk);
+  for (int k = 0; k < state_kinds(); k++) RETURN_IF_ERROR(store_.move_to_file((ShardArray)k, dir, rank, direct));
   return Status::ok();
 }
 
 void AdamW::read_state(StateKind k, float* dst) {
   CHECK(k < state_kinds());
-  if (offloaded_) return offloaded_->read(k, dst);
-  std::copy(arrays_[k].data(), arrays_[k].data() + size_, dst);
+  store_.read(k, dst);
 }
 
 void AdamW::read_state(StateKind k, size_t begin, size_t count, float* dst) {
-  CHECK(k < state_kinds() && begin + count <= size_);
-  if (offloaded_) return offloaded_->read(k, begin, count, dst);
-  std::copy(arrays_[k].data() + begin, arrays_[k].data() + begin + count, dst);
+  CHECK(k < state_kinds());
+  store_.read(k, begin, count, dst);
 }
 
 void AdamW::write_state(StateKind k, size_t begin, size_t count, const float* src) {
-  CHECK(k < state_kinds() && begin + count <= size_);
-  if (offloaded_) return offloaded_->write(k, begin, count, src);
-  std::copy(src, src + count, arrays_[k].data() + begin);
+  CHECK(k < state_kinds());
+  store_.write(k, begin, count, src);
 }
 
 void AdamW::write_state(StateKind k, const float* src) {
   CHECK(k < state_kinds());
-  if (offloaded_) return offloaded_->write(k, src);
-  std::copy(src, src + size_, arrays_[k].data());
+  store_.write(k, src);
 }
 
 }  // namespace meshtrain::optim

@@ -9,7 +9,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/param_layout.h"
-#include "optim/offload.h"
+#include "optim/shard_store.h"
 
 namespace meshtrain::optim {
 
@@ -51,8 +51,8 @@ struct AdamSegment {
 // One segment per tensor, all offsets the tensor's offset in the flat layout.
 std::vector<AdamSegment> full_segments(const model::ParamLayout& layout);
 
-// The optimizer's state arrays, each indexed by AdamSegment::state_offset.
-enum StateKind : int { kMomentM = 0, kMomentV = 1, kMasterWeights = 2 };
+// The optimizer's state arrays (of its ShardStore), each indexed by AdamSegment::state_offset.
+using StateKind = ShardArray;
 
 class AdamW {
  public:
@@ -79,18 +79,26 @@ class AdamW {
   bool has_master() const { return master_; }
   int state_kinds() const { return master_ ? 3 : 2; }
 
-  // Moves the state (zero so far, or as set by init_master) into a file under `dir`,
-  // streamed `chunk` elements at a time by every step (optim/offload.h); the in-memory
+  // ZeRO-3: one update of the store's own parameter and gradient shards (kShardParams,
+  // kShardGrads, addressed like the state: every segment's three offsets are equal), the
+  // gradients multiplied by grad_coef first (clipping; 1: unchanged). Element by element
+  // the arithmetic of clip_grads and step(), wherever the arrays live.
+  void step_shard(float grad_coef, float lr, int t);
+
+  // Moves the state (zero so far, or as set by init_master) into files under `dir`,
+  // streamed `chunk` elements at a time by every step (optim/shard_store.h); the in-memory
   // arrays are freed. The update arithmetic is the same element by element, so losses are
   // bit-identical.
   // `direct`: O_DIRECT streaming where supported (else through the page cache).
   Status offload(const std::string& dir, int rank, size_t chunk, bool direct = true);
-  const OffloadedState* offloaded() const { return offloaded_.get(); }
-  OffloadedState* offloaded() { return offloaded_.get(); }
+  bool offloaded() const { return store_.in_file(kMomentM); }
+  // Where the state lives, with the ZeRO-3 shards when the data-parallel store adds them.
+  ShardStore& store() { return store_; }
+  const ShardStore& store() const { return store_; }
 
   // A state array in memory (null when offloaded: use read_state / write_state).
-  float* state(StateKind k) { return arrays_[k].data(); }
-  const float* state(StateKind k) const { return arrays_[k].data(); }
+  float* state(StateKind k) { return store_.data(k); }
+  const float* state(StateKind k) const { return store_.data(k); }
   float* m() { return state(kMomentM); }
   float* v() { return state(kMomentV); }
   const float* m() const { return state(kMomentM); }
@@ -107,17 +115,17 @@ class AdamW {
   struct Coefficients;
   Coefficients coefficients(float lr, int t) const;
   // Calls update(segment, from, to, arrays) for every segment's elements [from, to) in state
-  // order, arrays[k] pointing at element `from`'s entry of state array k (in memory or in
-  // the offloaded chunk).
+  // order, arrays[a] pointing at element `from`'s entry of each store array in `mask` (in
+  // memory or in a streamed chunk); file arrays in write_mask are written back.
   template <typename Update>
-  void for_each_run(Update update);
+  void for_each_run(unsigned mask, unsigned write_mask, Update update);
+  unsigned state_mask() const;
 
   AdamWConfig config_;
   std::vector<AdamSegment> segments_;
   size_t size_;
   bool master_ = false;
-  Buffer<float> arrays_[3];  // m, v, master (StateKind order)
-  std::unique_ptr<OffloadedState> offloaded_;
+  ShardStore store_;  // m, v, master; ZeRO-3's parameter and gradient shards
 };
 
 }  // namespace meshtrain::optim

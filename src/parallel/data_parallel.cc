@@ -23,57 +23,128 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       config_(config),
       layout_(gpt.layout()),
-      shards_(gpt.layout(), dp.size(), dp.rank()) {
+      shards_(gpt.layout(), dp.size(), dp.rank(), config.align_shards ? optim::ShardStore::kAlign : 1),
+      adamw_config_(adamw) {
+  const Status st = init(full_params, nullptr);
+  CHECK_MSG(st.is_ok(), st.message().c_str());
+}
+
+Status DataParallel::create_sharded(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+                                    const optim::AdamWConfig& adamw, const InitialUnits& initial,
+                                    comm::Group* tp, std::unique_ptr<DataParallel>* out) {
+  std::unique_ptr<DataParallel> store(new DataParallel(gpt, dp, config, adamw, tp));
+  CHECK_MSG(store->sharded_params(), "initial units are for fp32 ZeRO-3");
+  RETURN_IF_ERROR(store->init(nullptr, initial));
+  *out = std::move(store);
+  return Status::ok();
+}
+
+DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+                           const optim::AdamWConfig& adamw, comm::Group* tp)
+    : gpt_(gpt),
+      dp_(dp),
+      tp_(tp && tp->size() > 1 ? tp : nullptr),
+      config_(config),
+      layout_(gpt.layout()),
+      shards_(gpt.layout(), dp.size(), dp.rank(), config.align_shards ? optim::ShardStore::kAlign : 1),
+      adamw_config_(adamw) {}
+
+Status DataParallel::init(const float* full_params, const InitialUnits& initial) {
   const int stage = config_.zero_stage;
   CHECK(stage >= 0 && stage <= 3);
   const bool half = half_storage();
-  CHECK_MSG(gpt.has_local_params() == (!half && stage < 3) &&
-                gpt.has_local_grads() == (!half && stage < 2),
+  CHECK_MSG(gpt_.has_local_params() == (!half && stage < 3) &&
+                gpt_.has_local_grads() == (!half && stage < 2),
             "the model's local buffers do not match the ZeRO stage and storage precision");
+  const DpConfig::Files& files = config_.files;
+  CHECK_MSG(!(files.params || files.grads) || (sharded_params() && config_.align_shards && !files.dir.empty()),
+            "file-backed shards need fp32 ZeRO-3, align_shards and a folder");
   const int n = layout_.num_units();
   if (stage == 0) {
-    adamw_ = std::make_unique<optim::AdamW>(adamw, layout_, half);
+    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, layout_, half);
     build_buckets();
   } else {
     adamw_ = std::make_unique<optim::AdamW>(
-        adamw, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total(), half);
+        adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total(), half);
   }
   grad_staging_.resize(n);
   gathered_.resize(n);
-  if (stage >= 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
+  if (stage == 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
   if (stage < 3 && !half) {
     gpt_.set_param_store(this);
-    return;
+    return Status::ok();
+  }
+  if (sharded_params()) {
+    RETURN_IF_ERROR(init_sharded(full_params, initial));
+    gpt_.set_param_store(this);
+    return Status::ok();
   }
   CHECK_MSG(full_params, "ZeRO-3 and 16-bit storage need the initial parameters");
   // The initial parameters as the optimizer addresses them: the full buffer, or stage 3's
-  // shard (the fp32 store itself, or a temporary copy to start the master weights from).
-  const float* initial = full_params;
+  // shard (a temporary copy to start the master weights from).
+  const float* initial_params = full_params;
   Buffer<float> shard;
   if (stage == 3) {
-    shard.allocate(half ? MemCategory::kWorkspace : MemCategory::kParams, shards_.local_total());
+    shard.allocate(MemCategory::kWorkspace, shards_.local_total());
     for (int u = 0; u < n; u++)
       std::memcpy(shard.data() + shards_.units()[u].local_offset, full_params + shards_.own_begin(u),
                   sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
-    initial = shard.data();
+    initial_params = shard.data();
   }
-  if (half) {
-    const size_t params = stage == 3 ? shards_.local_total() : layout_.total();
-    params16_.allocate(MemCategory::kParams, params);
-    kernels::to_half(storage(), initial, params16_.data(), params);
-    grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
-    adamw_->init_master(initial);
-    if (storage() == kernels::Precision::kBf16) {
-      packed_params_ = std::make_unique<PackedUnits>(
-          layout_, [](const model::ParamTensor& t) { return !t.gemm_weight; });
-      if (stage <= 1)
-        packed_grads_ = std::make_unique<PackedUnits>(
-            layout_, [](const model::ParamTensor& t) { return !t.gemm_grad; });
-    }
-  } else {
-    param_shard_ = std::move(shard);
+  const size_t params = stage == 3 ? shards_.local_total() : layout_.total();
+  params16_.allocate(MemCategory::kParams, params);
+  kernels::to_half(storage(), initial_params, params16_.data(), params);
+  grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
+  adamw_->init_master(initial_params);
+  if (storage() == kernels::Precision::kBf16) {
+    packed_params_ = std::make_unique<PackedUnits>(
+        layout_, [](const model::ParamTensor& t) { return !t.gemm_weight; });
+    if (stage <= 1)
+      packed_grads_ = std::make_unique<PackedUnits>(
+          layout_, [](const model::ParamTensor& t) { return !t.gemm_grad; });
   }
   gpt_.set_param_store(this);
+  return Status::ok();
+}
+
+// fp32 stage 3: the parameter and gradient shards join the optimizer's store, in memory or
+// in files, and this rank's part of every unit's initial values is written into it.
+Status DataParallel::init_sharded(const float* full_params, const InitialUnits& initial) {
+  CHECK_MSG(full_params || initial, "ZeRO-3 needs the initial parameters");
+  const DpConfig::Files& files = config_.files;
+  optim::ShardStore& st = store();
+  const int n = layout_.num_units();
+  if (files.params) RETURN_IF_ERROR(st.add_file(optim::kShardParams, files.dir, files.rank, files.direct));
+  else st.add(optim::kShardParams, MemCategory::kParams);
+  if (files.grads) RETURN_IF_ERROR(st.add_file(optim::kShardGrads, files.dir, files.rank, files.direct));
+  else st.add(optim::kShardGrads, MemCategory::kGrads);
+  Buffer<float> unit;
+  for (int u = 0; u < n; u++) {
+    const float* values = nullptr;
+    if (full_params) {
+      values = full_params + layout_.units()[u].offset;
+    } else {
+      unit.allocate(MemCategory::kWorkspace, layout_.units()[u].numel);
+      initial(u, unit.data());
+      values = unit.data();
+    }
+    const size_t own = shards_.own_begin(u) - layout_.units()[u].offset;
+    st.write(optim::kShardParams, shards_.units()[u].local_offset,
+             shards_.own_end(u) - shards_.own_begin(u), values + own);
+    unit.release();
+  }
+  reads_.resize(n);
+  grad_written_.assign(n, 0);
+  segment_squares_.assign(adamw_->segments().size(), 0.0);
+  unit_segments_.assign(n, {});
+  for (size_t i = 0; i < adamw_->segments().size(); i++) unit_segments_[adamw_->segments()[i].unit].push_back((int)i);
+  return Status::ok();
+}
+
+Status DataParallel::move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct) {
+  CHECK(sharded_params() && (a == optim::kShardParams || a == optim::kShardGrads));
+  CHECK_MSG(config_.align_shards, "a shard moved to a file needs align_shards");
+  return store().move_to_file(a, dir, rank, direct);
 }
 
 DataParallel::~DataParallel() {
@@ -171,8 +242,10 @@ void DataParallel::retire(Pending& p) {
   } else if (half_storage()) {
     kernels::add_to_half(storage(), grads16_.data() + shards_.units()[u].local_offset,
                          p.recv.data(), owned);
+  } else if (grads_in_file()) {
+    store_reduced_grads(u, p.recv.data());
   } else {
-    float* dst = grad_shard_.data() + shards_.units()[u].local_offset;
+    float* dst = reduced_fp32() + shards_.units()[u].local_offset;
     const float* src = p.recv.data();
 #pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < owned; i++) dst[i] += src[i];
@@ -191,7 +264,8 @@ void DataParallel::wait_pending() {
 void DataParallel::zero_grads() {
   if (half_storage()) zero_bytes(grads16_.data(), grads16_.bytes());
   else if (config_.zero_stage < 2) gpt_.zero_grads();
-  else zero_bytes(grad_shard_.data(), grad_shard_.bytes());
+  else if (grads_in_file()) grad_written_.assign(layout_.num_units(), 0);
+  else zero_bytes(reduced_fp32(), sizeof(float) * shards_.local_total());
 }
 
 void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
@@ -205,6 +279,7 @@ void DataParallel::drop_kept_gathers() {
   for (auto& g : gathered_) {
     if (!g || g->refs > 0) continue;
     if (g->request) g->request->wait();  // a prefetch never used
+    g->source.release();
     pool_.give(std::move(g->data));
     if (!g->half.empty()) pool16_.give(std::move(g->half));
     g.reset();
@@ -214,6 +289,7 @@ void DataParallel::drop_kept_gathers() {
 void DataParallel::begin_step(int micro_batches) {
   CHECK(micro_batches >= 1);
   drop_kept_gathers();  // parameters gathered since (by an evaluation, say) are current, but freed
+  drop_reads();
   zero_grads();
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
@@ -229,8 +305,16 @@ void DataParallel::finish_reductions() {
     complete_bucket(b);
   }
   wait_pending();
+  if (grads_in_file())  // a unit no backward reached this step has a zero gradient
+    for (int u = 0; u < layout_.num_units(); u++) {
+      if (grad_written_[u]) continue;
+      Buffer<float> zero(MemCategory::kComm, shards_.units()[u].shard);
+      store_reduced_grads(u, zero.data());
+    }
   if (tied_peer_ >= 0) sum_tied_embedding();
   drop_kept_gathers();  // the update changes the parameters: the next step gathers afresh
+  drop_reads();
+  if (grads_in_file()) store().wait_all();  // the backward's last gradient writes: exposed, if any
 }
 
 size_t DataParallel::reduced_range(int u, size_t* n) const {
@@ -255,7 +339,11 @@ void DataParallel::sum_tied_embedding() {
   const size_t offset = reduced_range(layout_.embedding_unit(), &n);
   Buffer<float> widened, theirs(MemCategory::kComm, n);
   float* mine = nullptr;
-  if (half_storage()) {  // exchanged and summed in fp32, rounded once (alike on both stages)
+  if (grads_in_file()) {
+    widened.allocate(MemCategory::kComm, n);
+    store().read(optim::kShardGrads, offset, n, widened.data());
+    mine = widened.data();
+  } else if (half_storage()) {  // exchanged and summed in fp32, rounded once (alike on both stages)
     widened.allocate(MemCategory::kComm, n);
     kernels::from_half(storage(), grads16_.data() + offset, widened.data(), n);
     mine = widened.data();
@@ -270,6 +358,10 @@ void DataParallel::sum_tied_embedding() {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) mine[i] += theirs[i];
   if (half_storage()) kernels::to_half(storage(), mine, grads16_.data() + offset, n);
+  if (grads_in_file()) {
+    store().write(optim::kShardGrads, offset, n, mine);
+    sum_squares_of_unit(layout_.embedding_unit(), mine);
+  }
 }
 
 double DataParallel::grad_norm() {
@@ -277,13 +369,17 @@ double DataParallel::grad_norm() {
   // ranks all hold the whole gradient, stages 1-3 a shard each; elements several tp ranks
   // hold (replicated tensors, replicated key/value heads) count on one of them only.
   // The pipeline's last stage holds the second copy of the tied embedding.
+  // File-backed gradients: the sums taken as they were written, in the same order.
   const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
   double local = 0;
-  for (const auto& s : adamw_->segments()) {
+  const auto& segments = adamw_->segments();
+  for (size_t i = 0; i < segments.size(); i++) {
+    const optim::AdamSegment& s = segments[i];
     if (s.tp_copy) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
-    local += half_storage() ? optim::sum_of_squares(storage(), grads16_.data() + s.grad_offset, s.count)
-                            : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
+    local += grads_in_file() ? segment_squares_[i]
+             : half_storage() ? optim::sum_of_squares(storage(), grads16_.data() + s.grad_offset, s.count)
+                              : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
   }
   if (config_.zero_stage > 0) dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
   if (tp_) tp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
@@ -292,7 +388,9 @@ double DataParallel::grad_norm() {
 }
 
 void DataParallel::clip(double norm, float max_norm, double loss_scale) {
-  if (half_storage()) {  // applied by the update, so the 16-bit gradients are not re-rounded
+  if (half_storage() || sharded_params()) {
+    // Applied by the update: the 16-bit gradients are not re-rounded, and ZeRO-3's may be
+    // in a file (the same multiplication, on the way to AdamW).
     grad_coef_ = optim::clip_coefficient(norm, max_norm, loss_scale);
   } else if (config_.zero_stage == 0) {
     optim::clip_grads(full_grads(), layout_.total(), norm, max_norm, loss_scale);
@@ -301,7 +399,7 @@ void DataParallel::clip(double norm, float max_norm, double loss_scale) {
       optim::clip_grads(full_grads() + shards_.own_begin(u),
                         shards_.own_end(u) - shards_.own_begin(u), norm, max_norm, loss_scale);
   } else {
-    optim::clip_grads(grad_shard_.data(), grad_shard_.size(), norm, max_norm, loss_scale);
+    optim::clip_grads(grad_shard_.data(), grad_shard_.size(), norm, max_norm, loss_scale);  // stage 2
   }
 }
 
@@ -312,8 +410,13 @@ void DataParallel::optimizer_step(float lr, int t) {
     gather_updated_params(params16_.data());
     return;
   }
-  float* params = stage == 3 ? param_shard_.data() : full_params();
-  const float* grads = stage >= 2 ? grad_shard_.data() : full_grads();
+  if (stage == 3) {
+    drop_reads();
+    adamw_->step_shard(grad_coef_, lr, t);
+    return;
+  }
+  float* params = full_params();
+  const float* grads = stage == 2 ? grad_shard_.data() : full_grads();
   adamw_->step(params, grads, lr, t);
   gather_updated_params(params);
 }
@@ -362,11 +465,69 @@ DataParallel::Gathered& DataParallel::gather(int u) {
       g->request = dp_.iall_gather(params16_.data() + s.local_offset, g->half.data(), s.shard);
     } else if (config_.zero_stage == 3) {
       g->data = pool_.take(MemCategory::kGathered, s.padded, false);
-      g->request = dp_.iall_gather(param_shard_.data() + s.local_offset, g->data.data(), s.shard);
+      g->request = dp_.iall_gather(param_shard_of(u, &g->source), g->data.data(), s.shard);
     }
     gathered_[u] = std::move(g);
   }
   return *gathered_[u];
+}
+
+// ---------------------------------------------------------------- file-backed shards
+
+void DataParallel::read_ahead(int u) {
+  for (int k = 0; k < std::max(1, config_.files.read_ahead) && u >= 0; k++, u = next_unit(u)) {
+    ShardRead& r = reads_[u];
+    if (gathered_[u] || !r.buffer.empty()) continue;  // gathered, or its read issued
+    const UnitShard& s = shards_.units()[u];
+    r.buffer = optim::IoBuffer(MemCategory::kGathered, s.shard);
+    r.ticket = store().read_async(optim::kShardParams, s.local_offset, s.shard, r.buffer.data());
+  }
+}
+
+const float* DataParallel::param_shard_of(int u, optim::IoBuffer* holder) {
+  const UnitShard& s = shards_.units()[u];
+  if (!params_in_file()) return store().data(optim::kShardParams) + s.local_offset;
+  read_ahead(u);  // issued now, unless it was already
+  ShardRead& r = reads_[u];
+  store().wait(r.ticket);
+  *holder = std::move(r.buffer);  // the all-gather's source until it completes
+  r = ShardRead{};
+  return holder->data();
+}
+
+void DataParallel::drop_reads() {
+  if (!params_in_file()) return;
+  for (ShardRead& r : reads_) {
+    if (r.buffer.empty()) continue;
+    store().wait(r.ticket);
+    r = ShardRead{};
+  }
+}
+
+void DataParallel::store_reduced_grads(int u, const float* reduced) {
+  const UnitShard& s = shards_.units()[u];
+  const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
+  optim::IoBuffer sum(MemCategory::kComm, s.shard);
+  float* g = sum.data();
+  if (grad_written_[u]) {
+    store().wait(store().read_async(optim::kShardGrads, s.local_offset, s.shard, g));
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < owned; i++) g[i] += reduced[i];
+  } else {  // the in-memory shard starts at zero: the same addition
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < owned; i++) g[i] = 0.0f + reduced[i];
+    grad_written_[u] = 1;
+  }
+  sum_squares_of_unit(u, g);
+  store().write_async(optim::kShardGrads, s.local_offset, s.shard, std::move(sum));
+}
+
+void DataParallel::sum_squares_of_unit(int u, const float* shard) {
+  const size_t base = shards_.units()[u].local_offset;
+  for (int i : unit_segments_[u]) {
+    const optim::AdamSegment& seg = adamw_->segments()[i];
+    segment_squares_[i] = optim::sum_of_squares(shard + (seg.grad_offset - base), seg.count);
+  }
 }
 
 // The unit the model will ask for after u in the current pass (-1: none worth fetching).
@@ -447,6 +608,7 @@ const float* DataParallel::acquire_params(int u) {
   if (stage < 3 && !half_storage()) return full_params() + layout_.units()[u].offset;
   Gathered& g = gather(u);
   if (g.request) g.request->wait();
+  g.source.release();
   if (half_storage() && g.data.empty()) {
     g.data = pool_.take(MemCategory::kGathered, fp32_unit_size(u), false);
     widen(u, g.data.data());
@@ -454,7 +616,10 @@ const float* DataParallel::acquire_params(int u) {
   }
   g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
-    if (int next = next_unit(u); next >= 0) gather(next);
+    if (int next = next_unit(u); next >= 0) {
+      if (params_in_file()) read_ahead(next);  // and the reads of the units after it start
+      gather(next);
+    }
   return g.data.data();
 }
 

@@ -21,8 +21,20 @@
 // which holds for any pipeline schedule's order of backward passes), and so do stages 2-3
 // with reduce_once_per_step (pipelines: one reduce-scatter per unit per step). With
 // keep_gathered, stage 3 gathers each unit once per step instead of at every use.
+//
+// ZeRO-Infinity (fp32 stage 3): the parameter and gradient shards are arrays of the
+// optimizer's ShardStore, each in memory or in a file (ShardFiles). A file-backed parameter
+// shard is read ahead of use, read_ahead units along the pass, and all-gathered from the
+// read buffer: each rank reads only its own shard (bandwidth-centric partitioning). A
+// reduced gradient shard is written as it retires (read, added to and written again while
+// micro-batches accumulate); its sums of squares are taken on the way, so the norm needs no
+// second read. The update streams parameters, gradients and optimizer state chunk by chunk
+// (AdamW::step_shard), the clipping factor applied on the way. Every element sees the
+// arithmetic of the in-memory run, so losses are bit-identical.
 #pragma once
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comm/group.h"
@@ -46,7 +58,22 @@ struct DpConfig {
   // Stage 3: a unit stays gathered from its first use in a step to the step's end (once
   // per step, while the rank's units fit), instead of being gathered for every use.
   bool keep_gathered = false;
+  // Stage 3 (fp32): the shards that live in files under `dir` from the start, and the
+  // alignment that file-backed shards need (align_shards: set it when a shard may move to a
+  // file later, as a memory budget decides).
+  struct Files {
+    std::string dir;
+    int rank = 0;  // the world rank, for the file names
+    bool params = false, grads = false;
+    bool direct = true;  // O_DIRECT where the file system supports it
+    int read_ahead = 2;  // parameter shards read ahead of use, in units along the pass
+  } files;
+  bool align_shards = false;
 };
+
+// Unit u's initial parameters in the model's local layout, written to `out` (the unit's
+// numel floats); asked for in unit order, once each.
+using InitialUnits = std::function<void(int u, float* out)>;
 
 // The full buffers a model keeps locally at a ZeRO stage (none with 16-bit storage).
 model::Gpt::LocalState model_state_for_stage(int zero_stage,
@@ -61,6 +88,12 @@ class DataParallel : public model::ParamStore {
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                const optim::AdamWConfig& adamw, const float* full_params = nullptr,
                comm::Group* tp = nullptr);
+  // fp32 stage 3 without the full parameters in memory: each unit's initial values come
+  // from `initial` (one unit resident at a time). A shard file that cannot be made is an
+  // error, not an abort.
+  static Status create_sharded(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+                               const optim::AdamWConfig& adamw, const InitialUnits& initial,
+                               comm::Group* tp, std::unique_ptr<DataParallel>* out);
   ~DataParallel() override;
 
   int stage() const { return config_.zero_stage; }
@@ -68,8 +101,12 @@ class DataParallel : public model::ParamStore {
   optim::AdamW& adamw() { return *adamw_; }
   const optim::AdamW& adamw() const { return *adamw_; }
   // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
-  // Null with 16-bit storage.
-  float* param_shard() { return param_shard_.data(); }
+  // Null with 16-bit storage, and while the shard is in a file (read it through
+  // adamw().store()).
+  float* param_shard() { return sharded_params() ? store().data(optim::kShardParams) : nullptr; }
+  // fp32 stage 3: moves the parameter or gradient shard into a file (a memory budget's
+  // decision; needs align_shards).
+  Status move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct);
   bool half_storage() const { return config_.storage != kernels::Precision::kFp32; }
   // 16-bit storage: the fp32 parameters of this rank's optimizer state are its master
   // weights (optim::kMasterWeights; the whole model at stage 0, the owned shard otherwise,
@@ -118,11 +155,31 @@ class DataParallel : public model::ParamStore {
   struct Gathered {
     Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
     Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit (bf16: kept while in use)
+    optim::IoBuffer source;  // file-backed parameters: the shard read, until gathered
     comm::RequestPtr request;
     int refs = 0;
   };
 
+  DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
+               const optim::AdamWConfig& adamw, comm::Group* tp);  // create_sharded: init() follows
+  Status init(const float* full_params, const InitialUnits& initial);
+  Status init_sharded(const float* full_params, const InitialUnits& initial);
   void drop_kept_gathers();  // keep_gathered: every unit kept since its first use
+  // fp32 stage 3: the parameter and gradient shards are the store's arrays.
+  bool sharded_params() const { return config_.zero_stage == 3 && !half_storage(); }
+  optim::ShardStore& store() { return adamw_->store(); }
+  bool params_in_file() const { return sharded_params() && adamw_->store().in_file(optim::kShardParams); }
+  bool grads_in_file() const { return sharded_params() && adamw_->store().in_file(optim::kShardGrads); }
+  // File-backed parameters: issue the reads of u and the units after it in this pass (up to
+  // read_ahead), and unit u's shard, read (waiting for it) or resident.
+  void read_ahead(int u);
+  const float* param_shard_of(int u, optim::IoBuffer* holder);
+  void drop_reads();  // before the parameters change: reads issued but not used
+  // File-backed gradients: adds unit u's reduced shard to what the step wrote before (if
+  // anything) and writes the sum back, taking its sums of squares: the last write of the
+  // step leaves the final ones.
+  void store_reduced_grads(int u, const float* reduced);
+  void sum_squares_of_unit(int u, const float* shard);
   void build_buckets();
   void start_bucket(size_t b);
   void complete_bucket(size_t b);
@@ -137,7 +194,10 @@ class DataParallel : public model::ParamStore {
   // (grads16_, grad_shard_ or the model's grads): the whole unit (stage 0), or its owned
   // shard.
   size_t reduced_range(int u, size_t* n) const;
-  float* reduced_fp32() { return config_.zero_stage >= 2 ? grad_shard_.data() : full_grads(); }
+  float* reduced_fp32() {
+    return config_.zero_stage == 3 ? store().data(optim::kShardGrads)
+           : config_.zero_stage == 2 ? grad_shard_.data() : full_grads();
+  }
   // Stages 1-2 after an update: every rank updated its shard of the full parameters; gather
   // the rest.
   template <typename T>
@@ -159,6 +219,7 @@ class DataParallel : public model::ParamStore {
   DpConfig config_;
   const model::ParamLayout& layout_;
   ShardLayout shards_;
+  optim::AdamWConfig adamw_config_;
   std::unique_ptr<optim::AdamW> adamw_;
   model::Pass pass_ = model::Pass::kForward;
   int micro_batches_ = 1;
@@ -166,8 +227,18 @@ class DataParallel : public model::ParamStore {
   comm::Group* pp_ = nullptr;
   int tied_peer_ = -1;
 
-  Buffer<float> grad_shard_;   // fp32 stages 2-3 (grads)
-  Buffer<float> param_shard_;  // fp32 stage 3 (params)
+  Buffer<float> grad_shard_;   // fp32 stage 2 (grads); stage 3's are in the store
+  // File-backed stage 3: per unit the parameter shard being read ahead and whether its
+  // gradient was written this step; per optimizer segment
+  // its gradient's sum of squares; per unit its segments.
+  struct ShardRead {
+    optim::IoBuffer buffer;
+    optim::ShardStore::Ticket ticket = 0;
+  };
+  std::vector<ShardRead> reads_;
+  std::vector<char> grad_written_;
+  std::vector<double> segment_squares_;
+  std::vector<std::vector<int>> unit_segments_;
   // 16-bit storage: parameters (full, or stage 3's shard) and gradients (full at stages
   // 0-1, the shard at 2-3); grad_coef_ is the clip and loss-scale factor for the update.
   Buffer<uint16_t> params16_, grads16_;

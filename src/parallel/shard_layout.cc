@@ -4,7 +4,7 @@
 
 namespace meshtrain::parallel {
 
-ShardLayout::ShardLayout(const model::ParamLayout& layout, int world, int rank)
+ShardLayout::ShardLayout(const model::ParamLayout& layout, int world, int rank, size_t align)
     : world_(world), rank_(rank) {
   for (const auto& u : layout.units()) {
     UnitShard s;
@@ -12,8 +12,8 @@ ShardLayout::ShardLayout(const model::ParamLayout& layout, int world, int rank)
     s.numel = u.numel;
     s.shard = (u.numel + world - 1) / world;
     s.padded = s.shard * world;
-    s.local_offset = local_total_;
-    local_total_ += s.shard;
+    s.local_offset = (local_total_ + align - 1) / align * align;
+    local_total_ = s.local_offset + s.shard;
     units_.push_back(s);
   }
 }

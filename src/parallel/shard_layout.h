@@ -23,7 +23,9 @@ struct UnitShard {
 
 class ShardLayout {
  public:
-  ShardLayout(const model::ParamLayout& layout, int world, int rank);
+  // `align`: every unit's local_offset a multiple of it (file-backed shards: 4 KiB units
+  // for O_DIRECT), with unused elements between units; 1: packed.
+  ShardLayout(const model::ParamLayout& layout, int world, int rank, size_t align = 1);
   int world() const { return world_; }
   int rank() const { return rank_; }
   const std::vector<UnitShard>& units() const { return units_; }

@@ -31,6 +31,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"offload_dir", o.offload_dir},
           {"offload_chunk_mb", o.offload_chunk_mb},
           {"offload_page_cache", o.offload_page_cache},
+          {"offload_read_ahead", o.offload_read_ahead},
           {"plan", o.plan},
           {"ranks", o.ranks},
           {"memory_budget", o.memory_budget_gb},
@@ -123,6 +124,36 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
                          " is longer than the model's " + std::to_string(c.max_seq_len) +
                          " position embeddings");
   *config = c;
+  return Status::ok();
+}
+
+Status parse_offload(const TrainOptions& o, OffloadTiers* out) {
+  *out = {};
+  if (o.offload.empty()) return Status::ok();
+  size_t at = 0;
+  bool seen[3] = {};
+  while (at <= o.offload.size()) {
+    const size_t comma = std::min(o.offload.find(',', at), o.offload.size());
+    const std::string item = o.offload.substr(at, comma - at);
+    at = comma + 1;
+    const size_t eq = item.find('=');
+    const std::string key = item.substr(0, eq), tier = eq == std::string::npos ? "" : item.substr(eq + 1);
+    const int k = key == "optimizer" ? 0 : key == "params" ? 1 : key == "grads" ? 2 : -1;
+    if (k < 0 || (tier != "cpu" && tier != "nvme"))
+      return Status::error("--offload: '" + item + "' is not optimizer=, params= or grads= with cpu or nvme "
+                           "(e.g. --offload params=nvme,grads=nvme,optimizer=nvme)");
+    if (seen[k]) return Status::error("--offload names " + key + " twice");
+    seen[k] = true;
+    bool& flag = k == 0 ? out->optimizer : k == 1 ? out->params : out->grads;
+    flag = tier == "nvme";
+  }
+  if ((out->params || out->grads) && o.zero != 3)
+    return Status::error("--offload params=nvme / grads=nvme needs --zero 3: only ZeRO-3 shards the "
+                         "parameters and gradients (got --zero " + std::to_string(o.zero) + ")");
+  if ((out->params || out->grads) && o.precision != "fp32")
+    return Status::error("--offload params=nvme / grads=nvme is fp32 only for now (got --precision " +
+                         o.precision + "); --offload optimizer=nvme streams a 16-bit run's master weights");
+  if (out->any() && o.offload_dir.empty()) return Status::error("--offload ...=nvme needs --offload-dir DIR");
   return Status::ok();
 }
 

@@ -47,13 +47,17 @@ struct TrainOptions {
   int virtual_stages = 1;
   std::vector<int> stage_layers;
   std::string trace_file;     // Chrome trace of every rank (empty: none)
-  // Optimizer-state offload: "" (none), "optimizer=cpu" (host memory: where it already
-  // lives on this CPU engine), "optimizer=nvme" (files under offload_dir, streamed).
+  // Offload (ZeRO-Infinity): a comma list of optimizer=, params=, grads= each cpu or nvme.
+  // cpu is host memory (where the state already lives on this CPU engine); nvme is files
+  // under offload_dir. params and grads need ZeRO-3 (parse_offload in setup).
   std::string offload;
   std::string offload_dir;
   double offload_chunk_mb = 16;  // per state array and buffer
   bool offload_page_cache = false;  // stream through the page cache instead of O_DIRECT
-  double memory_budget_gb = 0;   // > 0: offload the optimizer state when it does not fit
+  int offload_read_ahead = 2;    // ZeRO-3 parameter shards read ahead of use, in units
+  // > 0: what does not fit goes to files: the optimizer state first, then (ZeRO-3) the
+  // gradient shard, then the parameter shard.
+  double memory_budget_gb = 0;
   // GEMM operand precision: fp32 | bf16 (bf16 x bf16 -> fp32 GEMMs; state stays fp32).
   std::string precision = "fp32";
   optim::LossScaleConfig loss_scale;  // fp16's dynamic loss scaling
@@ -88,6 +92,14 @@ nlohmann::json to_json(const TrainOptions& o);
 
 // --precision as the kernels' enum; an unknown name is an error naming the flag.
 Status parse_precision_flag(const std::string& name, kernels::Precision* out);
+
+// Which states --offload puts in files (nvme); cpu, and anything unnamed, stays in memory.
+struct OffloadTiers {
+  bool optimizer = false, params = false, grads = false;
+  bool any() const { return optimizer || params || grads; }
+};
+// Reads --offload against --zero, --precision and --offload-dir: a clear error for a bad list.
+Status parse_offload(const TrainOptions& o, OffloadTiers* out);
 
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);

@@ -15,6 +15,7 @@
 #include "machine/describe.h"
 #include "machine/peak.h"
 #include "model/config_json.h"
+#include "model/initial_weights.h"
 #include "train/run.h"
 #include "trace/trace.h"
 
@@ -56,12 +57,11 @@ Status check_options(const TrainOptions& o) {
     return Status::error("--loss-scale must be >= --loss-scale-min > 0");
   if (!(ls.backoff > 0 && ls.backoff < 1)) return Status::error("--loss-scale-backoff must be in (0, 1)");
   if (ls.growth_interval < 1) return Status::error("--loss-scale-window must be >= 1");
-  if (!o.offload.empty() && o.offload != "optimizer=cpu" && o.offload != "optimizer=nvme")
-    return Status::error("--offload must be optimizer=cpu or optimizer=nvme, got '" + o.offload + "'");
-  if ((o.offload == "optimizer=nvme" || o.memory_budget_gb > 0) && o.offload_dir.empty())
-    return Status::error(o.offload == "optimizer=nvme" ? "--offload optimizer=nvme needs --offload-dir DIR"
-                                                       : "--memory-budget needs --offload-dir DIR (where the "
-                                                         "optimizer state goes when it does not fit)");
+  OffloadTiers tiers;
+  RETURN_IF_ERROR(parse_offload(o, &tiers));
+  if (o.memory_budget_gb > 0 && o.offload_dir.empty())
+    return Status::error("--memory-budget needs --offload-dir DIR (where the state goes when it does not fit)");
+  if (o.offload_read_ahead < 1) return Status::error("--offload-read-ahead must be >= 1");
   if (!(o.offload_chunk_mb > 0)) return Status::error("--offload-chunk-mb must be > 0");
   if (!(o.memory_budget_gb >= 0)) return Status::error("--memory-budget must be >= 0 (0: none)");
   const auto& a = o.adamw;
@@ -187,31 +187,35 @@ checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
   return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full, {}, {}};
 }
 
-// What a checkpoint reads or fills of this rank: the optimizer state in memory, or, when it
-// is offloaded, through `read` / `write` in pieces (state.read for saving, state.write for
-// loading), so a checkpoint never holds a copy of it.
+// What a checkpoint reads or fills of this rank: the state in memory, or, for an array in
+// a file (the optimizer state, ZeRO-3's parameter shard), through `read` / `write` in
+// pieces (state.read for saving, state.write for loading), so a checkpoint never holds a
+// copy of it.
 checkpoint::RankState rank_state(Run& run) {
   optim::AdamW& adamw = run.dp->adamw();
-  if (!adamw.offloaded())
-    return rank_state(run, adamw.state(optim::kMasterWeights), adamw.m(), adamw.v());
-  // Sections 1-2 (m, v), and the parameters when they are the offloaded master weights.
-  checkpoint::RankState st = rank_state(run, nullptr, nullptr, nullptr);
-  auto kind_of = [](int section) {
-    return section == 1 ? optim::kMomentM : section == 2 ? optim::kMomentV : optim::kMasterWeights;
+  checkpoint::RankState st = rank_state(run, adamw.state(optim::kMasterWeights), adamw.m(), adamw.v());
+  // Section 0 is the parameters: the master weights of a 16-bit run, else ZeRO-3's shard
+  // (other stages keep them in the model, never null).
+  auto array_of = [half = run.dp->half_storage()](int section) {
+    return section == 1 ? optim::kMomentM : section == 2 ? optim::kMomentV
+           : half ? optim::kMasterWeights : optim::kShardParams;
   };
-  st.read = [&adamw, kind_of](int section, size_t offset, size_t count, float* dst) {
-    adamw.read_state(kind_of(section), offset, count, dst);
+  optim::ShardStore* store = &adamw.store();
+  st.read = [store, array_of](int section, size_t offset, size_t count, float* dst) {
+    store->read(array_of(section), offset, count, dst);
   };
-  st.write = [&adamw, kind_of](int section, size_t offset, size_t count, const float* src) {
-    adamw.write_state(kind_of(section), offset, count, src);
+  st.write = [store, array_of](int section, size_t offset, size_t count, const float* src) {
+    store->write(array_of(section), offset, count, src);
   };
   return st;
 }
 
-// Where the AdamW moments live: in memory, or streamed from files when --offload
-// optimizer=nvme asks for it or when the model state plus one micro-batch's activations
-// would exceed --memory-budget. A budget that even the offloaded run exceeds is an error.
-Status place_optimizer_state(const TrainOptions& o, Run* run) {
+// Where the state lives: in memory, or in files when --offload asks for it or when the
+// model state plus one micro-batch's activations would exceed --memory-budget, which moves
+// the optimizer state first (used once per step), then ZeRO-3's gradient shard, then its
+// parameter shard (read twice per step). A budget that the run exceeds even so is an error
+// that names what was moved and what is left.
+Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
   const double budget = o.memory_budget_gb * 1e9;
   const auto tracked = [] { return (double)MemoryTracker::instance().stats().total_current; };
   // What training will hold: what setup allocated (parameters, gradients, optimizer state,
@@ -223,18 +227,32 @@ Status place_optimizer_state(const TrainOptions& o, Run* run) {
     for (int c = 0; c < run->gpt->num_chunks(); c++) sets += (double)run->gpt->activation_set_bytes(c);
     return tracked() + sets;
   };
-  const bool offload = o.offload == "optimizer=nvme" || (budget > 0 && needed() > budget);
-  if (offload) {
+  const int rank = run->mesh->world().rank();
+  const bool direct = !o.offload_page_cache;
+  std::string moved;
+  if (tiers.optimizer || (budget > 0 && needed() > budget)) {
     const size_t chunk = std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
-    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, run->mesh->world().rank(), chunk,
-                                             !o.offload_page_cache));
+    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, rank, chunk, direct));
+    moved = "the optimizer state";
   }
+  optim::ShardStore& store = run->dp->adamw().store();
+  if (store.has(optim::kShardParams))  // fp32 ZeRO-3: the shards next, as the budget needs
+    for (optim::ShardArray a : {optim::kShardGrads, optim::kShardParams}) {
+      if (store.in_file(a)) {
+        moved += std::string(moved.empty() ? "" : ", ") + optim::shard_array_name(a);
+        continue;
+      }
+      if (!(budget > 0 && needed() > budget)) break;
+      RETURN_IF_ERROR(run->dp->move_shard_to_file(a, o.offload_dir, rank, direct));
+      moved += std::string(moved.empty() ? "" : ", ") + optim::shard_array_name(a);
+    }
   if (budget > 0 && needed() > budget) {
-    char buf[256];
+    char buf[512];
     std::snprintf(buf, sizeof buf,
                   "--memory-budget %.3g GB is too small: this rank needs %.3g GB for parameters, "
-                  "gradients, buffers and one micro-batch's activations%s",
-                  o.memory_budget_gb, needed() / 1e9, offload ? " with the optimizer state offloaded" : "");
+                  "gradients, buffers and one micro-batch's activations%s%s%s",
+                  o.memory_budget_gb, needed() / 1e9, moved.empty() ? "" : " with ",
+                  moved.empty() ? "" : moved.c_str(), moved.empty() ? "" : " in files");
     return Status::error(buf);
   }
   return Status::ok();
@@ -260,7 +278,22 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   const bool pipelined = run->mesh_shape.pp > 1;
   dpc.reduce_once_per_step = pipelined;
   dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined);
-  if (initial_copy) {
+  OffloadTiers tiers;
+  RETURN_IF_ERROR(parse_offload(o, &tiers));  // checked before any work
+  const bool sharded_fp32 = o.zero == 3 && storage == kernels::Precision::kFp32;
+  // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
+  dpc.files = {o.offload_dir, run->mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
+               o.offload_read_ahead};
+  dpc.align_shards = sharded_fp32 && (tiers.params || tiers.grads || o.memory_budget_gb > 0);
+  if (sharded_fp32 && o.init_from.empty()) {
+    // Seeded fp32 ZeRO-3: each unit is drawn and sharded in turn, so the whole model is
+    // never in memory (the values are init_weights' for any layout).
+    model::InitialWeights init(run->config, o.seed);
+    const model::ParamLayout& layout = run->gpt->layout();
+    RETURN_IF_ERROR(parallel::DataParallel::create_sharded(
+        *run->gpt, run->mesh->dp(), dpc, o.adamw, [&](int u, float* out) { init.unit(layout, u, out); }, tp,
+        &run->dp));
+  } else if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
     model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
     RETURN_IF_ERROR(initial_weights(o, &full));
@@ -282,7 +315,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   }
   if (run->precision == kernels::Precision::kFp16)
     run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
-  RETURN_IF_ERROR(place_optimizer_state(o, run));
+  RETURN_IF_ERROR(place_state(o, tiers, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,

@@ -175,12 +175,29 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
     if (peak_raised) record["peak_raised"] = true;
-    if (auto* off = run.dp->adamw().offloaded()) {
-      const auto& st = off->stats();
-      record["offload"] = {{"read_bytes", st.bytes_read}, {"written_bytes", st.bytes_written},
-                           {"io_ms", st.io_s * 1e3}, {"wait_ms", st.wait_s * 1e3},
-                           {"direct_io", off->direct_io()}};
-      off->reset_stats();
+    if (optim::ShardStore& store = run.dp->adamw().store(); store.any_in_file(~0u)) {
+      // Every file-backed array of this rank's shard: the optimizer's streaming and ZeRO-3's
+      // per-unit reads and writes. Exposed: what compute waited for; hidden: the rest.
+      const optim::OffloadStats st = store.stats();
+      bool direct = true;
+      json arrays = json::array();
+      for (int a = 0; a < optim::kShardArrays; a++)
+        if (store.in_file((optim::ShardArray)a)) {
+          arrays.push_back(optim::shard_array_name((optim::ShardArray)a));
+          direct = direct && store.direct_io((optim::ShardArray)a);
+        }
+      auto io_json = [](const optim::IoStats& s) {
+        return json{{"read_bytes", s.bytes_read}, {"written_bytes", s.bytes_written},
+                    {"io_ms", s.io_s * 1e3}, {"wait_ms", s.wait_s * 1e3},
+                    {"hidden_ms", std::max(0.0, s.io_s - s.wait_s) * 1e3}};
+      };
+      json off = io_json(st);
+      off["units"] = io_json(st.by[(int)optim::Traffic::kUnits]);
+      off["update"] = io_json(st.by[(int)optim::Traffic::kUpdate]);
+      off["direct_io"] = direct;
+      off["arrays"] = arrays;
+      record["offload"] = off;
+      store.reset_stats();
     }
     if (run.scaler)
       record.update({{"loss_scale", r.loss_scale}, {"step_skipped", r.skipped},

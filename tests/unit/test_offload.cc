@@ -1,4 +1,4 @@
-// Optimizer-state offload (--offload optimizer=nvme, --memory-budget; optim/offload.h):
+// Optimizer-state offload (--offload optimizer=nvme, --memory-budget; optim/shard_store.h):
 //
 //   OffloadedTrainingIsBitIdentical  the moments streamed from files in chunks much smaller
 //                            than one tensor give the same losses, bit for bit, as in memory,
@@ -165,11 +165,11 @@ TEST_F(Offload, Bf16MasterWeightsStreamToo) {
 
 TEST_F(Offload, BadInputIsRejected) {
   expect_failure(run(train(kRun + " --memory-budget 0.001 --offload-dir " + path("f") + " --out " + path("a"))),
-                 {"--memory-budget 0.001 GB is too small", "with the optimizer state offloaded"});
+                 {"--memory-budget 0.001 GB is too small", "with the optimizer state in files"});
   expect_failure(run(train(kRun + " --offload optimizer=nvme --out " + path("b"))),
-                 {"--offload optimizer=nvme needs --offload-dir DIR"});
+                 {"--offload ...=nvme needs --offload-dir DIR"});
   expect_failure(run(train(kRun + " --offload gpu --out " + path("c"))),
-                 {"--offload must be optimizer=cpu or optimizer=nvme, got 'gpu'"});
+                 {"--offload: 'gpu' is not optimizer=, params= or grads= with cpu or nvme"});
   EXPECT_FALSE(fs::exists(path("a") + "/metrics.jsonl"));
 }
 

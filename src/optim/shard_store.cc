@@ -1,0 +1,268 @@
+#include "optim/shard_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "core/check.h"
+
+namespace meshtrain::optim {
+
+namespace {
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+const char* shard_array_name(ShardArray a) {
+  static const char* names[kShardArrays] = {"adam_m", "adam_v", "master_weights", "params", "grads"};
+  return names[a];
+}
+
+IoBuffer::IoBuffer(MemCategory category, size_t count) : count_(count) {
+  // One alignment unit more, to start on a 4 KiB boundary; whole units after it.
+  raw_.allocate(category, ShardStore::aligned(count) + ShardStore::kAlign);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(raw_.data()), align = ShardStore::kAlign * sizeof(float);
+  data_ = reinterpret_cast<float*>((p + align - 1) / align * align);
+}
+
+ShardStore::ShardStore(size_t n) : n_(n), stride_(aligned(n)), chunk_(aligned(std::max<size_t>(1, (n + 15) / 16))) {}
+
+ShardStore::~ShardStore() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  for (Array& a : arrays_) {
+    if (a.fd < 0) continue;
+    ::close(a.stream_fd);
+    ::close(a.fd);
+    std::error_code ec;
+    std::filesystem::remove(a.path, ec);
+  }
+}
+
+void ShardStore::add(ShardArray a, MemCategory category) {
+  CHECK(!arrays_[a].present);
+  arrays_[a].present = true;
+  arrays_[a].memory.allocate(category, n_);
+}
+
+bool ShardStore::any_in_file(unsigned mask) const {
+  for (int a = 0; a < kShardArrays; a++)
+    if ((mask & (1u << a)) && arrays_[a].fd >= 0) return true;
+  return false;
+}
+
+Status ShardStore::open_file(ShardArray a, const std::string& dir, int rank, bool direct) {
+  Array& arr = arrays_[a];
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string path = (std::filesystem::path(dir) /
+                            (std::string(shard_array_name(a)) + "_rank" + std::to_string(rank) + ".bin")).string();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return Status::error("--offload-dir: cannot create " + path + ": " + std::strerror(errno));
+  // Whole alignment units: the last chunk's tail is padding inside the file. Sparse: a
+  // zero array costs no disk until it is written.
+  if (::ftruncate(fd, (off_t)(stride_ * sizeof(float))) != 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::error("--offload-dir: cannot size " + path + ": " + why);
+  }
+  // The per-step descriptor bypasses the page cache where the file system allows it
+  // (tmpfs does not: then it is an ordinary one).
+  int stream = direct ? ::open(path.c_str(), O_RDWR | O_DIRECT) : -1;
+  arr.direct = stream >= 0;
+  if (stream < 0) stream = ::open(path.c_str(), O_RDWR);
+  if (stream < 0) {
+    const std::string why = std::strerror(errno);
+    ::close(fd);
+    return Status::error("--offload-dir: cannot open " + path + ": " + why);
+  }
+  arr.fd = fd, arr.stream_fd = stream, arr.path = path;
+  return Status::ok();
+}
+
+Status ShardStore::add_file(ShardArray a, const std::string& dir, int rank, bool direct) {
+  CHECK(!arrays_[a].present);
+  RETURN_IF_ERROR(open_file(a, dir, rank, direct));
+  arrays_[a].present = true;
+  return Status::ok();
+}
+
+Status ShardStore::move_to_file(ShardArray a, const std::string& dir, int rank, bool direct) {
+  Array& arr = arrays_[a];
+  CHECK_MSG(arr.present && arr.fd < 0, "move_to_file: the array is absent or already in a file");
+  RETURN_IF_ERROR(open_file(a, dir, rank, direct));
+  // A zero array stays a hole; anything else is written once.
+  const float* values = arr.memory.data();
+  if (std::any_of(values, values + n_, [](float x) { return x != 0.0f; }))
+    io(a, arr.fd, true, 0, n_, arr.memory.data(), nullptr);
+  arr.memory.release();
+  return Status::ok();
+}
+
+void ShardStore::set_chunk(size_t chunk) {
+  chunk_ = aligned(std::max<size_t>(1, std::min(chunk, (n_ + 15) / 16)));
+  for (Array& a : arrays_)
+    for (IoBuffer& s : a.slots) s.release();
+}
+
+// Moves count floats of array a at element `begin` between its file and buf; a disk error
+// ends the job (training cannot continue without its state).
+void ShardStore::io(ShardArray a, int fd, bool write, size_t begin, size_t count, float* buf,
+                    const Traffic* traffic) {
+  const double t0 = now_s();
+  char* p = reinterpret_cast<char*>(buf);
+  size_t left = count * sizeof(float);
+  off_t at = (off_t)(begin * sizeof(float));
+  while (left > 0) {
+    const ssize_t done = write ? ::pwrite(fd, p, left, at) : ::pread(fd, p, left, at);
+    if (done < 0 && errno == EINTR) continue;
+    CHECK_MSG(done > 0, "offloaded shard: pread/pwrite failed (disk full or file removed?)");
+    p += done, left -= (size_t)done, at += done;
+  }
+  if (!traffic) return;
+  const double dt = now_s() - t0;
+  const auto bytes = (int64_t)(count * sizeof(float));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (IoStats* st : {(IoStats*)&stats_, &stats_.by[(int)*traffic]}) {
+    (write ? st->bytes_written : st->bytes_read) += bytes;
+    st->io_s += dt;
+  }
+}
+
+ShardStore::Ticket ShardStore::submit(std::function<void()> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!thread_.joinable()) thread_ = std::thread([this] { worker(); });
+  queue_.push_back(std::move(job));
+  cv_.notify_all();
+  return ++submitted_;
+}
+
+void ShardStore::worker() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, nothing left
+    std::function<void()> job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    job();
+    job = nullptr;  // a write's buffer is freed before the request counts as done
+    lock.lock();
+    done_++;
+    cv_.notify_all();
+  }
+}
+
+void ShardStore::wait(Ticket t, Traffic traffic) {
+  const double t0 = now_s();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= t; });
+  const double dt = now_s() - t0;
+  stats_.wait_s += dt;
+  stats_.by[(int)traffic].wait_s += dt;
+}
+
+void ShardStore::wait_all(Traffic traffic) {
+  Ticket t;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    t = submitted_;
+  }
+  wait(t, traffic);
+}
+
+ShardStore::Ticket ShardStore::read_async(ShardArray a, size_t begin, size_t count, float* dst, Traffic traffic) {
+  CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_);
+  return submit([this, a, begin, count, dst, traffic] {
+    io(a, arrays_[a].stream_fd, false, begin, aligned(count), dst, &traffic);
+  });
+}
+
+ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t count, IoBuffer&& src,
+                                           Traffic traffic) {
+  CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_ && src.size() >= count);
+  auto buffer = std::make_shared<IoBuffer>(std::move(src));
+  return submit([this, a, begin, count, buffer, traffic] {
+    io(a, arrays_[a].stream_fd, true, begin, aligned(count), buffer->data(), &traffic);
+    buffer->release();
+  });
+}
+
+void ShardStore::read(ShardArray a, size_t begin, size_t count, float* dst) {
+  CHECK(has(a) && begin + count <= n_);
+  if (!in_file(a)) return (void)std::copy(data(a) + begin, data(a) + begin + count, dst);
+  wait_all();
+  io(a, arrays_[a].fd, false, begin, count, dst, nullptr);
+}
+
+void ShardStore::write(ShardArray a, size_t begin, size_t count, const float* src) {
+  CHECK(has(a) && begin + count <= n_);
+  if (!in_file(a)) return (void)std::copy(src, src + count, data(a) + begin);
+  wait_all();
+  io(a, arrays_[a].fd, true, begin, count, const_cast<float*>(src), nullptr);
+}
+
+void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask,
+                                const std::function<void(size_t, size_t, float* const*)>& update) {
+  CHECK((write_mask & ~mask) == 0);
+  const size_t chunks = (n_ + chunk_ - 1) / chunk_;
+  if (chunks == 0) return;
+  auto streamed = [&](int a, unsigned m) { return (m & (1u << a)) && arrays_[a].fd >= 0; };
+  for (int a = 0; a < kShardArrays; a++)
+    if (streamed(a, mask))
+      for (IoBuffer& s : arrays_[a].slots)
+        if (s.empty()) s = IoBuffer(MemCategory::kOptim, chunk_);
+  // Whole alignment units (the last chunk's tail is padding inside the file).
+  auto transfer = [&](bool write, size_t i) {
+    const size_t b = i * chunk_, count = std::min(n_, b + chunk_) - b;
+    Ticket last = 0;
+    for (int a = 0; a < kShardArrays; a++) {
+      if (!streamed(a, write ? write_mask : mask)) continue;
+      float* buf = arrays_[a].slots[i % 3].data();
+      const ShardArray arr = (ShardArray)a;
+      last = submit([this, arr, b, count, buf, write] {
+        const Traffic update = Traffic::kUpdate;
+        io(arr, arrays_[arr].stream_fd, write, b, aligned(count), buf, &update);
+      });
+    }
+    return last;
+  };
+  // Three buffers rotate: chunk i is updated while i - 1 is written and i + 1 read; the
+  // queue's order makes the write of i - 1 finish before i + 2 reuses its buffer.
+  Ticket ready = transfer(false, 0);
+  for (size_t i = 0; i < chunks; i++) {
+    if (ready) wait(ready, Traffic::kUpdate);
+    if (i > 0) transfer(true, i - 1);
+    ready = i + 1 < chunks ? transfer(false, i + 1) : 0;
+    const size_t b = i * chunk_, e = std::min(n_, b + chunk_);
+    float* ptrs[kShardArrays] = {};
+    for (int a = 0; a < kShardArrays; a++) {
+      if (!(mask & (1u << a))) continue;
+      ptrs[a] = arrays_[a].fd >= 0 ? arrays_[a].slots[i % 3].data() : arrays_[a].memory.data() + b;
+    }
+    update(b, e, ptrs);
+  }
+  if (Ticket t = transfer(true, chunks - 1)) wait(t, Traffic::kUpdate);
+}
+
+OffloadStats ShardStore::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+void ShardStore::reset_stats() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stats_ = {};
+}
+
+}  // namespace meshtrain::optim

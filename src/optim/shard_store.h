@@ -1,0 +1,151 @@
+// A rank's shard of the model states: AdamW's moments, its fp32 master weights, and (ZeRO-3)
+// the parameter and gradient shards, n elements each, every array either in memory or in a
+// file of its own (ZeRO-Infinity's NVMe tier, Rajbhandari et al. 2021). The arrays share
+// their indexing, so one streaming pass can update several of them chunk by chunk.
+//
+// File-backed arrays are moved with pread/pwrite by one background I/O thread, in the order
+// the requests were made (a read issued after a write of the same range sees it). Per-step
+// traffic (streaming, the asynchronous per-unit reads and writes) uses O_DIRECT where the
+// file system supports it, so the states do not sit in the page cache either: its ranges,
+// lengths and buffers are 4 KiB aligned (kAlign floats; IoBuffer). Whole-array copies for
+// setup and checkpoints go through the page cache at any alignment; Linux keeps the two
+// views coherent. The resident set is what the tracker counts: buffers, not files.
+#pragma once
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "core/memory.h"
+#include "core/status.h"
+
+namespace meshtrain::optim {
+
+// The arrays of a shard store; the first three are AdamW's state (StateKind).
+enum ShardArray : int { kMomentM = 0, kMomentV = 1, kMasterWeights = 2, kShardParams = 3, kShardGrads = 4 };
+constexpr int kShardArrays = 5;
+constexpr unsigned bit(ShardArray a) { return 1u << a; }
+const char* shard_array_name(ShardArray a);
+
+struct IoStats {
+  int64_t bytes_read = 0, bytes_written = 0;
+  double io_s = 0;    // time the I/O thread spent in pread/pwrite
+  double wait_s = 0;  // time compute waited for I/O (exposed); io_s - wait_s was hidden
+};
+// Per-unit traffic (ZeRO-3's parameter reads and gradient writes during forward and
+// backward, hidden behind the units' compute) and the update's streaming (hidden behind
+// AdamW's arithmetic, which is far cheaper than the bytes it touches).
+enum class Traffic : int { kUnits = 0, kUpdate = 1 };
+struct OffloadStats : IoStats {  // the totals
+  IoStats by[2];                 // per Traffic
+};
+
+// A float buffer whose start is 4 KiB aligned, for O_DIRECT transfers.
+class IoBuffer {
+ public:
+  IoBuffer() = default;
+  IoBuffer(MemCategory category, size_t count);
+  float* data() const { return data_; }
+  size_t size() const { return count_; }
+  bool empty() const { return data_ == nullptr; }
+  void release() { raw_.release(), data_ = nullptr, count_ = 0; }
+
+ private:
+  Buffer<float> raw_;
+  float* data_ = nullptr;
+  size_t count_ = 0;
+};
+
+class ShardStore {
+ public:
+  static constexpr size_t kAlign = 1024;  // floats per 4 KiB, O_DIRECT's alignment
+  static size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+  using Ticket = uint64_t;  // an asynchronous request; wait() for it
+
+  explicit ShardStore(size_t n);
+  ~ShardStore();
+  ShardStore(const ShardStore&) = delete;
+  ShardStore& operator=(const ShardStore&) = delete;
+
+  size_t size() const { return n_; }
+  // Adds array a in memory, all zero, counted under `category`.
+  void add(ShardArray a, MemCategory category);
+  bool has(ShardArray a) const { return arrays_[a].present; }
+  bool in_file(ShardArray a) const { return arrays_[a].fd >= 0; }
+  bool any_in_file(unsigned mask) const;
+  bool direct_io(ShardArray a) const { return arrays_[a].direct; }
+  // The array in memory; null while it is in a file.
+  float* data(ShardArray a) { return arrays_[a].memory.data(); }
+  const float* data(ShardArray a) const { return arrays_[a].memory.data(); }
+  // Adds array a in a new file, all zero (a sparse file: no memory, no disk yet).
+  Status add_file(ShardArray a, const std::string& dir, int rank, bool direct);
+  // Moves array a, with its current values, into DIR/<name>_rank<R>.bin (created or
+  // truncated), and frees its memory. `direct`: O_DIRECT for the per-step traffic where the
+  // file system supports it. The file is removed with the store.
+  Status move_to_file(ShardArray a, const std::string& dir, int rank, bool direct);
+  const std::string& path(ShardArray a) const { return arrays_[a].path; }
+
+  // Elements per streamed chunk (a multiple of kAlign, at most n/16 rounded up, so the three
+  // rotating buffers of an array hold under a fifth of it).
+  void set_chunk(size_t chunk);
+  size_t chunk() const { return chunk_; }
+  // Calls update(begin, end, arrays) for every chunk [begin, end) in order, arrays[a]
+  // pointing at element `begin` of each array in `mask` (the array itself in memory, a
+  // rotating buffer for a file), and writes the file arrays of `write_mask` back. The next
+  // chunk is read and the previous one written while `update` runs.
+  void for_each_chunk(unsigned mask, unsigned write_mask,
+                      const std::function<void(size_t begin, size_t end, float* const* arrays)>& update);
+
+  // Asynchronous transfers of a file array, through the O_DIRECT descriptor: `begin` a
+  // multiple of kAlign, the buffer aligned(count) long (whole 4 KiB units move). A write
+  // owns its buffer until it is done.
+  Ticket read_async(ShardArray a, size_t begin, size_t count, float* dst, Traffic traffic = Traffic::kUnits);
+  Ticket write_async(ShardArray a, size_t begin, size_t count, IoBuffer&& src, Traffic traffic = Traffic::kUnits);
+  // The time spent here is the traffic's wait_s.
+  void wait(Ticket t, Traffic traffic = Traffic::kUnits);
+  void wait_all(Traffic traffic = Traffic::kUnits);
+
+  // Synchronous copies of [begin, begin + count) at any alignment, through the page cache
+  // where the array is in a file (after every asynchronous request); not in stats().
+  void read(ShardArray a, size_t begin, size_t count, float* dst);
+  void write(ShardArray a, size_t begin, size_t count, const float* src);
+  void read(ShardArray a, float* dst) { read(a, 0, n_, dst); }
+  void write(ShardArray a, const float* src) { write(a, 0, n_, src); }
+
+  OffloadStats stats() const;
+  void reset_stats();
+
+ private:
+  struct Array {
+    bool present = false;
+    Buffer<float> memory;
+    int fd = -1;         // through the page cache: setup and checkpoints
+    int stream_fd = -1;  // O_DIRECT where supported: per-step traffic
+    bool direct = false;
+    std::string path;
+    IoBuffer slots[3];  // for_each_chunk's rotating chunk buffers
+  };
+  Status open_file(ShardArray a, const std::string& dir, int rank, bool direct);
+  // traffic null: a whole-array copy, not in stats().
+  void io(ShardArray a, int fd, bool write, size_t begin, size_t count, float* buf, const Traffic* traffic);
+  Ticket submit(std::function<void()> job);
+  void worker();
+
+  size_t n_, stride_, chunk_;
+  Array arrays_[kShardArrays];
+
+  // The I/O thread and its FIFO queue; stats_ is guarded by mu_.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  Ticket submitted_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+  OffloadStats stats_;
+};
+
+}  // namespace meshtrain::optim
