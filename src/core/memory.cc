@@ -1,6 +1,7 @@
 #include "core/memory.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -82,6 +83,12 @@ void tracked_free(MemCategory category, void* ptr, size_t bytes) {
   if (!ptr) return;
   std::free(ptr);
   MemoryTracker::instance().on_free(category, static_cast<int64_t>(bytes));
+}
+
+int64_t peak_rss_bytes() {
+  struct rusage usage {};
+  if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+  return (int64_t)usage.ru_maxrss * 1024;  // Linux reports KiB
 }
 
 }  // namespace meshtrain

@@ -25,6 +25,10 @@ struct MemStats {
   int64_t total_peak = 0;  // peak of the sum, not the sum of peaks
 };
 
+// The process's peak resident set so far (getrusage's ru_maxrss), in bytes: everything,
+// tracked or not (the tracker counts this engine's buffers only).
+int64_t peak_rss_bytes();
+
 class MemoryTracker {
  public:
   static MemoryTracker& instance();

@@ -61,6 +61,30 @@ double sum_of_squares(kernels::Precision p, const uint16_t* grads, size_t n) {
   });
 }
 
+SumOfSquaresStream::SumOfSquaresStream(size_t n) : n_(n), chunk_((n + kChunks - 1) / kChunks) {}
+
+void SumOfSquaresStream::add(const float* x, size_t count) {
+  CHECK(seen_ + count <= n_);
+  while (count > 0) {
+    // Within fixed_order_sum_of_squares' chunk c, element i goes to lane (i - c * chunk) % 8
+    // (its 1024-element blocks start at multiples of 8), lanes fold into partial[c] in order.
+    const size_t c = seen_ / chunk_, start = c * chunk_, end = std::min(n_, start + chunk_);
+    const size_t m = std::min(count, end - seen_);
+    for (size_t k = 0; k < m; k++) lane_[(seen_ + k - start) % kLanes] += (double)x[k] * x[k];
+    x += m, count -= m, seen_ += m;
+    if (seen_ == end) {
+      for (double& v : lane_) partial_[c] += v, v = 0;
+    }
+  }
+}
+
+double SumOfSquaresStream::total() const {
+  CHECK(seen_ == n_);
+  double sum = 0;
+  for (double p : partial_) sum += p;
+  return sum;
+}
+
 float clip_coefficient(double norm, float max_norm, double loss_scale) {
   float clip = max_norm > 0 ? (float)(max_norm / (norm / loss_scale + 1e-6)) : 1.0f;
   if (clip >= 1.0f) clip = 1.0f;

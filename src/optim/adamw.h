@@ -32,6 +32,21 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps);
 double grad_norm(const float* grads, size_t n);
 double sum_of_squares(const float* x, size_t n);  // the same fixed-order sum
 double sum_of_squares(kernels::Precision p, const uint16_t* x, size_t n);  // 16-bit values
+
+// sum_of_squares of n values that arrive in order, in pieces of any size: the same double,
+// bit for bit (its 64 chunks and 8 lanes, kept between pieces). For gradients written to a
+// file piece by piece, so that the norm needs no second read.
+class SumOfSquaresStream {
+ public:
+  explicit SumOfSquaresStream(size_t n);
+  void add(const float* x, size_t count);
+  double total() const;  // once all n values arrived
+
+ private:
+  static constexpr size_t kChunks = 64, kLanes = 8;
+  size_t n_, chunk_, seen_ = 0;
+  double lane_[kLanes] = {}, partial_[kChunks] = {};
+};
 // The factor clip_grads multiplies the gradients by: min(1, max/(norm/S + 1e-6)) / S.
 float clip_coefficient(double norm, float max_norm, double loss_scale = 1.0);
 // Scales grads by max/(norm + 1e-6) when norm > max; returns the scale applied (1 if none).

@@ -255,6 +255,14 @@ void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask,
   if (Ticket t = transfer(true, chunks - 1)) wait(t, Traffic::kUpdate);
 }
 
+size_t ShardStore::streaming_bytes(unsigned mask) const {
+  size_t bytes = 0;
+  for (int a = 0; a < kShardArrays; a++)
+    if ((mask & (1u << a)) && arrays_[a].fd >= 0 && arrays_[a].slots[0].empty())
+      bytes += 3 * (aligned(chunk_) + kAlign) * sizeof(float);
+  return bytes;
+}
+
 OffloadStats ShardStore::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

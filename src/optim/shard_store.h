@@ -93,6 +93,9 @@ class ShardStore {
   // rotating buffers of an array hold under a fifth of it).
   void set_chunk(size_t chunk);
   size_t chunk() const { return chunk_; }
+  // The rotating buffers for_each_chunk will allocate for the file arrays of `mask` (they
+  // are made on first use).
+  size_t streaming_bytes(unsigned mask) const;
   // Calls update(begin, end, arrays) for every chunk [begin, end) in order, arrays[a]
   // pointing at element `begin` of each array in `mask` (the array itself in memory, a
   // rotating buffer for a file), and writes the file arrays of `write_mask` back. The next

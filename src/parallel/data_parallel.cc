@@ -226,6 +226,14 @@ void DataParallel::start_unit_reduce_scatter(int u) {
   p.recv = pool_.take(MemCategory::kComm, s.shard, false);
   p.request = dp_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
   pending_.push_back(std::move(p));
+  // Stages 2-3: the unit before this one retires now (its reduction had this unit's
+  // backward to finish; a file-backed gradient is written while the next one runs), so two
+  // units' staging buffers are in flight, not the whole model's gradient at the
+  // micro-batch's end. Each unit's shard is added to alone: the order changes no bit.
+  while (config_.zero_stage >= 2 && pending_.size() > 1) {
+    retire(pending_.front());
+    pending_.erase(pending_.begin());
+  }
   if (!config_.overlap) retire(pending_.back()), pending_.pop_back();
 }
 
@@ -314,7 +322,7 @@ void DataParallel::finish_reductions() {
   if (tied_peer_ >= 0) sum_tied_embedding();
   drop_kept_gathers();  // the update changes the parameters: the next step gathers afresh
   drop_reads();
-  if (grads_in_file()) store().wait_all();  // the backward's last gradient writes: exposed, if any
+  if (grads_in_file()) store().wait_all(), last_grad_write_ = 0;  // the last writes: exposed, if any
 }
 
 size_t DataParallel::reduced_range(int u, size_t* n) const {
@@ -504,22 +512,83 @@ void DataParallel::drop_reads() {
   }
 }
 
+// In pieces of the store's chunk, so a unit of any size needs two piece buffers: one being
+// summed while the one before is written (one write in flight).
 void DataParallel::store_reduced_grads(int u, const float* reduced) {
   const UnitShard& s = shards_.units()[u];
-  const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
-  optim::IoBuffer sum(MemCategory::kComm, s.shard);
-  float* g = sum.data();
-  if (grad_written_[u]) {
-    store().wait(store().read_async(optim::kShardGrads, s.local_offset, s.shard, g));
+  const size_t owned = shards_.own_end(u) - shards_.own_begin(u), piece = store().chunk();
+  const auto& segments = adamw_->segments();
+  std::vector<optim::SumOfSquaresStream> squares;
+  for (int i : unit_segments_[u]) squares.emplace_back(segments[i].count);
+  for (size_t b = 0; b < owned; b += piece) {
+    const size_t n = std::min(piece, owned - b);
+    optim::IoBuffer buffer(MemCategory::kComm, n);
+    float* g = buffer.data();
+    const float* r = reduced + b;
+    if (grad_written_[u]) {
+      store().wait(store().read_async(optim::kShardGrads, s.local_offset + b, n, g));
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < owned; i++) g[i] += reduced[i];
-  } else {  // the in-memory shard starts at zero: the same addition
+      for (size_t i = 0; i < n; i++) g[i] += r[i];
+    } else {  // the in-memory shard starts at zero: the same addition
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < owned; i++) g[i] = 0.0f + reduced[i];
-    grad_written_[u] = 1;
+      for (size_t i = 0; i < n; i++) g[i] = 0.0f + r[i];
+    }
+    // The piece's part of each segment, in order (segments tile the unit's owned range).
+    for (size_t k = 0; k < squares.size(); k++) {
+      const size_t from = segments[unit_segments_[u][k]].grad_offset - s.local_offset;
+      const size_t lo = std::max(from, b), hi = std::min(from + segments[unit_segments_[u][k]].count, b + n);
+      if (lo < hi) squares[k].add(g + (lo - b), hi - lo);
+    }
+    if (last_grad_write_) store().wait(last_grad_write_);
+    last_grad_write_ = store().write_async(optim::kShardGrads, s.local_offset + b, n, std::move(buffer));
   }
-  sum_squares_of_unit(u, g);
-  store().write_async(optim::kShardGrads, s.local_offset, s.shard, std::move(sum));
+  grad_written_[u] = 1;
+  for (size_t k = 0; k < squares.size(); k++) segment_squares_[unit_segments_[u][k]] = squares[k].total();
+}
+
+// Parameters: the shards read ahead and the one being gathered; gradients: the piece being
+// summed and the one being written.
+size_t DataParallel::io_buffer_bytes(optim::ShardArray a) const {
+  size_t max_shard = 0;
+  for (const UnitShard& s : shards_.units()) max_shard = std::max(max_shard, s.shard);
+  const size_t unit = optim::ShardStore::aligned(max_shard) + optim::ShardStore::kAlign;
+  const size_t floats = a == optim::kShardParams ? (size_t)(std::max(1, config_.files.read_ahead) + 1) * unit
+                                                 : 2 * piece_floats();
+  return floats * sizeof(float);
+}
+
+size_t DataParallel::piece_floats() const {
+  return optim::ShardStore::aligned(adamw_->store().chunk()) + optim::ShardStore::kAlign;
+}
+
+size_t DataParallel::file_working_bytes(optim::ShardArray a) const {
+  if (!sharded_params()) return 0;
+  return io_buffer_bytes(a) + 3 * piece_floats() * sizeof(float);  // and the update's rotating buffers
+}
+
+size_t DataParallel::offload_working_bytes() const {
+  size_t bytes = 0;
+  for (optim::ShardArray a : {optim::kShardParams, optim::kShardGrads})
+    if (sharded_params() && adamw_->store().in_file(a)) bytes += io_buffer_bytes(a);
+  return bytes;
+}
+
+size_t DataParallel::transient_bytes() const {
+  if (config_.zero_stage < 2 || half_storage()) return 0;
+  // The two largest units bound two consecutive ones: gathered (the one in use and the one
+  // prefetched, ZeRO-3), and in the reduction (the staging and received shard of the unit
+  // retiring and of the one just started).
+  size_t padded[2] = {0, 0}, shard[2] = {0, 0}, all = 0;
+  for (const UnitShard& s : shards_.units()) {
+    all += s.padded;
+    if (s.padded > padded[0]) padded[1] = padded[0], padded[0] = s.padded;
+    else if (s.padded > padded[1]) padded[1] = s.padded;
+    if (s.shard > shard[0]) shard[1] = shard[0], shard[0] = s.shard;
+    else if (s.shard > shard[1]) shard[1] = s.shard;
+  }
+  size_t floats = padded[0] + padded[1] + shard[0] + shard[1];  // the reductions in flight
+  if (config_.zero_stage == 3) floats += config_.keep_gathered ? all : padded[0] + padded[1];
+  return floats * sizeof(float);
 }
 
 void DataParallel::sum_squares_of_unit(int u, const float* shard) {

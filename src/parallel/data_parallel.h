@@ -107,6 +107,14 @@ class DataParallel : public model::ParamStore {
   // fp32 stage 3: moves the parameter or gradient shard into a file (a memory budget's
   // decision; needs align_shards).
   Status move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct);
+  // For a memory budget, bytes setup has not allocated that training will hold:
+  // what moving shard `a` to a file adds (parameter shards read ahead, or gradient pieces
+  // summed and written, and the update's rotating buffers), what the file-backed shards add
+  // now (without the rotating buffers: ShardStore::streaming_bytes), and stages 2-3's
+  // gathered units and reductions in flight.
+  size_t file_working_bytes(optim::ShardArray a) const;
+  size_t offload_working_bytes() const;
+  size_t transient_bytes() const;
   bool half_storage() const { return config_.storage != kernels::Precision::kFp32; }
   // 16-bit storage: the fp32 parameters of this rank's optimizer state are its master
   // weights (optim::kMasterWeights; the whole model at stage 0, the owned shard otherwise,
@@ -180,6 +188,8 @@ class DataParallel : public model::ParamStore {
   // step leaves the final ones.
   void store_reduced_grads(int u, const float* reduced);
   void sum_squares_of_unit(int u, const float* shard);
+  size_t io_buffer_bytes(optim::ShardArray a) const;  // per-unit transfers of a file-backed shard
+  size_t piece_floats() const;                        // one streamed chunk's buffer
   void build_buckets();
   void start_bucket(size_t b);
   void complete_bucket(size_t b);
@@ -237,6 +247,7 @@ class DataParallel : public model::ParamStore {
   };
   std::vector<ShardRead> reads_;
   std::vector<char> grad_written_;
+  optim::ShardStore::Ticket last_grad_write_ = 0;
   std::vector<double> segment_squares_;
   std::vector<std::vector<int>> unit_segments_;
   // 16-bit storage: parameters (full, or stage 3's shard) and gradients (full at stages

@@ -153,6 +153,12 @@ class StoreReplay {
     }
     pool_.take(MemCategory::kComm, s.shard);
     pending_.push_back({s.padded, s.shard});
+    // Stages 2-3 retire the unit before this one as this one's reduction starts.
+    while (zero_ >= 2 && pending_.size() > 1) {
+      pool_.give(MemCategory::kComm, pending_.front().first);
+      pool_.give(MemCategory::kComm, pending_.front().second);
+      pending_.erase(pending_.begin());
+    }
   }
 
   const model::ParamLayout& layout_;

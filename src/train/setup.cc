@@ -225,7 +225,10 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
     run->gpt->stored_activation_bytes(run->shape.B, run->shape.T);
     double sets = 0;
     for (int c = 0; c < run->gpt->num_chunks(); c++) sets += (double)run->gpt->activation_set_bytes(c);
-    return tracked() + sets;
+    // And what the files' traffic will hold: the update's rotating buffers, the shards read
+    // ahead and the gradient pieces in flight.
+    const double io = (double)run->dp->adamw().store().streaming_bytes(~0u) + (double)run->dp->offload_working_bytes();
+    return tracked() + sets + io + (double)run->dp->transient_bytes();
   };
   const int rank = run->mesh->world().rank();
   const bool direct = !o.offload_page_cache;
@@ -243,6 +246,8 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
         continue;
       }
       if (!(budget > 0 && needed() > budget)) break;
+      // Only where the file saves memory: a shard smaller than its I/O buffers stays.
+      if (4.0 * (double)store.size() <= (double)run->dp->file_working_bytes(a)) continue;
       RETURN_IF_ERROR(run->dp->move_shard_to_file(a, o.offload_dir, rank, direct));
       moved += std::string(moved.empty() ? "" : ", ") + optim::shard_array_name(a);
     }

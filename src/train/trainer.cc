@@ -166,7 +166,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     json record = {{"step", k + 1}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
                    {"tokens", (k + 1) * tokens_per_step}, {"step_ms", s * 1e3},
                    {"tokens_per_s", tok_s}, {"mfu", mfu}, {"peak_gflops", run.peak_gflops},
-                   {"mem", memory_json(MemoryTracker::instance().stats())}, {"comm", comm},
+                   {"mem", memory_json(MemoryTracker::instance().stats())},
+                   {"peak_rss", peak_rss_bytes()}, {"comm", comm},
                    {"comm_ms", wait_ms}, {"comm_busy_ms", busy_ms}, {"comm_hidden", hidden},
                    // This rank's executed block FLOPs; recompute_fraction = recomputed forward
                    // work over one forward of the blocks (full recomputation: ~1).

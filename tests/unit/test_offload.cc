@@ -16,8 +16,18 @@
 //                            optimizer) streams master, m and v: bit-identical losses, 12
 //                            bytes per parameter read and written per step, nine chunk
 //                            buffers resident; and it resumes bit-exactly from a checkpoint.
+//   Zero3ShardsInFilesTrainAsInMemory  ZeRO-Infinity: fp32 ZeRO-3 with the parameter and
+//                            gradient shards (and the optimizer state) in files trains with
+//                            the losses and norms of ZeRO-3 in memory, bit for bit: one rank
+//                            with 2 micro-batches a step, dp 2, and pp 2 x dp 2 (one reduction
+//                            per step, the tied embedding's copies summed through the files);
+//                            the tracker's parameter and gradient bytes fall to zero, and a
+//                            run cut after its step-3 checkpoint resumes with the same losses.
+//   MemoryBudgetMovesShardsToo  a ZeRO-3 budget that the optimizer's files alone do not meet
+//                            moves the gradient shard as well, and the run stays under it.
 //   BadInputIsRejected       a budget too small even when offloaded, --offload without a
-//                            folder, an unknown --offload value: refused before any step.
+//                            folder, an unknown, repeated or misplaced --offload value:
+//                            refused before any step.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -163,6 +173,74 @@ TEST_F(Offload, Bf16MasterWeightsStreamToo) {
   for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(mem.steps[k + 3]["loss"])) << k + 4;
 }
 
+TEST_F(Offload, Zero3ShardsInFilesTrainAsInMemory) {
+  const std::string zero3 = kRun + " --zero 3 --grad-accum 2";
+  const std::string shards = " --offload params=nvme,grads=nvme --offload-dir " + path("files");
+  const Metrics mem = train_ok(zero3, path("mem"));
+  const Metrics off = train_ok(zero3 + shards, path("off"));
+  ASSERT_EQ(mem.steps.size(), 6u);
+  ASSERT_EQ(off.steps.size(), 6u);
+  for (size_t k = 0; k < 6; k++) {
+    SCOPED_TRACE(k + 1);
+    EXPECT_EQ(bits(off.steps[k]["loss"]), bits(mem.steps[k]["loss"]));
+    EXPECT_EQ(bits(off.steps[k]["grad_norm"]), bits(mem.steps[k]["grad_norm"]));
+    const auto& o = off.steps[k]["offload"];
+    EXPECT_EQ(o["arrays"], nlohmann::json({"params", "grads"}));
+    // Forward and backward read every unit's parameter shard at least once per micro-batch.
+    EXPECT_GE(o["units"]["read_bytes"].get<int64_t>(), 2 * 2 * mem.steps[k]["mem"]["params"].get<int64_t>());
+    EXPECT_GT(o["units"]["written_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(o["direct_io"].get<bool>(), supports_direct_io());
+  }
+  EXPECT_GT(mem.steps.back()["mem"]["params"].get<int64_t>(), 0);
+  EXPECT_EQ(off.steps.back()["mem"]["params"].get<int64_t>(), 0) << "the parameter shard is in its file";
+  EXPECT_EQ(off.steps.back()["mem"]["grads"].get<int64_t>(), 0) << "the gradient shard too";
+
+  // Resume from the step-3 checkpoint of the file-backed run: the shards come back into files.
+  const std::string saving = " --save-every 3 --keep-checkpoints 0";
+  const Metrics saved = train_ok(zero3 + shards + saving, path("saved"));
+  fs::create_directories(path("cut") + "/checkpoints");
+  fs::copy(step_dir(path("saved"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);
+  const Metrics resumed = train_ok(zero3 + shards + saving + " --resume", path("cut"));
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(mem.steps[k + 3]["loss"])) << k + 4;
+
+#ifdef MESHTRAIN_HAVE_MPI
+  const std::string all = " --offload params=nvme,grads=nvme,optimizer=nvme --offload-dir " + path("files") + kChunks;
+  for (const std::string layout : {" --dp 2", " --pp 2 --dp 2 --grad-accum 2"}) {
+    SCOPED_TRACE(layout);
+    const std::string args = "--model tiny --seq-len 32 --micro-batch 2 --steps 4 --eval-batches 1 --quiet --zero 3" + layout;
+    const Metrics dmem = train_ok(args, path("dmem"));
+    const Metrics doff = train_ok(args + all, path("doff"));
+    ASSERT_EQ(doff.steps.size(), 4u);
+    for (size_t k = 0; k < 4; k++) {
+      EXPECT_EQ(bits(doff.steps[k]["loss"]), bits(dmem.steps[k]["loss"])) << k + 1;
+      EXPECT_EQ(bits(doff.steps[k]["grad_norm"]), bits(dmem.steps[k]["grad_norm"])) << k + 1;
+    }
+  }
+#endif
+}
+
+TEST_F(Offload, MemoryBudgetMovesShardsToo) {
+  const std::string zero3 = kRun + " --zero 3";
+  const Metrics mem = train_ok(zero3, path("mem"));
+  const auto& m = mem.steps.back()["mem"];
+  const double peak = m["total"].get<double>(), optim = m["optim"].get<double>(), grads = m["grads"].get<double>();
+  // Below what moving the optimizer state alone saves; above moving it and the gradients.
+  const double budget_gb = (peak - optim - grads / 2) / 1e9;
+  const Metrics off = train_ok(zero3 + " --memory-budget " + std::to_string(budget_gb) + " --offload-dir " +
+                                   path("files") + kChunks,
+                               path("off"));
+  ASSERT_EQ(off.steps.size(), 6u);
+  for (const auto& j : off.steps) {
+    EXPECT_EQ(j["offload"]["arrays"], nlohmann::json({"adam_m", "adam_v", "grads"}));
+    EXPECT_LE(j["mem"]["total"].get<double>(), budget_gb * 1e9) << "measured peak under the budget";
+  }
+  EXPECT_EQ(bits(off.steps.back()["loss"]), bits(mem.steps.back()["loss"]));
+  expect_failure(run(train(zero3 + " --memory-budget 0.001 --offload-dir " + path("f2") + " --out " + path("b"))),
+                 {"--memory-budget 0.001 GB is too small",
+                  "with the optimizer state, grads in files"});  // params: its read-ahead would cost more
+}
+
 TEST_F(Offload, BadInputIsRejected) {
   expect_failure(run(train(kRun + " --memory-budget 0.001 --offload-dir " + path("f") + " --out " + path("a"))),
                  {"--memory-budget 0.001 GB is too small", "with the optimizer state in files"});
@@ -170,6 +248,17 @@ TEST_F(Offload, BadInputIsRejected) {
                  {"--offload ...=nvme needs --offload-dir DIR"});
   expect_failure(run(train(kRun + " --offload gpu --out " + path("c"))),
                  {"--offload: 'gpu' is not optimizer=, params= or grads= with cpu or nvme"});
+  const std::string dir = " --offload-dir " + path("d");
+  expect_failure(run(train(kRun + " --zero 1 --offload params=nvme" + dir + " --out " + path("e"))),
+                 {"--offload params=nvme / grads=nvme needs --zero 3", "(got --zero 1)"});
+  expect_failure(run(train(kRun + " --zero 3 --precision bf16 --offload grads=nvme" + dir + " --out " + path("f"))),
+                 {"is fp32 only for now (got --precision bf16)"});
+  expect_failure(run(train(kRun + " --zero 3 --offload params=nvme,params=cpu" + dir + " --out " + path("g"))),
+                 {"--offload names params twice"});
+  expect_failure(run(train(kRun + " --zero 3 --offload params=disk" + dir + " --out " + path("h"))),
+                 {"--offload: 'params=disk' is not"});
+  expect_failure(run(train(kRun + " --zero 3 --offload-read-ahead 0" + dir + " --out " + path("i"))),
+                 {"--offload-read-ahead must be >= 1"});
   EXPECT_FALSE(fs::exists(path("a") + "/metrics.jsonl"));
 }
 

@@ -4,6 +4,8 @@
 //                            values through every path: whole copies, asynchronous requests
 //                            in the order made, and chunked streaming, which writes back only
 //                            what it is asked to; the bytes moved are counted.
+//   SumOfSquaresStream.PiecesGiveTheWholeSum  the norm's fixed-order sum fed in pieces of any
+//                            size equals optim::sum_of_squares of the whole, bit for bit.
 //   InitialWeights.EveryUnitAsTheWholeModelDrawsIt  unit-by-unit initialisation equals
 //                            Gpt::init_weights for the whole model, a tp-2 slice and a
 //                            pipeline part, in order and out of order.
@@ -24,6 +26,7 @@
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "model/initial_weights.h"
+#include "optim/adamw.h"
 #include "optim/shard_store.h"
 #include "parallel/data_parallel.h"
 #include "train/trainer.h"
@@ -103,6 +106,21 @@ TEST(ShardStore, FilesHoldWhatMemoryHolds) {
   });
   store.read(optim::kMomentV, back.data());
   EXPECT_EQ(back, b) << "a file array outside write_mask is not written back";
+}
+
+TEST(SumOfSquaresStream, PiecesGiveTheWholeSum) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  for (size_t n : {0u, 1u, 7u, 63u, 64u, 65u, 1000u, 4099u, 70001u}) {
+    std::vector<float> x(n);
+    for (float& v : x) v = dist(rng);
+    const double whole = optim::sum_of_squares(x.data(), n);
+    for (size_t piece : {1u, 5u, 1024u, 3000u, 100000u}) {
+      optim::SumOfSquaresStream stream(n);
+      for (size_t b = 0; b < n; b += piece) stream.add(x.data() + b, std::min(piece, n - b));
+      EXPECT_EQ(stream.total(), whole) << "n " << n << " piece " << piece;
+    }
+  }
 }
 
 model::GptConfig small_model() {
