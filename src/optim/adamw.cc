@@ -69,8 +69,12 @@ void SumOfSquaresStream::add(const float* x, size_t count) {
     // Within fixed_order_sum_of_squares' chunk c, element i goes to lane (i - c * chunk) % 8
     // (its 1024-element blocks start at multiples of 8), lanes fold into partial[c] in order.
     const size_t c = seen_ / chunk_, start = c * chunk_, end = std::min(n_, start + chunk_);
-    const size_t m = std::min(count, end - seen_);
-    for (size_t k = 0; k < m; k++) lane_[(seen_ + k - start) % kLanes] += (double)x[k] * x[k];
+    const size_t m = std::min(count, end - seen_), lane0 = (seen_ - start) % kLanes;
+    size_t k = 0;
+    for (; k < m && (lane0 + k) % kLanes != 0; k++) lane_[(lane0 + k) % kLanes] += (double)x[k] * x[k];
+    for (; k + kLanes <= m; k += kLanes)  // whole vectors from lane 0, as the one-shot sum does
+      for (size_t j = 0; j < kLanes; j++) lane_[j] += (double)x[k + j] * x[k + j];
+    for (; k < m; k++) lane_[(lane0 + k) % kLanes] += (double)x[k] * x[k];
     x += m, count -= m, seen_ += m;
     if (seen_ == end) {
       for (double& v : lane_) partial_[c] += v, v = 0;
@@ -159,13 +163,20 @@ void over_blocks(size_t n, Body body) {
 }  // namespace
 
 template <typename Update>
-void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update) {
+void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update,
+                         const std::function<void(size_t, size_t, float* const*)>& after_chunk) {
   if (!store_.any_in_file(mask)) {
     for (const AdamSegment& s : segments_) {
       float* arrays[kShardArrays] = {};
       for (int a = 0; a < kShardArrays; a++)
         if (mask & (1u << a)) arrays[a] = store_.data((ShardArray)a) + s.state_offset;
       update(s, 0, s.count, arrays);
+    }
+    if (after_chunk) {
+      float* arrays[kShardArrays] = {};
+      for (int a = 0; a < kShardArrays; a++)
+        if (mask & (1u << a)) arrays[a] = store_.data((ShardArray)a);
+      after_chunk(0, store_.size(), arrays);
     }
     return;
   }
@@ -179,6 +190,7 @@ void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update) {
         if (mask & (1u << k)) arrays[k] = chunk[k] + (a - begin);
       update(s, a - s.state_offset, b - s.state_offset, arrays);
     }
+    if (after_chunk) after_chunk(begin, end, chunk);
   });
 }
 
@@ -202,7 +214,7 @@ void AdamW::init_master(const float* params) {
               store_.data(kMasterWeights) + s.state_offset);
 }
 
-void AdamW::step_shard(float grad_coef, float lr, int t) {
+void AdamW::step_shard(float grad_coef, float lr, int t, const ChunkHook& updated) {
   CHECK(store_.has(kShardParams) && store_.has(kShardGrads) && !master_);
   const Coefficients c = coefficients(lr, t);
   const unsigned mask = state_mask() | bit(kShardParams) | bit(kShardGrads);
@@ -218,7 +230,8 @@ void AdamW::step_shard(float grad_coef, float lr, int t) {
       adam_update(a[kShardParams] + b, g + b, a[kMomentM] + b, a[kMomentV] + b, e - b, decay, c.b1, c.b2,
                   c.eps, c.step_size, c.bias2_sqrt);
     });
-  });
+  }, updated ? [&](size_t begin, size_t end, float* const* a) { updated(begin, end, a[kShardParams]); }
+             : std::function<void(size_t, size_t, float* const*)>{});
 }
 
 void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads,

@@ -2,6 +2,7 @@
 // schedule, and global gradient-norm clipping (torch clip_grad_norm_ semantics).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -98,7 +99,9 @@ class AdamW {
   // kShardGrads, addressed like the state: every segment's three offsets are equal), the
   // gradients multiplied by grad_coef first (clipping; 1: unchanged). Element by element
   // the arithmetic of clip_grads and step(), wherever the arrays live.
-  void step_shard(float grad_coef, float lr, int t);
+  // `updated`, if set, sees each chunk's new parameters [begin, end) as they are written.
+  using ChunkHook = std::function<void(size_t begin, size_t end, const float* params)>;
+  void step_shard(float grad_coef, float lr, int t, const ChunkHook& updated = {});
 
   // Moves the state (zero so far, or as set by init_master) into files under `dir`,
   // streamed `chunk` elements at a time by every step (optim/shard_store.h); the in-memory
@@ -132,8 +135,11 @@ class AdamW {
   // Calls update(segment, from, to, arrays) for every segment's elements [from, to) in state
   // order, arrays[a] pointing at element `from`'s entry of each store array in `mask` (in
   // memory or in a streamed chunk); file arrays in write_mask are written back.
+  // after_chunk(begin, end, arrays), if set, follows the runs of each chunk (in memory: once,
+  // over the whole store).
   template <typename Update>
-  void for_each_run(unsigned mask, unsigned write_mask, Update update);
+  void for_each_run(unsigned mask, unsigned write_mask, Update update,
+                    const std::function<void(size_t, size_t, float* const*)>& after_chunk = {});
   unsigned state_mask() const;
 
   AdamWConfig config_;

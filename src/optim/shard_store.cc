@@ -198,6 +198,14 @@ ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t co
   });
 }
 
+ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t count, const float* src,
+                                           Traffic traffic) {
+  CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_);
+  return submit([this, a, begin, count, src, traffic] {
+    io(a, arrays_[a].stream_fd, true, begin, aligned(count), const_cast<float*>(src), &traffic);
+  });
+}
+
 void ShardStore::read(ShardArray a, size_t begin, size_t count, float* dst) {
   CHECK(has(a) && begin + count <= n_);
   if (!in_file(a)) return (void)std::copy(data(a) + begin, data(a) + begin + count, dst);

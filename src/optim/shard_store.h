@@ -44,13 +44,23 @@ struct OffloadStats : IoStats {  // the totals
   IoStats by[2];                 // per Traffic
 };
 
+constexpr size_t kIoAlign = 1024;  // floats per 4 KiB, O_DIRECT's alignment
+
 // A float buffer whose start is 4 KiB aligned, for O_DIRECT transfers.
 class IoBuffer {
  public:
   IoBuffer() = default;
   IoBuffer(MemCategory category, size_t count);
+  IoBuffer(IoBuffer&& o) noexcept { *this = static_cast<IoBuffer&&>(o); }
+  IoBuffer& operator=(IoBuffer&& o) noexcept {  // the source is left empty
+    raw_ = static_cast<Buffer<float>&&>(o.raw_);
+    data_ = o.data_, count_ = o.count_;
+    o.data_ = nullptr, o.count_ = 0;
+    return *this;
+  }
   float* data() const { return data_; }
   size_t size() const { return count_; }
+  size_t capacity() const { return data_ ? raw_.size() - kIoAlign : 0; }  // whole 4 KiB units
   bool empty() const { return data_ == nullptr; }
   void release() { raw_.release(), data_ = nullptr, count_ = 0; }
 
@@ -62,7 +72,7 @@ class IoBuffer {
 
 class ShardStore {
  public:
-  static constexpr size_t kAlign = 1024;  // floats per 4 KiB, O_DIRECT's alignment
+  static constexpr size_t kAlign = kIoAlign;
   static size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
   using Ticket = uint64_t;  // an asynchronous request; wait() for it
 
@@ -108,6 +118,9 @@ class ShardStore {
   // owns its buffer until it is done.
   Ticket read_async(ShardArray a, size_t begin, size_t count, float* dst, Traffic traffic = Traffic::kUnits);
   Ticket write_async(ShardArray a, size_t begin, size_t count, IoBuffer&& src, Traffic traffic = Traffic::kUnits);
+  // The same from a buffer the caller keeps (aligned(count) floats, 4 KiB aligned) until
+  // the write is done.
+  Ticket write_async(ShardArray a, size_t begin, size_t count, const float* src, Traffic traffic = Traffic::kUnits);
   // The time spent here is the traffic's wait_s.
   void wait(Ticket t, Traffic traffic = Traffic::kUnits);
   void wait_all(Traffic traffic = Traffic::kUnits);

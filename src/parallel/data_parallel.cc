@@ -283,11 +283,11 @@ void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
 }
 
 void DataParallel::drop_kept_gathers() {
-  if (config_.zero_stage != 3 || !config_.keep_gathered) return;
+  if (config_.zero_stage != 3) return;
   for (auto& g : gathered_) {
-    if (!g || g->refs > 0) continue;
+    if (!g || g->refs > 0 || !(config_.keep_gathered || g->held)) continue;
     if (g->request) g->request->wait();  // a prefetch never used
-    g->source.release();
+    give_read_buffer(std::move(g->source));
     pool_.give(std::move(g->data));
     if (!g->half.empty()) pool16_.give(std::move(g->half));
     g.reset();
@@ -297,7 +297,6 @@ void DataParallel::drop_kept_gathers() {
 void DataParallel::begin_step(int micro_batches) {
   CHECK(micro_batches >= 1);
   drop_kept_gathers();  // parameters gathered since (by an evaluation, say) are current, but freed
-  drop_reads();
   zero_grads();
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
@@ -420,7 +419,20 @@ void DataParallel::optimizer_step(float lr, int t) {
   }
   if (stage == 3) {
     drop_reads();
-    adamw_->step_shard(grad_coef_, lr, t);
+    if (!params_in_file()) return adamw_->step_shard(grad_coef_, lr, t);
+    // The next forward's first units take their new parameter shards from the update as it
+    // writes them, instead of reading them back from the file before the first block.
+    std::vector<int> first;
+    for (int u = 0; u >= 0 && (int)first.size() < std::max(1, config_.files.read_ahead); u = next_unit_in(Pass::kForward, u))
+      first.push_back(u);
+    for (int u : first) reads_[u].buffer = take_read_buffer(shards_.units()[u].shard);
+    adamw_->step_shard(grad_coef_, lr, t, [&](size_t begin, size_t end, const float* params) {
+      for (int u : first) {
+        const UnitShard& s = shards_.units()[u];
+        const size_t lo = std::max(begin, s.local_offset), hi = std::min(end, s.local_offset + s.shard);
+        if (lo < hi) std::memcpy(reads_[u].buffer.data() + (lo - s.local_offset), params + (lo - begin), sizeof(float) * (hi - lo));
+      }
+    });
     return;
   }
   float* params = full_params();
@@ -487,7 +499,7 @@ void DataParallel::read_ahead(int u) {
     ShardRead& r = reads_[u];
     if (gathered_[u] || !r.buffer.empty()) continue;  // gathered, or its read issued
     const UnitShard& s = shards_.units()[u];
-    r.buffer = optim::IoBuffer(MemCategory::kGathered, s.shard);
+    r.buffer = take_read_buffer(s.shard);
     r.ticket = store().read_async(optim::kShardParams, s.local_offset, s.shard, r.buffer.data());
   }
 }
@@ -508,8 +520,26 @@ void DataParallel::drop_reads() {
   for (ShardRead& r : reads_) {
     if (r.buffer.empty()) continue;
     store().wait(r.ticket);
+    give_read_buffer(std::move(r.buffer));
     r = ShardRead{};
   }
+}
+
+optim::IoBuffer DataParallel::take_read_buffer(size_t n) {
+  for (size_t i = 0; i < read_spares_.size(); i++)
+    if (read_spares_[i].capacity() >= n) {
+      optim::IoBuffer b = std::move(read_spares_[i]);
+      read_spares_.erase(read_spares_.begin() + (ptrdiff_t)i);
+      return b;
+    }
+  return optim::IoBuffer(MemCategory::kGathered, n);
+}
+
+void DataParallel::give_read_buffer(optim::IoBuffer&& b) {
+  if (b.empty()) return;
+  read_spares_.push_back(std::move(b));
+  // As many as can be in flight: the read-ahead and the shard being gathered.
+  if ((int)read_spares_.size() > std::max(1, config_.files.read_ahead) + 1) read_spares_.erase(read_spares_.begin());
 }
 
 // In pieces of the store's chunk, so a unit of any size needs two piece buffers: one being
@@ -522,7 +552,9 @@ void DataParallel::store_reduced_grads(int u, const float* reduced) {
   for (int i : unit_segments_[u]) squares.emplace_back(segments[i].count);
   for (size_t b = 0; b < owned; b += piece) {
     const size_t n = std::min(piece, owned - b);
-    optim::IoBuffer buffer(MemCategory::kComm, n);
+    // Two buffers alternate: the other one's write was waited for before this one's began.
+    optim::IoBuffer& buffer = grad_pieces_[next_piece_ ^= 1];
+    if (buffer.capacity() < piece) buffer = optim::IoBuffer(MemCategory::kComm, piece);
     float* g = buffer.data();
     const float* r = reduced + b;
     if (grad_written_[u]) {
@@ -540,7 +572,7 @@ void DataParallel::store_reduced_grads(int u, const float* reduced) {
       if (lo < hi) squares[k].add(g + (lo - b), hi - lo);
     }
     if (last_grad_write_) store().wait(last_grad_write_);
-    last_grad_write_ = store().write_async(optim::kShardGrads, s.local_offset + b, n, std::move(buffer));
+    last_grad_write_ = store().write_async(optim::kShardGrads, s.local_offset + b, n, (const float*)g);
   }
   grad_written_[u] = 1;
   for (size_t k = 0; k < squares.size(); k++) segment_squares_[unit_segments_[u][k]] = squares[k].total();
@@ -599,13 +631,20 @@ void DataParallel::sum_squares_of_unit(int u, const float* shard) {
   }
 }
 
-// The unit the model will ask for after u in the current pass (-1: none worth fetching).
-int DataParallel::next_unit(int u) const {
+int DataParallel::first_backward_unit() const {
+  const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
+  return E >= 0 && !layout_.has_untied_head() && layout_.has_final_norm() ? E : last;
+}
+
+int DataParallel::next_unit(int u) const { return next_unit_in(pass_, u); }
+
+// The unit the model will ask for after u in a pass (-1: none worth fetching).
+int DataParallel::next_unit_in(model::Pass pass, int u) const {
   // A pipeline stage may hold neither the embedding nor the final norm: its units are then
   // blocks in order. The last unit index is the final norm's when the part holds it.
   const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
   const bool tied_head = E >= 0 && !layout_.has_untied_head() && layout_.has_final_norm();
-  if (pass_ == Pass::kForward) return u == last ? -1 : u + 1;  // E, B_0.., F
+  if (pass == Pass::kForward) return u == last ? -1 : u + 1;  // E, B_0.., F
   if (tied_head && u == E) return last;                        // the tied head, then the final norm
   return u - 1 > E ? u - 1 : -1;                               // F, B_{L-1}..B_0
 }
@@ -677,7 +716,7 @@ const float* DataParallel::acquire_params(int u) {
   if (stage < 3 && !half_storage()) return full_params() + layout_.units()[u].offset;
   Gathered& g = gather(u);
   if (g.request) g.request->wait();
-  g.source.release();
+  give_read_buffer(std::move(g.source));
   if (half_storage() && g.data.empty()) {
     g.data = pool_.take(MemCategory::kGathered, fp32_unit_size(u), false);
     widen(u, g.data.data());
@@ -697,6 +736,12 @@ void DataParallel::release_params(int u) {
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
   if (--gathered_[u]->refs > 0) return;
   if (config_.zero_stage == 3 && config_.keep_gathered) return;  // until the step ends
+  // File-backed parameters: the unit the backward starts with stays from the forward's end
+  // to its use, rather than being read again (dropped with the kept units otherwise).
+  if (params_in_file() && pass_ == Pass::kForward && u == first_backward_unit()) {
+    gathered_[u]->held = true;
+    return;
+  }
   pool_.give(std::move(gathered_[u]->data));
   if (!gathered_[u]->half.empty()) pool16_.give(std::move(gathered_[u]->half));
   gathered_[u].reset();

@@ -164,6 +164,7 @@ class DataParallel : public model::ParamStore {
     Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
     Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit (bf16: kept while in use)
     optim::IoBuffer source;  // file-backed parameters: the shard read, until gathered
+    bool held = false;       // kept from the forward's end for the backward (file-backed)
     comm::RequestPtr request;
     int refs = 0;
   };
@@ -183,6 +184,9 @@ class DataParallel : public model::ParamStore {
   void read_ahead(int u);
   const float* param_shard_of(int u, optim::IoBuffer* holder);
   void drop_reads();  // before the parameters change: reads issued but not used
+  // Read buffers are reused (fresh pages cost a fault each).
+  optim::IoBuffer take_read_buffer(size_t n);
+  void give_read_buffer(optim::IoBuffer&& b);
   // File-backed gradients: adds unit u's reduced shard to what the step wrote before (if
   // anything) and writes the sum back, taking its sums of squares: the last write of the
   // step leaves the final ones.
@@ -218,7 +222,9 @@ class DataParallel : public model::ParamStore {
   const uint16_t* half_unit(int u) const;
   size_t fp32_unit_size(int u) const;
   void widen(int u, float* out) const;
-  int next_unit(int u) const;
+  int next_unit(int u) const;  // in the current pass
+  int next_unit_in(model::Pass pass, int u) const;
+  int first_backward_unit() const;
   float* full_grads() { return gpt_.grads(); }
   float* full_params() { return gpt_.params(); }
   kernels::Precision storage() const { return config_.storage; }
@@ -248,6 +254,9 @@ class DataParallel : public model::ParamStore {
   std::vector<ShardRead> reads_;
   std::vector<char> grad_written_;
   optim::ShardStore::Ticket last_grad_write_ = 0;
+  optim::IoBuffer grad_pieces_[2];  // file-backed gradients: summed and written in turn
+  int next_piece_ = 0;
+  std::vector<optim::IoBuffer> read_spares_;
   std::vector<double> segment_squares_;
   std::vector<std::vector<int>> unit_segments_;
   // 16-bit storage: parameters (full, or stage 3's shard) and gradients (full at stages
