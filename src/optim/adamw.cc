@@ -115,10 +115,18 @@ AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool m
     : AdamW(config, full_segments(layout), layout.total(), master_weights) {}
 
 AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
-             bool master_weights)
+             bool master_weights, const StateFiles* files)
     : config_(config), segments_(std::move(segments)), size_(state_size), master_(master_weights),
       store_(state_size) {
-  for (int k = 0; k < state_kinds(); k++) store_.add((ShardArray)k, MemCategory::kOptim);
+  if (files) store_.set_chunk(files->chunk);
+  for (int k = 0; k < state_kinds(); k++) {
+    if (!files || k == kMasterWeights) {
+      store_.add((ShardArray)k, MemCategory::kOptim);
+      continue;
+    }
+    const Status st = store_.add_file((ShardArray)k, files->dir, files->rank, files->direct);
+    CHECK_MSG(st.is_ok(), st.message().c_str());
+  }
 }
 
 unsigned AdamW::state_mask() const {
@@ -266,7 +274,8 @@ void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
 
 Status AdamW::offload(const std::string& dir, int rank, size_t chunk, bool direct) {
   store_.set_chunk(chunk);
-  for (int k = 0; k < state_kinds(); k++) RETURN_IF_ERROR(store_.move_to_file((ShardArray)k, dir, rank, direct));
+  for (int k = 0; k < state_kinds(); k++)
+    if (!store_.in_file((ShardArray)k)) RETURN_IF_ERROR(store_.move_to_file((ShardArray)k, dir, rank, direct));
   return Status::ok();
 }
 

@@ -77,8 +77,17 @@ class AdamW {
   // Moments of `state_size` elements for the given segments (a ZeRO shard). With
   // master_weights the optimizer also keeps the fp32 parameters (mixed precision: the model
   // holds 16-bit copies, see step_mixed).
+  // `files`: the moments start in files there (never in memory; a folder that takes no
+  // files is a bug here: callers check it first). The master weights start in memory
+  // (init_master), to be moved by offload().
+  struct StateFiles {
+    std::string dir;
+    int rank = 0;
+    bool direct = true;
+    size_t chunk = 0;  // streamed elements (ShardStore::set_chunk)
+  };
   AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
-        bool master_weights = false);
+        bool master_weights = false, const StateFiles* files = nullptr);
   // One update with step number t (1-based, for bias correction) at learning rate lr.
   void step(float* params, const float* grads, float lr, int t);
 
@@ -103,7 +112,7 @@ class AdamW {
   using ChunkHook = std::function<void(size_t begin, size_t end, const float* params)>;
   void step_shard(float grad_coef, float lr, int t, const ChunkHook& updated = {});
 
-  // Moves the state (zero so far, or as set by init_master) into files under `dir`,
+  // Moves the state (zero so far, or as set by init_master) not yet in files into files under `dir`,
   // streamed `chunk` elements at a time by every step (optim/shard_store.h); the in-memory
   // arrays are freed. The update arithmetic is the same element by element, so losses are
   // bit-identical.

@@ -60,12 +60,16 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
   CHECK_MSG(!(files.params || files.grads) || (sharded_params() && config_.align_shards && !files.dir.empty()),
             "file-backed shards need fp32 ZeRO-3, align_shards and a folder");
   const int n = layout_.num_units();
+  // Moments that go to files are made there: a model larger than memory never holds them.
+  const optim::AdamW::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
+  const optim::AdamW::StateFiles* in_files = files.optimizer ? &state_files : nullptr;
   if (stage == 0) {
-    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, layout_, half);
+    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, optim::full_segments(layout_), layout_.total(), half,
+                                            in_files);
     build_buckets();
   } else {
-    adamw_ = std::make_unique<optim::AdamW>(
-        adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2), shards_.local_total(), half);
+    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2),
+                                            shards_.local_total(), half, in_files);
   }
   grad_staging_.resize(n);
   gathered_.resize(n);

@@ -67,6 +67,8 @@ struct DpConfig {
     bool params = false, grads = false;
     bool direct = true;  // O_DIRECT where the file system supports it
     int read_ahead = 2;  // parameter shards read ahead of use, in units along the pass
+    bool optimizer = false;  // any stage: AdamW's moments in files from the start
+    size_t chunk = 0;        // their streamed chunk, in elements
   } files;
   bool align_shards = false;
 };

@@ -1,8 +1,11 @@
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -28,6 +31,22 @@ namespace {
 
 Status write_text(const std::string& path, const std::string& text) {
   return write_file_synced(path, text.data(), text.size());
+}
+
+size_t offload_chunk(const TrainOptions& o) {
+  return std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
+}
+
+// The offload folder takes files (checked before any state is made in it).
+Status check_offload_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string probe = (fs::path(dir) / (".meshtrain_probe_" + std::to_string(::getpid()))).string();
+  FILE* f = std::fopen(probe.c_str(), "w");
+  if (!f) return Status::error("--offload-dir " + dir + ": cannot create files there: " + std::strerror(errno));
+  std::fclose(f);
+  fs::remove(probe, ec);
+  return Status::ok();
 }
 
 Status check_options(const TrainOptions& o) {
@@ -62,6 +81,7 @@ Status check_options(const TrainOptions& o) {
   if (o.memory_budget_gb > 0 && o.offload_dir.empty())
     return Status::error("--memory-budget needs --offload-dir DIR (where the state goes when it does not fit)");
   if (o.offload_read_ahead < 1) return Status::error("--offload-read-ahead must be >= 1");
+  if (tiers.any() || o.memory_budget_gb > 0) RETURN_IF_ERROR(check_offload_dir(o.offload_dir));
   if (!(o.offload_chunk_mb > 0)) return Status::error("--offload-chunk-mb must be > 0");
   if (!(o.memory_budget_gb >= 0)) return Status::error("--memory-budget must be >= 0 (0: none)");
   const auto& a = o.adamw;
@@ -234,8 +254,7 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
   const bool direct = !o.offload_page_cache;
   std::string moved;
   if (tiers.optimizer || (budget > 0 && needed() > budget)) {
-    const size_t chunk = std::max<size_t>(1, (size_t)(o.offload_chunk_mb * 1024 * 1024 / sizeof(float)));
-    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, rank, chunk, direct));
+    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, rank, offload_chunk(o), direct));
     moved = "the optimizer state";
   }
   optim::ShardStore& store = run->dp->adamw().store();
@@ -288,7 +307,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   const bool sharded_fp32 = o.zero == 3 && storage == kernels::Precision::kFp32;
   // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
   dpc.files = {o.offload_dir, run->mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
-               o.offload_read_ahead};
+               o.offload_read_ahead, tiers.optimizer, offload_chunk(o)};
   dpc.align_shards = sharded_fp32 && (tiers.params || tiers.grads || o.memory_budget_gb > 0);
   if (sharded_fp32 && o.init_from.empty()) {
     // Seeded fp32 ZeRO-3: each unit is drawn and sharded in turn, so the whole model is
