@@ -216,7 +216,7 @@ void AdamW::step(float* params, const float* grads, float lr, int t) {
 }
 
 void AdamW::init_master(const float* params) {
-  CHECK_MSG(master_ && !offloaded(), "init_master: no in-memory master weights");
+  CHECK_MSG(master_ && !store_.in_file(kMasterWeights), "init_master: no in-memory master weights");
   for (const AdamSegment& s : segments_)
     std::copy(params + s.param_offset, params + s.param_offset + s.count,
               store_.data(kMasterWeights) + s.state_offset);

@@ -301,9 +301,11 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
   const bool pipelined = run->mesh_shape.pp > 1;
   dpc.reduce_once_per_step = pipelined;
-  dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined);
   OffloadTiers tiers;
   RETURN_IF_ERROR(parse_offload(o, &tiers));  // checked before any work
+  // With the parameter shards in files, keeping every gathered unit would hold the whole
+  // model: auto gathers at every use then.
+  dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined && !tiers.params);
   const bool sharded_fp32 = o.zero == 3 && storage == kernels::Precision::kFp32;
   // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
   dpc.files = {o.offload_dir, run->mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
