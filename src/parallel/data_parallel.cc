@@ -18,13 +18,8 @@ model::Gpt::LocalState model_state_for_stage(int zero_stage, kernels::Precision 
 DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                            const optim::AdamWConfig& adamw, const float* full_params,
                            comm::Group* tp)
-    : gpt_(gpt),
-      dp_(dp),
-      tp_(tp && tp->size() > 1 ? tp : nullptr),
-      config_(config),
-      layout_(gpt.layout()),
-      shards_(gpt.layout(), dp.size(), dp.rank(), config.align_shards ? optim::ShardStore::kAlign : 1),
-      adamw_config_(adamw) {
+    : DataParallel(gpt, dp, config, adamw, tp) {
+  // A shard file that cannot be made ends the job here (setup checks the folder first).
   const Status st = init(full_params, nullptr);
   CHECK_MSG(st.is_ok(), st.message().c_str());
 }
