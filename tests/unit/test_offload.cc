@@ -178,8 +178,9 @@ TEST_F(Offload, Bf16MasterWeightsStreamToo) {
 TEST_F(Offload, Zero3ShardsInFilesTrainAsInMemory) {
   const std::string zero3 = kRun + " --zero 3 --grad-accum 2";
   const std::string shards = " --offload params=nvme,grads=nvme --offload-dir " + path("files");
+  const std::string saving = " --save-every 3 --keep-checkpoints 0";
   const Metrics mem = train_ok(zero3, path("mem"));
-  const Metrics off = train_ok(zero3 + shards, path("off"));
+  const Metrics off = train_ok(zero3 + shards + saving, path("off"));
   ASSERT_EQ(mem.steps.size(), 6u);
   ASSERT_EQ(off.steps.size(), 6u);
   for (size_t k = 0; k < 6; k++) {
@@ -200,10 +201,8 @@ TEST_F(Offload, Zero3ShardsInFilesTrainAsInMemory) {
   EXPECT_FALSE(fs::exists(path("files") + "/params_rank0.bin")) << "the files go with the run";
 
   // Resume from the step-3 checkpoint of the file-backed run: the shards come back into files.
-  const std::string saving = " --save-every 3 --keep-checkpoints 0";
-  const Metrics saved = train_ok(zero3 + shards + saving, path("saved"));
   fs::create_directories(path("cut") + "/checkpoints");
-  fs::copy(step_dir(path("saved"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);
+  fs::copy(step_dir(path("off"), 3), step_dir(path("cut"), 3), fs::copy_options::recursive);
   const Metrics resumed = train_ok(zero3 + shards + saving + " --resume", path("cut"));
   ASSERT_EQ(resumed.steps.size(), 3u);
   for (size_t k = 0; k < 3; k++) EXPECT_EQ(bits(resumed.steps[k]["loss"]), bits(mem.steps[k + 3]["loss"])) << k + 4;
