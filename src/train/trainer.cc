@@ -121,6 +121,18 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     std::printf("machine: %s | %s | oneDNN ISA %s | %s\n", cpu_info().model.c_str(), cpu_info().flags().c_str(),
                 kernels::onednn_isa_name(), machine::mfu_basis(run.precision).c_str());
     if (run.start_step > 0) std::printf("resumed at step %lld\n", (long long)run.start_step);
+    // What --offload or --memory-budget put in files (rank 0's; every rank alike).
+    const optim::ShardStore& store = run.dp->adamw().store();
+    std::string in_files;
+    bool direct = true;
+    for (int a = 0; a < optim::kShardArrays; a++)
+      if (store.in_file((optim::ShardArray)a)) {
+        in_files += std::string(in_files.empty() ? "" : ", ") + optim::shard_array_name((optim::ShardArray)a);
+        direct = direct && store.direct_io((optim::ShardArray)a);
+      }
+    if (!in_files.empty())
+      std::printf("in files under %s: %s (%s)\n", o.offload_dir.c_str(), in_files.c_str(),
+                  direct ? "O_DIRECT" : "through the page cache");
   }
   Progress progress(run.start_step, o.steps, quiet);
   TrainResult local;
