@@ -28,7 +28,8 @@ Status DataParallel::create_sharded(model::Gpt& gpt, comm::Group& dp, const DpCo
                                     const optim::AdamWConfig& adamw, const InitialUnits& initial,
                                     comm::Group* tp, std::unique_ptr<DataParallel>* out) {
   std::unique_ptr<DataParallel> store(new DataParallel(gpt, dp, config, adamw, tp));
-  CHECK_MSG(store->sharded_params(), "initial units are for fp32 ZeRO-3");
+  CHECK_MSG(store->config_.zero_stage == 3 && config.storage == kernels::Precision::kFp32,
+            "initial units are for fp32 ZeRO-3");
   RETURN_IF_ERROR(store->init(nullptr, initial));
   *out = std::move(store);
   return Status::ok();
@@ -47,63 +48,51 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
 Status DataParallel::init(const float* full_params, const InitialUnits& initial) {
   const int stage = config_.zero_stage;
   CHECK(stage >= 0 && stage <= 3);
-  const bool half = half_storage();
+  const bool half = config_.storage != kernels::Precision::kFp32;
   CHECK_MSG(gpt_.has_local_params() == (!half && stage < 3) &&
                 gpt_.has_local_grads() == (!half && stage < 2),
             "the model's local buffers do not match the ZeRO stage and storage precision");
   const DpConfig::Files& files = config_.files;
-  CHECK_MSG(!(files.params || files.grads) || (sharded_params() && config_.align_shards && !files.dir.empty()),
+  CHECK_MSG(!(files.params || files.grads) || (stage == 3 && !half && config_.align_shards && !files.dir.empty()),
             "file-backed shards need fp32 ZeRO-3, align_shards and a folder");
-  const int n = layout_.num_units();
   // Moments that go to files are made there: a model larger than memory never holds them.
   const optim::AdamW::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
   const optim::AdamW::StateFiles* in_files = files.optimizer ? &state_files : nullptr;
-  if (stage == 0) {
+  if (stage == 0)
     adamw_ = std::make_unique<optim::AdamW>(adamw_config_, optim::full_segments(layout_), layout_.total(), half,
                                             in_files);
-    build_buckets();
-  } else {
+  else
     adamw_ = std::make_unique<optim::AdamW>(adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2),
                                             shards_.local_total(), half, in_files);
-  }
-  grad_staging_.resize(n);
-  gathered_.resize(n);
+  grad_staging_.resize(layout_.num_units());
+  gathered_.resize(layout_.num_units());
   if (stage == 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
-  if (stage < 3 && !half) {
-    gpt_.set_param_store(this);
-    return Status::ok();
-  }
-  if (sharded_params()) {
-    RETURN_IF_ERROR(init_sharded(full_params, initial));
-    gpt_.set_param_store(this);
-    return Status::ok();
-  }
-  CHECK_MSG(full_params, "ZeRO-3 and 16-bit storage need the initial parameters");
-  // The initial parameters as the optimizer addresses them: the full buffer, or stage 3's
-  // shard (a temporary copy to start the master weights from).
-  const float* initial_params = full_params;
+  if (half) init_half(full_params);
+  else if (stage == 3) RETURN_IF_ERROR(init_sharded(full_params, initial));
+  init_groups();
+  gpt_.set_param_store(this);
+  return Status::ok();
+}
+
+// 16-bit storage: the initial parameters rounded into the words this rank keeps, and the
+// master weights set from them (stage 3: from a temporary copy of the owned shard).
+void DataParallel::init_half(const float* full_params) {
+  CHECK_MSG(full_params, "16-bit storage needs the initial parameters");
+  const int stage = config_.zero_stage;
+  const float* initial = full_params;
   Buffer<float> shard;
   if (stage == 3) {
     shard.allocate(MemCategory::kWorkspace, shards_.local_total());
-    for (int u = 0; u < n; u++)
+    for (int u = 0; u < layout_.num_units(); u++)
       std::memcpy(shard.data() + shards_.units()[u].local_offset, full_params + shards_.own_begin(u),
                   sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
-    initial_params = shard.data();
+    initial = shard.data();
   }
   const size_t params = stage == 3 ? shards_.local_total() : layout_.total();
-  params16_.allocate(MemCategory::kParams, params);
-  kernels::to_half(storage(), initial_params, params16_.data(), params);
-  grads16_.allocate(MemCategory::kGrads, stage >= 2 ? shards_.local_total() : layout_.total());
-  adamw_->init_master(initial_params);
-  if (storage() == kernels::Precision::kBf16) {
-    packed_params_ = std::make_unique<PackedUnits>(
-        layout_, [](const model::ParamTensor& t) { return !t.gemm_weight; });
-    if (stage <= 1)
-      packed_grads_ = std::make_unique<PackedUnits>(
-          layout_, [](const model::ParamTensor& t) { return !t.gemm_grad; });
-  }
-  gpt_.set_param_store(this);
-  return Status::ok();
+  half_ = std::make_unique<HalfStorage>(config_.storage, layout_, params,
+                                        stage >= 2 ? shards_.local_total() : layout_.total(), stage <= 1);
+  kernels::to_half(config_.storage, initial, half_->params(), params);
+  adamw_->init_master(initial);
 }
 
 // fp32 stage 3: the parameter and gradient shards join the optimizer's store, in memory or
@@ -112,13 +101,12 @@ Status DataParallel::init_sharded(const float* full_params, const InitialUnits& 
   CHECK_MSG(full_params || initial, "ZeRO-3 needs the initial parameters");
   const DpConfig::Files& files = config_.files;
   optim::ShardStore& st = store();
-  const int n = layout_.num_units();
   if (files.params) RETURN_IF_ERROR(st.add_file(optim::kShardParams, files.dir, files.rank, files.direct));
   else st.add(optim::kShardParams, MemCategory::kParams);
   if (files.grads) RETURN_IF_ERROR(st.add_file(optim::kShardGrads, files.dir, files.rank, files.direct));
   else st.add(optim::kShardGrads, MemCategory::kGrads);
   Buffer<float> unit;
-  for (int u = 0; u < n; u++) {
+  for (int u = 0; u < layout_.num_units(); u++) {
     const float* values = nullptr;
     if (full_params) {
       values = full_params + layout_.units()[u].offset;
@@ -132,12 +120,39 @@ Status DataParallel::init_sharded(const float* full_params, const InitialUnits& 
              shards_.own_end(u) - shards_.own_begin(u), values + own);
     unit.release();
   }
-  reads_.resize(n);
-  grad_written_.assign(n, 0);
-  segment_squares_.assign(adamw_->segments().size(), 0.0);
-  unit_segments_.assign(n, {});
-  for (size_t i = 0; i < adamw_->segments().size(); i++) unit_segments_[adamw_->segments()[i].unit].push_back((int)i);
+  files_ = std::make_unique<FileBackedShards>(st, shards_, adamw_->segments(), config_.files.read_ahead);
   return Status::ok();
+}
+
+// Each parameter group gets its reducer: buckets at stage 0, reduce-scatters otherwise
+// (stages 2-3 keep one unit's reduction in flight behind the one just started).
+void DataParallel::init_groups() {
+  std::vector<ParamGroup> specs = config_.groups;
+  if (specs.empty()) {
+    specs.push_back({"dp", nullptr, {}});
+    for (int u = 0; u < layout_.num_units(); u++) specs[0].units.push_back(u);
+  }
+  group_of_unit_.assign(layout_.num_units(), -1);
+  const int stage = config_.zero_stage;
+  for (const ParamGroup& spec : specs) {
+    GroupParts g;
+    g.spec = spec;
+    g.reduce = spec.reduce ? spec.reduce : &dp_;
+    CHECK_MSG(g.reduce->size() == dp_.size() && g.reduce->rank() == dp_.rank(),
+              "a parameter group's reduction group must be partitioned as the data-parallel group");
+    for (int u : spec.units) {
+      CHECK_MSG(u >= 0 && u < layout_.num_units() && group_of_unit_[u] < 0, "a unit in no group or in two");
+      group_of_unit_[u] = (int)groups_.size();
+    }
+    if (stage == 0)
+      g.buckets = std::make_unique<BucketAllReduce>(*g.reduce, layout_, spec.units, config_.bucket_mb,
+                                                    config_.overlap, full_gradient(), pool_);
+    else
+      g.scatter = std::make_unique<ShardReduceScatter>(*g.reduce, shards_, stage >= 2 ? 1 : 0, config_.overlap,
+                                                       pool_, [this](int u, const float* r) { store_reduced(u, r); });
+    groups_.push_back(std::move(g));
+  }
+  for (int u = 0; u < layout_.num_units(); u++) CHECK_MSG(group_of_unit_[u] >= 0, "a unit in no parameter group");
 }
 
 Status DataParallel::move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct) {
@@ -147,131 +162,36 @@ Status DataParallel::move_shard_to_file(optim::ShardArray a, const std::string& 
 }
 
 DataParallel::~DataParallel() {
-  wait_pending();
+  wait_reductions();
   gpt_.set_param_store(nullptr);
 }
 
-// ---------------------------------------------------------------- stage 0 buckets
+// ---------------------------------------------------------------- reductions
 
-void DataParallel::build_buckets() {
-  // Backward finishes units in descending index order (final norm, blocks L-1..0,
-  // embeddings), and consecutive units in that order are adjacent in memory.
-  const size_t bucket_elems = std::max<size_t>(1, (size_t)(config_.bucket_mb * 1024 * 1024 / 4));
-  bucket_of_unit_.assign(layout_.num_units(), -1);
-  Bucket current;
-  for (int u = layout_.num_units() - 1; u >= 0; u--) {
-    const auto& unit = layout_.units()[u];
-    if (current.units.empty()) current.end = unit.offset + unit.numel;
-    current.units.push_back(u);
-    current.begin = unit.offset;
-    bucket_of_unit_[u] = (int)buckets_.size();
-    if (current.end - current.begin >= bucket_elems || u == 0) {
-      max_bucket_ = std::max(max_bucket_, current.end - current.begin);
-      buckets_.push_back(std::move(current));
-      current = Bucket{};
-    }
-  }
-}
-
-void DataParallel::start_bucket(size_t b) {
-  Bucket& bk = buckets_[b];
-  const size_t n = bk.end - bk.begin;
-  if (dp_.size() == 1) {  // one rank: the gradient is already the sum (16-bit: no round trip)
-    bk.started = true;
-    return;
-  }
-  float* data = nullptr;
-  if (half_storage()) {
-    // One fp32 copy in flight: finish the earlier buckets (their reductions ran during the
-    // backward of this bucket's units) before widening this one.
-    for (size_t e = 0; e < buckets_.size(); e++)
-      if (e != b) complete_bucket(e);
-    bk.staging = pool_.take(MemCategory::kComm, max_bucket_, false);  // one size: reused
-    kernels::from_half(storage(), grads16_.data() + bk.begin, bk.staging.data(), n);
-    data = bk.staging.data();
-  } else {
-    data = full_grads() + bk.begin;
-  }
-  bk.started = true;
-  bk.request = dp_.iall_reduce(data, n, comm::ReduceOp::kSum);
-  if (!config_.overlap) complete_bucket(b);
-}
-
-void DataParallel::complete_bucket(size_t b) {
-  Bucket& bk = buckets_[b];
-  if (!bk.request) return;
-  bk.request->wait();
-  bk.request.reset();
-  if (bk.staging.empty()) return;
-  kernels::to_half(storage(), bk.staging.data(), grads16_.data() + bk.begin, bk.end - bk.begin);
-  pool_.give(std::move(bk.staging));
-}
-
-// ---------------------------------------------------------------- reduce-scatter
-
-void DataParallel::start_unit_reduce_scatter(int u) {
-  const UnitShard& s = shards_.units()[u];
-  Pending p;
-  p.unit = u;
-  if (config_.zero_stage >= 2) {
-    p.send = std::move(grad_staging_[u]);
-  } else {  // stage 1: the full gradient stays; reduce a zero-padded copy of the unit
-    p.send = pool_.take(MemCategory::kComm, s.padded, true);
-    if (half_storage())
-      kernels::from_half(storage(), grads16_.data() + s.global_offset, p.send.data(), s.numel);
-    else
-      std::memcpy(p.send.data(), full_grads() + s.global_offset, sizeof(float) * s.numel);
-  }
-  p.recv = pool_.take(MemCategory::kComm, s.shard, false);
-  p.request = dp_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
-  pending_.push_back(std::move(p));
-  // Stages 2-3: the unit before this one retires now (its reduction had this unit's
-  // backward to finish; a file-backed gradient is written while the next one runs), so two
-  // units' staging buffers are in flight, not the whole model's gradient at the
-  // micro-batch's end. Each unit's shard is added to alone: the order changes no bit.
-  while (config_.zero_stage >= 2 && pending_.size() > 1) {
-    retire(pending_.front());
-    pending_.erase(pending_.begin());
-  }
-  if (!config_.overlap) retire(pending_.back()), pending_.pop_back();
-}
-
-void DataParallel::retire(Pending& p) {
-  p.request->wait();
-  const int u = p.unit;
+// Stage 1: the reduced shard replaces this rank's slice of the full gradient. Stages 2-3:
+// it is added to the step's sum so far (16-bit words, the fp32 shard, or its file).
+void DataParallel::store_reduced(int u, const float* reduced) {
   const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
-  if (config_.zero_stage == 1) {
-    // The reduced shard replaces this rank's slice of the full gradient.
-    if (half_storage())
-      kernels::to_half(storage(), p.recv.data(), grads16_.data() + shards_.own_begin(u), owned);
-    else
-      std::memcpy(full_grads() + shards_.own_begin(u), p.recv.data(), sizeof(float) * owned);
-  } else if (half_storage()) {
-    kernels::add_to_half(storage(), grads16_.data() + shards_.units()[u].local_offset,
-                         p.recv.data(), owned);
-  } else if (grads_in_file()) {
-    store_reduced_grads(u, p.recv.data());
-  } else {
-    float* dst = reduced_fp32() + shards_.units()[u].local_offset;
-    const float* src = p.recv.data();
+  if (config_.zero_stage == 1) return full_gradient().write(shards_.own_begin(u), owned, reduced);
+  const size_t local = shards_.units()[u].local_offset;
+  if (half_) return kernels::add_to_half(config_.storage, half_->grads() + local, reduced, owned);
+  if (grads_in_file()) return files_->add_reduced(u, reduced);
+  float* dst = reduced_fp32() + local;
 #pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < owned; i++) dst[i] += src[i];
-  }
-  pool_.give(std::move(p.send));
-  pool_.give(std::move(p.recv));
+  for (size_t i = 0; i < owned; i++) dst[i] += reduced[i];
 }
 
-void DataParallel::wait_pending() {
-  for (auto& p : pending_) retire(p);
-  pending_.clear();
+void DataParallel::wait_reductions() {
+  for (GroupParts& g : groups_)
+    if (g.scatter) g.scatter->wait_all();
 }
 
 // ---------------------------------------------------------------- step protocol
 
 void DataParallel::zero_grads() {
-  if (half_storage()) zero_bytes(grads16_.data(), grads16_.bytes());
+  if (half_) half_->zero_grads();
   else if (config_.zero_stage < 2) gpt_.zero_grads();
-  else if (grads_in_file()) grad_written_.assign(layout_.num_units(), 0);
+  else if (grads_in_file()) files_->begin_step();
   else zero_bytes(reduced_fp32(), sizeof(float) * shards_.local_total());
 }
 
@@ -286,7 +206,7 @@ void DataParallel::drop_kept_gathers() {
   for (auto& g : gathered_) {
     if (!g || g->refs > 0 || !(config_.keep_gathered || g->held)) continue;
     if (g->request) g->request->wait();  // a prefetch never used
-    give_read_buffer(std::move(g->source));
+    if (files_) files_->give_back(std::move(g->source));
     pool_.give(std::move(g->data));
     if (!g->half.empty()) pool16_.give(std::move(g->half));
     g.reset();
@@ -300,27 +220,21 @@ void DataParallel::begin_step(int micro_batches) {
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
   released_.assign(layout_.num_units(), 0);
-  for (auto& b : buckets_) b.ready = 0, b.started = false;
+  for (GroupParts& g : groups_)
+    if (g.buckets) g.buckets->begin_step();
 }
 
-void DataParallel::end_micro_batch() { wait_pending(); }
+void DataParallel::end_micro_batch() { wait_reductions(); }
 
 void DataParallel::finish_reductions() {
-  for (size_t b = 0; b < buckets_.size(); b++) {
-    if (!buckets_[b].started) start_bucket(b);  // not started: units never released
-    complete_bucket(b);
-  }
-  wait_pending();
-  if (grads_in_file())  // a unit no backward reached this step has a zero gradient
-    for (int u = 0; u < layout_.num_units(); u++) {
-      if (grad_written_[u]) continue;
-      Buffer<float> zero(MemCategory::kComm, shards_.units()[u].shard);
-      store_reduced_grads(u, zero.data());
-    }
+  for (GroupParts& g : groups_)
+    if (g.buckets) g.buckets->finish();
+  wait_reductions();
+  if (grads_in_file()) files_->fill_unwritten();  // a unit no backward reached has a zero gradient
   if (tied_peer_ >= 0) sum_tied_embedding();
   drop_kept_gathers();  // the update changes the parameters: the next step gathers afresh
-  drop_reads();
-  if (grads_in_file()) store().wait_all(), last_grad_write_ = 0;  // the last writes: exposed, if any
+  if (params_in_file()) files_->drop_reads();
+  if (grads_in_file()) files_->wait_writes();  // the last writes: exposed, if any
 }
 
 size_t DataParallel::reduced_range(int u, size_t* n) const {
@@ -349,9 +263,9 @@ void DataParallel::sum_tied_embedding() {
     widened.allocate(MemCategory::kComm, n);
     store().read(optim::kShardGrads, offset, n, widened.data());
     mine = widened.data();
-  } else if (half_storage()) {  // exchanged and summed in fp32, rounded once (alike on both stages)
+  } else if (half_) {  // exchanged and summed in fp32, rounded once (alike on both stages)
     widened.allocate(MemCategory::kComm, n);
-    kernels::from_half(storage(), grads16_.data() + offset, widened.data(), n);
+    kernels::from_half(config_.storage, half_->grads() + offset, widened.data(), n);
     mine = widened.data();
   } else {
     mine = reduced_fp32() + offset;
@@ -363,10 +277,10 @@ void DataParallel::sum_tied_embedding() {
   send->wait();
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) mine[i] += theirs[i];
-  if (half_storage()) kernels::to_half(storage(), mine, grads16_.data() + offset, n);
+  if (half_) kernels::to_half(config_.storage, mine, half_->grads() + offset, n);
   if (grads_in_file()) {
     store().write(optim::kShardGrads, offset, n, mine);
-    sum_squares_of_unit(layout_.embedding_unit(), mine);
+    files_->set_squares(layout_.embedding_unit(), mine);
   }
 }
 
@@ -376,25 +290,31 @@ double DataParallel::grad_norm() {
   // hold (replicated tensors, replicated key/value heads) count on one of them only.
   // The pipeline's last stage holds the second copy of the tied embedding.
   // File-backed gradients: the sums taken as they were written, in the same order.
+  // Each group's sum is reduced over its own group of ranks.
   const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
-  double local = 0;
   const auto& segments = adamw_->segments();
+  std::vector<double> local(groups_.size(), 0.0);
   for (size_t i = 0; i < segments.size(); i++) {
     const optim::AdamSegment& s = segments[i];
     if (s.tp_copy) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
-    local += grads_in_file() ? segment_squares_[i]
-             : half_storage() ? optim::sum_of_squares(storage(), grads16_.data() + s.grad_offset, s.count)
-                              : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
+    local[group_of_unit_[s.unit]] +=
+        grads_in_file() ? files_->squares(i)
+        : half_        ? optim::sum_of_squares(config_.storage, half_->grads() + s.grad_offset, s.count)
+                       : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
   }
-  if (config_.zero_stage > 0) dp_.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
-  if (tp_) tp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
-  if (pp_) pp_->all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
-  return std::sqrt(local);
+  double total = 0;
+  for (size_t g = 0; g < groups_.size(); g++) {
+    if (config_.zero_stage > 0) groups_[g].reduce->all_reduce_f64(&local[g], 1, comm::ReduceOp::kSum);
+    total += local[g];
+  }
+  if (tp_) tp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
+  if (pp_) pp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
+  return std::sqrt(total);
 }
 
 void DataParallel::clip(double norm, float max_norm, double loss_scale) {
-  if (half_storage() || sharded_params()) {
+  if (half_ || sharded_params()) {
     // Applied by the update: the 16-bit gradients are not re-rounded, and ZeRO-3's may be
     // in a file (the same multiplication, on the way to AdamW).
     grad_coef_ = optim::clip_coefficient(norm, max_norm, loss_scale);
@@ -411,27 +331,19 @@ void DataParallel::clip(double norm, float max_norm, double loss_scale) {
 
 void DataParallel::optimizer_step(float lr, int t) {
   const int stage = config_.zero_stage;
-  if (half_storage()) {
-    adamw_->step_mixed(storage(), params16_.data(), grads16_.data(), grad_coef_, lr, t);
-    gather_updated_params(params16_.data());
+  if (half_) {
+    adamw_->step_mixed(config_.storage, half_->params(), half_->grads(), grad_coef_, lr, t);
+    gather_updated_params(half_->params());
     return;
   }
   if (stage == 3) {
-    drop_reads();
     if (!params_in_file()) return adamw_->step_shard(grad_coef_, lr, t);
     // The next forward's first units take their new parameter shards from the update as it
     // writes them, instead of reading them back from the file before the first block.
     std::vector<int> first;
-    for (int u = 0; u >= 0 && (int)first.size() < std::max(1, config_.files.read_ahead); u = next_unit_in(Pass::kForward, u))
+    for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in(Pass::kForward, u))
       first.push_back(u);
-    for (int u : first) reads_[u].buffer = take_read_buffer(shards_.units()[u].shard);
-    adamw_->step_shard(grad_coef_, lr, t, [&](size_t begin, size_t end, const float* params) {
-      for (int u : first) {
-        const UnitShard& s = shards_.units()[u];
-        const size_t lo = std::max(begin, s.local_offset), hi = std::min(end, s.local_offset + s.shard);
-        if (lo < hi) std::memcpy(reads_[u].buffer.data() + (lo - s.local_offset), params + (lo - begin), sizeof(float) * (hi - lo));
-      }
-    });
+    adamw_->step_shard(grad_coef_, lr, t, files_->hand_over(first));
     return;
   }
   float* params = full_params();
@@ -441,9 +353,9 @@ void DataParallel::optimizer_step(float lr, int t) {
 }
 
 void DataParallel::params_from_master() {
-  CHECK(half_storage());
-  adamw_->params_from_master(storage(), params16_.data());
-  gather_updated_params(params16_.data());
+  CHECK(half_);
+  adamw_->params_from_master(config_.storage, half_->params());
+  gather_updated_params(half_->params());
 }
 
 template <typename T>
@@ -456,10 +368,10 @@ void DataParallel::gather_updated_params(T* params) {
   auto start = [&](int u) {
     const UnitShard& s = shards_.units()[u];
     staging[u].allocate(MemCategory::kComm, s.padded);
-    T* mine = staging[u].data() + (size_t)dp_.rank() * s.shard;
+    T* mine = staging[u].data() + (size_t)shards_.rank() * s.shard;
     std::memcpy(mine, params + shards_.own_begin(u),
                 sizeof(T) * (shards_.own_end(u) - shards_.own_begin(u)));
-    requests[u] = dp_.iall_gather(mine, staging[u].data(), s.shard);
+    requests[u] = reduce_group(u).iall_gather(mine, staging[u].data(), s.shard);
   };
   start(0);
   for (int u = 0; u < n; u++) {
@@ -479,133 +391,47 @@ DataParallel::Gathered& DataParallel::gather(int u) {
   if (!gathered_[u]) {
     const UnitShard& s = shards_.units()[u];
     auto g = std::make_unique<Gathered>();
-    if (config_.zero_stage == 3 && half_storage()) {
+    if (config_.zero_stage == 3 && half_) {
       g->half = pool16_.take(MemCategory::kGathered, s.padded, false);
-      g->request = dp_.iall_gather(params16_.data() + s.local_offset, g->half.data(), s.shard);
+      g->request = reduce_group(u).iall_gather(half_->params() + s.local_offset, g->half.data(), s.shard);
     } else if (config_.zero_stage == 3) {
       g->data = pool_.take(MemCategory::kGathered, s.padded, false);
-      g->request = dp_.iall_gather(param_shard_of(u, &g->source), g->data.data(), s.shard);
+      g->request = reduce_group(u).iall_gather(param_shard_of(u, &g->source), g->data.data(), s.shard);
     }
     gathered_[u] = std::move(g);
   }
   return *gathered_[u];
 }
 
-// ---------------------------------------------------------------- file-backed shards
-
-void DataParallel::read_ahead(int u) {
-  for (int k = 0; k < std::max(1, config_.files.read_ahead) && u >= 0; k++, u = next_unit(u)) {
-    ShardRead& r = reads_[u];
-    if (gathered_[u] || !r.buffer.empty()) continue;  // gathered, or its read issued
-    const UnitShard& s = shards_.units()[u];
-    r.buffer = take_read_buffer(s.shard);
-    r.ticket = store().read_async(optim::kShardParams, s.local_offset, s.shard, r.buffer.data());
-  }
+std::vector<int> DataParallel::units_to_read(int u) const {
+  std::vector<int> units;
+  for (int k = 0; k < files_->read_ahead() && u >= 0; k++, u = next_unit(u))
+    if (!gathered_[u]) units.push_back(u);
+  return units;
 }
 
 const float* DataParallel::param_shard_of(int u, optim::IoBuffer* holder) {
-  const UnitShard& s = shards_.units()[u];
-  if (!params_in_file()) return store().data(optim::kShardParams) + s.local_offset;
-  read_ahead(u);  // issued now, unless it was already
-  ShardRead& r = reads_[u];
-  store().wait(r.ticket);
-  *holder = std::move(r.buffer);  // the all-gather's source until it completes
-  r = ShardRead{};
-  return holder->data();
+  if (!params_in_file()) return store().data(optim::kShardParams) + shards_.units()[u].local_offset;
+  files_->read(units_to_read(u));  // issued now, unless they were already
+  return files_->take(u, holder);
 }
 
-void DataParallel::drop_reads() {
-  if (!params_in_file()) return;
-  for (ShardRead& r : reads_) {
-    if (r.buffer.empty()) continue;
-    store().wait(r.ticket);
-    give_read_buffer(std::move(r.buffer));
-    r = ShardRead{};
-  }
-}
-
-optim::IoBuffer DataParallel::take_read_buffer(size_t n) {
-  for (size_t i = 0; i < read_spares_.size(); i++)
-    if (read_spares_[i].capacity() >= n) {
-      optim::IoBuffer b = std::move(read_spares_[i]);
-      read_spares_.erase(read_spares_.begin() + (ptrdiff_t)i);
-      return b;
-    }
-  return optim::IoBuffer(MemCategory::kGathered, n);
-}
-
-void DataParallel::give_read_buffer(optim::IoBuffer&& b) {
-  if (b.empty()) return;
-  read_spares_.push_back(std::move(b));
-  // As many as can be in flight: the read-ahead and the shard being gathered.
-  if ((int)read_spares_.size() > std::max(1, config_.files.read_ahead) + 1) read_spares_.erase(read_spares_.begin());
-}
-
-// In pieces of the store's chunk, so a unit of any size needs two piece buffers: one being
-// summed while the one before is written (one write in flight).
-void DataParallel::store_reduced_grads(int u, const float* reduced) {
-  const UnitShard& s = shards_.units()[u];
-  const size_t owned = shards_.own_end(u) - shards_.own_begin(u), piece = store().chunk();
-  const auto& segments = adamw_->segments();
-  std::vector<optim::SumOfSquaresStream> squares;
-  for (int i : unit_segments_[u]) squares.emplace_back(segments[i].count);
-  for (size_t b = 0; b < owned; b += piece) {
-    const size_t n = std::min(piece, owned - b);
-    // Two buffers alternate: the other one's write was waited for before this one's began.
-    optim::IoBuffer& buffer = grad_pieces_[next_piece_ ^= 1];
-    if (buffer.capacity() < piece) buffer = optim::IoBuffer(MemCategory::kComm, piece);
-    float* g = buffer.data();
-    const float* r = reduced + b;
-    if (grad_written_[u]) {
-      store().wait(store().read_async(optim::kShardGrads, s.local_offset + b, n, g));
-#pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < n; i++) g[i] += r[i];
-    } else {  // the in-memory shard starts at zero: the same addition
-#pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < n; i++) g[i] = 0.0f + r[i];
-    }
-    // The piece's part of each segment, in order (segments tile the unit's owned range).
-    for (size_t k = 0; k < squares.size(); k++) {
-      const size_t from = segments[unit_segments_[u][k]].grad_offset - s.local_offset;
-      const size_t lo = std::max(from, b), hi = std::min(from + segments[unit_segments_[u][k]].count, b + n);
-      if (lo < hi) squares[k].add(g + (lo - b), hi - lo);
-    }
-    if (last_grad_write_) store().wait(last_grad_write_);
-    last_grad_write_ = store().write_async(optim::kShardGrads, s.local_offset + b, n, (const float*)g);
-  }
-  grad_written_[u] = 1;
-  for (size_t k = 0; k < squares.size(); k++) segment_squares_[unit_segments_[u][k]] = squares[k].total();
-}
-
-// Parameters: the shards read ahead and the one being gathered; gradients: the piece being
-// summed and the one being written.
-size_t DataParallel::io_buffer_bytes(optim::ShardArray a) const {
-  size_t max_shard = 0;
-  for (const UnitShard& s : shards_.units()) max_shard = std::max(max_shard, s.shard);
-  const size_t unit = optim::ShardStore::aligned(max_shard) + optim::ShardStore::kAlign;
-  const size_t floats = a == optim::kShardParams ? (size_t)(std::max(1, config_.files.read_ahead) + 1) * unit
-                                                 : 2 * piece_floats();
-  return floats * sizeof(float);
-}
-
-size_t DataParallel::piece_floats() const {
-  return optim::ShardStore::aligned(adamw_->store().chunk()) + optim::ShardStore::kAlign;
-}
+// ---------------------------------------------------------------- memory budget
 
 size_t DataParallel::file_working_bytes(optim::ShardArray a) const {
-  if (!sharded_params()) return 0;
-  return io_buffer_bytes(a) + 3 * piece_floats() * sizeof(float);  // and the update's rotating buffers
+  if (!files_) return 0;
+  return files_->io_buffer_bytes(a) + 3 * files_->piece_bytes();  // and the update's rotating buffers
 }
 
 size_t DataParallel::offload_working_bytes() const {
   size_t bytes = 0;
-  for (optim::ShardArray a : {optim::kShardParams, optim::kShardGrads})
-    if (sharded_params() && adamw_->store().in_file(a)) bytes += io_buffer_bytes(a);
+  if (params_in_file()) bytes += files_->io_buffer_bytes(optim::kShardParams);
+  if (grads_in_file()) bytes += files_->io_buffer_bytes(optim::kShardGrads);
   return bytes;
 }
 
 size_t DataParallel::transient_bytes() const {
-  if (config_.zero_stage < 2 || half_storage()) return 0;
+  if (config_.zero_stage < 2 || half_) return 0;
   // The two largest units bound two consecutive ones: gathered (the one in use and the one
   // prefetched, ZeRO-3), and in the reduction (the staging and received shard of the unit
   // retiring and of the one just started).
@@ -622,13 +448,7 @@ size_t DataParallel::transient_bytes() const {
   return floats * sizeof(float);
 }
 
-void DataParallel::sum_squares_of_unit(int u, const float* shard) {
-  const size_t base = shards_.units()[u].local_offset;
-  for (int i : unit_segments_[u]) {
-    const optim::AdamSegment& seg = adamw_->segments()[i];
-    segment_squares_[i] = optim::sum_of_squares(shard + (seg.grad_offset - base), seg.count);
-  }
-}
+// ---------------------------------------------------------------- unit order
 
 int DataParallel::first_backward_unit() const {
   const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
@@ -648,90 +468,50 @@ int DataParallel::next_unit_in(model::Pass pass, int u) const {
   return u - 1 > E ? u - 1 : -1;                               // F, B_{L-1}..B_0
 }
 
-DataParallel::PackedUnits::PackedUnits(const model::ParamLayout& layout,
-                                       bool (*keep)(const model::ParamTensor&)) {
-  runs.resize(layout.num_units());
-  size.assign(layout.num_units(), 0);
-  offset.assign(layout.tensors().size(), 0);
-  for (size_t i = 0; i < layout.tensors().size(); i++) {
-    const model::ParamTensor& t = layout.tensors()[i];
-    if (!keep(t)) continue;
-    const int u = layout.unit_of(t);
-    const size_t from = layout.offset_in_unit(t);
-    offset[i] = size[u];
-    if (!runs[u].empty() && runs[u].back().from + runs[u].back().n == from) runs[u].back().n += t.numel;
-    else runs[u].push_back({from, size[u], t.numel});
-    size[u] += t.numel;
-  }
-}
-
-size_t DataParallel::PackedUnits::offset_of(const model::ParamLayout& layout,
-                                            const model::ParamTensor& t) const {
-  const ptrdiff_t i = &t - layout.tensors().data();
-  CHECK(i >= 0 && i < (ptrdiff_t)layout.tensors().size());
-  return offset[i];
-}
-
 const uint16_t* DataParallel::half_unit(int u) const {
-  return config_.zero_stage == 3 ? gathered_[u]->half.data() : params16_.data() + layout_.units()[u].offset;
-}
-
-size_t DataParallel::fp32_unit_size(int u) const {
-  return packed_params_ ? packed_params_->size[u] : layout_.units()[u].numel;
-}
-
-void DataParallel::widen(int u, float* out) const {
-  const uint16_t* half = half_unit(u);
-  if (!packed_params_) {
-    kernels::from_half(storage(), half, out, layout_.units()[u].numel);
-    return;
-  }
-  for (const PackedRun& r : packed_params_->runs[u])
-    kernels::from_half(storage(), half + r.from, out + r.to, r.n);
+  return config_.zero_stage == 3 ? gathered_[u]->half.data() : half_->params() + layout_.units()[u].offset;
 }
 
 const float* DataParallel::fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
                                        const model::ParamLayout& layout) const {
-  if (!packed_params_) return ParamStore::fp32_tensor(unit, u, t, layout);
-  CHECK_MSG(!t.gemm_weight, "bf16 storage keeps no fp32 copy of a GEMM weight: read acquired_bf16");
-  return unit + packed_params_->offset_of(layout_, t);
+  if (!half_) return ParamStore::fp32_tensor(unit, u, t, layout);
+  return unit + half_->param_offset(u, t);
 }
 
 uint16_t* DataParallel::acquired_grads_bf16(int u) {
-  if (!packed_grads_) return nullptr;
+  if (!half_ || !half_->packs_grads()) return nullptr;
   CHECK_MSG(!grad_staging_[u].empty(), "acquired_grads_bf16 of a unit whose gradients are not acquired");
-  return grads16_.data() + layout_.units()[u].offset;
+  return half_->unit_grads(u);
 }
 
 float* DataParallel::fp32_grad_tensor(float* unit, int u, const model::ParamTensor& t,
                                       const model::ParamLayout& layout) const {
-  if (!packed_grads_) return ParamStore::fp32_grad_tensor(unit, u, t, layout);
-  CHECK_MSG(!t.gemm_grad, "a linear weight's gradient goes to acquired_grads_bf16");
-  return unit + packed_grads_->offset_of(layout_, t);
+  if (!half_ || config_.zero_stage >= 2) return ParamStore::fp32_grad_tensor(unit, u, t, layout);
+  return unit + half_->grad_offset(u, t);
 }
 
 const float* DataParallel::acquire_params(int u) {
   const int stage = config_.zero_stage;
-  if (stage < 3 && !half_storage()) return full_params() + layout_.units()[u].offset;
+  if (stage < 3 && !half_) return full_params() + layout_.units()[u].offset;
   Gathered& g = gather(u);
   if (g.request) g.request->wait();
-  give_read_buffer(std::move(g.source));
-  if (half_storage() && g.data.empty()) {
-    g.data = pool_.take(MemCategory::kGathered, fp32_unit_size(u), false);
-    widen(u, g.data.data());
-    if (!packed_params_) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
+  if (files_) files_->give_back(std::move(g.source));
+  if (half_ && g.data.empty()) {
+    g.data = pool_.take(MemCategory::kGathered, half_->fp32_unit_size(u), false);
+    half_->widen(u, half_unit(u), g.data.data());
+    if (!half_->packs_params()) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
   }
   g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
     if (int next = next_unit(u); next >= 0) {
-      if (params_in_file()) read_ahead(next);  // and the reads of the units after it start
+      if (params_in_file()) files_->read(units_to_read(next));  // and the reads of the units after it start
       gather(next);
     }
   return g.data.data();
 }
 
 void DataParallel::release_params(int u) {
-  if (config_.zero_stage < 3 && !half_storage()) return;
+  if (config_.zero_stage < 3 && !half_) return;
   CHECK(gathered_[u] && gathered_[u]->refs > 0);
   if (--gathered_[u]->refs > 0) return;
   if (config_.zero_stage == 3 && config_.keep_gathered) return;  // until the step ends
@@ -747,45 +527,34 @@ void DataParallel::release_params(int u) {
 }
 
 const uint16_t* DataParallel::acquired_bf16(int u) const {
-  if (!packed_params_) return nullptr;
+  if (!half_ || !half_->packs_params()) return nullptr;
   CHECK_MSG(gathered_[u] && gathered_[u]->refs > 0, "acquired_bf16 of a unit not acquired");
   return half_unit(u);
 }
 
 float* DataParallel::acquire_grads(int u) {
   const int stage = config_.zero_stage;
-  if (stage < 2 && !half_storage()) return full_grads() + layout_.units()[u].offset;
-  if (grad_staging_[u].empty()) {
-    const size_t n = packed_grads_ ? packed_grads_->size[u] : layout_.units()[u].numel;
-    grad_staging_[u] = stage >= 2 ? pool_.take(MemCategory::kComm, shards_.units()[u].padded, true)
-                                  : pool_.take(MemCategory::kWorkspace, n, true);
-  }
+  if (stage < 2 && !half_) return full_grads() + layout_.units()[u].offset;
+  if (grad_staging_[u].empty())
+    grad_staging_[u] = stage >= 2 ? groups_[group_of_unit_[u]].scatter->staging(u)
+                                  : pool_.take(MemCategory::kWorkspace, half_->fp32_grad_size(u), true);
   return grad_staging_[u].data();
 }
 
 void DataParallel::release_grads(int u) {
   const int stage = config_.zero_stage;
+  GroupParts& g = groups_[group_of_unit_[u]];
   if (stage >= 2) {  // per micro-batch, or once the unit's last micro-batch is done
-    if (!config_.reduce_once_per_step || ++released_[u] == micro_batches_) start_unit_reduce_scatter(u);
+    if (!config_.reduce_once_per_step || ++released_[u] == micro_batches_) g.scatter->start(u, std::move(grad_staging_[u]));
     return;
   }
-  if (half_storage()) {  // this micro-batch's fp32 gradient into the 16-bit accumulation
-    uint16_t* g16 = grads16_.data() + layout_.units()[u].offset;
-    const float* g = grad_staging_[u].data();
-    if (packed_grads_) {  // the linear weights' GEMMs have added theirs already
-      for (const PackedRun& r : packed_grads_->runs[u]) kernels::add_to_half(storage(), g16 + r.from, g + r.to, r.n);
-    } else {
-      kernels::add_to_half(storage(), g16, g, layout_.units()[u].numel);
-    }
+  if (half_) {  // this micro-batch's fp32 gradient into the 16-bit accumulation
+    half_->add_unit_grads(u, grad_staging_[u].data());
     pool_.give(std::move(grad_staging_[u]));
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
-  if (stage == 1) {
-    start_unit_reduce_scatter(u);
-    return;
-  }
-  Bucket& b = buckets_[bucket_of_unit_[u]];
-  if (++b.ready == (int)b.units.size() && config_.overlap) start_bucket(bucket_of_unit_[u]);
+  if (stage == 1) g.scatter->start_from(u, full_gradient());
+  else g.buckets->unit_final(u);
 }
 
 }  // namespace meshtrain::parallel

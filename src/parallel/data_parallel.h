@@ -1,6 +1,16 @@
-// Data parallelism and ZeRO stages 0-3 over one data-parallel group, as a ParamStore that
-// the model calls unit by unit. Memory per rank for P parameters and N ranks (up to the
-// per-unit shard padding documented in docs/parallelism.md):
+// Data parallelism and ZeRO stages 0-3, as a ParamStore that the model calls unit by unit
+// and a GradSync that the training step calls between backward passes. It composes parts
+// that each do one thing and are tested alone (parallel/dp/):
+//   ParamGroup          units whose gradients are reduced over one group of ranks
+//   BucketAllReduce,    the gradient reducer of a group: buckets all-reduced (stage 0), or
+//   ShardReduceScatter  units reduce-scattered (stages 1-3), the sums handed to a sink
+//   HalfStorage         16-bit parameters and gradients, and the fp32 views of a unit
+//   FileBackedShards    ZeRO-Infinity's reads ahead and gradient writes (shards in files)
+//   optim::ShardStore   the rank's shard of the model states, in memory or in files
+//   optim::AdamW        the optimizer step over the shard (step, step_mixed, step_shard)
+// What stays here is the ZeRO protocol between them: which buffers a stage keeps, when a
+// unit is gathered, reduced, and released. Memory per rank for P parameters and N ranks
+// (up to the per-unit shard padding documented in docs/parallelism.md):
 //            fp32 storage                  16-bit storage (bf16/fp16, fp32 master in optim)
 //   stage 0: params 4P,   grads 4P,   optim 8P      2P,   2P,   12P   (bucket all-reduce)
 //   stage 1: params 4P,   grads 4P,   optim 8P/N    2P,   2P,   12P/N (reduce-scatter, all-gather)
@@ -23,7 +33,7 @@
 // keep_gathered, stage 3 gathers each unit once per step instead of at every use.
 //
 // ZeRO-Infinity (fp32 stage 3): the parameter and gradient shards are arrays of the
-// optimizer's ShardStore, each in memory or in a file (ShardFiles). A file-backed parameter
+// optimizer's ShardStore, each in memory or in a file (FileBackedShards). A file-backed parameter
 // shard is read ahead of use, read_ahead units along the pass, and all-gathered from the
 // read buffer: each rank reads only its own shard (bandwidth-centric partitioning). A
 // reduced gradient shard is written as it retires (read, added to and written again while
@@ -40,9 +50,23 @@
 #include "comm/group.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/dp/file_shards.h"
+#include "parallel/dp/grad_sync.h"
+#include "parallel/dp/half_storage.h"
+#include "parallel/dp/reducer.h"
 #include "parallel/shard_layout.h"
 
 namespace meshtrain::parallel {
+
+// Units whose gradients are summed over one group of ranks (Megatron's and DeepSpeed's
+// parameter groups; MoE's experts reduce over their expert-data-parallel group). Every
+// group is partitioned as the data-parallel group is, so its reduction group has dp's size
+// and rank order; groups differ in the communicator their collectives run on.
+struct ParamGroup {
+  std::string name;
+  comm::Group* reduce = nullptr;  // null: the store's data-parallel group
+  std::vector<int> units;         // ascending
+};
 
 struct DpConfig {
   int zero_stage = 0;
@@ -71,6 +95,8 @@ struct DpConfig {
     size_t chunk = 0;        // their streamed chunk, in elements
   } files;
   bool align_shards = false;
+  // Every unit in exactly one group; empty: one group, "dp", of every unit.
+  std::vector<ParamGroup> groups;
 };
 
 // Unit u's initial parameters in the model's local layout, written to `out` (the unit's
@@ -81,7 +107,7 @@ using InitialUnits = std::function<void(int u, float* out)>;
 model::Gpt::LocalState model_state_for_stage(int zero_stage,
                                              kernels::Precision storage = kernels::Precision::kFp32);
 
-class DataParallel : public model::ParamStore {
+class DataParallel : public model::ParamStore, public GradSync {
  public:
   // `gpt` must own what the stage keeps full (model_state_for_stage); for stage 3 and for
   // 16-bit storage the initial parameters are taken from `full_params` (every rank passes
@@ -102,6 +128,10 @@ class DataParallel : public model::ParamStore {
   const ShardLayout& shards() const { return shards_; }
   optim::AdamW& adamw() { return *adamw_; }
   const optim::AdamW& adamw() const { return *adamw_; }
+  // The parameter groups and the reducer of each (stage 0: buckets; else reduce-scatter).
+  size_t num_groups() const { return groups_.size(); }
+  const ParamGroup& group(size_t g) const { return groups_[g].spec; }
+  const BucketAllReduce* buckets(size_t g) const { return groups_[g].buckets.get(); }
   // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
   // Null with 16-bit storage, and while the shard is in a file (read it through
   // adamw().store()).
@@ -117,7 +147,7 @@ class DataParallel : public model::ParamStore {
   size_t file_working_bytes(optim::ShardArray a) const;
   size_t offload_working_bytes() const;
   size_t transient_bytes() const;
-  bool half_storage() const { return config_.storage != kernels::Precision::kFp32; }
+  bool half_storage() const { return half_ != nullptr; }
   // 16-bit storage: the fp32 parameters of this rank's optimizer state are its master
   // weights (optim::kMasterWeights; the whole model at stage 0, the owned shard otherwise,
   // as checkpoints store them). After they are set, e.g. loaded, this rewrites the 16-bit
@@ -131,10 +161,10 @@ class DataParallel : public model::ParamStore {
   // reduced over `pp` as well. tied_peer < 0: no copy elsewhere.
   void set_pipeline(comm::Group* pp, int tied_peer);
 
-  // --- one optimizer step ---
-  void begin_step(int micro_batches);  // zeroes gradients
-  void end_micro_batch();              // waits for the reductions started so far
-  void finish_reductions();            // after the last backward: every reduction done
+  // --- one optimizer step (GradSync, then the update) ---
+  void begin_step(int micro_batches) override;  // zeroes gradients
+  void end_micro_batch() override;              // waits for the reductions started so far
+  void finish_reductions() override;            // after the last backward: every reduction done
   // Global L2 norm of the reduced gradient over dp and tp, tp-replicated parameters
   // counted once.
   double grad_norm();
@@ -157,10 +187,11 @@ class DataParallel : public model::ParamStore {
   void release_grads(int u) override;
 
  private:
-  struct Pending {
-    int unit = -1;
-    comm::RequestPtr request;
-    Buffer<float> send, recv;  // staging (comm)
+  struct GroupParts {
+    ParamGroup spec;
+    comm::Group* reduce = nullptr;
+    std::unique_ptr<BucketAllReduce> buckets;      // stage 0
+    std::unique_ptr<ShardReduceScatter> scatter;   // stages 1-3
   };
   struct Gathered {
     Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
@@ -175,61 +206,44 @@ class DataParallel : public model::ParamStore {
                const optim::AdamWConfig& adamw, comm::Group* tp);  // create_sharded: init() follows
   Status init(const float* full_params, const InitialUnits& initial);
   Status init_sharded(const float* full_params, const InitialUnits& initial);
+  void init_half(const float* full_params);
+  void init_groups();
   void drop_kept_gathers();  // keep_gathered: every unit kept since its first use
   // fp32 stage 3: the parameter and gradient shards are the store's arrays.
   bool sharded_params() const { return config_.zero_stage == 3 && !half_storage(); }
   optim::ShardStore& store() { return adamw_->store(); }
-  bool params_in_file() const { return sharded_params() && adamw_->store().in_file(optim::kShardParams); }
-  bool grads_in_file() const { return sharded_params() && adamw_->store().in_file(optim::kShardGrads); }
-  // File-backed parameters: issue the reads of u and the units after it in this pass (up to
-  // read_ahead), and unit u's shard, read (waiting for it) or resident.
-  void read_ahead(int u);
+  bool params_in_file() const { return files_ && files_->params_in_file(); }
+  bool grads_in_file() const { return files_ && files_->grads_in_file(); }
+  comm::Group& reduce_group(int u) const { return *groups_[group_of_unit_[u]].reduce; }
+  // File-backed parameters: unit u and the units after it in this pass (up to read_ahead)
+  // that are not gathered, to be read ahead.
+  std::vector<int> units_to_read(int u) const;
   const float* param_shard_of(int u, optim::IoBuffer* holder);
-  void drop_reads();  // before the parameters change: reads issued but not used
-  // Read buffers are reused (fresh pages cost a fault each).
-  optim::IoBuffer take_read_buffer(size_t n);
-  void give_read_buffer(optim::IoBuffer&& b);
-  // File-backed gradients: adds unit u's reduced shard to what the step wrote before (if
-  // anything) and writes the sum back, taking its sums of squares: the last write of the
-  // step leaves the final ones.
-  void store_reduced_grads(int u, const float* reduced);
-  void sum_squares_of_unit(int u, const float* shard);
-  size_t io_buffer_bytes(optim::ShardArray a) const;  // per-unit transfers of a file-backed shard
-  size_t piece_floats() const;                        // one streamed chunk's buffer
-  void build_buckets();
-  void start_bucket(size_t b);
-  void complete_bucket(size_t b);
-  // Reduce-scatter of unit u's gradient: from its staging buffer (stages 2-3), or from a
-  // zero-padded fp32 copy of the accumulated gradient (stage 1).
-  void start_unit_reduce_scatter(int u);
-  void retire(Pending& p);
-  void wait_pending();
+  // Where a group's reducer puts unit u's reduced shard (stages 1-3).
+  void store_reduced(int u, const float* reduced);
+  void wait_reductions();
   void zero_grads();
   void sum_tied_embedding();
   // This rank's reduced gradient of unit u: [offset, offset + n) of the reduced gradient
-  // (grads16_, grad_shard_ or the model's grads): the whole unit (stage 0), or its owned
-  // shard.
+  // (the 16-bit words, the stage-2 shard, stage 3's store array or the model's grads): the
+  // whole unit (stage 0), or its owned shard.
   size_t reduced_range(int u, size_t* n) const;
   float* reduced_fp32() {
     return config_.zero_stage == 3 ? store().data(optim::kShardGrads)
            : config_.zero_stage == 2 ? grad_shard_.data() : full_grads();
   }
+  FullGradient full_gradient() { return half_ ? half_->full_gradient() : FullGradient{full_grads()}; }
   // Stages 1-2 after an update: every rank updated its shard of the full parameters; gather
   // the rest.
   template <typename T>
   void gather_updated_params(T* params);
   Gathered& gather(int u);
-  // The 16-bit unit u as stored or gathered, and the fp32 copy the model reads: all of it,
-  // or with bf16 storage its tensors that are not GEMM weights, packed (packed_params_).
-  const uint16_t* half_unit(int u) const;
-  size_t fp32_unit_size(int u) const;
-  void widen(int u, float* out) const;
+  const uint16_t* half_unit(int u) const;  // 16-bit unit u as stored or gathered
   int next_unit(int u) const;  // in the current pass
   int next_unit_in(model::Pass pass, int u) const;
   int first_backward_unit() const;
   float* full_grads() { return gpt_.grads(); }
   float* full_params() { return gpt_.params(); }
-  kernels::Precision storage() const { return config_.storage; }
 
   model::Gpt& gpt_;
   comm::Group& dp_;
@@ -245,44 +259,10 @@ class DataParallel : public model::ParamStore {
   comm::Group* pp_ = nullptr;
   int tied_peer_ = -1;
 
-  Buffer<float> grad_shard_;   // fp32 stage 2 (grads); stage 3's are in the store
-  // File-backed stage 3: per unit the parameter shard being read ahead and whether its
-  // gradient was written this step; per optimizer segment
-  // its gradient's sum of squares; per unit its segments.
-  struct ShardRead {
-    optim::IoBuffer buffer;
-    optim::ShardStore::Ticket ticket = 0;
-  };
-  std::vector<ShardRead> reads_;
-  std::vector<char> grad_written_;
-  optim::ShardStore::Ticket last_grad_write_ = 0;
-  optim::IoBuffer grad_pieces_[2];  // file-backed gradients: summed and written in turn
-  int next_piece_ = 0;
-  std::vector<optim::IoBuffer> read_spares_;
-  std::vector<double> segment_squares_;
-  std::vector<std::vector<int>> unit_segments_;
-  // 16-bit storage: parameters (full, or stage 3's shard) and gradients (full at stages
-  // 0-1, the shard at 2-3); grad_coef_ is the clip and loss-scale factor for the update.
-  Buffer<uint16_t> params16_, grads16_;
-  float grad_coef_ = 1.0f;
-  // bf16 storage: fp32 units that hold only some tensors of a unit, packed. Per unit, the
-  // runs (from, in the unit's layout; to, in the packed buffer; count) and the packed size;
-  // per tensor (index in the layout), its packed offset.
-  struct PackedRun {
-    size_t from, to, n;
-  };
-  struct PackedUnits {
-    std::vector<std::vector<PackedRun>> runs;
-    std::vector<size_t> size;
-    std::vector<size_t> offset;
-    // Packs the tensors `keep` accepts.
-    PackedUnits(const model::ParamLayout& layout, bool (*keep)(const model::ParamTensor&));
-    size_t offset_of(const model::ParamLayout& layout, const model::ParamTensor& t) const;
-  };
-  // Parameters: all but the GEMM weights (the GEMMs read the 16-bit words). Gradients at
-  // stages 0-1: all but the linear weights' (their GEMMs add into grads16_ themselves).
-  // Null: fp32 units are whole.
-  std::unique_ptr<PackedUnits> packed_params_, packed_grads_;
+  Buffer<float> grad_shard_;              // fp32 stage 2 (grads); stage 3's are in the store
+  std::unique_ptr<HalfStorage> half_;     // 16-bit storage
+  std::unique_ptr<FileBackedShards> files_;  // fp32 stage 3
+  float grad_coef_ = 1.0f;  // 16-bit and stage 3: the clip and loss-scale factor for the update
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.
   std::vector<Buffer<float>> grad_staging_;
@@ -291,20 +271,8 @@ class DataParallel : public model::ParamStore {
   BufferPool<float> pool_;
   BufferPool<uint16_t> pool16_;
   std::vector<std::unique_ptr<Gathered>> gathered_;  // stage 3: per unit
-  std::vector<Pending> pending_;
-
-  // Stage 0 buckets: runs of units in backward order (contiguous in memory).
-  struct Bucket {
-    std::vector<int> units;
-    size_t begin = 0, end = 0;
-    int ready = 0;
-    bool started = false;
-    comm::RequestPtr request;
-    Buffer<float> staging;  // 16-bit storage: the fp32 copy being reduced
-  };
-  std::vector<Bucket> buckets_;
-  std::vector<int> bucket_of_unit_;
-  size_t max_bucket_ = 0;  // elements of the largest bucket
+  std::vector<GroupParts> groups_;  // after the pool: their reducers return buffers to it
+  std::vector<int> group_of_unit_;
 };
 
 }  // namespace meshtrain::parallel

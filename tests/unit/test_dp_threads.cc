@@ -4,7 +4,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
 #include <vector>
 
 #include "comm/self_group.h"
@@ -12,6 +11,7 @@
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "parallel/data_parallel.h"
+#include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
 namespace meshtrain {
@@ -19,24 +19,9 @@ namespace {
 
 constexpr int kSteps = 5;
 
-model::GptConfig small_model() {
-  model::GptConfig c;
-  c.layers = 2, c.heads = 2, c.dim = 32, c.max_seq_len = 16, c.vocab = 97;
-  return c;
-}
-
-data::TokenLoader tokens() {
-  std::mt19937 rng(3);
-  std::vector<data::Token> t(2000);
-  for (auto& x : t) x = rng() % 97;
-  return data::TokenLoader::from_tokens(t);
-}
-
-optim::AdamWConfig adamw() {
-  optim::AdamWConfig a;
-  a.lr = 1e-2f, a.min_lr = 1e-3f, a.warmup_steps = 2, a.weight_decay = 0.1f, a.grad_clip = 1.0f;
-  return a;
-}
+model::GptConfig small_model() { return testing_util::small_gpt(2); }
+data::TokenLoader tokens() { return testing_util::random_tokens(2000); }
+optim::AdamWConfig adamw() { return testing_util::test_adamw(1.0f); }
 
 // Losses of kSteps steps of 4 rows: one rank with 2 micro-batches of 2 rows.
 std::vector<float> one_rank() {

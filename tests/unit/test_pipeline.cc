@@ -12,6 +12,10 @@
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
 //                          within the tp suite's tolerances; bubble_theory and the peak
 //                          activation sets of the schedule on every step.
+//   ZeroUnderPipelinesMovesZeroOnesBytes  ZeRO-2/3 under pp move ZeRO-1's dp bytes.
+//   ZeroUnderPipelinesHoldsTheDerivedMemory  ZeRO-2/3 under pp: params, grads and optim of
+//                          the first stage to the byte by ZeRO's formulas, the whole step's
+//                          gradients (and ZeRO-3 `step` parameters) resident during it.
 //   TiedEmbeddingStaysTied the first and the last stage's copies of unit 0 (wte, wpe) in
 //                          the final checkpoints of pp runs are the same bytes, for every
 //                          tp slice and dp shard; every other unit is in exactly one file.
@@ -381,16 +385,23 @@ const std::string kCheckpointRun = kShape +
                                    " --pp 2 --micro-batch 2 --grad-accum 4 --steps 6 --save-every 3"
                                    " --keep-checkpoints 0 --eval-batches 2";
 
+// The ZeRO-under-pipeline cells the next two tests read (ParityMatrix trains them too).
+struct ZeroUnderPp {
+  Layout z1, z2, z3, z3_use, z1_interleaved;
+};
+const ZeroUnderPp kZeroUnderPp{
+    {.pp = 2, .dp = 2, .zero = 1, .accum = 2},
+    {.pp = 2, .dp = 2, .zero = 2, .accum = 2},
+    {.pp = 2, .dp = 2, .zero = 3, .schedule = "gpipe", .accum = 2},
+    {.pp = 2, .dp = 2, .zero = 3, .schedule = "interleaved", .v = 2, .accum = 2, .zero3_gather = "use"},
+    {.pp = 2, .dp = 2, .zero = 1, .schedule = "interleaved", .v = 2, .accum = 2}};
+
 // ZeRO-2 and ZeRO-3 under a pipeline move ZeRO-1's data-parallel bytes: each unit's
 // gradient is reduce-scattered once per step (not once per micro-batch), and ZeRO-3 gathers
 // each unit once per step where ZeRO-1 and -2 all-gather the updated parameters once after
 // it: (N−1)·shard both ways, per unit (comm_bytes). Gathering at every use costs more.
 TEST_F(Pipeline, ZeroUnderPipelinesMovesZeroOnesBytes) {
-  const Layout z1{.pp = 2, .dp = 2, .zero = 1, .accum = 2}, z2{.pp = 2, .dp = 2, .zero = 2, .accum = 2};
-  const Layout z3{.pp = 2, .dp = 2, .zero = 3, .schedule = "gpipe", .accum = 2};
-  const Layout z3_use{.pp = 2, .dp = 2, .zero = 3, .schedule = "interleaved", .v = 2, .accum = 2,
-                      .zero3_gather = "use"};
-  const Layout z1_interleaved{.pp = 2, .dp = 2, .zero = 1, .schedule = "interleaved", .v = 2, .accum = 2};
+  const auto& [z1, z2, z3, z3_use, z1_interleaved] = kZeroUnderPp;
   ensure({z1, z2, z3, z3_use, z1_interleaved});
   auto dp_bytes = [&](const Layout& c) {
     const Metrics m = metrics_of(parity_spec(c).args);
@@ -403,6 +414,38 @@ TEST_F(Pipeline, ZeroUnderPipelinesMovesZeroOnesBytes) {
   EXPECT_EQ(dp_bytes(z3), one);
   // Interleaved: rank 0 holds other units (chunks 0 and 2), so compare with its ZeRO-1.
   EXPECT_GT(dp_bytes(z3_use), dp_bytes(z1_interleaved));
+}
+
+// Memory of ZeRO-2 and ZeRO-3 under a pipeline, world rank 0 (pp stage 0, dp rank 0), per
+// step. With P0 its stage's flat elements and S0 = Σ_u ceil(numel_u/2) its owned ones (ZeRO-1's
+// optimizer state is 8·S0, so S0 is read from that run):
+//   ZeRO-2: params 4P0, grads 4S0, optim 8S0; ZeRO-3: params 4S0, grads 4S0, optim 8S0.
+// During the step both hold the stage's whole gradients, padded, in "comm" (one
+// reduce-scatter per unit per step), and ZeRO-3 with `step` its whole parameters in
+// "gathered"; with `use` only the units in use are gathered, less than its whole part.
+TEST_F(Pipeline, ZeroUnderPipelinesHoldsTheDerivedMemory) {
+  const auto& [z1, z2, z3, z3_use, z1_interleaved] = kZeroUnderPp;
+  ensure({z1, z2, z3, z3_use, z1_interleaved});
+  auto mem = [&](const Layout& c, const char* category) {
+    const Metrics m = metrics_of(parity_spec(c).args);
+    EXPECT_EQ(m.steps.size(), (size_t)kSteps) << c.flags();
+    return m.steps.back()["mem"][category].get<int64_t>();
+  };
+  const int64_t P0 = mem(z1, "params") / 4, S0 = mem(z1, "optim") / 8;
+  ASSERT_EQ(mem(z1, "grads"), 4 * P0);
+  EXPECT_GE(S0, P0 / 2);
+  EXPECT_LE(S0, P0 / 2 + kLayers + 2);  // at most one padding element per unit
+  EXPECT_EQ(mem(z2, "params"), 4 * P0);
+  EXPECT_EQ(mem(z2, "grads"), 4 * S0);
+  EXPECT_EQ(mem(z2, "optim"), 8 * S0);
+  EXPECT_GE(mem(z2, "comm"), 4 * P0);
+  EXPECT_EQ(mem(z3, "params"), 4 * S0);
+  EXPECT_EQ(mem(z3, "grads"), 4 * S0);
+  EXPECT_EQ(mem(z3, "optim"), 8 * S0);
+  EXPECT_GE(mem(z3, "comm"), 4 * P0);
+  EXPECT_GE(mem(z3, "gathered"), 4 * P0);
+  EXPECT_EQ(mem(z3_use, "params") * 2, mem(z1_interleaved, "optim"));  // 4·S0 against 8·S0
+  EXPECT_LT(mem(z3_use, "gathered"), mem(z1_interleaved, "params"));
 }
 
 // The head's weight is wte: the first stage (embedding lookup) and the last (logits) each

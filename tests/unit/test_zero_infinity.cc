@@ -29,6 +29,7 @@
 #include "optim/adamw.h"
 #include "optim/shard_store.h"
 #include "parallel/data_parallel.h"
+#include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
 namespace meshtrain {
@@ -37,12 +38,7 @@ namespace {
 namespace fs = std::filesystem;
 using optim::ShardStore;
 
-std::string scratch_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("meshtrain_zero_inf_" + std::to_string(::getpid())) / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+std::string scratch_dir(const std::string& name) { return testing_util::scratch_dir("zero_inf", name); }
 
 std::vector<float> ramp(size_t n, float scale) {
   std::vector<float> v(n);
@@ -123,11 +119,7 @@ TEST(SumOfSquaresStream, PiecesGiveTheWholeSum) {
   }
 }
 
-model::GptConfig small_model() {
-  model::GptConfig c;
-  c.layers = 4, c.heads = 2, c.dim = 32, c.max_seq_len = 16, c.vocab = 97;
-  return c;
-}
+model::GptConfig small_model() { return testing_util::small_gpt(4); }
 
 TEST(InitialWeights, EveryUnitAsTheWholeModelDrawsIt) {
   const model::GptConfig c = small_model();
@@ -161,19 +153,10 @@ TEST(InitialWeights, EveryUnitAsTheWholeModelDrawsIt) {
     }
 }
 
-data::TokenLoader tokens() {
-  std::mt19937 rng(3);
-  std::vector<data::Token> t(4000);
-  for (auto& x : t) x = rng() % 97;
-  return data::TokenLoader::from_tokens(t);
-}
+data::TokenLoader tokens() { return testing_util::random_tokens(4000); }
 
-optim::AdamWConfig adamw() {
-  optim::AdamWConfig a;
-  // grad_clip 0.05 clips every step here: the clipping factor reaches the update.
-  a.lr = 1e-2f, a.min_lr = 1e-3f, a.warmup_steps = 2, a.weight_decay = 0.1f, a.grad_clip = 0.05f;
-  return a;
-}
+// grad_clip 0.05 clips every step here: the clipping factor reaches the update.
+optim::AdamWConfig adamw() { return testing_util::test_adamw(0.05f); }
 
 struct Outcome {
   std::vector<float> losses;

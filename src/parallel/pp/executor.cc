@@ -74,7 +74,7 @@ void PipelineExecutor::wait_sends(bool all) {
 }
 
 double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const MicroBatches& data,
-                                    float loss_scale, DataParallel& dp) {
+                                    float loss_scale, GradSync& grads) {
   std::vector<Action> actions;
   const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions);
   CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
@@ -129,7 +129,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
           gpt_.backward_chunk(c, mb, dout, loss_scale);
         }
         times_.compute_s += now_s() - t0;
-        dp.end_micro_batch();
+        grads.end_micro_batch();
         break;
       }
       case ActionKind::kSendGrad:

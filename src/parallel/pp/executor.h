@@ -17,7 +17,7 @@
 
 #include "comm/group.h"
 #include "model/gpt.h"
-#include "parallel/data_parallel.h"
+#include "parallel/dp/grad_sync.h"
 #include "parallel/pp/schedule.h"
 
 namespace meshtrain::parallel::pp {
@@ -47,10 +47,10 @@ class PipelineExecutor {
   PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind, int virtual_stages);
 
   // One step of m micro-batches of B x T: forwards and backwards as the schedule orders,
-  // gradients accumulated through `dp` (end_micro_batch after each backward). Returns the
+  // gradients synchronised through `grads` (end_micro_batch after each backward). Returns the
   // sum of token losses on the last stage (0 elsewhere), not yet reduced over pp.
   double train_step(int m, int B, int T, int64_t step, const MicroBatches& data, float loss_scale,
-                    DataParallel& dp);
+                    GradSync& grads);
   // Forward only, one micro-batch through every stage in order: the mean loss of inputs
   // on the last stage (0 elsewhere).
   double forward_only(const int* inputs, const int* targets, int B, int T);
