@@ -341,7 +341,7 @@ void DataParallel::optimizer_step(float lr, int t) {
     // The next forward's first units take their new parameter shards from the update as it
     // writes them, instead of reading them back from the file before the first block.
     std::vector<int> first;
-    for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in(Pass::kForward, u))
+    for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in_pass(layout_, Pass::kForward, u))
       first.push_back(u);
     adamw_->step_shard(grad_coef_, lr, t, files_->hand_over(first));
     return;
@@ -450,19 +450,16 @@ size_t DataParallel::transient_bytes() const {
 
 // ---------------------------------------------------------------- unit order
 
-int DataParallel::first_backward_unit() const {
-  const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
-  return E >= 0 && !layout_.has_untied_head() && layout_.has_final_norm() ? E : last;
+int first_backward_unit(const model::ParamLayout& layout) {
+  const int E = layout.has_embedding() ? layout.embedding_unit() : -1, last = layout.num_units() - 1;
+  return E >= 0 && !layout.has_untied_head() && layout.has_final_norm() ? E : last;
 }
 
-int DataParallel::next_unit(int u) const { return next_unit_in(pass_, u); }
-
-// The unit the model will ask for after u in a pass (-1: none worth fetching).
-int DataParallel::next_unit_in(model::Pass pass, int u) const {
+int next_unit_in_pass(const model::ParamLayout& layout, model::Pass pass, int u) {
   // A pipeline stage may hold neither the embedding nor the final norm: its units are then
   // blocks in order. The last unit index is the final norm's when the part holds it.
-  const int E = layout_.has_embedding() ? layout_.embedding_unit() : -1, last = layout_.num_units() - 1;
-  const bool tied_head = E >= 0 && !layout_.has_untied_head() && layout_.has_final_norm();
+  const int E = layout.has_embedding() ? layout.embedding_unit() : -1, last = layout.num_units() - 1;
+  const bool tied_head = E >= 0 && !layout.has_untied_head() && layout.has_final_norm();
   if (pass == Pass::kForward) return u == last ? -1 : u + 1;  // E, B_0.., F
   if (tied_head && u == E) return last;                        // the tied head, then the final norm
   return u - 1 > E ? u - 1 : -1;                               // F, B_{L-1}..B_0
@@ -517,7 +514,7 @@ void DataParallel::release_params(int u) {
   if (config_.zero_stage == 3 && config_.keep_gathered) return;  // until the step ends
   // File-backed parameters: the unit the backward starts with stays from the forward's end
   // to its use, rather than being read again (dropped with the kept units otherwise).
-  if (params_in_file() && pass_ == Pass::kForward && u == first_backward_unit()) {
+  if (params_in_file() && pass_ == Pass::kForward && u == first_backward_unit(layout_)) {
     gathered_[u]->held = true;
     return;
   }

@@ -103,6 +103,12 @@ struct DpConfig {
 // numel floats); asked for in unit order, once each.
 using InitialUnits = std::function<void(int u, float* out)>;
 
+// The unit a model part asks for after unit u in a pass (-1: none worth fetching), and the
+// first unit its backward asks for: the order a ZeRO-3 store prefetches in (and the
+// planner's replay of it).
+int next_unit_in_pass(const model::ParamLayout& layout, model::Pass pass, int u);
+int first_backward_unit(const model::ParamLayout& layout);
+
 // The full buffers a model keeps locally at a ZeRO stage (none with 16-bit storage).
 model::Gpt::LocalState model_state_for_stage(int zero_stage,
                                              kernels::Precision storage = kernels::Precision::kFp32);
@@ -239,9 +245,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   void gather_updated_params(T* params);
   Gathered& gather(int u);
   const uint16_t* half_unit(int u) const;  // 16-bit unit u as stored or gathered
-  int next_unit(int u) const;  // in the current pass
-  int next_unit_in(model::Pass pass, int u) const;
-  int first_backward_unit() const;
+  int next_unit(int u) const { return next_unit_in_pass(layout_, pass_, u); }
   float* full_grads() { return gpt_.grads(); }
   float* full_params() { return gpt_.params(); }
 

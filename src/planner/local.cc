@@ -266,8 +266,6 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
   if (run.threads < 1) return Status::error("threads must be >= 1");
-  if (l.pp > 1 && l.zero >= 2)
-    return Status::error("zero 2 and 3 with pp > 1: the engine runs them (once per step), the local predictor does not model them yet");
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
   if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
@@ -371,7 +369,11 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
       padded += (double)shards.units()[u].padded;
     }
     double dp_s = 0;
-    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total));
+    // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
+    // staging buffers that are zeroed as they are taken.
+    const bool once_per_step = p > 1 && l.zero >= 2;
+    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
+                              (once_per_step ? k.bytes_s(4 * padded) : 0);
     if (d > 1) {
       switch (l.zero) {
         case 0:
@@ -380,13 +382,13 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
         case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
           dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(4 * padded, d, true);
           break;
-        default: {  // 2, 3: every micro-batch reduce-scatters the zeroed staging buffers
+        default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
           double per_mb = k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(4 * padded, d, true);
-          if (l.zero == 3) {  // parameters gathered before each forward and backward use
-            const double gathers = recompute == model::Recompute::kFull ? 3 : 2;
+          if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
+            const double gathers = once_per_step ? 1 : recompute == model::Recompute::kFull ? 3 : 2;
             per_mb += gathers * k.all_gather_s(4 * padded, d, true);
           }
-          dp_s = m * per_mb;
+          dp_s = (once_per_step ? 1 : m) * per_mb;
         }
       }
       if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, d, true) + k.bytes_s(12 * padded);

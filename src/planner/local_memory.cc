@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "parallel/data_parallel.h"
 #include "parallel/pp/schedule.h"
 #include "planner/memory.h"
 
@@ -70,12 +71,15 @@ class Pool {
 };
 
 // parallel::DataParallel's buffers for fp32 storage (the ParamStore calls the model makes,
-// the reductions, the parameter all-gather after the step), data_parallel.cc.
+// the reductions, the parameter all-gather after the step), data_parallel.cc. Under a
+// pipeline ZeRO-2/3 reduce once per step and ZeRO-3 keeps units gathered to the step's end
+// (train/setup.cc's DpConfig: reduce_once_per_step, keep_gathered).
 class StoreReplay {
  public:
   StoreReplay(const model::ParamLayout& layout, const parallel::ShardLayout& shards, int zero, int micro_batches,
-              Tracker* t)
-      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), t_(t), pool_(t) {
+              bool once_per_step, Tracker* t)
+      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), once_(once_per_step && zero >= 2), t_(t),
+        pool_(t) {
     const int n = layout.num_units();
     gathered_.assign(n, false);
     refs_.assign(n, 0);
@@ -92,9 +96,13 @@ class StoreReplay {
   }
   void release_params(int u) {
     if (zero_ < 3) return;
-    if (--refs_[u] > 0) return;
-    pool_.give(MemCategory::kGathered, shards_.units()[u].padded);
-    gathered_[u] = false;
+    if (--refs_[u] > 0 || once_) return;  // kept to the step's end
+    drop(u);
+  }
+  // finish_reductions: the units kept gathered are freed (ZeRO-3 under a pipeline).
+  void drop_kept() {
+    for (size_t u = 0; u < gathered_.size(); u++)
+      if (gathered_[u] && refs_[u] == 0) drop((int)u);
   }
   void acquire_grads(int u) {
     if (zero_ < 2 || staging_[u]) return;
@@ -102,7 +110,8 @@ class StoreReplay {
     staging_[u] = true;
   }
   void release_grads(int u) {
-    if (zero_ >= 2) return reduce_scatter(u);
+    if (zero_ >= 2 && !once_) return reduce_scatter(u);
+    if (zero_ >= 2) return ++released_[u] == m_ ? reduce_scatter(u) : void();
     if (++released_[u] < m_) return;
     if (zero_ == 1) reduce_scatter(u);  // stage 0 (fp32) reduces in place
   }
@@ -138,11 +147,12 @@ class StoreReplay {
     pool_.take(MemCategory::kGathered, shards_.units()[u].padded);
     gathered_[u] = true;
   }
+  void drop(int u) {
+    pool_.give(MemCategory::kGathered, shards_.units()[u].padded);
+    gathered_[u] = false;
+  }
   int next_unit(int u) const {
-    const int E = layout_.embedding_unit(), F = layout_.final_unit();
-    if (forward_) return u == F ? -1 : u + 1;
-    if (u == E) return F;
-    return u - 1 > E ? u - 1 : -1;
+    return parallel::next_unit_in_pass(layout_, forward_ ? model::Pass::kForward : model::Pass::kBackward, u);
   }
   void reduce_scatter(int u) {
     const auto& s = shards_.units()[u];
@@ -164,6 +174,7 @@ class StoreReplay {
   const model::ParamLayout& layout_;
   const parallel::ShardLayout& shards_;
   int zero_, m_;
+  bool once_;
   Tracker* t_;
   Pool pool_;
   bool forward_ = true;
@@ -291,6 +302,7 @@ struct RankReplay {
     store->end_micro_batch();  // finish_reductions: every reduction retired
     if (p > 1 && (rank == 0 || rank == p - 1) && layout.has_embedding() && !layout.has_untied_head())
       store->tied_exchange();
+    store->drop_kept();
     store->gather_updated_params();
   }
 
@@ -364,7 +376,7 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   tracker.alloc(MemCategory::kParams, state.params);
   tracker.alloc(MemCategory::kGrads, state.grads);
   tracker.alloc(MemCategory::kOptim, state.optim);
-  StoreReplay store(layout, shards, l.zero, m, &tracker);
+  StoreReplay store(layout, shards, l.zero, m, l.pp > 1, &tracker);
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
                     l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};
   replay.step(true);

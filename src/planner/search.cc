@@ -73,8 +73,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
         }
         for (auto [kind, v] : schedules)
           // (ZeRO stages differ only with dp > 1.)
-          for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0}
-                                              : pp > 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 1, 2, 3}))
+          for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3}))
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
               for (Recompute r : choices(space.recompute, recompute_modes)) {
                 Layout l;

@@ -355,7 +355,13 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // Each stage's forward and backward per micro-batch. ZeRO-3: each stage's parameters are
   // all-gathered before its forward and again before its backward (its gradients are
   // reduce-scattered with the other stages' below); prefetch hides a gather behind the
-  // previous layer's compute, except the first layer's.
+  // previous layer's compute, except the first layer's. Under a pipeline the engine instead
+  // reduces ZeRO-2/3 gradients once per step and gathers ZeRO-3 parameters at their first
+  // use in the step, keeping them to its end (DpConfig::reduce_once_per_step and
+  // keep_gathered, the `--zero3-gather step` default there): once per step, not per
+  // micro-batch, so the exposed part of the gather is paid once, outside the pipeline's
+  // per-micro-batch costs.
+  const bool once_per_step = p > 1 && d > 1 && l.zero >= 2;
   const StageParams sparams = stage_params(m, l);
   std::vector<double> tf(S), tb(S), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
   for (int st = 0; st < S; st++) {
@@ -369,8 +375,12 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
           all_gather_s(sparams.of(st, S, n) * e, dp_ring) + (n - 1) * (d - 1) * dp_ring.latency;
       const double exposed_f = std::max(layer_gather, stage_gather - n * lt.forward());
       const double exposed_b = std::max(layer_gather, stage_gather - n * lt.backward());
-      tf[st] += exposed_f, tb[st] += exposed_b;
-      z3_gather[st] = 2 * stage_gather, z3_exposed[st] = exposed_f + exposed_b;
+      if (once_per_step) {
+        z3_gather[st] = stage_gather, z3_exposed[st] = exposed_f;
+      } else {
+        tf[st] += exposed_f, tb[st] += exposed_b;
+        z3_gather[st] = 2 * stage_gather, z3_exposed[st] = exposed_f + exposed_b;
+      }
     }
   }
   // Sums over the stages pipeline rank `rank` runs (its chunks).
@@ -398,13 +408,16 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
   double dp_total = 0, dp_exposed = 0;
   if (d > 1) {
-    if (l.zero <= 1) {
-      // Stage 0: all-reduce after the last micro-batch; stage 1: reduce-scatter of the same
-      // gradients then an all-gather of the updated parameters after the step (ZeRO §7: the
-      // same 2 Psi volume).
+    if (l.zero <= 1 || once_per_step) {
+      // Stage 0: all-reduce after the last micro-batch; stage 1 (and 2-3 under a pipeline):
+      // reduce-scatter of the same gradients, then (stages 1-2) an all-gather of the updated
+      // parameters after the step (ZeRO §7: the same 2 Psi volume).
       const double per = l.zero == 0 ? all_reduce_s(bucket, dp_ring) : all_gather_s(bucket, dp_ring);
       dp_total = buckets * per;
       dp_exposed = l.dp_overlap ? exposed_after_window(dp_total, per, buckets, last_backward) : dp_total;
+      // ZeRO-3 under a pipeline: each stage's gather once per step, its exposed part outside.
+      dp_total += first_z3_gather;
+      dp_exposed += first_z3_exposed;
     } else {
       // Stages 2-3 keep sharded gradients: a reduce-scatter after every micro-batch's
       // backward (the engine's order), hidden behind the backward of the next ones.
@@ -428,7 +441,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
   r.dp = {dp_total - std::min(dp_total, dp_exposed), std::min(dp_total, dp_exposed)};
   // dp_exposed beyond the ZeRO-3 part that already sits inside the pipeline time.
-  const double dp_tail = r.dp.exposed - mb * first_z3_exposed;
+  const double dp_tail = r.dp.exposed - (once_per_step ? 0 : mb * first_z3_exposed);
 
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
@@ -447,7 +460,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const StateBytes first_state = model_state_bytes(first_params, dt, l.zero, d);
   const double owned = first_state.optim / dt.optim;
   const double master = l.precision == Precision::kFp32 ? 0 : 4;  // fp32 copy read for the cast
-  r.optimizer_s = (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads) / hbm;
+  // Under a pipeline ZeRO-2/3 also zero the step's whole fp32 gradient accumulators.
+  const double whole_grads = once_per_step ? 4 * first_params : 0;
+  r.optimizer_s =
+      (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / hbm;
 
   r.step_s = r.pipeline_s + dp_tail + tied + r.optimizer_s;
   r.tokens_per_s = l.global_batch * s / r.step_s;
@@ -464,7 +480,8 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
           : 0;
   // Communication staging: one dp bucket in flight (stages 1-2 reduce-scatter into a
   // separate buffer), ZeRO-3's gathered current and prefetched layers, and the tp
-  // collectives' output buffer of b s h.
+  // collectives' output buffer of b s h. Under a pipeline ZeRO-2/3 hold the rank's whole
+  // fp32 gradients through the step, and ZeRO-3 its whole gathered parameters.
   for (int rank = 0; rank < p; rank++) {
     const double params = over_rank(rank, [&](int st) { return sparams.of(st, S, layers[st]); });
     const StateBytes state = model_state_bytes(params, dt, l.zero, d);
@@ -476,8 +493,12 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     if (rank == 0 && m.dropout) act += sets / v * rep;  // embedding dropout mask, 1 byte per element
     if (rank == p - 1) act += rep * e + logits * 4;     // final norm input, fp32 logits of one micro-batch
     double buffers = t > 1 ? bsh * e : 0;
-    if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(params * e, l.dp_bucket_bytes);
-    if (d > 1 && l.zero == 3) buffers += 2 * sparams.per_layer * e;
+    if (d > 1 && once_per_step) {
+      buffers += 4 * params + (l.zero == 3 ? params * e : 0);
+    } else {
+      if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(params * e, l.dp_bucket_bytes);
+      if (d > 1 && l.zero == 3) buffers += 2 * sparams.per_layer * e;
+    }
     const MemoryBreakdown mem{state.params, state.grads, state.optim, act, buffers};
     if (rank == 0 || mem.total() > r.memory.total()) r.memory = mem, r.memory_rank = rank;
   }

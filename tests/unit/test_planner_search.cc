@@ -64,14 +64,14 @@ TEST(PlannerSearch, RankingAndFixedChoices) {
   std::vector<Candidate> all;
   ASSERT_TRUE(search_layouts(m, 16, 256, Precision::kBf16, c, fixed, &all).is_ok());
   ASSERT_GT(all.size(), 10u);
-  bool seen_misfit = false;
+  bool seen_misfit = false, seen_zero_under_pp = false;
   for (size_t i = 0; i < all.size(); i++) {
     const Candidate& x = all[i];
     EXPECT_EQ(x.layout.tp, 2);
     EXPECT_EQ(x.layout.recompute, Recompute::kSelective);
     EXPECT_EQ(x.layout.gpus(), 16);
     EXPECT_TRUE(validate(m, x.layout).is_ok());
-    EXPECT_FALSE(x.layout.pp > 1 && x.layout.zero > 1) << "ZeRO-2/3 with pipelines is not a layout the engine runs";
+    if (x.layout.pp > 1 && x.layout.zero > 1) seen_zero_under_pp = true;  // the engine runs them (once per step)
     if (!x.prediction.fits()) seen_misfit = true;
     EXPECT_FALSE(seen_misfit && x.prediction.fits()) << "a fitting layout after one that does not fit, at " << i;
     if (i == 0) continue;
@@ -80,6 +80,7 @@ TEST(PlannerSearch, RankingAndFixedChoices) {
     if (!prev.prediction.fits() && !x.prediction.fits()) EXPECT_LE(prev.over_bytes(), x.over_bytes());
   }
   EXPECT_TRUE(seen_misfit) << "24 GB leaves some layouts out";
+  EXPECT_TRUE(seen_zero_under_pp);
   EXPECT_TRUE(all.front().prediction.fits());
 }
 

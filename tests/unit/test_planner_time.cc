@@ -245,6 +245,41 @@ TEST(PlannerTimeProperties, ZeroStagesMemoryAndVolume) {
   EXPECT_GT(q.step_s, p[0].step_s);
 }
 
+// Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and ZeRO-3 gathers
+// each unit once per step (docs/pipeline.md). With free latency their data-parallel volume
+// is then ZeRO-1's at any micro-batch count (ZeRO-3's one gather stands in for the
+// all-gather after the update), where without a pipeline ZeRO-2's grows with the
+// micro-batches. Their model states shrink stage by stage, but the rank's whole fp32
+// gradients (and ZeRO-3's gathered parameters) are buffers through the step, so in all they
+// need more memory than ZeRO-1; zeroing those gradients makes ZeRO-2 slower.
+TEST(PlannerTimeProperties, ZeroUnderPipelinesReducesOncePerStep) {
+  const ModelShape m = shape(36, 4096, 32);
+  Cluster c = a100();
+  c.intra.latency = c.inter.latency = 0;
+  for (int global_batch : {64, 256}) {
+    SCOPED_TRACE(testing::Message() << "global batch " << global_batch);
+    Prediction p[4], flat[3];
+    for (int zero = 1; zero <= 3; zero++) {
+      Layout l;
+      l.tp = 4, l.pp = 4, l.dp = 8, l.micro_batch = 1, l.global_batch = global_batch, l.zero = zero;
+      ASSERT_TRUE(predict(m, l, c, &p[zero]).is_ok());
+      if (zero <= 2) {
+        l.pp = 1;
+        ASSERT_TRUE(predict(m, l, c, &flat[zero]).is_ok());
+      }
+    }
+    EXPECT_NEAR(p[2].dp.total() / p[1].dp.total(), 1.0, 1e-9);
+    EXPECT_NEAR(p[3].dp.total() / p[1].dp.total(), 1.0, 1e-9);
+    EXPECT_NEAR(flat[2].dp.total() / flat[1].dp.total(), (double)flat[2].micro_batches / 2 + 0.5, 1e-9);
+    EXPECT_LT(p[2].memory.grads, p[1].memory.grads);
+    EXPECT_LT(p[3].memory.params, p[2].memory.params);
+    EXPECT_GT(p[2].memory.buffers, p[1].memory.buffers + p[1].memory.grads - p[2].memory.grads);
+    EXPECT_GT(p[3].memory.buffers, p[2].memory.buffers);
+    EXPECT_GT(p[2].memory.total(), p[1].memory.total());
+    EXPECT_GT(p[2].step_s, p[1].step_s);
+  }
+}
+
 // Outputs agree with each other: tokens/s, the FLOP rates, and memory against the GPU.
 TEST(PlannerTimeProperties, OutputsAreConsistent) {
   const NarayananRow& r = narayanan_rows().back();
