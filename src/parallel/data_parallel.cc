@@ -65,7 +65,10 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
     adamw_ = std::make_unique<optim::AdamW>(adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2),
                                             shards_.local_total(), half, in_files);
   grad_staging_.resize(layout_.num_units());
-  gathered_.resize(layout_.num_units());
+  if (stage == 3 || half)
+    in_use_ = std::make_unique<UnitsInUse>(
+        layout_.num_units(), [this](int u, UnitsInUse::Unit& g) { start_gather(u, g); },
+        [this](UnitsInUse::Unit& g) { free_unit(g); });
   if (stage == 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
   if (half) init_half(full_params);
   else if (stage == 3) RETURN_IF_ERROR(init_sharded(full_params, initial));
@@ -202,15 +205,13 @@ void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
 }
 
 void DataParallel::drop_kept_gathers() {
-  if (config_.zero_stage != 3) return;
-  for (auto& g : gathered_) {
-    if (!g || g->refs > 0 || !(config_.keep_gathered || g->held)) continue;
-    if (g->request) g->request->wait();  // a prefetch never used
-    if (files_) files_->give_back(std::move(g->source));
-    pool_.give(std::move(g->data));
-    if (!g->half.empty()) pool16_.give(std::move(g->half));
-    g.reset();
-  }
+  if (config_.zero_stage == 3) in_use_->drop_idle(config_.keep_gathered);
+}
+
+void DataParallel::free_unit(UnitsInUse::Unit& g) {
+  if (files_) files_->give_back(std::move(g.source));
+  pool_.give(std::move(g.data));
+  if (!g.half.empty()) pool16_.give(std::move(g.half));
 }
 
 void DataParallel::begin_step(int micro_batches) {
@@ -385,28 +386,23 @@ void DataParallel::gather_updated_params(T* params) {
 
 // ---------------------------------------------------------------- ParamStore
 
-// Starts making unit u's fp32 parameters available: stage 3 starts gathering the shards
-// (16-bit or fp32); 16-bit stages 0-2 widen in acquire_params.
-DataParallel::Gathered& DataParallel::gather(int u) {
-  if (!gathered_[u]) {
-    const UnitShard& s = shards_.units()[u];
-    auto g = std::make_unique<Gathered>();
-    if (config_.zero_stage == 3 && half_) {
-      g->half = pool16_.take(MemCategory::kGathered, s.padded, false);
-      g->request = reduce_group(u).iall_gather(half_->params() + s.local_offset, g->half.data(), s.shard);
-    } else if (config_.zero_stage == 3) {
-      g->data = pool_.take(MemCategory::kGathered, s.padded, false);
-      g->request = reduce_group(u).iall_gather(param_shard_of(u, &g->source), g->data.data(), s.shard);
-    }
-    gathered_[u] = std::move(g);
+// 16-bit stages 0-2 gather nothing: the unit is widened in acquire_params.
+void DataParallel::start_gather(int u, UnitsInUse::Unit& g) {
+  if (config_.zero_stage != 3) return;
+  const UnitShard& s = shards_.units()[u];
+  if (half_) {
+    g.half = pool16_.take(MemCategory::kGathered, s.padded, false);
+    g.request = reduce_group(u).iall_gather(half_->params() + s.local_offset, g.half.data(), s.shard);
+  } else {
+    g.data = pool_.take(MemCategory::kGathered, s.padded, false);
+    g.request = reduce_group(u).iall_gather(param_shard_of(u, &g.source), g.data.data(), s.shard);
   }
-  return *gathered_[u];
 }
 
 std::vector<int> DataParallel::units_to_read(int u) const {
   std::vector<int> units;
   for (int k = 0; k < files_->read_ahead() && u >= 0; k++, u = next_unit(u))
-    if (!gathered_[u]) units.push_back(u);
+    if (!in_use_->find(u)) units.push_back(u);
   return units;
 }
 
@@ -466,7 +462,7 @@ int next_unit_in_pass(const model::ParamLayout& layout, model::Pass pass, int u)
 }
 
 const uint16_t* DataParallel::half_unit(int u) const {
-  return config_.zero_stage == 3 ? gathered_[u]->half.data() : half_->params() + layout_.units()[u].offset;
+  return config_.zero_stage == 3 ? in_use_->find(u)->half.data() : half_->params() + layout_.units()[u].offset;
 }
 
 const float* DataParallel::fp32_tensor(const float* unit, int u, const model::ParamTensor& t,
@@ -490,42 +486,37 @@ float* DataParallel::fp32_grad_tensor(float* unit, int u, const model::ParamTens
 const float* DataParallel::acquire_params(int u) {
   const int stage = config_.zero_stage;
   if (stage < 3 && !half_) return full_params() + layout_.units()[u].offset;
-  Gathered& g = gather(u);
-  if (g.request) g.request->wait();
+  UnitsInUse::Unit& g = in_use_->acquire(u);
   if (files_) files_->give_back(std::move(g.source));
   if (half_ && g.data.empty()) {
     g.data = pool_.take(MemCategory::kGathered, half_->fp32_unit_size(u), false);
     half_->widen(u, half_unit(u), g.data.data());
     if (!half_->packs_params()) pool16_.give(std::move(g.half));  // else the bf16 GEMMs read it until release
   }
-  g.refs++;
   if (stage == 3)  // prefetch: the next unit's gather overlaps this unit's compute
     if (int next = next_unit(u); next >= 0) {
       if (params_in_file()) files_->read(units_to_read(next));  // and the reads of the units after it start
-      gather(next);
+      in_use_->start(next);
     }
   return g.data.data();
 }
 
 void DataParallel::release_params(int u) {
   if (config_.zero_stage < 3 && !half_) return;
-  CHECK(gathered_[u] && gathered_[u]->refs > 0);
-  if (--gathered_[u]->refs > 0) return;
-  if (config_.zero_stage == 3 && config_.keep_gathered) return;  // until the step ends
-  // File-backed parameters: the unit the backward starts with stays from the forward's end
-  // to its use, rather than being read again (dropped with the kept units otherwise).
-  if (params_in_file() && pass_ == Pass::kForward && u == first_backward_unit(layout_)) {
-    gathered_[u]->held = true;
-    return;
+  UnitsInUse::Stay stay = UnitsInUse::Stay::kFree;
+  if (config_.zero_stage == 3 && config_.keep_gathered) {
+    stay = UnitsInUse::Stay::kKeep;  // until the step ends
+  } else if (params_in_file() && pass_ == Pass::kForward && u == first_backward_unit(layout_)) {
+    // File-backed parameters: the unit the backward starts with stays from the forward's
+    // end to its use, rather than being read again (dropped with the kept units otherwise).
+    stay = UnitsInUse::Stay::kHold;
   }
-  pool_.give(std::move(gathered_[u]->data));
-  if (!gathered_[u]->half.empty()) pool16_.give(std::move(gathered_[u]->half));
-  gathered_[u].reset();
+  in_use_->release(u, stay);
 }
 
 const uint16_t* DataParallel::acquired_bf16(int u) const {
   if (!half_ || !half_->packs_params()) return nullptr;
-  CHECK_MSG(gathered_[u] && gathered_[u]->refs > 0, "acquired_bf16 of a unit not acquired");
+  CHECK_MSG(in_use_->find(u) && in_use_->find(u)->users > 0, "acquired_bf16 of a unit not acquired");
   return half_unit(u);
 }
 

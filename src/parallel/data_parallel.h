@@ -6,6 +6,7 @@
 //   ShardReduceScatter  units reduce-scattered (stages 1-3), the sums handed to a sink
 //   HalfStorage         16-bit parameters and gradients, and the fp32 views of a unit
 //   FileBackedShards    ZeRO-Infinity's reads ahead and gradient writes (shards in files)
+//   UnitsInUse          the units handed to the model: gathered, prefetched, kept or freed
 //   optim::ShardStore   the rank's shard of the model states, in memory or in files
 //   optim::AdamW        the optimizer step over the shard (step, step_mixed, step_shard)
 // What stays here is the ZeRO protocol between them: which buffers a stage keeps, when a
@@ -54,6 +55,7 @@
 #include "parallel/dp/grad_sync.h"
 #include "parallel/dp/half_storage.h"
 #include "parallel/dp/reducer.h"
+#include "parallel/dp/units_in_use.h"
 #include "parallel/shard_layout.h"
 
 namespace meshtrain::parallel {
@@ -199,14 +201,6 @@ class DataParallel : public model::ParamStore, public GradSync {
     std::unique_ptr<BucketAllReduce> buckets;      // stage 0
     std::unique_ptr<ShardReduceScatter> scatter;   // stages 1-3
   };
-  struct Gathered {
-    Buffer<float> data;     // fp32 unit: gathered (stage 3, padded) or widened (16-bit)
-    Buffer<uint16_t> half;  // 16-bit stage 3: the gathered unit (bf16: kept while in use)
-    optim::IoBuffer source;  // file-backed parameters: the shard read, until gathered
-    bool held = false;       // kept from the forward's end for the backward (file-backed)
-    comm::RequestPtr request;
-    int refs = 0;
-  };
 
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                const optim::AdamWConfig& adamw, comm::Group* tp);  // create_sharded: init() follows
@@ -243,7 +237,9 @@ class DataParallel : public model::ParamStore, public GradSync {
   // the rest.
   template <typename T>
   void gather_updated_params(T* params);
-  Gathered& gather(int u);
+  // Stage 3: starts all-gathering unit u's shards (16-bit words or fp32).
+  void start_gather(int u, UnitsInUse::Unit& unit);
+  void free_unit(UnitsInUse::Unit& unit);
   const uint16_t* half_unit(int u) const;  // 16-bit unit u as stored or gathered
   int next_unit(int u) const { return next_unit_in_pass(layout_, pass_, u); }
   float* full_grads() { return gpt_.grads(); }
@@ -274,7 +270,8 @@ class DataParallel : public model::ParamStore, public GradSync {
   // from one step to the next.
   BufferPool<float> pool_;
   BufferPool<uint16_t> pool16_;
-  std::vector<std::unique_ptr<Gathered>> gathered_;  // stage 3: per unit
+  // Stage 3 and 16-bit storage: the units the model uses (gathered, or widened).
+  std::unique_ptr<UnitsInUse> in_use_;
   std::vector<GroupParts> groups_;  // after the pool: their reducers return buffers to it
   std::vector<int> group_of_unit_;
 };

@@ -19,6 +19,11 @@
 //                            hold the file's values; an update's hand-over needs no read; a
 //                            gradient written twice in a step is the sum, in pieces, its
 //                            squares those of what was written; units not reached are zero.
+//   UnitsInUse.LastReleaseFreesUnlessItStays   an acquired unit holds the all-gathered shards
+//                            of every rank; it is freed at its last release only, stays when
+//                            kept (to drop_idle(true)) or held (freed by drop_idle(false) too),
+//                            and a prefetch never acquired is waited for and freed by
+//                            drop_idle(true).
 //   DataParallelThreads.ParamGroupsReduceOverTheirOwnGroups   ZeRO-2 with the embedding and
 //                            final norm in a group of their own trains as one group does, and
 //                            each group's communicator carries exactly its units' bytes.
@@ -38,6 +43,7 @@
 #include "parallel/dp/file_shards.h"
 #include "parallel/dp/half_storage.h"
 #include "parallel/dp/reducer.h"
+#include "parallel/dp/units_in_use.h"
 #include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
@@ -292,6 +298,52 @@ TEST(FileBackedShards, ReadsAheadAndAccumulatesGradients) {
           << "segment " << i;
   }
   fs::remove_all(fs::path(dir).parent_path());
+}
+
+TEST(UnitsInUse, LastReleaseFreesUnlessItStays) {
+  constexpr int kRanks = 2;
+  const model::ParamLayout layout(small_gpt(2));
+  comm::ThreadWorld world(kRanks);
+  comm::run_ranks(kRanks, [&](int r) {
+    std::unique_ptr<comm::Group> g = world.group(r, "dp");
+    const ShardLayout shards(layout, kRanks, r);
+    std::vector<float> shard(shards.local_total());  // this rank's part of full[i] = value(0, i)
+    for (int u = 0; u < layout.num_units(); u++)
+      for (size_t i = shards.own_begin(u); i < shards.own_end(u); i++)
+        shard[shards.units()[u].local_offset + (i - shards.own_begin(u))] = value(0, i);
+    std::vector<int> freed;
+    parallel::UnitsInUse units(
+        layout.num_units(),
+        [&](int u, parallel::UnitsInUse::Unit& unit) {
+          const parallel::UnitShard& s = shards.units()[u];
+          unit.data.allocate(MemCategory::kGathered, s.padded);
+          unit.request = g->iall_gather(shard.data() + s.local_offset, unit.data.data(), s.shard);
+        },
+        [&](parallel::UnitsInUse::Unit& unit) { freed.push_back((int)unit.data.size()); });
+    using Stay = parallel::UnitsInUse::Stay;
+    const parallel::UnitsInUse::Unit& one = units.acquire(1);
+    const model::ParamUnit& p1 = layout.units()[1];
+    for (size_t i = 0; i < p1.numel; i++) ASSERT_EQ(one.data.data()[i], value(0, p1.offset + i)) << i;
+    units.start(2);  // a prefetch
+    EXPECT_EQ(units.started(), 2);
+    units.acquire(1);
+    units.release(1, Stay::kFree);
+    EXPECT_TRUE(freed.empty()) << "freed with a user left";
+    units.release(1, Stay::kFree);
+    EXPECT_EQ(freed.size(), 1u);
+    EXPECT_EQ(units.find(1), nullptr);
+    units.acquire(2), units.release(2, Stay::kKeep);
+    units.acquire(3), units.release(3, Stay::kHold);
+    units.start(0);  // never acquired
+    EXPECT_EQ(units.started(), 3);
+    units.drop_idle(false);
+    EXPECT_EQ(freed.size(), 2u);
+    EXPECT_EQ(units.find(3), nullptr) << "the held unit goes";
+    EXPECT_NE(units.find(2), nullptr) << "the kept unit stays";
+    units.drop_idle(true);
+    EXPECT_EQ(freed.size(), 4u);
+    EXPECT_EQ(units.started(), 0);
+  });
 }
 
 TEST(DataParallelThreads, ParamGroupsReduceOverTheirOwnGroups) {
