@@ -8,7 +8,7 @@
 //                                just before them, the memory bound. The step-time check
 //                                (within 30% of the measured median step_ms, steps after
 //                                the first) is a timing, so it runs only where asked:
-//                                MESHTRAIN_CHECK_PLANNER_TIMES=1, as bench/planner_local.sh
+//                                MESHTRAIN_CHECK_TIMINGS=1, as bench/timings.sh
 //                                does. A layout whose time misses is then run again (at
 //                                most 3 runs), each repeat predicted on the machine measured
 //                                again, and the closest attempt counts.
@@ -52,10 +52,10 @@ using nlohmann::json;
 using parallel::pp::ScheduleKind;
 
 bool verbose() { return std::getenv("MESHTRAIN_TEST_VERBOSE") != nullptr; }
-// Step times are asserted only on request (bench/planner_local.sh): on this project's shared
+// Step times are asserted only on request (bench/timings.sh): on this project's shared
 // 2-core VMs the pipelines' measured times moved by 15-35% from hour to hour on 2026-12-02
 // while memory stayed exact, and a timing does not belong in the test command.
-bool check_times() { return std::getenv("MESHTRAIN_CHECK_PLANNER_TIMES") != nullptr; }
+bool check_times() { return std::getenv("MESHTRAIN_CHECK_TIMINGS") != nullptr; }
 
 // kTimeTol was 0.25 (set on the AMX Xeon). Loosened to 0.30 on 2026-12-01: on an idle
 // AVX2-only EPYC the two pp2 layouts ran 25.5% above their predictions (276 vs 206 ms) while
