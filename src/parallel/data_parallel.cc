@@ -139,7 +139,6 @@ void DataParallel::init_groups() {
   const int stage = config_.zero_stage;
   for (const ParamGroup& spec : specs) {
     GroupParts g;
-    g.spec = spec;
     g.reduce = spec.reduce ? spec.reduce : &dp_;
     CHECK_MSG(g.reduce->size() == dp_.size() && g.reduce->rank() == dp_.rank(),
               "a parameter group's reduction group must be partitioned as the data-parallel group");

@@ -136,10 +136,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   const ShardLayout& shards() const { return shards_; }
   optim::AdamW& adamw() { return *adamw_; }
   const optim::AdamW& adamw() const { return *adamw_; }
-  // The parameter groups and the reducer of each (stage 0: buckets; else reduce-scatter).
-  size_t num_groups() const { return groups_.size(); }
-  const ParamGroup& group(size_t g) const { return groups_[g].spec; }
-  const BucketAllReduce* buckets(size_t g) const { return groups_[g].buckets.get(); }
+  size_t num_groups() const { return groups_.size(); }  // parameter groups (DpConfig::groups)
   // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
   // Null with 16-bit storage, and while the shard is in a file (read it through
   // adamw().store()).
@@ -196,8 +193,7 @@ class DataParallel : public model::ParamStore, public GradSync {
 
  private:
   struct GroupParts {
-    ParamGroup spec;
-    comm::Group* reduce = nullptr;
+    comm::Group* reduce = nullptr;  // the group's communicator (the spec's, or dp)
     std::unique_ptr<BucketAllReduce> buckets;      // stage 0
     std::unique_ptr<ShardReduceScatter> scatter;   // stages 1-3
   };
