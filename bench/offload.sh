@@ -8,6 +8,8 @@
 # per-unit traffic (parameter reads and gradient writes during forward and backward) and
 # the update's streaming: bytes, I/O time, time waited (exposed) and the fraction hidden.
 # Goal: >= 80% of the per-unit I/O hidden. Also prints this disk's O_DIRECT bandwidth.
+# PRECISION=bf16 (or fp16) runs the same with 16-bit storage: the shards in the files are
+# then bf16 words (2 bytes per element), beside fp32 master weights and moments.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/build/meshtrain"
@@ -16,7 +18,7 @@ data="$root/data/brown"
 out="$(mktemp -d "${OFFLOAD_BENCH_DIR:-/tmp}/meshtrain_bench_offload.XXXXXX")"
 trap 'rm -rf "$out"' EXIT
 model=(--model gpt2-124m --seq-len 256 --micro-batch 4 --steps ${STEPS:-6} --eval-batches 1 --threads 2
-       --zero 3 --data "$data" --quiet)
+       --zero 3 --precision "${PRECISION:-fp32}" --data "$data" --quiet)
 disk() {  # O_DIRECT write then read of 1 GiB in the offload folder
   dd if=/dev/zero of="$out/dd" bs=16M count=64 oflag=direct 2>&1 | awk 'END{print "disk write " $(NF-1), $NF}'
   dd if="$out/dd" of=/dev/null bs=16M iflag=direct 2>&1 | awk 'END{print "disk read  " $(NF-1), $NF}'

@@ -88,7 +88,7 @@ Command add_train_command(CLI::App& app) {
                   "ZeRO-Infinity: comma list of optimizer=, params=, grads= each nvme (files under "
                   "--offload-dir) or cpu (host memory, the default here). optimizer: the AdamW state "
                   "(and the fp32 master weights of bf16/fp16 runs), streamed in chunks each step; "
-                  "params, grads (--zero 3, fp32): this rank's shards, read ahead of use and written "
+                  "params, grads (--zero 3, any --precision): this rank's shards, read ahead of use and written "
                   "as they are reduced");
   cmd->add_option("--offload-dir", o->offload_dir, "Folder for the --offload ...=nvme files");
   cmd->add_option("--offload-read-ahead", o->offload_read_ahead,

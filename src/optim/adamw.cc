@@ -172,31 +172,21 @@ void over_blocks(size_t n, Body body) {
 
 template <typename Update>
 void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update,
-                         const std::function<void(size_t, size_t, float* const*)>& after_chunk) {
+                         const ShardStore::ChunkUpdate& after_chunk) {
   if (!store_.any_in_file(mask)) {
-    for (const AdamSegment& s : segments_) {
-      float* arrays[kShardArrays] = {};
-      for (int a = 0; a < kShardArrays; a++)
-        if (mask & (1u << a)) arrays[a] = store_.data((ShardArray)a) + s.state_offset;
-      update(s, 0, s.count, arrays);
-    }
-    if (after_chunk) {
-      float* arrays[kShardArrays] = {};
-      for (int a = 0; a < kShardArrays; a++)
-        if (mask & (1u << a)) arrays[a] = store_.data((ShardArray)a);
-      after_chunk(0, store_.size(), arrays);
-    }
+    ChunkPointers whole;
+    for (int a = 0; a < kShardArrays; a++)
+      if (mask & (1u << a)) whole.p[a] = store_.data((ShardArray)a);
+    for (const AdamSegment& s : segments_) update(s, 0, s.count, store_.advanced(whole, s.state_offset));
+    if (after_chunk) after_chunk(0, store_.size(), whole);
     return;
   }
   // Chunk by chunk of the store: the segments' parts that fall into it.
-  store_.for_each_chunk(mask, write_mask, [&](size_t begin, size_t end, float* const* chunk) {
+  store_.for_each_chunk(mask, write_mask, [&](size_t begin, size_t end, const ChunkPointers& chunk) {
     for (const AdamSegment& s : segments_) {
       const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
       if (a >= b) continue;
-      float* arrays[kShardArrays] = {};
-      for (int k = 0; k < kShardArrays; k++)
-        if (mask & (1u << k)) arrays[k] = chunk[k] + (a - begin);
-      update(s, a - s.state_offset, b - s.state_offset, arrays);
+      update(s, a - s.state_offset, b - s.state_offset, store_.advanced(chunk, a - begin));
     }
     if (after_chunk) after_chunk(begin, end, chunk);
   });
@@ -204,12 +194,12 @@ void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update,
 
 void AdamW::step(float* params, const float* grads, float lr, int t) {
   const Coefficients c = coefficients(lr, t);
-  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
     const float decay = s.decay ? c.decay : 1.0f;
     float* p = params + s.param_offset + from;
     const float* g = grads + s.grad_offset + from;
     over_blocks(to - from, [&](size_t b, size_t e) {
-      adam_update(p + b, g + b, st[kMomentM] + b, st[kMomentV] + b, e - b, decay, c.b1, c.b2,
+      adam_update(p + b, g + b, st.f(kMomentM) + b, st.f(kMomentV) + b, e - b, decay, c.b1, c.b2,
                   c.eps, c.step_size, c.bias2_sqrt);
     });
   });
@@ -222,53 +212,76 @@ void AdamW::init_master(const float* params) {
               store_.data(kMasterWeights) + s.state_offset);
 }
 
-void AdamW::step_shard(float grad_coef, float lr, int t, const ChunkHook& updated) {
-  CHECK(store_.has(kShardParams) && store_.has(kShardGrads) && !master_);
+// One block of step_mixed's update: the 16-bit gradients widened and scaled, the master
+// weights updated, the 16-bit parameters rounded from them.
+void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
+                        const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n) {
+  float g[kBlock];
+  kernels::from_half(p, g16, g, n);
+  if (grad_coef != 1.0f) {
+#pragma omp simd
+    for (size_t i = 0; i < n; i++) g[i] *= grad_coef;
+  }
+  adam_update(w, g, m, v, n, decay, c.b1, c.b2, c.eps, c.step_size, c.bias2_sqrt);
+  kernels::to_half(p, w, p16, n);
+}
+
+void AdamW::step_shard(kernels::Precision storage, float grad_coef, float lr, int t, const ChunkHook& updated) {
+  const bool mixed = storage != kernels::Precision::kFp32;
+  CHECK(store_.has(kShardParams) && store_.has(kShardGrads) && master_ == mixed);
+  CHECK(store_.width(kShardParams) == (mixed ? kWord : kFloat) && store_.width(kShardGrads) == store_.width(kShardParams));
   const Coefficients c = coefficients(lr, t);
   const unsigned mask = state_mask() | bit(kShardParams) | bit(kShardGrads);
-  for_each_run(mask, mask & ~bit(kShardGrads), [&](const AdamSegment& s, size_t from, size_t to, float* const* a) {
+  for_each_run(mask, mask & ~bit(kShardGrads), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& a) {
     CHECK(s.param_offset == s.state_offset && s.grad_offset == s.state_offset);
     const float decay = s.decay ? c.decay : 1.0f;
-    float* g = a[kShardGrads];
+    if (mixed) {
+      over_blocks(to - from, [&](size_t b, size_t e) {
+        mixed_block(storage, c, decay, grad_coef, a.h(kShardGrads) + b, a.h(kShardParams) + b,
+                    a.f(kMasterWeights) + b, a.f(kMomentM) + b, a.f(kMomentV) + b, e - b);
+      });
+      return;
+    }
+    float* g = a.f(kShardGrads);
     if (grad_coef != 1.0f) {  // clip_grads' multiplication, on the way to the update
 #pragma omp parallel for simd schedule(static)
       for (size_t i = 0; i < to - from; i++) g[i] *= grad_coef;
     }
     over_blocks(to - from, [&](size_t b, size_t e) {
-      adam_update(a[kShardParams] + b, g + b, a[kMomentM] + b, a[kMomentV] + b, e - b, decay, c.b1, c.b2,
+      adam_update(a.f(kShardParams) + b, g + b, a.f(kMomentM) + b, a.f(kMomentV) + b, e - b, decay, c.b1, c.b2,
                   c.eps, c.step_size, c.bias2_sqrt);
     });
-  }, updated ? [&](size_t begin, size_t end, float* const* a) { updated(begin, end, a[kShardParams]); }
-             : std::function<void(size_t, size_t, float* const*)>{});
+  }, updated ? [&](size_t begin, size_t end, const ChunkPointers& a) { updated(begin, end, a.p[kShardParams]); }
+             : ShardStore::ChunkUpdate{});
 }
 
 void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads,
                        float grad_coef, float lr, int t) {
   CHECK(master_);
   const Coefficients c = coefficients(lr, t);
-  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
+  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
     const float decay = s.decay ? c.decay : 1.0f;
     const uint16_t* g16 = grads + s.grad_offset + from;
     uint16_t* p16 = params + s.param_offset + from;
-    float* w = st[kMasterWeights];
     over_blocks(to - from, [&](size_t b, size_t e) {
-      float g[kBlock];
-      kernels::from_half(p, g16 + b, g, e - b);
-      if (grad_coef != 1.0f) {
-#pragma omp simd
-        for (size_t i = 0; i < e - b; i++) g[i] *= grad_coef;
-      }
-      adam_update(w + b, g, st[kMomentM] + b, st[kMomentV] + b, e - b, decay, c.b1, c.b2, c.eps,
-                  c.step_size, c.bias2_sqrt);
-      kernels::to_half(p, w + b, p16 + b, e - b);
+      mixed_block(p, c, decay, grad_coef, g16 + b, p16 + b, st.f(kMasterWeights) + b, st.f(kMomentM) + b,
+                  st.f(kMomentV) + b, e - b);
     });
   });
 }
 
 void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
   CHECK(master_);
-  for_each_run(bit(kMasterWeights), 0, [&](const AdamSegment& s, size_t from, size_t to, float* const* st) {
-    kernels::to_half(p, st[kMasterWeights], params + s.param_offset + from, to - from);
+  if (!params) {  // the store's shard, streamed where it is in a file
+    CHECK(store_.has(kShardParams) && store_.width(kShardParams) == kWord);
+    for_each_run(bit(kMasterWeights) | bit(kShardParams), bit(kShardParams),
+                 [&](const AdamSegment&, size_t from, size_t to, const ChunkPointers& st) {
+                   kernels::to_half(p, st.f(kMasterWeights), st.h(kShardParams), to - from);
+                 });
+    return;
+  }
+  for_each_run(bit(kMasterWeights), 0, [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
+    kernels::to_half(p, st.f(kMasterWeights), params + s.param_offset + from, to - from);
   });
 }
 

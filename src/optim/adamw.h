@@ -99,18 +99,22 @@ class AdamW {
   // Element by element the arithmetic is step()'s on the widened, scaled gradient.
   void step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads, float grad_coef,
                   float lr, int t);
-  // params = the master weights rounded to format p (after a checkpoint load).
+  // params = the master weights rounded to format p (after a checkpoint load); null: the
+  // store's own 16-bit parameter shard (ZeRO-3), wherever it lives.
   void params_from_master(kernels::Precision p, uint16_t* params);
   bool has_master() const { return master_; }
   int state_kinds() const { return master_ ? 3 : 2; }
 
   // ZeRO-3: one update of the store's own parameter and gradient shards (kShardParams,
   // kShardGrads, addressed like the state: every segment's three offsets are equal), the
-  // gradients multiplied by grad_coef first (clipping; 1: unchanged). Element by element
-  // the arithmetic of clip_grads and step(), wherever the arrays live.
-  // `updated`, if set, sees each chunk's new parameters [begin, end) as they are written.
-  using ChunkHook = std::function<void(size_t begin, size_t end, const float* params)>;
-  void step_shard(float grad_coef, float lr, int t, const ChunkHook& updated = {});
+  // gradients multiplied by grad_coef first (clipping; 1: unchanged). `storage`: kFp32,
+  // fp32 shards (the arithmetic of clip_grads and step()), or the 16-bit format of the
+  // shards of a run with master weights (step_mixed's). Element by element the same,
+  // wherever the arrays live.
+  // `updated`, if set, sees each chunk's new parameters [begin, end) (floats or 16-bit
+  // words) as they are written.
+  using ChunkHook = std::function<void(size_t begin, size_t end, const void* params)>;
+  void step_shard(kernels::Precision storage, float grad_coef, float lr, int t, const ChunkHook& updated = {});
 
   // Moves the state (zero so far, or as set by init_master) not yet in files into files under `dir`,
   // streamed `chunk` elements at a time by every step (optim/shard_store.h); the in-memory
@@ -141,6 +145,8 @@ class AdamW {
  private:
   struct Coefficients;
   Coefficients coefficients(float lr, int t) const;
+  static void mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
+                          const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n);
   // Calls update(segment, from, to, arrays) for every segment's elements [from, to) in state
   // order, arrays[a] pointing at element `from`'s entry of each store array in `mask` (in
   // memory or in a streamed chunk); file arrays in write_mask are written back.
@@ -148,7 +154,7 @@ class AdamW {
   // over the whole store).
   template <typename Update>
   void for_each_run(unsigned mask, unsigned write_mask, Update update,
-                    const std::function<void(size_t, size_t, float* const*)>& after_chunk = {});
+                    const ShardStore::ChunkUpdate& after_chunk = {});
   unsigned state_mask() const;
 
   AdamWConfig config_;

@@ -24,11 +24,11 @@ const char* shard_array_name(ShardArray a) {
   return names[a];
 }
 
-IoBuffer::IoBuffer(MemCategory category, size_t count) : count_(count) {
-  // One alignment unit more, to start on a 4 KiB boundary; whole units after it.
-  raw_.allocate(category, ShardStore::aligned(count) + ShardStore::kAlign);
-  const uintptr_t p = reinterpret_cast<uintptr_t>(raw_.data()), align = ShardStore::kAlign * sizeof(float);
-  data_ = reinterpret_cast<float*>((p + align - 1) / align * align);
+IoBuffer::IoBuffer(MemCategory category, size_t count, size_t width) : count_(count), width_(width) {
+  // 4 KiB more, to start on a 4 KiB boundary; whole alignment units after it.
+  raw_.allocate(category, (ShardStore::aligned(count) * width + kIoBytes) / kFloat);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(raw_.data());
+  data_ = reinterpret_cast<void*>((p + kIoBytes - 1) / kIoBytes * kIoBytes);
 }
 
 ShardStore::ShardStore(size_t n) : n_(n), stride_(aligned(n)), chunk_(aligned(std::max<size_t>(1, (n + 15) / 16))) {}
@@ -49,10 +49,11 @@ ShardStore::~ShardStore() {
   }
 }
 
-void ShardStore::add(ShardArray a, MemCategory category) {
-  CHECK(!arrays_[a].present);
+void ShardStore::add(ShardArray a, MemCategory category, size_t width) {
+  CHECK(!arrays_[a].present && (width == kFloat || width == kWord));
   arrays_[a].present = true;
-  arrays_[a].memory.allocate(category, n_);
+  arrays_[a].width = width;
+  arrays_[a].memory.allocate(category, floats_for(n_, width));
 }
 
 bool ShardStore::any_in_file(unsigned mask) const {
@@ -71,7 +72,7 @@ Status ShardStore::open_file(ShardArray a, const std::string& dir, int rank, boo
   if (fd < 0) return Status::error("--offload-dir: cannot create " + path + ": " + std::strerror(errno));
   // Whole alignment units: the last chunk's tail is padding inside the file. Sparse: a
   // zero array costs no disk until it is written.
-  if (::ftruncate(fd, (off_t)(stride_ * sizeof(float))) != 0) {
+  if (::ftruncate(fd, (off_t)(stride_ * arr.width)) != 0) {
     const std::string why = std::strerror(errno);
     ::close(fd);
     return Status::error("--offload-dir: cannot size " + path + ": " + why);
@@ -90,8 +91,9 @@ Status ShardStore::open_file(ShardArray a, const std::string& dir, int rank, boo
   return Status::ok();
 }
 
-Status ShardStore::add_file(ShardArray a, const std::string& dir, int rank, bool direct) {
-  CHECK(!arrays_[a].present);
+Status ShardStore::add_file(ShardArray a, const std::string& dir, int rank, bool direct, size_t width) {
+  CHECK(!arrays_[a].present && (width == kFloat || width == kWord));
+  arrays_[a].width = width;
   RETURN_IF_ERROR(open_file(a, dir, rank, direct));
   arrays_[a].present = true;
   return Status::ok();
@@ -102,8 +104,8 @@ Status ShardStore::move_to_file(ShardArray a, const std::string& dir, int rank, 
   CHECK_MSG(arr.present && arr.fd < 0, "move_to_file: the array is absent or already in a file");
   RETURN_IF_ERROR(open_file(a, dir, rank, direct));
   // A zero array stays a hole; anything else is written once.
-  const float* values = arr.memory.data();
-  if (std::any_of(values, values + n_, [](float x) { return x != 0.0f; }))
+  const auto* bytes = reinterpret_cast<const unsigned char*>(arr.memory.data());
+  if (std::any_of(bytes, bytes + (size_t)arr.memory.bytes(), [](unsigned char b) { return b != 0; }))
     io(a, arr.fd, true, 0, n_, arr.memory.data(), nullptr);
   arr.memory.release();
   return Status::ok();
@@ -115,14 +117,15 @@ void ShardStore::set_chunk(size_t chunk) {
     for (IoBuffer& s : a.slots) s.release();
 }
 
-// Moves count floats of array a at element `begin` between its file and buf; a disk error
+// Moves count elements of array a at element `begin` between its file and buf; a disk error
 // ends the job (training cannot continue without its state).
-void ShardStore::io(ShardArray a, int fd, bool write, size_t begin, size_t count, float* buf,
+void ShardStore::io(ShardArray a, int fd, bool write, size_t begin, size_t count, void* buf,
                     const Traffic* traffic) {
   const double t0 = now_s();
-  char* p = reinterpret_cast<char*>(buf);
-  size_t left = count * sizeof(float);
-  off_t at = (off_t)(begin * sizeof(float));
+  const size_t width = arrays_[a].width;
+  char* p = static_cast<char*>(buf);
+  size_t left = count * width;
+  off_t at = (off_t)(begin * width);
   while (left > 0) {
     const ssize_t done = write ? ::pwrite(fd, p, left, at) : ::pread(fd, p, left, at);
     if (done < 0 && errno == EINTR) continue;
@@ -131,7 +134,7 @@ void ShardStore::io(ShardArray a, int fd, bool write, size_t begin, size_t count
   }
   if (!traffic) return;
   const double dt = now_s() - t0;
-  const auto bytes = (int64_t)(count * sizeof(float));
+  const auto bytes = (int64_t)(count * width);
   std::lock_guard<std::mutex> lock(mu_);
   for (IoStats* st : {(IoStats*)&stats_, &stats_.by[(int)*traffic]}) {
     (write ? st->bytes_written : st->bytes_read) += bytes;
@@ -181,7 +184,7 @@ void ShardStore::wait_all(Traffic traffic) {
   wait(t, traffic);
 }
 
-ShardStore::Ticket ShardStore::read_async(ShardArray a, size_t begin, size_t count, float* dst, Traffic traffic) {
+ShardStore::Ticket ShardStore::read_async(ShardArray a, size_t begin, size_t count, void* dst, Traffic traffic) {
   CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_);
   return submit([this, a, begin, count, dst, traffic] {
     io(a, arrays_[a].stream_fd, false, begin, aligned(count), dst, &traffic);
@@ -190,38 +193,47 @@ ShardStore::Ticket ShardStore::read_async(ShardArray a, size_t begin, size_t cou
 
 ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t count, IoBuffer&& src,
                                            Traffic traffic) {
-  CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_ && src.size() >= count);
+  CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_ && src.size() >= count &&
+        src.width() == arrays_[a].width);
   auto buffer = std::make_shared<IoBuffer>(std::move(src));
   return submit([this, a, begin, count, buffer, traffic] {
-    io(a, arrays_[a].stream_fd, true, begin, aligned(count), buffer->data(), &traffic);
+    io(a, arrays_[a].stream_fd, true, begin, aligned(count), buffer->bytes(), &traffic);
     buffer->release();
   });
 }
 
-ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t count, const float* src,
+ShardStore::Ticket ShardStore::write_async(ShardArray a, size_t begin, size_t count, const void* src,
                                            Traffic traffic) {
   CHECK(in_file(a) && begin % kAlign == 0 && begin + count <= n_);
   return submit([this, a, begin, count, src, traffic] {
-    io(a, arrays_[a].stream_fd, true, begin, aligned(count), const_cast<float*>(src), &traffic);
+    io(a, arrays_[a].stream_fd, true, begin, aligned(count), const_cast<void*>(src), &traffic);
   });
 }
 
-void ShardStore::read(ShardArray a, size_t begin, size_t count, float* dst) {
+void ShardStore::read(ShardArray a, size_t begin, size_t count, void* dst) {
   CHECK(has(a) && begin + count <= n_);
-  if (!in_file(a)) return (void)std::copy(data(a) + begin, data(a) + begin + count, dst);
+  const size_t w = arrays_[a].width;
+  if (!in_file(a)) return (void)std::memcpy(dst, reinterpret_cast<const char*>(data(a)) + begin * w, count * w);
   wait_all();
   io(a, arrays_[a].fd, false, begin, count, dst, nullptr);
 }
 
-void ShardStore::write(ShardArray a, size_t begin, size_t count, const float* src) {
+void ShardStore::write(ShardArray a, size_t begin, size_t count, const void* src) {
   CHECK(has(a) && begin + count <= n_);
-  if (!in_file(a)) return (void)std::copy(src, src + count, data(a) + begin);
+  const size_t w = arrays_[a].width;
+  if (!in_file(a)) return (void)std::memcpy(reinterpret_cast<char*>(data(a)) + begin * w, src, count * w);
   wait_all();
-  io(a, arrays_[a].fd, true, begin, count, const_cast<float*>(src), nullptr);
+  io(a, arrays_[a].fd, true, begin, count, const_cast<void*>(src), nullptr);
 }
 
-void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask,
-                                const std::function<void(size_t, size_t, float* const*)>& update) {
+ChunkPointers ShardStore::advanced(const ChunkPointers& arrays, size_t n) const {
+  ChunkPointers out;
+  for (int a = 0; a < kShardArrays; a++)
+    if (arrays.p[a]) out.p[a] = static_cast<char*>(arrays.p[a]) + n * arrays_[a].width;
+  return out;
+}
+
+void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask, const ChunkUpdate& update) {
   CHECK((write_mask & ~mask) == 0);
   const size_t chunks = (n_ + chunk_ - 1) / chunk_;
   if (chunks == 0) return;
@@ -229,14 +241,14 @@ void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask,
   for (int a = 0; a < kShardArrays; a++)
     if (streamed(a, mask))
       for (IoBuffer& s : arrays_[a].slots)
-        if (s.empty()) s = IoBuffer(MemCategory::kOptim, chunk_);
+        if (s.empty()) s = IoBuffer(MemCategory::kOptim, chunk_, arrays_[a].width);
   // Whole alignment units (the last chunk's tail is padding inside the file).
   auto transfer = [&](bool write, size_t i) {
     const size_t b = i * chunk_, count = std::min(n_, b + chunk_) - b;
     Ticket last = 0;
     for (int a = 0; a < kShardArrays; a++) {
       if (!streamed(a, write ? write_mask : mask)) continue;
-      float* buf = arrays_[a].slots[i % 3].data();
+      void* buf = arrays_[a].slots[i % 3].bytes();
       const ShardArray arr = (ShardArray)a;
       last = submit([this, arr, b, count, buf, write] {
         const Traffic update = Traffic::kUpdate;
@@ -253,10 +265,11 @@ void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask,
     if (i > 0) transfer(true, i - 1);
     ready = i + 1 < chunks ? transfer(false, i + 1) : 0;
     const size_t b = i * chunk_, e = std::min(n_, b + chunk_);
-    float* ptrs[kShardArrays] = {};
+    ChunkPointers ptrs;
     for (int a = 0; a < kShardArrays; a++) {
       if (!(mask & (1u << a))) continue;
-      ptrs[a] = arrays_[a].fd >= 0 ? arrays_[a].slots[i % 3].data() : arrays_[a].memory.data() + b;
+      Array& arr = arrays_[a];
+      ptrs.p[a] = arr.fd >= 0 ? arr.slots[i % 3].bytes() : reinterpret_cast<char*>(arr.memory.data()) + b * arr.width;
     }
     update(b, e, ptrs);
   }
@@ -267,7 +280,7 @@ size_t ShardStore::streaming_bytes(unsigned mask) const {
   size_t bytes = 0;
   for (int a = 0; a < kShardArrays; a++)
     if ((mask & (1u << a)) && arrays_[a].fd >= 0 && arrays_[a].slots[0].empty())
-      bytes += 3 * (aligned(chunk_) + kAlign) * sizeof(float);
+      bytes += 3 * (aligned(chunk_) * arrays_[a].width + kIoBytes);
   return bytes;
 }
 

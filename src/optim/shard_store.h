@@ -3,13 +3,18 @@
 // file of its own (ZeRO-Infinity's NVMe tier, Rajbhandari et al. 2021). The arrays share
 // their indexing, so one streaming pass can update several of them chunk by chunk.
 //
+// An array holds fp32 values (4-byte elements) or 16-bit words (2-byte elements: a bf16 or
+// fp16 run's ZeRO-3 parameter and gradient shards); element i of every array belongs to
+// the same parameter.
+//
 // File-backed arrays are moved with pread/pwrite by one background I/O thread, in the order
 // the requests were made (a read issued after a write of the same range sees it). Per-step
 // traffic (streaming, the asynchronous per-unit reads and writes) uses O_DIRECT where the
-// file system supports it, so the states do not sit in the page cache either: its ranges,
-// lengths and buffers are 4 KiB aligned (kAlign floats; IoBuffer). Whole-array copies for
-// setup and checkpoints go through the page cache at any alignment; Linux keeps the two
-// views coherent. The resident set is what the tracker counts: buffers, not files.
+// file system supports it, so the states do not sit in the page cache either: its ranges
+// and lengths are whole kAlign elements (4 KiB of 16-bit words, 8 KiB of floats) and its
+// buffers 4 KiB aligned (IoBuffer). Whole-array copies for setup and checkpoints go through
+// the page cache at any alignment; Linux keeps the two views coherent. The resident set is
+// what the tracker counts: buffers, not files.
 #pragma once
 #include <condition_variable>
 #include <cstddef>
@@ -44,35 +49,50 @@ struct OffloadStats : IoStats {  // the totals
   IoStats by[2];                 // per Traffic
 };
 
-constexpr size_t kIoAlign = 1024;  // floats per 4 KiB, O_DIRECT's alignment
+constexpr size_t kIoBytes = 4096;  // O_DIRECT's alignment of offsets, lengths and buffers
+constexpr size_t kFloat = 4, kWord = 2;  // element widths: fp32 values, 16-bit words
 
-// A float buffer whose start is 4 KiB aligned, for O_DIRECT transfers.
+// A buffer of `count` elements of `width` bytes whose start is 4 KiB aligned, with room for
+// whole kAlign elements (ShardStore::aligned(count)), for O_DIRECT transfers.
 class IoBuffer {
  public:
   IoBuffer() = default;
-  IoBuffer(MemCategory category, size_t count);
+  IoBuffer(MemCategory category, size_t count, size_t width = kFloat);
   IoBuffer(IoBuffer&& o) noexcept { *this = static_cast<IoBuffer&&>(o); }
   IoBuffer& operator=(IoBuffer&& o) noexcept {  // the source is left empty
     raw_ = static_cast<Buffer<float>&&>(o.raw_);
-    data_ = o.data_, count_ = o.count_;
+    data_ = o.data_, count_ = o.count_, width_ = o.width_;
     o.data_ = nullptr, o.count_ = 0;
     return *this;
   }
-  float* data() const { return data_; }
+  void* bytes() const { return data_; }
+  float* data() const { return static_cast<float*>(data_); }          // fp32 elements
+  uint16_t* words() const { return static_cast<uint16_t*>(data_); }   // 16-bit elements
   size_t size() const { return count_; }
-  size_t capacity() const { return data_ ? raw_.size() - kIoAlign : 0; }  // whole 4 KiB units
+  size_t width() const { return width_; }
+  // Elements of this width it can hold (whole alignment units).
+  size_t capacity() const { return data_ ? ((size_t)raw_.bytes() - kIoBytes) / width_ : 0; }
   bool empty() const { return data_ == nullptr; }
   void release() { raw_.release(), data_ = nullptr, count_ = 0; }
 
  private:
   Buffer<float> raw_;
-  float* data_ = nullptr;
-  size_t count_ = 0;
+  void* data_ = nullptr;
+  size_t count_ = 0, width_ = kFloat;
+};
+
+// Element `begin` of each array a for_each_chunk or a streamed update asks for (null where
+// not asked for): fp32 arrays through f(), 16-bit ones through h().
+struct ChunkPointers {
+  void* p[kShardArrays] = {};
+  float* f(ShardArray a) const { return static_cast<float*>(p[a]); }
+  uint16_t* h(ShardArray a) const { return static_cast<uint16_t*>(p[a]); }
 };
 
 class ShardStore {
  public:
-  static constexpr size_t kAlign = kIoAlign;
+  // Elements per alignment unit: 4 KiB of 16-bit words (and so 8 KiB of floats).
+  static constexpr size_t kAlign = kIoBytes / kWord;
   static size_t aligned(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
   using Ticket = uint64_t;  // an asynchronous request; wait() for it
 
@@ -82,17 +102,20 @@ class ShardStore {
   ShardStore& operator=(const ShardStore&) = delete;
 
   size_t size() const { return n_; }
-  // Adds array a in memory, all zero, counted under `category`.
-  void add(ShardArray a, MemCategory category);
+  // Adds array a in memory, all zero, counted under `category`; `width`: kFloat or kWord.
+  void add(ShardArray a, MemCategory category, size_t width = kFloat);
   bool has(ShardArray a) const { return arrays_[a].present; }
+  size_t width(ShardArray a) const { return arrays_[a].width; }
   bool in_file(ShardArray a) const { return arrays_[a].fd >= 0; }
   bool any_in_file(unsigned mask) const;
   bool direct_io(ShardArray a) const { return arrays_[a].direct; }
-  // The array in memory; null while it is in a file.
+  // The array in memory; null while it is in a file. data(): an fp32 array, words(): 16-bit.
   float* data(ShardArray a) { return arrays_[a].memory.data(); }
   const float* data(ShardArray a) const { return arrays_[a].memory.data(); }
+  uint16_t* words(ShardArray a) { return reinterpret_cast<uint16_t*>(arrays_[a].memory.data()); }
+  const uint16_t* words(ShardArray a) const { return reinterpret_cast<const uint16_t*>(arrays_[a].memory.data()); }
   // Adds array a in a new file, all zero (a sparse file: no memory, no disk yet).
-  Status add_file(ShardArray a, const std::string& dir, int rank, bool direct);
+  Status add_file(ShardArray a, const std::string& dir, int rank, bool direct, size_t width = kFloat);
   // Moves array a, with its current values, into DIR/<name>_rank<R>.bin (created or
   // truncated), and frees its memory. `direct`: O_DIRECT for the per-step traffic where the
   // file system supports it. The file is removed with the store.
@@ -106,31 +129,34 @@ class ShardStore {
   // The rotating buffers for_each_chunk will allocate for the file arrays of `mask` (they
   // are made on first use).
   size_t streaming_bytes(unsigned mask) const;
-  // Calls update(begin, end, arrays) for every chunk [begin, end) in order, arrays[a]
-  // pointing at element `begin` of each array in `mask` (the array itself in memory, a
-  // rotating buffer for a file), and writes the file arrays of `write_mask` back. The next
-  // chunk is read and the previous one written while `update` runs.
-  void for_each_chunk(unsigned mask, unsigned write_mask,
-                      const std::function<void(size_t begin, size_t end, float* const* arrays)>& update);
+  // Calls update(begin, end, arrays) for every chunk [begin, end) in order, arrays pointing
+  // at element `begin` of each array in `mask` (the array itself in memory, a rotating
+  // buffer for a file), and writes the file arrays of `write_mask` back. The next chunk is
+  // read and the previous one written while `update` runs.
+  using ChunkUpdate = std::function<void(size_t begin, size_t end, const ChunkPointers& arrays)>;
+  void for_each_chunk(unsigned mask, unsigned write_mask, const ChunkUpdate& update);
+  // `arrays` moved on by n elements, each by its array's width.
+  ChunkPointers advanced(const ChunkPointers& arrays, size_t n) const;
 
   // Asynchronous transfers of a file array, through the O_DIRECT descriptor: `begin` a
-  // multiple of kAlign, the buffer aligned(count) long (whole 4 KiB units move). A write
-  // owns its buffer until it is done.
-  Ticket read_async(ShardArray a, size_t begin, size_t count, float* dst, Traffic traffic = Traffic::kUnits);
+  // multiple of kAlign, the buffer aligned(count) elements long (whole alignment units
+  // move). A write owns its buffer until it is done.
+  Ticket read_async(ShardArray a, size_t begin, size_t count, void* dst, Traffic traffic = Traffic::kUnits);
   Ticket write_async(ShardArray a, size_t begin, size_t count, IoBuffer&& src, Traffic traffic = Traffic::kUnits);
-  // The same from a buffer the caller keeps (aligned(count) floats, 4 KiB aligned) until
+  // The same from a buffer the caller keeps (aligned(count) elements, 4 KiB aligned) until
   // the write is done.
-  Ticket write_async(ShardArray a, size_t begin, size_t count, const float* src, Traffic traffic = Traffic::kUnits);
+  Ticket write_async(ShardArray a, size_t begin, size_t count, const void* src, Traffic traffic = Traffic::kUnits);
   // The time spent here is the traffic's wait_s.
   void wait(Ticket t, Traffic traffic = Traffic::kUnits);
   void wait_all(Traffic traffic = Traffic::kUnits);
 
-  // Synchronous copies of [begin, begin + count) at any alignment, through the page cache
-  // where the array is in a file (after every asynchronous request); not in stats().
-  void read(ShardArray a, size_t begin, size_t count, float* dst);
-  void write(ShardArray a, size_t begin, size_t count, const float* src);
-  void read(ShardArray a, float* dst) { read(a, 0, n_, dst); }
-  void write(ShardArray a, const float* src) { write(a, 0, n_, src); }
+  // Synchronous copies of elements [begin, begin + count) at any alignment, through the
+  // page cache where the array is in a file (after every asynchronous request); not in
+  // stats().
+  void read(ShardArray a, size_t begin, size_t count, void* dst);
+  void write(ShardArray a, size_t begin, size_t count, const void* src);
+  void read(ShardArray a, void* dst) { read(a, 0, n_, dst); }
+  void write(ShardArray a, const void* src) { write(a, 0, n_, src); }
 
   OffloadStats stats() const;
   void reset_stats();
@@ -138,7 +164,8 @@ class ShardStore {
  private:
   struct Array {
     bool present = false;
-    Buffer<float> memory;
+    size_t width = kFloat;  // bytes per element
+    Buffer<float> memory;   // n elements of `width` bytes
     int fd = -1;         // through the page cache: setup and checkpoints
     int stream_fd = -1;  // O_DIRECT where supported: per-step traffic
     bool direct = false;
@@ -147,7 +174,8 @@ class ShardStore {
   };
   Status open_file(ShardArray a, const std::string& dir, int rank, bool direct);
   // traffic null: a whole-array copy, not in stats().
-  void io(ShardArray a, int fd, bool write, size_t begin, size_t count, float* buf, const Traffic* traffic);
+  void io(ShardArray a, int fd, bool write, size_t begin, size_t count, void* buf, const Traffic* traffic);
+  static size_t floats_for(size_t n, size_t width) { return (n * width + kFloat - 1) / kFloat; }
   Ticket submit(std::function<void()> job);
   void worker();
 

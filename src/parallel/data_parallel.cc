@@ -28,8 +28,7 @@ Status DataParallel::create_sharded(model::Gpt& gpt, comm::Group& dp, const DpCo
                                     const optim::AdamWConfig& adamw, const InitialUnits& initial,
                                     comm::Group* tp, std::unique_ptr<DataParallel>* out) {
   std::unique_ptr<DataParallel> store(new DataParallel(gpt, dp, config, adamw, tp));
-  CHECK_MSG(store->config_.zero_stage == 3 && config.storage == kernels::Precision::kFp32,
-            "initial units are for fp32 ZeRO-3");
+  CHECK_MSG(store->config_.zero_stage == 3, "initial units are for ZeRO-3");
   RETURN_IF_ERROR(store->init(nullptr, initial));
   *out = std::move(store);
   return Status::ok();
@@ -53,8 +52,8 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
                 gpt_.has_local_grads() == (!half && stage < 2),
             "the model's local buffers do not match the ZeRO stage and storage precision");
   const DpConfig::Files& files = config_.files;
-  CHECK_MSG(!(files.params || files.grads) || (stage == 3 && !half && config_.align_shards && !files.dir.empty()),
-            "file-backed shards need fp32 ZeRO-3, align_shards and a folder");
+  CHECK_MSG(!(files.params || files.grads) || (stage == 3 && config_.align_shards && !files.dir.empty()),
+            "file-backed shards need ZeRO-3, align_shards and a folder");
   // Moments that go to files are made there: a model larger than memory never holds them.
   const optim::AdamW::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
   const optim::AdamW::StateFiles* in_files = files.optimizer ? &state_files : nullptr;
@@ -70,45 +69,43 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
         layout_.num_units(), [this](int u, UnitsInUse::Unit& g) { start_gather(u, g); },
         [this](UnitsInUse::Unit& g) { free_unit(g); });
   if (stage == 2 && !half) grad_shard_.allocate(MemCategory::kGrads, shards_.local_total());
-  if (half) init_half(full_params);
-  else if (stage == 3) RETURN_IF_ERROR(init_sharded(full_params, initial));
+  if (stage == 3) {
+    // 16-bit: the words live in the store; HalfStorage makes the fp32 views of a unit.
+    if (half) half_ = std::make_unique<HalfStorage>(config_.storage, layout_, 0, 0, false);
+    RETURN_IF_ERROR(init_sharded(full_params, initial));
+  } else if (half) {
+    init_half(full_params);
+  }
   init_groups();
   gpt_.set_param_store(this);
   return Status::ok();
 }
 
-// 16-bit storage: the initial parameters rounded into the words this rank keeps, and the
-// master weights set from them (stage 3: from a temporary copy of the owned shard).
+// 16-bit stages 0-2: the initial parameters rounded into the words this rank keeps, and
+// the master weights set from them.
 void DataParallel::init_half(const float* full_params) {
   CHECK_MSG(full_params, "16-bit storage needs the initial parameters");
   const int stage = config_.zero_stage;
-  const float* initial = full_params;
-  Buffer<float> shard;
-  if (stage == 3) {
-    shard.allocate(MemCategory::kWorkspace, shards_.local_total());
-    for (int u = 0; u < layout_.num_units(); u++)
-      std::memcpy(shard.data() + shards_.units()[u].local_offset, full_params + shards_.own_begin(u),
-                  sizeof(float) * (shards_.own_end(u) - shards_.own_begin(u)));
-    initial = shard.data();
-  }
-  const size_t params = stage == 3 ? shards_.local_total() : layout_.total();
-  half_ = std::make_unique<HalfStorage>(config_.storage, layout_, params,
-                                        stage >= 2 ? shards_.local_total() : layout_.total(), stage <= 1);
-  kernels::to_half(config_.storage, initial, half_->params(), params);
-  adamw_->init_master(initial);
+  half_ = std::make_unique<HalfStorage>(config_.storage, layout_, layout_.total(),
+                                        stage == 2 ? shards_.local_total() : layout_.total(), stage <= 1);
+  kernels::to_half(config_.storage, full_params, half_->params(), layout_.total());
+  adamw_->init_master(full_params);
 }
 
-// fp32 stage 3: the parameter and gradient shards join the optimizer's store, in memory or
-// in files, and this rank's part of every unit's initial values is written into it.
+// Stage 3: the parameter and gradient shards join the optimizer's store (fp32 values or
+// 16-bit words), in memory or in files, and this rank's part of every unit's initial
+// values is written into it (16-bit: rounded, and in full into the master weights).
 Status DataParallel::init_sharded(const float* full_params, const InitialUnits& initial) {
   CHECK_MSG(full_params || initial, "ZeRO-3 needs the initial parameters");
   const DpConfig::Files& files = config_.files;
   optim::ShardStore& st = store();
-  if (files.params) RETURN_IF_ERROR(st.add_file(optim::kShardParams, files.dir, files.rank, files.direct));
-  else st.add(optim::kShardParams, MemCategory::kParams);
-  if (files.grads) RETURN_IF_ERROR(st.add_file(optim::kShardGrads, files.dir, files.rank, files.direct));
-  else st.add(optim::kShardGrads, MemCategory::kGrads);
+  const size_t width = half_ ? optim::kWord : optim::kFloat;
+  if (files.params) RETURN_IF_ERROR(st.add_file(optim::kShardParams, files.dir, files.rank, files.direct, width));
+  else st.add(optim::kShardParams, MemCategory::kParams, width);
+  if (files.grads) RETURN_IF_ERROR(st.add_file(optim::kShardGrads, files.dir, files.rank, files.direct, width));
+  else st.add(optim::kShardGrads, MemCategory::kGrads, width);
   Buffer<float> unit;
+  Buffer<uint16_t> words;
   for (int u = 0; u < layout_.num_units(); u++) {
     const float* values = nullptr;
     if (full_params) {
@@ -119,11 +116,20 @@ Status DataParallel::init_sharded(const float* full_params, const InitialUnits& 
       values = unit.data();
     }
     const size_t own = shards_.own_begin(u) - layout_.units()[u].offset;
-    st.write(optim::kShardParams, shards_.units()[u].local_offset,
-             shards_.own_end(u) - shards_.own_begin(u), values + own);
+    const size_t at = shards_.units()[u].local_offset, n = shards_.own_end(u) - shards_.own_begin(u);
+    if (half_) {  // the master weights are the values the words are rounded from
+      words.allocate(MemCategory::kWorkspace, n);
+      kernels::to_half(config_.storage, values + own, words.data(), n);
+      st.write(optim::kShardParams, at, n, words.data());
+      st.write(optim::kMasterWeights, at, n, values + own);
+      words.release();
+    } else {
+      st.write(optim::kShardParams, at, n, values + own);
+    }
     unit.release();
   }
-  files_ = std::make_unique<FileBackedShards>(st, shards_, adamw_->segments(), config_.files.read_ahead);
+  files_ = std::make_unique<FileBackedShards>(st, shards_, adamw_->segments(), config_.files.read_ahead,
+                                              config_.storage);
   return Status::ok();
 }
 
@@ -171,13 +177,13 @@ DataParallel::~DataParallel() {
 // ---------------------------------------------------------------- reductions
 
 // Stage 1: the reduced shard replaces this rank's slice of the full gradient. Stages 2-3:
-// it is added to the step's sum so far (16-bit words, the fp32 shard, or its file).
+// it is added to the step's sum so far (its file, 16-bit words, or the fp32 shard).
 void DataParallel::store_reduced(int u, const float* reduced) {
   const size_t owned = shards_.own_end(u) - shards_.own_begin(u);
   if (config_.zero_stage == 1) return full_gradient().write(shards_.own_begin(u), owned, reduced);
   const size_t local = shards_.units()[u].local_offset;
-  if (half_) return kernels::add_to_half(config_.storage, half_->grads() + local, reduced, owned);
   if (grads_in_file()) return files_->add_reduced(u, reduced);
+  if (half_) return kernels::add_to_half(config_.storage, half_grads() + local, reduced, owned);
   float* dst = reduced_fp32() + local;
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < owned; i++) dst[i] += reduced[i];
@@ -191,10 +197,11 @@ void DataParallel::wait_reductions() {
 // ---------------------------------------------------------------- step protocol
 
 void DataParallel::zero_grads() {
-  if (half_) half_->zero_grads();
+  if (grads_in_file()) files_->begin_step();
+  else if (config_.zero_stage == 3) zero_bytes(store().data(optim::kShardGrads), store().width(optim::kShardGrads) * store().size());
+  else if (half_) half_->zero_grads();
   else if (config_.zero_stage < 2) gpt_.zero_grads();
-  else if (grads_in_file()) files_->begin_step();
-  else zero_bytes(reduced_fp32(), sizeof(float) * shards_.local_total());
+  else zero_bytes(grad_shard_.data(), grad_shard_.bytes());
 }
 
 void DataParallel::set_pipeline(comm::Group* pp, int tied_peer) {
@@ -258,14 +265,21 @@ void DataParallel::sum_tied_embedding() {
   size_t n = 0;
   const size_t offset = reduced_range(layout_.embedding_unit(), &n);
   Buffer<float> widened, theirs(MemCategory::kComm, n);
+  Buffer<uint16_t> words;  // 16-bit gradients read from their file
   float* mine = nullptr;
-  if (grads_in_file()) {
+  uint16_t* mine16 = nullptr;
+  if (half_) {  // exchanged and summed in fp32, rounded once (alike on both stages)
+    if (grads_in_file()) {
+      words.allocate(MemCategory::kComm, n);
+      store().read(optim::kShardGrads, offset, n, words.data());
+    }
+    mine16 = grads_in_file() ? words.data() : half_grads() + offset;
+    widened.allocate(MemCategory::kComm, n);
+    kernels::from_half(config_.storage, mine16, widened.data(), n);
+    mine = widened.data();
+  } else if (grads_in_file()) {
     widened.allocate(MemCategory::kComm, n);
     store().read(optim::kShardGrads, offset, n, widened.data());
-    mine = widened.data();
-  } else if (half_) {  // exchanged and summed in fp32, rounded once (alike on both stages)
-    widened.allocate(MemCategory::kComm, n);
-    kernels::from_half(config_.storage, half_->grads() + offset, widened.data(), n);
     mine = widened.data();
   } else {
     mine = reduced_fp32() + offset;
@@ -277,10 +291,11 @@ void DataParallel::sum_tied_embedding() {
   send->wait();
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) mine[i] += theirs[i];
-  if (half_) kernels::to_half(config_.storage, mine, half_->grads() + offset, n);
+  if (half_) kernels::to_half(config_.storage, mine, mine16, n);
   if (grads_in_file()) {
-    store().write(optim::kShardGrads, offset, n, mine);
-    files_->set_squares(layout_.embedding_unit(), mine);
+    const void* stored = half_ ? (const void*)mine16 : (const void*)mine;
+    store().write(optim::kShardGrads, offset, n, stored);
+    files_->set_squares(layout_.embedding_unit(), stored);
   }
 }
 
@@ -300,7 +315,7 @@ double DataParallel::grad_norm() {
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
     local[group_of_unit_[s.unit]] +=
         grads_in_file() ? files_->squares(i)
-        : half_        ? optim::sum_of_squares(config_.storage, half_->grads() + s.grad_offset, s.count)
+        : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
                        : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
   }
   double total = 0;
@@ -331,19 +346,19 @@ void DataParallel::clip(double norm, float max_norm, double loss_scale) {
 
 void DataParallel::optimizer_step(float lr, int t) {
   const int stage = config_.zero_stage;
-  if (half_) {
-    adamw_->step_mixed(config_.storage, half_->params(), half_->grads(), grad_coef_, lr, t);
-    gather_updated_params(half_->params());
-    return;
-  }
   if (stage == 3) {
-    if (!params_in_file()) return adamw_->step_shard(grad_coef_, lr, t);
+    if (!params_in_file()) return adamw_->step_shard(config_.storage, grad_coef_, lr, t);
     // The next forward's first units take their new parameter shards from the update as it
     // writes them, instead of reading them back from the file before the first block.
     std::vector<int> first;
     for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in_pass(layout_, Pass::kForward, u))
       first.push_back(u);
-    adamw_->step_shard(grad_coef_, lr, t, files_->hand_over(first));
+    adamw_->step_shard(config_.storage, grad_coef_, lr, t, files_->hand_over(first));
+    return;
+  }
+  if (half_) {
+    adamw_->step_mixed(config_.storage, half_->params(), half_->grads(), grad_coef_, lr, t);
+    gather_updated_params(half_->params());
     return;
   }
   float* params = full_params();
@@ -354,6 +369,7 @@ void DataParallel::optimizer_step(float lr, int t) {
 
 void DataParallel::params_from_master() {
   CHECK(half_);
+  if (config_.zero_stage == 3) return adamw_->params_from_master(config_.storage, nullptr);  // the store's shard
   adamw_->params_from_master(config_.storage, half_->params());
   gather_updated_params(half_->params());
 }
@@ -389,12 +405,13 @@ void DataParallel::gather_updated_params(T* params) {
 void DataParallel::start_gather(int u, UnitsInUse::Unit& g) {
   if (config_.zero_stage != 3) return;
   const UnitShard& s = shards_.units()[u];
+  const void* shard = param_shard_of(u, &g.source);
   if (half_) {
     g.half = pool16_.take(MemCategory::kGathered, s.padded, false);
-    g.request = reduce_group(u).iall_gather(half_->params() + s.local_offset, g.half.data(), s.shard);
+    g.request = reduce_group(u).iall_gather(static_cast<const uint16_t*>(shard), g.half.data(), s.shard);
   } else {
     g.data = pool_.take(MemCategory::kGathered, s.padded, false);
-    g.request = reduce_group(u).iall_gather(param_shard_of(u, &g.source), g.data.data(), s.shard);
+    g.request = reduce_group(u).iall_gather(static_cast<const float*>(shard), g.data.data(), s.shard);
   }
 }
 
@@ -405,8 +422,10 @@ std::vector<int> DataParallel::units_to_read(int u) const {
   return units;
 }
 
-const float* DataParallel::param_shard_of(int u, optim::IoBuffer* holder) {
-  if (!params_in_file()) return store().data(optim::kShardParams) + shards_.units()[u].local_offset;
+const void* DataParallel::param_shard_of(int u, optim::IoBuffer* holder) {
+  if (!params_in_file())
+    return reinterpret_cast<const char*>(store().data(optim::kShardParams)) +
+           shards_.units()[u].local_offset * store().width(optim::kShardParams);
   files_->read(units_to_read(u));  // issued now, unless they were already
   return files_->take(u, holder);
 }
@@ -426,7 +445,7 @@ size_t DataParallel::offload_working_bytes() const {
 }
 
 size_t DataParallel::transient_bytes() const {
-  if (config_.zero_stage < 2 || half_) return 0;
+  if (config_.zero_stage < 2) return 0;
   // The two largest units bound two consecutive ones: gathered (the one in use and the one
   // prefetched, ZeRO-3), and in the reduction (the staging and received shard of the unit
   // retiring and of the one just started).
@@ -438,9 +457,11 @@ size_t DataParallel::transient_bytes() const {
     if (s.shard > shard[0]) shard[1] = shard[0], shard[0] = s.shard;
     else if (s.shard > shard[1]) shard[1] = s.shard;
   }
-  size_t floats = padded[0] + padded[1] + shard[0] + shard[1];  // the reductions in flight
-  if (config_.zero_stage == 3) floats += config_.keep_gathered ? all : padded[0] + padded[1];
-  return floats * sizeof(float);
+  const size_t reducing = padded[0] + padded[1] + shard[0] + shard[1];  // fp32, either storage
+  const size_t gathered = config_.zero_stage < 3 ? 0 : config_.keep_gathered ? all : padded[0] + padded[1];
+  if (!half_) return (reducing + gathered) * sizeof(float);
+  // 16-bit: gathered as words, and widened to fp32 while in use (this unit and the next).
+  return (reducing + padded[0] + padded[1]) * sizeof(float) + gathered * sizeof(uint16_t);
 }
 
 // ---------------------------------------------------------------- unit order

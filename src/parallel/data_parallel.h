@@ -4,7 +4,8 @@
 //   ParamGroup          units whose gradients are reduced over one group of ranks
 //   BucketAllReduce,    the gradient reducer of a group: buckets all-reduced (stage 0), or
 //   ShardReduceScatter  units reduce-scattered (stages 1-3), the sums handed to a sink
-//   HalfStorage         16-bit parameters and gradients, and the fp32 views of a unit
+//   HalfStorage         16-bit parameters and gradients (stage 3: the store holds the
+//                       words), and the fp32 views of a unit
 //   FileBackedShards    ZeRO-Infinity's reads ahead and gradient writes (shards in files)
 //   UnitsInUse          the units handed to the model: gathered, prefetched, kept or freed
 //   optim::ShardStore   the rank's shard of the model states, in memory or in files
@@ -33,15 +34,16 @@
 // with reduce_once_per_step (pipelines: one reduce-scatter per unit per step). With
 // keep_gathered, stage 3 gathers each unit once per step instead of at every use.
 //
-// ZeRO-Infinity (fp32 stage 3): the parameter and gradient shards are arrays of the
-// optimizer's ShardStore, each in memory or in a file (FileBackedShards). A file-backed parameter
+// Stage 3 and ZeRO-Infinity: the parameter and gradient shards are arrays of the
+// optimizer's ShardStore (fp32 values, or a 16-bit run's words beside its fp32 master
+// weights), each in memory or in a file (FileBackedShards). A file-backed parameter
 // shard is read ahead of use, read_ahead units along the pass, and all-gathered from the
 // read buffer: each rank reads only its own shard (bandwidth-centric partitioning). A
 // reduced gradient shard is written as it retires (read, added to and written again while
 // micro-batches accumulate); its sums of squares are taken on the way, so the norm needs no
 // second read. The update streams parameters, gradients and optimizer state chunk by chunk
-// (AdamW::step_shard), the clipping factor applied on the way. Every element sees the
-// arithmetic of the in-memory run, so losses are bit-identical.
+// (AdamW::step_shard; 16-bit: the master weights too), the clipping factor applied on the
+// way. Every element sees the arithmetic of the in-memory run, so losses are bit-identical.
 #pragma once
 #include <functional>
 #include <memory>
@@ -84,7 +86,7 @@ struct DpConfig {
   // Stage 3: a unit stays gathered from its first use in a step to the step's end (once
   // per step, while the rank's units fit), instead of being gathered for every use.
   bool keep_gathered = false;
-  // Stage 3 (fp32): the shards that live in files under `dir` from the start, and the
+  // Stage 3: the shards that live in files under `dir` from the start, and the
   // alignment that file-backed shards need (align_shards: set it when a shard may move to a
   // file later, as a memory budget decides).
   struct Files {
@@ -124,7 +126,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                const optim::AdamWConfig& adamw, const float* full_params = nullptr,
                comm::Group* tp = nullptr);
-  // fp32 stage 3 without the full parameters in memory: each unit's initial values come
+  // Stage 3 without the full parameters in memory: each unit's initial values come
   // from `initial` (one unit resident at a time). A shard file that cannot be made is an
   // error, not an abort.
   static Status create_sharded(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
@@ -137,11 +139,11 @@ class DataParallel : public model::ParamStore, public GradSync {
   optim::AdamW& adamw() { return *adamw_; }
   const optim::AdamW& adamw() const { return *adamw_; }
   size_t num_groups() const { return groups_.size(); }  // parameter groups (DpConfig::groups)
-  // Stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
-  // Null with 16-bit storage, and while the shard is in a file (read it through
-  // adamw().store()).
-  float* param_shard() { return sharded_params() ? store().data(optim::kShardParams) : nullptr; }
-  // fp32 stage 3: moves the parameter or gradient shard into a file (a memory budget's
+  // fp32 stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
+  // Null with 16-bit storage (its words are adamw().store()'s kShardParams), and while the
+  // shard is in a file (read it through adamw().store()).
+  float* param_shard() { return sharded_params() && !half_ ? store().data(optim::kShardParams) : nullptr; }
+  // Stage 3: moves the parameter or gradient shard into a file (a memory budget's
   // decision; needs align_shards).
   Status move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct);
   // For a memory budget, bytes setup has not allocated that training will hold:
@@ -205,8 +207,12 @@ class DataParallel : public model::ParamStore, public GradSync {
   void init_half(const float* full_params);
   void init_groups();
   void drop_kept_gathers();  // keep_gathered: every unit kept since its first use
-  // fp32 stage 3: the parameter and gradient shards are the store's arrays.
-  bool sharded_params() const { return config_.zero_stage == 3 && !half_storage(); }
+  // Stage 3: the parameter and gradient shards are the store's arrays (fp32 or 16-bit).
+  bool sharded_params() const { return config_.zero_stage == 3; }
+  // 16-bit gradient words in memory: the store's shard (stage 3) or HalfStorage's.
+  uint16_t* half_grads() {
+    return config_.zero_stage == 3 ? store().words(optim::kShardGrads) : half_->grads();
+  }
   optim::ShardStore& store() { return adamw_->store(); }
   bool params_in_file() const { return files_ && files_->params_in_file(); }
   bool grads_in_file() const { return files_ && files_->grads_in_file(); }
@@ -214,7 +220,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   // File-backed parameters: unit u and the units after it in this pass (up to read_ahead)
   // that are not gathered, to be read ahead.
   std::vector<int> units_to_read(int u) const;
-  const float* param_shard_of(int u, optim::IoBuffer* holder);
+  const void* param_shard_of(int u, optim::IoBuffer* holder);  // floats or 16-bit words
   // Where a group's reducer puts unit u's reduced shard (stages 1-3).
   void store_reduced(int u, const float* reduced);
   void wait_reductions();
@@ -257,7 +263,7 @@ class DataParallel : public model::ParamStore, public GradSync {
 
   Buffer<float> grad_shard_;              // fp32 stage 2 (grads); stage 3's are in the store
   std::unique_ptr<HalfStorage> half_;     // 16-bit storage
-  std::unique_ptr<FileBackedShards> files_;  // fp32 stage 3
+  std::unique_ptr<FileBackedShards> files_;  // stage 3
   float grad_coef_ = 1.0f;  // 16-bit and stage 3: the clip and loss-scale factor for the update
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.

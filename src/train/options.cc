@@ -150,9 +150,6 @@ Status parse_offload(const TrainOptions& o, OffloadTiers* out) {
   if ((out->params || out->grads) && o.zero != 3)
     return Status::error("--offload params=nvme / grads=nvme needs --zero 3: only ZeRO-3 shards the "
                          "parameters and gradients (got --zero " + std::to_string(o.zero) + ")");
-  if ((out->params || out->grads) && o.precision != "fp32")
-    return Status::error("--offload params=nvme / grads=nvme is fp32 only for now (got --precision " +
-                         o.precision + "); --offload optimizer=nvme streams a 16-bit run's master weights");
   if (out->any() && o.offload_dir.empty()) return Status::error("--offload ...=nvme needs --offload-dir DIR");
   return Status::ok();
 }

@@ -258,7 +258,7 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
     moved = "the optimizer state";
   }
   optim::ShardStore& store = run->dp->adamw().store();
-  if (store.has(optim::kShardParams))  // fp32 ZeRO-3: the shards next, as the budget needs
+  if (store.has(optim::kShardParams))  // ZeRO-3: the shards next, as the budget needs
     for (optim::ShardArray a : {optim::kShardGrads, optim::kShardParams}) {
       if (store.in_file(a)) {
         moved += std::string(moved.empty() ? "" : ", ") + optim::shard_array_name(a);
@@ -266,7 +266,7 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
       }
       if (!(budget > 0 && needed() > budget)) break;
       // Only where the file saves memory: a shard smaller than its I/O buffers stays.
-      if (4.0 * (double)store.size() <= (double)run->dp->file_working_bytes(a)) continue;
+      if ((double)(store.width(a) * store.size()) <= (double)run->dp->file_working_bytes(a)) continue;
       RETURN_IF_ERROR(run->dp->move_shard_to_file(a, o.offload_dir, rank, direct));
       moved += std::string(moved.empty() ? "" : ", ") + optim::shard_array_name(a);
     }
@@ -306,14 +306,14 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   // With the parameter shards in files, keeping every gathered unit would hold the whole
   // model: auto gathers at every use then.
   dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined && !tiers.params);
-  const bool sharded_fp32 = o.zero == 3 && storage == kernels::Precision::kFp32;
+  const bool sharded = o.zero == 3;
   // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
   dpc.files = {o.offload_dir, run->mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
                o.offload_read_ahead, tiers.optimizer, offload_chunk(o)};
-  dpc.align_shards = sharded_fp32 && (tiers.params || tiers.grads || o.memory_budget_gb > 0);
-  if (sharded_fp32 && o.init_from.empty()) {
-    // Seeded fp32 ZeRO-3: each unit is drawn and sharded in turn, so the whole model is
-    // never in memory (the values are init_weights' for any layout).
+  dpc.align_shards = sharded && (tiers.params || tiers.grads || o.memory_budget_gb > 0);
+  if (sharded && o.init_from.empty()) {
+    // Seeded ZeRO-3: each unit is drawn and sharded in turn, so the whole model is never
+    // in memory (the values are init_weights' for any layout).
     model::InitialWeights init(run->config, o.seed);
     const model::ParamLayout& layout = run->gpt->layout();
     RETURN_IF_ERROR(parallel::DataParallel::create_sharded(

@@ -241,7 +241,7 @@ TEST(FileBackedShards, ReadsAheadAndAccumulatesGradients) {
     optim::ShardStore store(shards.local_total());
     ASSERT_TRUE(store.add_file(optim::kShardParams, dir, 1, true).is_ok());
     ASSERT_TRUE(store.add_file(optim::kShardGrads, dir, 1, true).is_ok());
-    store.set_chunk(optim::kIoAlign);  // a block's shard (6.3k floats) in 7 pieces
+    store.set_chunk(optim::ShardStore::kAlign);  // a block's shard (6.3k floats) in 4 pieces
     std::vector<float> params(shards.local_total());
     for (size_t i = 0; i < params.size(); i++) params[i] = value(1, i);
     store.write(optim::kShardParams, params.data());
@@ -255,7 +255,7 @@ TEST(FileBackedShards, ReadsAheadAndAccumulatesGradients) {
     files.read({0, 1});
     for (int u : {0, 1, 2}) {
       optim::IoBuffer holder;
-      const float* got = files.take(u, &holder);
+      const auto* got = static_cast<const float*>(files.take(u, &holder));
       EXPECT_EQ(std::vector<float>(got, got + shards.units()[u].shard), shard_of(params, u)) << "unit " << u;
       files.give_back(std::move(holder));
     }
@@ -270,7 +270,7 @@ TEST(FileBackedShards, ReadsAheadAndAccumulatesGradients) {
       hook(b, std::min(b + 5000, updated.size()), updated.data() + b);
     for (int u : {0, 1}) {
       optim::IoBuffer holder;
-      const float* got = files.take(u, &holder);
+      const auto* got = static_cast<const float*>(files.take(u, &holder));
       EXPECT_EQ(std::vector<float>(got, got + shards.units()[u].shard), shard_of(updated, u)) << "unit " << u;
     }
     EXPECT_EQ(store.stats().bytes_read, 0);

@@ -27,6 +27,7 @@
 #include "model/gpt.h"
 #include "model/initial_weights.h"
 #include "optim/adamw.h"
+#include "optim/loss_scale.h"
 #include "optim/shard_store.h"
 #include "parallel/data_parallel.h"
 #include "thread_ranks_test_util.h"
@@ -48,7 +49,7 @@ std::vector<float> ramp(size_t n, float scale) {
 
 TEST(ShardStore, FilesHoldWhatMemoryHolds) {
   const std::string dir = scratch_dir("store");
-  const size_t n = 40000;  // not a multiple of the 1024-float alignment unit
+  const size_t n = 40000;  // not a multiple of the 2048-element alignment unit
   ShardStore store(n);
   store.add(optim::kMomentM, MemCategory::kOptim);
   store.add(optim::kMomentV, MemCategory::kOptim);
@@ -67,8 +68,8 @@ TEST(ShardStore, FilesHoldWhatMemoryHolds) {
   optim::IoBuffer w(MemCategory::kComm, 2048);
   for (size_t i = 0; i < 2048; i++) w.data()[i] = 100.0f + (float)i;
   optim::IoBuffer r(MemCategory::kComm, 2048);
-  store.write_async(optim::kMomentM, 1024, 2048, std::move(w));
-  store.wait(store.read_async(optim::kMomentM, 1024, 2048, r.data()));
+  store.write_async(optim::kMomentM, 2048, 2048, std::move(w));
+  store.wait(store.read_async(optim::kMomentM, 2048, 2048, r.data()));
   for (size_t i = 0; i < 2048; i++) ASSERT_EQ(r.data()[i], 100.0f + (float)i) << i;
   EXPECT_EQ(store.stats().bytes_written, 2048 * 4);
   EXPECT_EQ(store.stats().bytes_read, 2048 * 4);
@@ -82,12 +83,12 @@ TEST(ShardStore, FilesHoldWhatMemoryHolds) {
   store.reset_stats();
   size_t seen = 0;
   store.for_each_chunk(optim::bit(optim::kMomentM) | optim::bit(optim::kMomentV), optim::bit(optim::kMomentM),
-                       [&](size_t begin, size_t end, float* const* arrays) {
+                       [&](size_t begin, size_t end, const optim::ChunkPointers& arrays) {
                          EXPECT_EQ(begin, seen);
                          for (size_t i = 0; i < end - begin; i++) {
-                           ASSERT_EQ(arrays[optim::kMomentM][i], expect_m[begin + i]);
-                           ASSERT_EQ(arrays[optim::kMomentV][i], b[begin + i]);
-                           arrays[optim::kMomentM][i] += 1.0f;
+                           ASSERT_EQ(arrays.f(optim::kMomentM)[i], expect_m[begin + i]);
+                           ASSERT_EQ(arrays.f(optim::kMomentV)[i], b[begin + i]);
+                           arrays.f(optim::kMomentM)[i] += 1.0f;
                          }
                          seen = end;
                        });
@@ -97,8 +98,8 @@ TEST(ShardStore, FilesHoldWhatMemoryHolds) {
   EXPECT_EQ(store.stats().bytes_read, (int64_t)ShardStore::aligned(n) * 4) << "whole 4 KiB units, once";
   EXPECT_EQ(store.stats().bytes_written, (int64_t)ShardStore::aligned(n) * 4);
   ASSERT_TRUE(store.move_to_file(optim::kMomentV, dir, 3, true).is_ok());
-  store.for_each_chunk(optim::bit(optim::kMomentV), 0, [&](size_t, size_t e, float* const* arrays) {
-    arrays[optim::kMomentV][0] = 1e9f, (void)e;
+  store.for_each_chunk(optim::bit(optim::kMomentV), 0, [&](size_t, size_t e, const optim::ChunkPointers& arrays) {
+    arrays.f(optim::kMomentV)[0] = 1e9f, (void)e;
   });
   store.read(optim::kMomentV, back.data());
   EXPECT_EQ(back, b) << "a file array outside write_mask is not written back";
@@ -162,12 +163,15 @@ struct Outcome {
   std::vector<float> losses;
   std::vector<float> params;  // rank 0's final parameter shard (its real elements)
   int64_t read_bytes = 0;
+  int skipped = 0;  // fp16 steps skipped on overflow
 };
 
 enum class Where { kPacked, kMemory, kFiles, kAllFiles };
 
-// kSteps steps of ZeRO-3 on `ranks` thread ranks, 2 micro-batches of 1 row each per rank.
-Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir) {
+// kSteps steps of ZeRO-3 on `ranks` thread ranks, 2 micro-batches of 1 row each per rank,
+// with fp32 or 16-bit storage (fp16 with a dynamic loss scale, as training runs it).
+Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir,
+              kernels::Precision storage = kernels::Precision::kFp32) {
   constexpr int kSteps = 4;
   const model::GptConfig c = small_model();
   model::Gpt full(c);
@@ -177,18 +181,45 @@ Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir) {
   std::vector<Outcome> out(ranks);
   comm::run_ranks(ranks, [&](int r) {
     std::unique_ptr<comm::Group> g = world.group(r, "dp");
-    model::Gpt gpt(c, parallel::model_state_for_stage(3));
-    parallel::DpConfig config{3, 25, true};
+    model::Gpt gpt(c, parallel::model_state_for_stage(3, storage));
+    gpt.set_precision(storage);
+    parallel::DpConfig config{3, 25, true, storage};
     config.align_shards = where != Where::kPacked;
     const bool files = where == Where::kFiles || where == Where::kAllFiles;
     config.files = {dir, r, files, files, true, read_ahead};
     parallel::DataParallel dp(gpt, *g, config, adamw(), full.params());
     if (where == Where::kAllFiles) ASSERT_TRUE(dp.adamw().offload(dir, r, 3000, true).is_ok());
-    for (int k = 0; k < kSteps; k++)
-      out[r].losses.push_back(train::train_step(gpt, dp, *g, adamw(), data, {1, 2, 16, ranks, r}, k, kSteps).loss);
+    std::unique_ptr<optim::DynamicLossScaler> scaler;
+    if (storage == kernels::Precision::kFp16) scaler = std::make_unique<optim::DynamicLossScaler>(optim::LossScaleConfig{});
+    for (int k = 0; k < kSteps; k++) {
+      const train::StepResult step =
+          train::train_step(gpt, dp, *g, adamw(), data, {1, 2, 16, ranks, r}, k, kSteps, nullptr, scaler.get());
+      out[r].losses.push_back(step.loss);
+      out[r].skipped += step.skipped;
+    }
     optim::ShardStore& st = dp.adamw().store();
+    // The parameters as fp32: the shard itself, or the master weights of a 16-bit run,
+    // whose words must be their rounding.
     std::vector<float> shard(st.size());
-    st.read(optim::kShardParams, shard.data());
+    st.read(storage == kernels::Precision::kFp32 ? optim::kShardParams : optim::kMasterWeights, shard.data());
+    if (storage != kernels::Precision::kFp32) {
+      std::vector<uint16_t> words(st.size()), rounded(st.size());
+      st.read(optim::kShardParams, words.data());
+      kernels::to_half(storage, shard.data(), rounded.data(), shard.size());
+      for (int u = 0; u < gpt.layout().num_units(); u++) {  // the real elements (padding is zero)
+        const auto& s = dp.shards().units()[u];
+        const size_t owned = dp.shards().own_end(u) - dp.shards().own_begin(u);
+        for (size_t i = s.local_offset; i < s.local_offset + owned; i++)
+          ASSERT_EQ(words[i], rounded[i]) << "unit " << u << " element " << i;
+      }
+      // As after a checkpoint load: the words rewritten from the master weights, wherever
+      // they live.
+      std::vector<uint16_t> zero(st.size(), 0), again(st.size());
+      st.write(optim::kShardParams, zero.data());
+      dp.params_from_master();
+      st.read(optim::kShardParams, again.data());
+      EXPECT_EQ(again, words);
+    }
     for (int u = 0; u < gpt.layout().num_units(); u++) {
       const auto& s = dp.shards().units()[u];
       const size_t owned = dp.shards().own_end(u) - dp.shards().own_begin(u);
@@ -222,6 +253,29 @@ TEST(DataParallelThreads, FileBackedZero3IsBitIdentical) {
     EXPECT_EQ(all.params, memory.params);
     for (const auto& e : fs::directory_iterator(dir)) ADD_FAILURE() << "left behind: " << e.path();
   }
+}
+
+// A bf16 or fp16 run's ZeRO-3 words in files: the same losses, master weights and words as
+// the same run with its words in memory, on 1, 2 and 4 ranks.
+TEST(DataParallelThreads, FileBacked16BitZero3IsBitIdentical) {
+  for (kernels::Precision p : {kernels::Precision::kBf16, kernels::Precision::kFp16})
+    for (int ranks : {1, 2, 4}) {
+      SCOPED_TRACE(testing::Message() << kernels::precision_name(p) << ", " << ranks << " ranks");
+      const std::string dir = scratch_dir("dp16_" + std::to_string(ranks));
+      const Outcome packed = zero3(ranks, Where::kPacked, 2, dir, p);
+      const Outcome memory = zero3(ranks, Where::kMemory, 2, dir, p);
+      EXPECT_EQ(memory.losses, packed.losses) << "aligned shards change no arithmetic";
+      EXPECT_EQ(memory.params, packed.params);
+      EXPECT_LT(memory.skipped, 2) << "fp16: the updates happen";
+      const Outcome files = zero3(ranks, Where::kFiles, ranks == 2 ? 1 : 2, dir, p);
+      EXPECT_EQ(files.losses, memory.losses);
+      EXPECT_EQ(files.params, memory.params);
+      EXPECT_GT(files.read_bytes, 0);
+      const Outcome all = zero3(ranks, Where::kAllFiles, 2, dir, p);
+      EXPECT_EQ(all.losses, memory.losses);
+      EXPECT_EQ(all.params, memory.params);
+      for (const auto& e : fs::directory_iterator(dir)) ADD_FAILURE() << "left behind: " << e.path();
+    }
 }
 
 }  // namespace

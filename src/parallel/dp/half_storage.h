@@ -40,7 +40,8 @@ class PackedUnits {
 
 class HalfStorage {
  public:
-  // `params` and `grads`: the words kept (the full layout, or the local shard's total);
+  // `params` and `grads`: the words kept (the full layout, or ZeRO-2's gradient shard; 0 at
+  // ZeRO-3, whose words are arrays of the optimizer's ShardStore, in memory or in files);
   // `full_grads`: gradients in the full layout (ZeRO 0-1), accumulated per micro-batch here.
   HalfStorage(kernels::Precision precision, const model::ParamLayout& layout, size_t params, size_t grads,
               bool full_grads);
