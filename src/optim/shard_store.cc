@@ -53,7 +53,7 @@ void ShardStore::add(ShardArray a, MemCategory category, size_t width) {
   CHECK(!arrays_[a].present && (width == kFloat || width == kWord));
   arrays_[a].present = true;
   arrays_[a].width = width;
-  arrays_[a].memory.allocate(category, floats_for(n_, width));
+  arrays_[a].memory.allocate(category, n_ * width / kWord);
 }
 
 bool ShardStore::any_in_file(unsigned mask) const {

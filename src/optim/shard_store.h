@@ -110,10 +110,10 @@ class ShardStore {
   bool any_in_file(unsigned mask) const;
   bool direct_io(ShardArray a) const { return arrays_[a].direct; }
   // The array in memory; null while it is in a file. data(): an fp32 array, words(): 16-bit.
-  float* data(ShardArray a) { return arrays_[a].memory.data(); }
-  const float* data(ShardArray a) const { return arrays_[a].memory.data(); }
-  uint16_t* words(ShardArray a) { return reinterpret_cast<uint16_t*>(arrays_[a].memory.data()); }
-  const uint16_t* words(ShardArray a) const { return reinterpret_cast<const uint16_t*>(arrays_[a].memory.data()); }
+  float* data(ShardArray a) { return reinterpret_cast<float*>(arrays_[a].memory.data()); }
+  const float* data(ShardArray a) const { return reinterpret_cast<const float*>(arrays_[a].memory.data()); }
+  uint16_t* words(ShardArray a) { return arrays_[a].memory.data(); }
+  const uint16_t* words(ShardArray a) const { return arrays_[a].memory.data(); }
   // Adds array a in a new file, all zero (a sparse file: no memory, no disk yet).
   Status add_file(ShardArray a, const std::string& dir, int rank, bool direct, size_t width = kFloat);
   // Moves array a, with its current values, into DIR/<name>_rank<R>.bin (created or
@@ -165,7 +165,7 @@ class ShardStore {
   struct Array {
     bool present = false;
     size_t width = kFloat;  // bytes per element
-    Buffer<float> memory;   // n elements of `width` bytes
+    Buffer<uint16_t> memory;  // n elements of `width` bytes, as 2-byte halves (exact sizes)
     int fd = -1;         // through the page cache: setup and checkpoints
     int stream_fd = -1;  // O_DIRECT where supported: per-step traffic
     bool direct = false;
@@ -175,7 +175,6 @@ class ShardStore {
   Status open_file(ShardArray a, const std::string& dir, int rank, bool direct);
   // traffic null: a whole-array copy, not in stats().
   void io(ShardArray a, int fd, bool write, size_t begin, size_t count, void* buf, const Traffic* traffic);
-  static size_t floats_for(size_t n, size_t width) { return (n * width + kFloat - 1) / kFloat; }
   Ticket submit(std::function<void()> job);
   void worker();
 

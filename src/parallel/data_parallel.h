@@ -73,6 +73,10 @@ struct ParamGroup {
 };
 
 struct DpConfig {
+  // The four settings every caller gives first (the rest are set by name).
+  DpConfig(int zero = 0, double bucket = 25, bool overlap_reductions = true,
+           kernels::Precision storage_precision = kernels::Precision::kFp32)
+      : zero_stage(zero), bucket_mb(bucket), overlap(overlap_reductions), storage(storage_precision) {}
   int zero_stage = 0;
   double bucket_mb = 25;  // stage 0: gradient bucket size
   bool overlap = true;    // false: start every reduction after backward (for measuring)
