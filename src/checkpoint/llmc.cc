@@ -21,13 +21,6 @@ static_assert(std::endian::native == std::endian::little, "llm.c file I/O assume
 
 namespace {
 
-constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-
-// Header slots.
-enum : int { kMagic, kVersion, kMaxSeqLen, kVocab, kLayers, kHeads, kChannels, kPaddedVocab };
-
-std::string errno_text() { return std::strerror(errno); }
-
 // Closes the descriptor on every return path.
 class Fd {
  public:
@@ -45,12 +38,6 @@ class Fd {
   int fd_;
 };
 
-std::string describe(const model::GptConfig& c) {
-  return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
-         " dim=" + std::to_string(c.dim) + " max_seq_len=" + std::to_string(c.max_seq_len) +
-         " vocab=" + std::to_string(c.vocab);
-}
-
 bool same_shape(const model::GptConfig& a, const model::GptConfig& b) {
   return a.layers == b.layers && a.heads == b.heads && a.dim == b.dim &&
          a.max_seq_len == b.max_seq_len && a.vocab == b.vocab;
@@ -64,15 +51,15 @@ Status open_llmc(const std::string& path, std::shared_ptr<const ByteSource>* fil
 
 Status write_header(int fd, const model::GptConfig& c) {
   int32_t h[kLlmcHeaderInts] = {};
-  h[kMagic] = kLlmcMagic;
-  h[kVersion] = kLlmcVersionFp32;
-  h[kMaxSeqLen] = c.max_seq_len;
-  h[kVocab] = c.vocab;
-  h[kLayers] = c.layers;
-  h[kHeads] = c.heads;
-  h[kChannels] = c.dim;
-  h[kPaddedVocab] = c.padded_vocab();
-  return write_all(fd, h, kHeaderBytes);
+  h[llmc_slot::kMagic] = kLlmcMagic;
+  h[llmc_slot::kVersion] = kLlmcVersionFp32;
+  h[llmc_slot::kMaxSeqLen] = c.max_seq_len;
+  h[llmc_slot::kVocab] = c.vocab;
+  h[llmc_slot::kLayers] = c.layers;
+  h[llmc_slot::kHeads] = c.heads;
+  h[llmc_slot::kChannels] = c.dim;
+  h[llmc_slot::kPaddedVocab] = c.padded_vocab();
+  return write_all(fd, h, kLlmcHeaderBytes);
 }
 
 // Our padding rows are zero by contract; writing zeros explicitly keeps the file's
@@ -86,7 +73,7 @@ Status write_wte(int fd, const model::Gpt& gpt) {
   return write_all(fd, zeros.data(), zeros.size() * sizeof(float));
 }
 
-Status write_contents(int fd, const model::Gpt& gpt) {
+Status write_llmc_contents(int fd, const model::Gpt& gpt) {
   RETURN_IF_ERROR(write_header(fd, gpt.config()));
   for (const model::ParamTensor* t : llmc_order(gpt.layout(), gpt.config().layers)) {
     if (t == &gpt.layout().wte()) {
@@ -108,7 +95,7 @@ Status export_llmc_model(const model::Gpt& gpt, const std::string& path) {
   const std::string tmp = path + ".tmp";
   Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd.get() < 0) return Status::error("writing " + tmp + ": cannot create: " + errno_text());
-  Status status = write_contents(fd.get(), gpt);
+  Status status = write_llmc_contents(fd.get(), gpt);
   if (::close(fd.release()) != 0 && status.is_ok())
     status = Status::error("close failed: " + errno_text());
   if (status.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0)
@@ -137,8 +124,8 @@ Status load_llmc_model(const std::string& path, model::Gpt* gpt) {
   LlmcHeader header;
   RETURN_IF_ERROR(open_llmc(path, &file, &header).with_context(ctx));
   if (!same_shape(header.config, gpt->config()))
-    return Status::error(ctx + " holds a model with " + describe(header.config) +
-                         ", but the model to load into has " + describe(gpt->config()));
+    return Status::error(ctx + " holds a model with " + describe_llmc_shape(header.config) +
+                         ", but the model to load into has " + describe_llmc_shape(gpt->config()));
   return read_llmc_params(*file, header, gpt->layout(), gpt->params()).with_context(ctx);
 }
 

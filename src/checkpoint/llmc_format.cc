@@ -13,17 +13,6 @@ static_assert(std::endian::native == std::endian::little, "llm.c file I/O assume
 
 namespace {
 
-constexpr size_t kHeaderBytes = kLlmcHeaderInts * sizeof(int32_t);
-
-// Header slots.
-enum : int { kMagic, kVersion, kMaxSeqLen, kVocab, kLayers, kHeads, kChannels, kPaddedVocab };
-
-std::string describe(const model::GptConfig& c) {
-  return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
-         " dim=" + std::to_string(c.dim) + " max_seq_len=" + std::to_string(c.max_seq_len) +
-         " vocab=" + std::to_string(c.vocab);
-}
-
 // Floats the header describes. 128-bit so that absurd header values cannot overflow
 // into a size that happens to match the file.
 __int128 header_param_count(const model::GptConfig& c, int padded_vocab) {
@@ -33,32 +22,32 @@ __int128 header_param_count(const model::GptConfig& c, int padded_vocab) {
 }
 
 Status check_magic_and_version(const int32_t* h) {
-  if (h[kMagic] != kLlmcMagic)
-    return Status::error("bad magic " + std::to_string(h[kMagic]) + ", expected " +
+  if (h[llmc_slot::kMagic] != kLlmcMagic)
+    return Status::error("bad magic " + std::to_string(h[llmc_slot::kMagic]) + ", expected " +
                          std::to_string(kLlmcMagic) + " (not an llm.c model file)");
-  if (h[kVersion] == kLlmcVersionBf16)
+  if (h[llmc_slot::kVersion] == kLlmcVersionBf16)
     return Status::error("version 5 (bf16 parameters): bf16 llm.c model files are not supported "
                          "yet; use llm.c's fp32 file (version 3, e.g. gpt2_124M.bin rather than "
                          "gpt2_124M_bf16.bin)");
-  if (h[kVersion] != kLlmcVersionFp32)
-    return Status::error("unsupported version " + std::to_string(h[kVersion]) +
+  if (h[llmc_slot::kVersion] != kLlmcVersionFp32)
+    return Status::error("unsupported version " + std::to_string(h[llmc_slot::kVersion]) +
                          " (only version 3, fp32, is supported)");
   return Status::ok();
 }
 
 Status config_from_header(const int32_t* h, LlmcHeader* out) {
   model::GptConfig c;
-  c.max_seq_len = h[kMaxSeqLen];
-  c.vocab = h[kVocab];
-  c.layers = h[kLayers];
-  c.heads = h[kHeads];
-  c.dim = h[kChannels];
+  c.max_seq_len = h[llmc_slot::kMaxSeqLen];
+  c.vocab = h[llmc_slot::kVocab];
+  c.layers = h[llmc_slot::kLayers];
+  c.heads = h[llmc_slot::kHeads];
+  c.dim = h[llmc_slot::kChannels];
   RETURN_IF_ERROR(model::validate(c).with_context("header"));
-  if (h[kPaddedVocab] < c.vocab)
-    return Status::error("header: padded_vocab_size " + std::to_string(h[kPaddedVocab]) +
+  if (h[llmc_slot::kPaddedVocab] < c.vocab)
+    return Status::error("header: padded_vocab_size " + std::to_string(h[llmc_slot::kPaddedVocab]) +
                          " is smaller than vocab_size " + std::to_string(c.vocab));
   out->config = c;
-  out->padded_vocab = h[kPaddedVocab];
+  out->padded_vocab = h[llmc_slot::kPaddedVocab];
   return Status::ok();
 }
 
@@ -75,10 +64,10 @@ std::string wide_to_string(__int128 v) {
 // An exact size check catches both a cut-off copy and a header that does not describe
 // the data, before any weight is read.
 Status check_file_size(uint64_t file_size, const LlmcHeader& h) {
-  const __int128 want = (__int128)kHeaderBytes + 4 * header_param_count(h.config, h.padded_vocab);
+  const __int128 want = (__int128)kLlmcHeaderBytes + 4 * header_param_count(h.config, h.padded_vocab);
   const __int128 have = file_size;
   if (have == want) return Status::ok();
-  const std::string expect = "the header describes " + wide_to_string(want) + " bytes (" + describe(h.config) +
+  const std::string expect = "the header describes " + wide_to_string(want) + " bytes (" + describe_llmc_shape(h.config) +
                              ", padded_vocab=" + std::to_string(h.padded_vocab) + ") but the file has " +
                              std::to_string(file_size);
   return Status::error(have < want ? "truncated: " + expect : "trailing data: " + expect);
@@ -86,11 +75,17 @@ Status check_file_size(uint64_t file_size, const LlmcHeader& h) {
 
 }  // namespace
 
+std::string describe_llmc_shape(const model::GptConfig& c) {
+  return "layers=" + std::to_string(c.layers) + " heads=" + std::to_string(c.heads) +
+         " dim=" + std::to_string(c.dim) + " max_seq_len=" + std::to_string(c.max_seq_len) +
+         " vocab=" + std::to_string(c.vocab);
+}
+
 Status parse_llmc_header(const ByteSource& file, LlmcHeader* out) {
-  if (file.size() < kHeaderBytes)
+  if (file.size() < kLlmcHeaderBytes)
     return Status::error("truncated: " + std::to_string(file.size()) + " bytes, less than the 1024-byte header");
   int32_t h[kLlmcHeaderInts];
-  RETURN_IF_ERROR(file.read(0, h, kHeaderBytes));
+  RETURN_IF_ERROR(file.read(0, h, kLlmcHeaderBytes));
   RETURN_IF_ERROR(check_magic_and_version(h));
   LlmcHeader header;
   RETURN_IF_ERROR(config_from_header(h, &header));
@@ -113,7 +108,7 @@ std::vector<const model::ParamTensor*> llmc_order(const model::ParamLayout& layo
 Status read_llmc_params(const ByteSource& file, const LlmcHeader& header, const model::ParamLayout& layout,
                         float* params) {
   const model::GptConfig& c = header.config;
-  uint64_t at = kHeaderBytes;
+  uint64_t at = kLlmcHeaderBytes;
   for (const model::ParamTensor* t : llmc_order(layout, c.layers)) {
     float* dst = params + t->offset;
     if (t == &layout.wte()) {

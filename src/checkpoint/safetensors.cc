@@ -24,8 +24,6 @@ using nlohmann::json;
 constexpr uint64_t kMaxHeaderSize = 100ull << 20;  // same limit as the reference implementation
 constexpr const char* kMetadataKey = "__metadata__";
 
-std::string errno_text() { return std::strerror(errno); }
-
 // ---- Writing ---------------------------------------------------------------------------
 
 
@@ -69,8 +67,7 @@ Status build_header(const std::vector<TensorToWrite>& tensors,
   return Status::ok();
 }
 
-Status write_contents(int fd, const std::string& header,
-                      const std::vector<TensorToWrite>& tensors) {
+Status write_safetensors_contents(int fd, const std::string& header, const std::vector<TensorToWrite>& tensors) {
   uint64_t header_size = header.size();
   RETURN_IF_ERROR(write_all(fd, &header_size, sizeof(header_size)));
   RETURN_IF_ERROR(write_all(fd, header.data(), header.size()));
@@ -223,7 +220,7 @@ Status write_safetensors(const std::string& path, const std::vector<TensorToWrit
   const std::string tmp = path + ".tmp";
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return Status::error("writing " + tmp + ": cannot create: " + errno_text());
-  Status status = write_contents(fd, header, tensors);
+  Status status = write_safetensors_contents(fd, header, tensors);
   if (::close(fd) != 0 && status.is_ok()) status = Status::error("close failed: " + errno_text());
   if (status.is_ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
     status = Status::error("rename to " + path + " failed: " + errno_text());

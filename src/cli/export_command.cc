@@ -19,10 +19,6 @@ struct ExportOptions {
   double max_shard_gb = checkpoint::kHfMaxShardBytes / 1e9;
 };
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // The tokenizer travels with the weights where the format has a place for it: into an HF
 // folder as vocab.json + merges.txt, next to an llm.c model as <stem>_tokenizer.bin. A bare
 // .safetensors file has none. A model with no tokenizer to be found exports its weights
@@ -55,7 +51,7 @@ Status run_export(const ExportOptions& o) {
   RETURN_IF_ERROR(checkpoint::resolve_model_path(o.in, &source));
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(checkpoint::open_model_file(o.in, 0, &gpt));
-  const bool hf_folder = o.format == "hf" && !ends_with(o.out, ".safetensors");
+  const bool hf_folder = o.format == "hf" && !o.out.ends_with(".safetensors");
   if (o.format == "llmc")
     RETURN_IF_ERROR(checkpoint::export_llmc_model(*gpt, o.out));
   else if (hf_folder)

@@ -35,14 +35,10 @@ Status simulated_timeline(const TimelineArgs& a, trace::Timeline* out, std::stri
   return trace::analyze(pp::simulated_trace(sim), std::nullopt, out);
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // FILE.svg: the SVG alone. FILE.png: FILE.svg and its PNG, which must then succeed.
 Status write_output(const std::string& svg, const std::string& out, std::string* written) {
-  bool png = ends_with(out, ".png");
-  if (!png && !ends_with(out, ".svg")) return Status::error("--out must end in .svg or .png, got " + out);
+  bool png = out.ends_with(".png");
+  if (!png && !out.ends_with(".svg")) return Status::error("--out must end in .svg or .png, got " + out);
   plot::PlotOptions options;
   options.png = png;
   std::string svg_path = png ? out.substr(0, out.size() - 4) + ".svg" : out;

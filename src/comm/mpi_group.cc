@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/clock.h"
 #include "trace/trace.h"
 
 namespace meshtrain::comm {
@@ -23,10 +24,6 @@ namespace meshtrain::comm {
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 MPI_Op to_mpi(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/check.h"
+#include "core/clock.h"
 
 namespace meshtrain::comm {
 
@@ -18,10 +19,6 @@ namespace {
 std::atomic<double> g_comm_timeout{0.0};
 std::atomic<int64_t> g_current_step{-1};
 std::atomic<int> g_world_rank{-1};
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 // A request that was finished when it was made.
 class DoneRequest final : public Request {

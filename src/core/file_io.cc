@@ -65,6 +65,8 @@ Status read_file(const std::string& path, std::string* out) {
   return Status::ok();
 }
 
+std::string errno_text() { return std::strerror(errno); }
+
 Status fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) return Status::error("cannot open directory " + dir + ": " + std::strerror(errno));

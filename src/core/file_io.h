@@ -17,6 +17,8 @@ Status read_exact(int fd, void* data, size_t size);
 Status write_file_synced(const std::string& path, const void* data, size_t size);
 Status read_file(const std::string& path, std::string* out);
 Status fsync_dir(const std::string& dir);
+// strerror(errno): why the last failed system call failed, for its error message.
+std::string errno_text();
 
 // A fast 64-bit checksum over bytes (8 bytes per round, multiply-xorshift mixing);
 // detects corruption, not adversaries.

@@ -214,7 +214,7 @@ struct Node {
 
 namespace {
 
-Status read_file(const std::string& path, std::string* out) {
+Status read_tokenizer_file(const std::string& path, std::string* out) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::error("cannot open " + path);
   std::ostringstream buf;
@@ -238,9 +238,9 @@ Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
                     vocab_path = dir + (hf_names ? "/merges.txt" : "/vocab.bpe");
   Gpt2Tokenizer tok;
   std::string text;
-  RETURN_IF_ERROR(read_file(encoder_path, &text));
+  RETURN_IF_ERROR(read_tokenizer_file(encoder_path, &text));
   RETURN_IF_ERROR(tok.load_encoder(text, encoder_path));
-  RETURN_IF_ERROR(read_file(vocab_path, &text));
+  RETURN_IF_ERROR(read_tokenizer_file(vocab_path, &text));
   RETURN_IF_ERROR(tok.load_merges(text, vocab_path));
   *out = std::move(tok);
   return Status::ok();

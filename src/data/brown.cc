@@ -40,13 +40,13 @@ std::vector<std::string_view> split_whitespace(std::string_view s) {
   return out;
 }
 
-struct Token {
+struct TaggedWord {
   std::string_view word;
   std::string_view tag;
 };
 
 // Splits at the LAST '/': words themselves may contain slashes ("and/or/cc", "//in").
-Token split_token(std::string_view raw) {
+TaggedWord split_token(std::string_view raw) {
   size_t slash = raw.rfind('/');
   if (slash == std::string_view::npos) return {raw, {}};
   return {raw.substr(0, slash), raw.substr(slash + 1)};
@@ -70,9 +70,9 @@ bool is_punctuation(std::string_view word) {
 
 // Quotes around a headline are not always tagged -hl ("'/' back/rb-hl with/in-hl"), so
 // only the words decide.
-bool is_headline(const std::vector<Token>& tokens) {
+bool is_headline(const std::vector<TaggedWord>& tokens) {
   bool any_word = false;
-  for (const Token& t : tokens) {
+  for (const TaggedWord& t : tokens) {
     if (is_punctuation(t.word) && !is_headline_tag(t.tag)) continue;
     if (!is_headline_tag(t.tag)) return false;
     any_word = true;
@@ -155,8 +155,8 @@ class ParagraphBuilder {
 // Collects finished paragraphs and joins them.
 class DocumentBuilder {
  public:
-  void add_line(const std::vector<Token>& tokens) {
-    for (const Token& t : tokens) paragraph_.add(t.word);
+  void add_line(const std::vector<TaggedWord>& tokens) {
+    for (const TaggedWord& t : tokens) paragraph_.add(t.word);
   }
   void end_paragraph() {
     if (paragraph_.empty()) return;
@@ -232,7 +232,7 @@ std::string brown_to_text(std::string_view tagged) {
     std::string_view line = tagged.substr(pos, nl - pos);
     pos = nl + 1;
 
-    std::vector<Token> tokens;
+    std::vector<TaggedWord> tokens;
     for (std::string_view raw : split_whitespace(line)) tokens.push_back(split_token(raw));
     // Blank lines end a paragraph; a tab indent starts one.
     if (tokens.empty() || line.front() == '\t') doc.end_paragraph();

@@ -56,7 +56,6 @@ constexpr double kSumOfSquaresS = 1.05e-9;
 // at hs, plus per score element (scale, exp, normalise; dS) and, backward, per block. A
 // least-squares fit over C 128-512, 2-8 heads, T 64 and 128, B 2 and 4 (36 shapes, within
 // 16%): forward 2.0 ns per score element, backward 0.5 ns per element and 2.5 us per block.
-constexpr int kAttentionBlock = 64;  // kBlock of kernels/cpu/attention.cc
 constexpr double kAttentionForwardElementS = 2.0e-9, kAttentionBackwardElementS = 0.5e-9;
 constexpr double kAttentionBackwardBlockS = 2.5e-6;
 // Open MPI over shared memory through the engine's communication thread, 2 ranks
@@ -129,7 +128,7 @@ double attention_score_elements(int T) {  // S of one (sequence, head)
   return s;
 }
 
-struct LayerTime {
+struct LocalLayerTime {
   double gemm_f = 0, mem_f = 0, comm_f = 0, attn_f = 0;
   double gemm_b = 0, mem_b = 0, comm_b = 0, attn_b = 0;
   double recompute = 0, recompute_comm = 0;
@@ -137,8 +136,8 @@ struct LayerTime {
   double backward() const { return gemm_b + mem_b + comm_b + attn_b + recompute + recompute_comm; }
 };
 
-LayerTime layer_time(const Dims& d, model::Recompute r, const Costs& k) {
-  LayerTime lt;
+LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& k) {
+  LocalLayerTime lt;
   const double N = d.N, Nl = d.Nl, C = d.C, Cl = d.Cl, Fl = d.Fl;
   // The four linear layers (in, out) of this rank's slice: QKV, projection, fc, fc proj.
   const double linears[4][2] = {{C, 3 * Cl}, {Cl, C}, {C, Fl}, {Fl, C}};
@@ -306,7 +305,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
   dims.NHl = (double)config.heads / t, dims.hs = (double)config.dim / config.heads;
   dims.vn = std::min(config.vocab, config.padded_vocab() / t);  // tp rank 0's real columns
-  const LayerTime lt = layer_time(dims, recompute, k);
+  const LocalLayerTime lt = local_layer_time(dims, recompute, k);
   pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
   pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
 

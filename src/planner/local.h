@@ -32,6 +32,10 @@
 
 namespace meshtrain::planner {
 
+// Query rows per block of the fused attention kernel (kBlock of kernels/cpu/attention.cc):
+// the time model counts its blocks, the memory replay its per-thread score buffers.
+inline constexpr int kAttentionBlock = 64;
+
 // This machine as a Cluster: cores = the hardware threads, one rank = one "GPU" of
 // `threads_per_rank` OpenMP threads. Peaks are per rank at that thread count, in GFLOP/s;
 // 0 takes the engine's measured peak (train::cached_gemm_peak_gflops: a 2048^3 GEMM,

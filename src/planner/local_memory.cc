@@ -15,8 +15,6 @@ namespace pp = parallel::pp;
 
 namespace {
 
-constexpr int kAttentionBlock = 64;  // kBlock of kernels/cpu/attention.cc
-
 // Current and peak bytes per tracker category and of their sum (core/memory.h).
 struct Tracker {
   std::array<double, kNumMemCategories> current{}, peak{}, at_total_peak{};

@@ -136,7 +136,7 @@ std::vector<double> scaled(const std::vector<double>& v, double divisor) {
   return out;
 }
 
-std::vector<LegendEntry> build_legend(const std::vector<RunSeries>& runs, const PlotOptions& o) {
+std::vector<LegendEntry> run_legend(const std::vector<RunSeries>& runs, const PlotOptions& o) {
   std::vector<LegendEntry> legend;
   bool any_val = false;
   for (size_t i = 0; i < runs.size(); i++) {
@@ -267,7 +267,7 @@ std::vector<double> ema(const std::vector<double>& values, double weight) {
 Figure build_figure(const std::vector<RunSeries>& runs, const PlotOptions& o) {
   Figure fig;
   fig.title = "meshtrain training curves";
-  fig.legend = build_legend(runs, o);
+  fig.legend = run_legend(runs, o);
   Panel by_step{"Loss vs step", "step", "loss", {}, false};
   Panel by_tokens{"Loss vs tokens", "tokens", "loss", {}, false};
   Panel speed{"Throughput", "step", "tokens / s", {}, true};

@@ -20,7 +20,7 @@ constexpr double kRight = 86;  // each rank's busy share
 constexpr double kHeaderHeight = 58;
 constexpr double kRowHeight = 28, kCommHeight = 8, kCommGap = 2, kRankGap = 12;
 constexpr double kAxisHeight = 46;
-constexpr double kBlockFont = 11, kSmallFont = 10, kNoteFont = 13;
+constexpr double kBlockFont = 11, kSmallFont = 10, kSubtitleFont = 13;
 // The plot widens until a short block (the lower quartile of forward/backward durations)
 // is this wide, enough for a two-digit label, within these bounds.
 constexpr double kShortBlockPx = 28, kMinPlotWidth = 760, kMaxPlotWidth = 2200;
@@ -102,7 +102,7 @@ bool window_is_narrower(const Timeline& t) {
   return t.window_start_ms > 0 || t.window_end_ms < t.range_ms;
 }
 
-std::vector<LegendEntry> build_legend(const Timeline& t) {
+std::vector<LegendEntry> timeline_legend(const Timeline& t) {
   auto box = [](const std::string& label, std::string color, std::string note = "") {
     LegendEntry e;
     e.label = label;
@@ -209,7 +209,7 @@ std::string render_timeline_svg(const Timeline& t, const std::string& note) {
 
   std::string legend;
   double rows_top =
-      render_legend(build_legend(t), kPad + 8, kPad + kHeaderHeight, width - 2 * kPad - 16, &legend) + 14;
+      render_legend(timeline_legend(t), kPad + 8, kPad + kHeaderHeight, width - 2 * kPad - 16, &legend) + 14;
   double n = static_cast<double>(t.ranks.size());
   double rows_bottom = rows_top + n * lane_height + std::max(0.0, n - 1) * kRankGap;
   double height = rows_bottom + kAxisHeight + kPad;
@@ -222,7 +222,7 @@ std::string render_timeline_svg(const Timeline& t, const std::string& note) {
   std::string subtitle = std::to_string(t.ranks.size()) + " ranks \u00b7 step window " + ms_text(t.window_ms()) +
                          " ms \u00b7 bubble = idle time in the window / (ranks \u00d7 window)";
   if (!note.empty()) subtitle += " \u00b7 " + note;
-  svg += svg_text(kPad + 8, kPad + 46, subtitle, kNoteFont, "start", kMutedInk);
+  svg += svg_text(kPad + 8, kPad + 46, subtitle, kSubtitleFont, "start", kMutedInk);
   svg += legend;
   render_time_axis(t, axis, rows_top, rows_bottom, &svg);
   for (size_t i = 0; i < t.ranks.size(); ++i)

@@ -10,7 +10,7 @@
 
 #include "train/activation_table.h"
 
-namespace meshtrain::train {
+namespace meshtrain::train::test_activations {
 namespace {
 
 // The inventory, written out independently of the engine: floats kept by one layer.
@@ -80,4 +80,4 @@ TEST(Activations, DocumentedTableIsTheCommandsOutput) {
 }
 
 }  // namespace
-}  // namespace meshtrain::train
+}  // namespace meshtrain::train::test_activations

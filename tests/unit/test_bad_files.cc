@@ -27,7 +27,7 @@
 #include "data/token_file.h"
 #include "model/gpt.h"
 
-namespace meshtrain {
+namespace meshtrain::test_bad_files {
 namespace {
 
 namespace fs = std::filesystem;
@@ -436,4 +436,4 @@ TEST_F(BadFiles, GenerateOnACorruptIndexExitsWithAnError) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_bad_files

@@ -18,7 +18,7 @@
 
 #include "data/bpe.h"
 
-namespace meshtrain::data {
+namespace meshtrain::data::test_bpe {
 namespace {
 
 namespace fs = std::filesystem;
@@ -440,4 +440,4 @@ TEST_F(Gpt2TokenizerTest, BrownCorpusRoundTripAndSpeed) {
 }
 
 }  // namespace
-}  // namespace meshtrain::data
+}  // namespace meshtrain::data::test_bpe

@@ -13,7 +13,7 @@
 
 #include "data/brown.h"
 
-namespace meshtrain::data {
+namespace meshtrain::data::test_brown {
 namespace {
 
 const std::string kCorpusDir =
@@ -197,4 +197,4 @@ TEST(BrownTest, AllDocumentsConvertCleanly) {
 }
 
 }  // namespace
-}  // namespace meshtrain::data
+}  // namespace meshtrain::data::test_brown

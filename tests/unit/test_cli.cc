@@ -28,7 +28,7 @@
 #include "cli_test_util.h"
 #include "data/token_file.h"
 
-namespace meshtrain {
+namespace meshtrain::test_cli {
 namespace {
 
 namespace fs = std::filesystem;
@@ -750,4 +750,4 @@ TEST_F(Cli, TokenizeRoundTrip) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_cli

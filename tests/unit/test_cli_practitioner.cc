@@ -22,7 +22,7 @@
 #include "cli_test_util.h"
 #include "data/token_file.h"
 
-namespace meshtrain {
+namespace meshtrain::test_cli_practitioner {
 namespace {
 
 namespace fs = std::filesystem;
@@ -695,11 +695,11 @@ TEST_F(CliPractitioner, ProgressIsOnePlainLinePerStepWhenNotATerminal) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_cli_practitioner
 
 // ---- Self-describing runs and honest figures -------------------------------------------
 
-namespace meshtrain {
+namespace meshtrain::test_cli_practitioner {
 namespace {
 
 // prep keeps the tokenizer with the tokens, train keeps it with the run, and generate given
@@ -772,4 +772,4 @@ TEST_F(CliPractitioner, MfuNeverReadsAboveOne) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_cli_practitioner

@@ -46,7 +46,7 @@
 #include "model/gpt.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_data_parallel {
 namespace {
 
 namespace fs = std::filesystem;
@@ -549,4 +549,4 @@ TEST_F(DataParallel, OverlapIsMeasuredAndHarmless) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_data_parallel

@@ -10,7 +10,7 @@
 #include "infer/decoder.h"
 #include "model/gpt.h"
 
-namespace meshtrain::infer {
+namespace meshtrain::infer::test_decoder {
 namespace {
 
 // GPT-2; Llama with grouped-query attention (2 key/value heads) and an untied head.
@@ -82,4 +82,4 @@ TEST(Sampling, LowTemperatureConcentratesOnTheArgmax) {
 }
 
 }  // namespace
-}  // namespace meshtrain::infer
+}  // namespace meshtrain::infer::test_decoder

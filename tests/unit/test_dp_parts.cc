@@ -47,7 +47,7 @@
 #include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
-namespace meshtrain {
+namespace meshtrain::test_dp_parts {
 namespace {
 
 using namespace testing_util;
@@ -401,4 +401,4 @@ TEST(DataParallelThreads, ParamGroupsReduceOverTheirOwnGroups) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_dp_parts

@@ -14,7 +14,7 @@
 #include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
-namespace meshtrain {
+namespace meshtrain::test_dp_threads {
 namespace {
 
 constexpr int kSteps = 5;
@@ -63,4 +63,4 @@ TEST(DataParallelThreads, EveryZeroStageTrainsAsOneRank) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_dp_threads

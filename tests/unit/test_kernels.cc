@@ -23,7 +23,7 @@
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 
-namespace meshtrain::kernels {
+namespace meshtrain::kernels::test_kernels {
 namespace {
 
 using namespace test_util;
@@ -753,11 +753,11 @@ TEST(Fp16, GemmMatchesTheReferenceOnRoundedOperands) {
 }
 
 }  // namespace
-}  // namespace meshtrain::kernels
+}  // namespace meshtrain::kernels::test_kernels
 
 // ---- the machine's kernels: what runs where there are no bf16 units or no F16C ----
 
-namespace meshtrain::kernels {
+namespace meshtrain::kernels::test_kernels {
 namespace {
 
 // bf16 GEMMs go to oneDNN exactly when its effective ISA has bf16 instructions (AVX512_BF16,
@@ -823,9 +823,9 @@ TEST(Bf16, WidenedPathEqualsTheBf16Units) {
 }
 
 }  // namespace
-}  // namespace meshtrain::kernels
+}  // namespace meshtrain::kernels::test_kernels
 
-namespace meshtrain::kernels {
+namespace meshtrain::kernels::test_kernels {
 namespace {
 
 #if defined(__F16C__)
@@ -864,4 +864,4 @@ TEST(Fp16, PortableConversionsEqualF16c) {
 }
 
 }  // namespace
-}  // namespace meshtrain::kernels
+}  // namespace meshtrain::kernels::test_kernels

@@ -13,7 +13,7 @@
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 
-namespace meshtrain::kernels {
+namespace meshtrain::kernels::test_llama_kernels {
 namespace {
 
 using namespace test_util;
@@ -290,4 +290,4 @@ TEST(CpuKernels, CachedGroupedQueryAttentionMatchesTheWholeSequence) {
 }
 
 }  // namespace
-}  // namespace meshtrain::kernels
+}  // namespace meshtrain::kernels::test_llama_kernels

@@ -18,7 +18,7 @@
 #include "cli_test_util.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_llama_parallel {
 namespace {
 
 using namespace cli_test;
@@ -192,4 +192,4 @@ TEST_F(LlamaParallel, KvHeadsThatDoNotSplitAreRefused) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_llama_parallel

@@ -19,7 +19,7 @@
 #include "checkpoint/llmc.h"
 #include "model/gpt.h"
 
-namespace meshtrain::checkpoint {
+namespace meshtrain::checkpoint::test_llmc {
 namespace {
 
 // The small model of every test: Vp = 128 (97 rounded up to a multiple of 128).
@@ -341,4 +341,4 @@ TEST_F(LlmcTest, SameLogitsAsHfSafetensors) {
 }
 
 }  // namespace
-}  // namespace meshtrain::checkpoint
+}  // namespace meshtrain::checkpoint::test_llmc

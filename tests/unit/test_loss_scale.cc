@@ -4,7 +4,7 @@
 
 #include "optim/loss_scale.h"
 
-namespace meshtrain::optim {
+namespace meshtrain::optim::test_loss_scale {
 namespace {
 
 TEST(LossScale, GrowsAfterAWindowAndBacksOffOnOverflow) {
@@ -60,4 +60,4 @@ TEST(LossScale, RestoresItsWholeState) {
 }
 
 }  // namespace
-}  // namespace meshtrain::optim
+}  // namespace meshtrain::optim::test_loss_scale

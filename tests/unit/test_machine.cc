@@ -15,7 +15,7 @@
 #include "machine/describe.h"
 #include "machine/peak.h"
 
-namespace meshtrain {
+namespace meshtrain::test_machine {
 namespace {
 
 namespace fs = std::filesystem;
@@ -127,4 +127,4 @@ TEST_F(PeakCache, AStepAboveThePeakRaisesItAndMfuStaysAtMostOne) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_machine

@@ -7,7 +7,7 @@
 #include "comm/mesh.h"
 #include "comm/self_group.h"
 
-namespace meshtrain::comm {
+namespace meshtrain::comm::test_mesh {
 namespace {
 
 TEST(ResolveMesh, DerivesDp) {
@@ -153,4 +153,4 @@ TEST(Mesh, OnASingleRankWorld) {
 }
 
 }  // namespace
-}  // namespace meshtrain::comm
+}  // namespace meshtrain::comm::test_mesh

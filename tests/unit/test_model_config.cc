@@ -10,7 +10,7 @@
 #include "model/config_json.h"
 #include "model/param_layout.h"
 
-namespace meshtrain::model {
+namespace meshtrain::model::test_model_config {
 namespace {
 
 GptConfig preset(const std::string& name) {
@@ -150,4 +150,4 @@ TEST(ModelConfig, LlamaLayoutIsHuggingFacesAndFusesByPosition) {
 }
 
 }  // namespace
-}  // namespace meshtrain::model
+}  // namespace meshtrain::model::test_model_config

@@ -39,7 +39,7 @@
 #include "cli_test_util.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_offload {
 namespace {
 
 namespace fs = std::filesystem;
@@ -266,4 +266,4 @@ TEST_F(Offload, BadInputIsRejected) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_offload

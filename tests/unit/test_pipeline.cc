@@ -73,7 +73,7 @@
 #include "model/gpt.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_pipeline {
 namespace {
 
 namespace fs = std::filesystem;
@@ -991,4 +991,4 @@ TEST_F(Pipeline, SummaryPrintsMemoryAndBubble) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_pipeline

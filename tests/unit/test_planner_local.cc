@@ -44,7 +44,7 @@
 #include "planner/local.h"
 #include "planner/memory.h"
 
-namespace meshtrain::planner {
+namespace meshtrain::planner::test_planner_local {
 namespace {
 
 namespace fs = std::filesystem;
@@ -326,4 +326,4 @@ TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
 }
 
 }  // namespace
-}  // namespace meshtrain::planner
+}  // namespace meshtrain::planner::test_planner_local

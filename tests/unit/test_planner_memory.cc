@@ -13,7 +13,7 @@
 #include "parallel/data_parallel.h"
 #include "planner/memory.h"
 
-namespace meshtrain::planner {
+namespace meshtrain::planner::test_planner_memory {
 namespace {
 
 // A printed figure p with `decimals` digits after the point matches c when c rounds to it
@@ -162,4 +162,4 @@ TEST(PlannerMemory, Bf16UnitsHoldNoFp32CopyOfTheirGemmWeights) {
 }
 
 }  // namespace
-}  // namespace meshtrain::planner
+}  // namespace meshtrain::planner::test_planner_memory

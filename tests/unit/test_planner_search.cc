@@ -20,7 +20,7 @@
 #include "planner/search.h"
 #include "published_runs.h"
 
-namespace meshtrain::planner {
+namespace meshtrain::planner::test_planner_search {
 namespace {
 
 Cluster a100() {
@@ -209,4 +209,4 @@ TEST_F(PlanAuto, BadInputIsNamedBeforeAnyStep) {
 }
 
 }  // namespace
-}  // namespace meshtrain::planner
+}  // namespace meshtrain::planner::test_planner_search

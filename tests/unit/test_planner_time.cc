@@ -14,7 +14,7 @@
 #include "planner/time_model.h"
 #include "published_runs.h"
 
-namespace meshtrain::planner {
+namespace meshtrain::planner::test_planner_time {
 namespace {
 
 using parallel::pp::ScheduleKind;
@@ -502,4 +502,4 @@ TEST(PlannerTimeLayout, EngineShape) {
 }
 
 }  // namespace
-}  // namespace meshtrain::planner
+}  // namespace meshtrain::planner::test_planner_time

@@ -16,7 +16,7 @@
 #include "plot/run_plot.h"
 #include "plot/svg_plot.h"
 
-namespace meshtrain::plot {
+namespace meshtrain::plot::test_plot {
 namespace {
 
 namespace fs = std::filesystem;
@@ -397,4 +397,4 @@ TEST(PlotRuns, ErrorsLeaveNoFile) {
 }
 
 }  // namespace
-}  // namespace meshtrain::plot
+}  // namespace meshtrain::plot::test_plot

@@ -31,7 +31,7 @@
 #include "cli_test_util.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_precision {
 namespace {
 
 namespace fs = std::filesystem;
@@ -212,4 +212,4 @@ TEST_F(MixedPrecision, UnknownPrecisionIsRejected) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_precision

@@ -21,7 +21,7 @@
 #include "checkpoint/safetensors_model.h"
 #include "model/gpt.h"
 
-namespace meshtrain::checkpoint {
+namespace meshtrain::checkpoint::test_safetensors {
 namespace {
 
 using nlohmann::json;
@@ -344,11 +344,11 @@ TEST_F(SafetensorsTest, F16SubnormalsAndLargeTensorsConvertExactly) {
 }
 
 }  // namespace
-}  // namespace meshtrain::checkpoint
+}  // namespace meshtrain::checkpoint::test_safetensors
 
 // ---- Sharded models: model-0000N-of-0000M.safetensors + model.safetensors.index.json ----
 
-namespace meshtrain::checkpoint {
+namespace meshtrain::checkpoint::test_safetensors {
 namespace {
 
 model::Gpt llama_tiny() {
@@ -463,4 +463,4 @@ TEST_F(SafetensorsTest, BadIndexesAreNamed) {
 }
 
 }  // namespace
-}  // namespace meshtrain::checkpoint
+}  // namespace meshtrain::checkpoint::test_safetensors

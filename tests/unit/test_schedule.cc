@@ -30,7 +30,7 @@
 
 #include "parallel/pp/schedule.h"
 
-namespace meshtrain::parallel::pp {
+namespace meshtrain::parallel::pp::test_schedule {
 namespace {
 
 struct Config {
@@ -291,4 +291,4 @@ TEST(ScheduleErrors, InvalidArgumentsAreRejected) {
 }
 
 }  // namespace
-}  // namespace meshtrain::parallel::pp
+}  // namespace meshtrain::parallel::pp::test_schedule

@@ -50,7 +50,7 @@
 #include "model/gpt.h"
 #include "multirank_test_util.h"
 
-namespace meshtrain {
+namespace meshtrain::test_tensor_parallel {
 namespace {
 
 namespace fs = std::filesystem;
@@ -611,4 +611,4 @@ TEST_F(TensorParallel, ConfigTomlKeepsSequenceParallelism) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_tensor_parallel

@@ -11,7 +11,7 @@
 #include "comm/self_group.h"
 #include "comm/thread_group.h"
 
-namespace meshtrain::comm {
+namespace meshtrain::comm::test_thread_group {
 namespace {
 
 // A value only rank r holds at index i: sums and maxima are then easy to predict exactly.
@@ -159,4 +159,4 @@ TEST(ThreadGroup, StatsFollowTheByteConvention) {
 }
 
 }  // namespace
-}  // namespace meshtrain::comm
+}  // namespace meshtrain::comm::test_thread_group

@@ -11,7 +11,7 @@
 
 #include "data/token_file.h"
 
-namespace meshtrain::data {
+namespace meshtrain::data::test_token_file {
 namespace {
 
 class TokenFileTest : public ::testing::Test {
@@ -162,4 +162,4 @@ TEST_F(TokenFileTest, WriteIntoMissingDirFails) {
 }
 
 }  // namespace
-}  // namespace meshtrain::data
+}  // namespace meshtrain::data::test_token_file

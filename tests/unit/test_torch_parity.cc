@@ -24,7 +24,7 @@
 #include "model/gpt.h"
 #include "train/trainer.h"
 
-namespace meshtrain {
+namespace meshtrain::test_torch_parity {
 namespace {
 
 namespace fs = std::filesystem;
@@ -196,4 +196,4 @@ INSTANTIATE_TEST_SUITE_P(TorchParity, TorchParity, ::testing::Values("gpt2", "ll
                          });
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_torch_parity

@@ -32,7 +32,7 @@
 #include "trace/timeline.h"
 #include "trace/trace.h"
 
-namespace meshtrain::trace {
+namespace meshtrain::trace::test_trace {
 namespace {
 
 namespace fs = std::filesystem;
@@ -396,4 +396,4 @@ TEST(TimelineCli, DrawsASimulatedTrace) {
 }
 
 }  // namespace
-}  // namespace meshtrain::trace
+}  // namespace meshtrain::trace::test_trace

@@ -33,7 +33,7 @@
 #include "thread_ranks_test_util.h"
 #include "train/trainer.h"
 
-namespace meshtrain {
+namespace meshtrain::test_zero_infinity {
 namespace {
 
 namespace fs = std::filesystem;
@@ -279,4 +279,4 @@ TEST(DataParallelThreads, FileBacked16BitZero3IsBitIdentical) {
 }
 
 }  // namespace
-}  // namespace meshtrain
+}  // namespace meshtrain::test_zero_infinity
