@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -36,10 +37,27 @@ inline optim::AdamWConfig test_adamw(float grad_clip) {
   return a;
 }
 
+// The per-process folders scratch_dir made, removed when the test process exits.
+struct ScratchRoots {
+  std::set<std::string> paths;
+  ~ScratchRoots() {
+    for (const std::string& p : paths) {
+      std::error_code ec;
+      std::filesystem::remove_all(p, ec);
+    }
+  }
+};
+inline ScratchRoots& scratch_roots() {
+  static ScratchRoots roots;
+  return roots;
+}
+
 // An empty folder under the system's temporary one, named for this process and `name`.
 inline std::string scratch_dir(const std::string& suite, const std::string& name) {
   namespace fs = std::filesystem;
-  const fs::path p = fs::temp_directory_path() / ("meshtrain_" + suite + "_" + std::to_string(::getpid())) / name;
+  const fs::path root = fs::temp_directory_path() / ("meshtrain_" + suite + "_" + std::to_string(::getpid()));
+  scratch_roots().paths.insert(root.string());
+  const fs::path p = root / name;
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
