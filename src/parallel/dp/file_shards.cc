@@ -129,12 +129,13 @@ void FileBackedShards::sum_piece(int u, size_t b, size_t n, const float* r, opti
     const optim::AdamSegment& seg = segments_[unit_segments_[u][k]];
     const size_t from = seg.grad_offset - s.local_offset;
     const size_t lo = std::max(from, b), hi = std::min(from + seg.count, b + n);
-    for (size_t i = lo; i < hi; i += kBlock) {
+    if (lo >= hi) continue;
+    if (!half()) {
+      squares[k].add(piece.data() + (lo - b), hi - lo);
+      continue;
+    }
+    for (size_t i = lo; i < hi; i += kBlock) {  // widened a block at a time
       const size_t m = std::min(kBlock, hi - i);
-      if (!half()) {
-        squares[k].add(piece.data() + (i - b), m);
-        continue;
-      }
       kernels::from_half(storage_, piece.words() + (i - b), widened, m);
       squares[k].add(widened, m);
     }
