@@ -133,7 +133,10 @@ __int128 parameter_count(const model::GptConfig& c) {
   const __int128 C = c.dim, L = c.layers, Q = (__int128)c.dim + 2 * (__int128)c.kv_head_count() * c.head_dim();
   const __int128 F = c.ffn(), Fc = c.mlp == model::Mlp::kSwiGlu ? 2 * F : F;
   const __int128 per_layer = Q * C + C * C + Fc * C + F * C + 4 * C + Q + Fc + 2 * C;  // biases and norms at most
-  return (__int128)c.padded_vocab() * C * 2 + (__int128)c.max_seq_len * C + L * per_layer + 2 * C;
+  // Every layer counted as an MoE layer too (at most): the router and every expert.
+  const __int128 Fe = c.expert_ffn(), Fce = c.mlp == model::Mlp::kSwiGlu ? 2 * Fe : Fe;
+  const __int128 moe = c.is_moe() ? ((__int128)c.moe.experts + c.moe.shared_experts) * (Fce + Fe) * C + c.moe.experts * C : 0;
+  return (__int128)c.padded_vocab() * C * 2 + (__int128)c.max_seq_len * C + L * (per_layer + moe) + 2 * C;
 }
 
 Status parse_layout_axes(const json& root, const CheckpointIndex& idx, int* tp, int* pp, int* dp) {

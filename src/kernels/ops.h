@@ -92,6 +92,19 @@ void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bi
 void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
+// Grouped linear layers (a Mixture-of-Experts layer's experts), one call for every group:
+// rows [offsets[g], offsets[g+1]) of inp [M,C] are multiplied by group g's weight [OC,C]
+// (out rows = inp rows @ weights[g]^T). Backward: dinp rows (null: not wanted), and each
+// group's weight gradient added into dweights[g]. A group without rows is skipped, its
+// gradient left as it was.
+void grouped_matmul_forward(float* out, GemmInput inp, const GemmInput* weights, const int* offsets, int groups,
+                            int C, int OC, Precision p = Precision::kFp32);
+void grouped_matmul_backward(float* dinp, const GradOutput* dweights, const float* dout, GemmInput inp,
+                             const GemmInput* weights, const int* offsets, int groups, int C, int OC,
+                             Precision p = Precision::kFp32);
+// x advanced by `elements` values (fp32 or bf16 words, whichever it holds).
+GemmInput advanced(GemmInput x, size_t elements);
+
 // Causal self-attention with NH query heads sharing NKV key/value heads (NKV divides NH:
 // NKV = NH multi-head, 1 < NKV < NH grouped-query, NKV = 1 multi-query attention). C = NH*hs.
 // qkv[B,T,C+2*CK], CK = NKV*hs: q (C columns, head h at h*hs), k (CK columns), v (CK); query

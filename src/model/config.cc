@@ -52,7 +52,7 @@ const std::map<std::string, GptConfig>& presets() {
 
 }  // namespace
 
-bool GptConfig::is_gpt2() const { return arch_name(*this) == "gpt2"; }
+bool GptConfig::is_gpt2() const { return arch_name(*this) == "gpt2" && !is_moe(); }
 
 std::vector<std::string> preset_names() {
   // GPT-2 first, then by family and size (the map's order is alphabetical).
@@ -101,9 +101,23 @@ std::string arch_name(const GptConfig& c) {
   return llama_parts ? "llama" : "custom";
 }
 
+// ", MoE every 2nd layer: 8 experts of 192, top-2 softmax renormalised, 1 shared", or "".
+static std::string describe_moe(const GptConfig& c) {
+  if (!c.is_moe()) return "";
+  const MoeConfig& m = c.moe;
+  std::string s = ", MoE ";
+  if (m.every > 1) s += "every " + std::to_string(m.every) + " layers";
+  else s += "in every layer";
+  s += ": " + std::to_string(m.experts) + " experts of " + std::to_string(c.expert_ffn()) + ", top-" +
+       std::to_string(m.top_k) + (m.score == MoeScore::kSoftmax ? " softmax" : " sigmoid") +
+       (m.renormalize ? " renormalised" : "");
+  if (m.shared_experts > 0) s += ", " + std::to_string(m.shared_experts) + " shared";
+  return s;
+}
+
 std::string describe_arch(const GptConfig& c) {
   const std::string name = arch_name(c);
-  if (name == "gpt2") return name;
+  if (name == "gpt2") return c.is_moe() ? name + describe_moe(c) : name;
   std::string s = name + ": " + (c.norm == Norm::kRmsNorm ? "RMSNorm" : "LayerNorm");
   if (c.positions == Positions::kRope) {
     char theta[32];
@@ -116,7 +130,31 @@ std::string describe_arch(const GptConfig& c) {
   s += std::string(", ") + (c.mlp == Mlp::kSwiGlu ? "SwiGLU " : "GELU ") + std::to_string(c.ffn());
   s += c.bias ? ", biases" : ", no biases";
   s += c.tied_head ? ", tied head" : ", untied head";
-  return s;
+  return s + describe_moe(c);
+}
+
+Status validate_moe(const GptConfig& c) {
+  const MoeConfig& m = c.moe;
+  if (m.experts < 0) return Status::error("--moe-experts must be >= 1 (or 0 for a dense model), got " + std::to_string(m.experts));
+  if (m.experts == 0) {
+    if (m.shared_experts > 0 || m.expert_ffn > 0)
+      return Status::error("--moe-shared-experts and --moe-ffn-dim need --moe-experts");
+    return Status::ok();
+  }
+  // 4096: DeepSeek-V3 routes over 256 experts; past a few thousand a router is not a layer
+  // this engine's dispatch (a count per expert per sequence) is built for.
+  if (m.experts > 4096) return Status::error("--moe-experts must be at most 4096, got " + std::to_string(m.experts));
+  if (m.top_k < 1 || m.top_k > m.experts)
+    return Status::error("--moe-top-k must be in [1, --moe-experts " + std::to_string(m.experts) + "], got " +
+                         std::to_string(m.top_k));
+  if (m.every < 1) return Status::error("--moe-every must be >= 1, got " + std::to_string(m.every));
+  if (m.shared_experts < 0 || m.shared_experts > 64)
+    return Status::error("--moe-shared-experts must be in [0, 64], got " + std::to_string(m.shared_experts));
+  if (m.expert_ffn < 0) return Status::error("--moe-ffn-dim must be >= 1 (or 0: the model's MLP width), got " + std::to_string(m.expert_ffn));
+  if (m.top_k == 1 && m.renormalize && m.score == MoeScore::kSoftmax)
+    return Status::error("--moe-top-k 1 with renormalised weights makes every weight 1, and the router gets no "
+                         "gradient from the loss; use --moe-no-renormalize (Switch) or top-k >= 2");
+  return Status::ok();
 }
 
 Status validate(const GptConfig& c) {
@@ -141,7 +179,7 @@ Status validate(const GptConfig& c) {
   // stay exact in fp32 arithmetic.
   if (c.vocab < 2 || c.vocab > (1 << 24))
     return Status::error("--vocab must be in [2, 16777216], got " + std::to_string(c.vocab));
-  return Status::ok();
+  return validate_moe(c);
 }
 
 Status validate_tp(const GptConfig& c, int tp) {
@@ -154,6 +192,7 @@ Status validate_tp(const GptConfig& c, int tp) {
   };
   RETURN_IF_ERROR(need("the number of heads", c.heads));
   RETURN_IF_ERROR(need("the MLP width", c.ffn()));
+  if (c.is_moe()) RETURN_IF_ERROR(need("the experts' MLP width", c.expert_ffn()));
   RETURN_IF_ERROR(need("the padded vocabulary", c.padded_vocab()));
   const int kv = c.kv_head_count();
   if (kv % tp != 0 && tp % kv != 0)
@@ -170,7 +209,16 @@ int64_t num_parameters(const GptConfig& c) {
   const int64_t per_layer = 2 * norm + Q * C + C * C + (int64_t)c.fc_dim() * C + F * C + biases;
   const int64_t embeddings = (int64_t)c.vocab * C * (c.tied_head ? 1 : 2) +
                              (c.positions == Positions::kLearned ? (int64_t)c.max_seq_len * C : 0);
-  return embeddings + L * per_layer + norm;
+  // An MoE layer's MLP is its router, its experts and its shared experts instead (no biases).
+  const int64_t Fe = c.expert_ffn(), expert = ((int64_t)c.expert_fc_dim() + Fe) * C;
+  const int64_t dense_mlp = (int64_t)c.fc_dim() * C + F * C + (c.bias ? c.fc_dim() + C : 0);
+  const int64_t moe_mlp = (int64_t)c.moe.experts * C + (c.moe.experts + c.moe.shared_experts) * expert;
+  return embeddings + L * per_layer + c.moe_layers() * (moe_mlp - dense_mlp) + norm;
+}
+
+int64_t num_active_parameters(const GptConfig& c) {
+  const int64_t C = c.dim, Fe = c.expert_ffn(), expert = ((int64_t)c.expert_fc_dim() + Fe) * C;
+  return num_parameters(c) - c.moe_layers() * (int64_t)(c.moe.experts - c.moe.top_k) * expert;
 }
 
 }  // namespace meshtrain::model

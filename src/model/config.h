@@ -15,6 +15,22 @@ namespace meshtrain::model {
 enum class Norm { kLayerNorm, kRmsNorm };   // LayerNorm has a bias; RMSNorm none
 enum class Positions { kLearned, kRope };   // a learned table (wpe), or rotary (no parameters)
 enum class Mlp { kGelu, kSwiGlu };          // GELU(x W1) W2, or (silu(x Wg) * x Wu) W2
+enum class MoeScore { kSoftmax, kSigmoid };  // how router logits become expert scores
+
+// Mixture-of-Experts MLPs (docs/moe.md): in every `every`-th block (layers l with
+// l % every == 0, Megatron's placement) the MLP becomes a router and `experts` expert MLPs
+// of the model's MLP type (GELU or SwiGLU, no biases), of which each token uses `top_k`,
+// plus `shared_experts` that every token uses with weight 1 (DeepSeek's). The balancing
+// losses and the capacity are training settings (model::MoeTraining), not the architecture.
+struct MoeConfig {
+  int experts = 0;         // routed experts per MoE layer; 0: a dense model
+  int top_k = 2;
+  int every = 1;
+  int shared_experts = 0;
+  int expert_ffn = 0;      // each expert's hidden width (0: the model's ffn())
+  MoeScore score = MoeScore::kSoftmax;
+  bool renormalize = true;  // the chosen top-k weights rescaled to sum to 1 (Mixtral)
+};
 
 struct GptConfig {
   int layers = 2;
@@ -33,6 +49,7 @@ struct GptConfig {
   Mlp mlp = Mlp::kGelu;
   bool bias = true;        // biases on the linear layers (and LayerNorm's)
   bool tied_head = true;   // the head's weight is wte; else a tensor of its own
+  MoeConfig moe;
 
   // The token embedding is stored with this many rows (a multiple of 128, as llm.c);
   // rows >= vocab are zero and never produce logits.
@@ -52,7 +69,13 @@ struct GptConfig {
   int ffn() const { return ffn_dim > 0 ? ffn_dim : 4 * dim; }
   // Rows of the MLP's first projection: ffn, or [gate; up] = 2 x ffn for SwiGLU.
   int fc_dim() const { return mlp == Mlp::kSwiGlu ? 2 * ffn() : ffn(); }
-  bool is_gpt2() const;  // every part GPT-2's
+  bool is_gpt2() const;  // every part GPT-2's (and no experts)
+  bool is_moe() const { return moe.experts > 0; }
+  bool is_moe_layer(int l) const { return is_moe() && l % moe.every == 0; }
+  int moe_layers() const { return is_moe() ? (layers + moe.every - 1) / moe.every : 0; }
+  // One expert's hidden width, and the rows of its first projection (2x for SwiGLU).
+  int expert_ffn() const { return moe.expert_ffn > 0 ? moe.expert_ffn : ffn(); }
+  int expert_fc_dim() const { return mlp == Mlp::kSwiGlu ? 2 * expert_ffn() : expert_ffn(); }
 };
 
 // Known presets: tiny, small, gpt2-124m, gpt2-350m (GPT-2), llama-tiny, llama-124m (Llama
@@ -75,15 +98,20 @@ std::string arch_name(const GptConfig& c);
 // SwiGLU 192, no biases, untied head".
 std::string describe_arch(const GptConfig& c);
 
-// Rejects shapes the engine cannot run, with a message naming the problem.
+// Rejects shapes the engine cannot run, with a message naming the problem (validate_moe:
+// the experts' part of it).
 Status validate(const GptConfig& c);
+Status validate_moe(const GptConfig& c);
 
 // Rejects a tensor-parallel size that does not divide heads, the MLP width or the padded
 // vocabulary, or whose key/value heads neither split evenly over tp nor divide it (fewer
 // heads than ranks are replicated: kv_replicas).
 Status validate_tp(const GptConfig& c, int tp);
 
-// Parameters as a user counts them: a tied head once, padding rows excluded.
+// Parameters as a user counts them: a tied head once, padding rows excluded, every expert.
 int64_t num_parameters(const GptConfig& c);
+// The parameters one token's forward uses: num_parameters less the routed experts it does
+// not visit (experts - top_k of them in each MoE layer). Equal to num_parameters when dense.
+int64_t num_active_parameters(const GptConfig& c);
 
 }  // namespace meshtrain::model

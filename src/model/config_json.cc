@@ -17,6 +17,11 @@ json config_json(const GptConfig& c) {
                          {"low_freq_factor", c.rope_scaling.low_freq_factor},
                          {"high_freq_factor", c.rope_scaling.high_freq_factor},
                          {"original_positions", c.rope_scaling.original_positions}};
+  if (c.is_moe())
+    j["moe"] = {{"experts", c.moe.experts}, {"top_k", c.moe.top_k}, {"every", c.moe.every},
+                {"shared_experts", c.moe.shared_experts}, {"expert_ffn", c.expert_ffn()},
+                {"score", c.moe.score == MoeScore::kSigmoid ? "sigmoid" : "softmax"},
+                {"renormalize", c.moe.renormalize}};
   return j;
 }
 
@@ -89,6 +94,22 @@ Status read_architecture(const json& m, const std::string& at, GptConfig* c) {
     if (!(r.high_freq_factor > r.low_freq_factor))
       return Status::error(where + ": high_freq_factor must exceed low_freq_factor");
     c->rope_scaling = r;
+  }
+  if (m.contains("moe")) {
+    const json& e = m["moe"];
+    const std::string where = at + ".moe";
+    if (!e.is_object()) return Status::error(where + " must be an object");
+    MoeConfig moe;
+    RETURN_IF_ERROR(read_int(e, where, "experts", 1, &moe.experts));
+    RETURN_IF_ERROR(read_int(e, where, "top_k", 1, &moe.top_k));
+    RETURN_IF_ERROR(read_int(e, where, "every", 1, &moe.every));
+    RETURN_IF_ERROR(read_int(e, where, "shared_experts", 0, &moe.shared_experts));
+    RETURN_IF_ERROR(read_int(e, where, "expert_ffn", 1, &moe.expert_ffn));
+    RETURN_IF_ERROR(read_choice(e, where, "score", "softmax", MoeScore::kSoftmax, "sigmoid", MoeScore::kSigmoid,
+                                &moe.score));
+    RETURN_IF_ERROR(read_bool(e, where, "renormalize", &moe.renormalize));
+    if (!e.contains("experts")) return Status::error(where + ".experts is missing");
+    c->moe = moe;
   }
   return Status::ok();
 }

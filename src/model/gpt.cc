@@ -31,6 +31,9 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   kv_replicas_ = config.kv_replicas(tp_size_);
   Fcl_ = config.fc_dim() / tp_size_;
   Fl_ = config.ffn() / tp_size_;
+  Fcel_ = config.expert_fc_dim() / tp_size_;
+  Fel_ = config.expert_ffn() / tp_size_;
+  if (config.is_moe()) moe_stats_.resize(config.layers);
   if (config.positions == Positions::kRope) {
     const size_t entries = (size_t)config.max_seq_len * (config.head_dim() / 2);
     rope_cos_.resize(entries), rope_sin_.resize(entries);
@@ -57,11 +60,13 @@ Recompute Gpt::recompute_of(int l) const {
 }
 
 // Analytic FLOPs of one block's forward on this rank (2 per multiply-add; causal
-// attention counts its half), added to the model or the recomputation count.
-void Gpt::count_block_flops(int B, int T, bool recomputing, bool attention_only) {
+// attention counts its half), added to the model or the recomputation count. An MoE layer's
+// MLP counts its own (moe_flops: its rows depend on the routing).
+void Gpt::count_block_flops(int l, int B, int T, bool recomputing, bool attention_only) {
   const double N = (double)B * T, C = config_.dim;
   const double attention = 2.0 * 2.0 * B * (double)T * T / 2.0 * Cl_;  // QK^T and PV, causal half
-  const double linears = 2.0 * N * C * ((double)Ql_ + Cl_ + Fcl_ + Fl_);
+  const double mlp = config_.is_moe_layer(l) ? 0.0 : (double)Fcl_ + Fl_;
+  const double linears = 2.0 * N * C * ((double)Ql_ + Cl_ + mlp);
   const double f = attention_only ? attention : attention + linears;
   (recomputing ? flops_.recompute : flops_.model) += f;
 }
@@ -150,10 +155,10 @@ void Gpt::init_weights(uint64_t seed) {
   for (const ParamTensor& t : layout_.tensors()) draw_initial_tensor(config_, layout_, t, rng, params() + t.offset);
 }
 
-int64_t ActivationInventory::block(Recompute mode) const {
+int64_t ActivationInventory::block(Recompute mode, bool moe) const {
   switch (mode) {
-    case Recompute::kNone: return block_none;
-    case Recompute::kSelective: return block_selective;
+    case Recompute::kNone: return moe ? moe_block_none : block_none;
+    case Recompute::kSelective: return moe ? moe_block_selective : block_selective;
     case Recompute::kFull: return block_full;
   }
   return 0;
@@ -184,11 +189,27 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
   a.head = Nl * C + stats * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
   a.recompute_selective = attention_core;
   a.recompute_full = a.block_none;
+  if (config.is_moe()) {
+    const int64_t E = config.moe.experts, k = config.moe.top_k, S = config.moe.shared_experts;
+    const int64_t Fcel = config.expert_fc_dim() / tp, Fel = config.expert_ffn() / tp, Nk = N * k;
+    const int64_t mlp = N * E + 4 * Nk + (E + 1) + Nk * (Fcel + Fel + C) + N * S * (Fcel + Fel);
+    a.moe_block_none = a.block_none - N * Fcl - N * Fl + mlp;
+    a.moe_block_selective = a.moe_block_none - attention_core;
+    const bool dense_layers = config.moe_layers() < config.layers;
+    a.recompute_full = std::max(dense_layers ? a.block_none : 0, a.moe_block_none);
+  }
   // dresidual, dln, dbranch [Nl,C]; partial, gathered [N,C]; datty, dqkv; dfch, dfch_gelu;
   // with replicated key/value heads, every head's k and v gradient [heads,N,2hs] for the
   // exchange between a head's ranks.
   a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl + N * Ql + N * Fcl + N * Fl;
   if (config.kv_replicas(tp) > 1) a.gradient_scratch += N * 2 * (int64_t)config.kv_dim();
+  // MoE: dispatched rows and their gradients [Nk,C] x 2, hidden gradients of the experts
+  // (or the shared experts) [N*max(k,S), Fcel + Fel], dweight [Nk], dlogits [N,E].
+  if (config.is_moe()) {
+    const int64_t E = config.moe.experts, k = config.moe.top_k, S = config.moe.shared_experts;
+    const int64_t Fcel = config.expert_fc_dim() / tp, Fel = config.expert_ffn() / tp;
+    a.gradient_scratch += 2 * N * k * C + N * std::max(k, S) * (Fcel + Fel) + N * k + N * E;
+  }
   return a;
 }
 
@@ -215,31 +236,55 @@ void Gpt::ensure_activations(int B, int T) {
   };
   scratch_ = BlockActivations{};
   if (recompute_ == Recompute::kSelective) scratch_.atty = take(N * Cl), scratch_.att_lse = take(N * NH);
-  if (recompute_ == Recompute::kFull) take_block(scratch_, take, true, true);
+  if (recompute_ == Recompute::kFull) {  // one block's worth, dense or MoE (aliased)
+    float* start = cursor;
+    if (config_.is_moe()) take_block(moe_scratch_, take, true, true, true);
+    cursor = start;
+    take_block(scratch_, take, true, true, false);
+    cursor = start + inventory_.recompute_full;
+  }
   dresidual_ = take(Nl * C), dln_ = take(Nl * C), partial_ = take(N * C), gathered_ = take(N * C);
   dbranch_ = take(Nl * C);
   datty_ = take(N * Cl), dqkv_ = take(N * Ql_), dfch_ = take(N * Fcl_), dfch_gelu_ = take(N * Fl_);
   kv_exchange_ = kv_replicas_ > 1 ? take(N * 2 * (size_t)config_.kv_dim()) : nullptr;
+  if (config_.is_moe()) {
+    const size_t k = config_.moe.top_k, S = config_.moe.shared_experts, E = config_.moe.experts;
+    moe_rows_ = take(N * k * C), moe_dy_ = take(N * k * C);
+    moe_dact_ = take(N * std::max(k, S) * Fel_), moe_dfch_ = take(N * std::max(k, S) * Fcel_);
+    moe_dweight_ = take(N * k), moe_dlogits_ = take(N * E);
+    if (recompute_ == Recompute::kSelective) moe_scratch_.atty = scratch_.atty, moe_scratch_.att_lse = scratch_.att_lse;
+  }
   CHECK(cursor == shared_.data() + shared_.size());
 }
 
 // One micro-batch's set for chunk c: its input, its blocks, and the head's tensors.
 size_t Gpt::set_floats(int c) const {
   int64_t n = inventory_.set_input;
-  for (int l = chunks_[c].begin; l < chunks_[c].end; l++) n += inventory_.block(recompute_of(l));
+  for (int l = chunks_[c].begin; l < chunks_[c].end; l++)
+    n += inventory_.block(recompute_of(l), config_.is_moe_layer(l));
   if (is_last_stage(c)) n += inventory_.head;
   return (size_t)n;
 }
 
 template <typename Take>
-void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const {
+void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_output, bool moe) const {
   const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
   const bool mean = config_.norm == Norm::kLayerNorm;
   a.ln1 = take(Nl * C), a.ln1_mean = mean ? take(Nl) : nullptr, a.ln1_rstd = take(Nl);
   a.qkv = take(N * Ql_);
   if (with_core) a.atty = take(N * Cl_), a.att_lse = take(N * NHl_);
   a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = mean ? take(Nl) : nullptr, a.ln2_rstd = take(Nl);
-  a.fch = take(N * Fcl_), a.fch_gelu = take(N * Fl_);
+  if (moe) {
+    const size_t E = config_.moe.experts, Nk = N * config_.moe.top_k, S = config_.moe.shared_experts;
+    auto ints = [&](size_t n) { return reinterpret_cast<int*>(take(n)); };  // 4-byte slots
+    a.router_logits = take(N * E);
+    a.route.expert = ints(Nk), a.route.weight = take(Nk), a.route.slot = ints(Nk), a.route.order = ints(Nk);
+    a.route.offsets = ints(E + 1);
+    a.fch = take(Nk * Fcel_), a.fch_gelu = take(Nk * Fel_), a.expert_out = take(Nk * C);
+    a.shared_fch = S > 0 ? take(N * S * Fcel_) : nullptr, a.shared_act = S > 0 ? take(N * S * Fel_) : nullptr;
+  } else {
+    a.fch = take(N * Fcl_), a.fch_gelu = take(N * Fl_);
+  }
   if (with_output) a.residual3 = take(Nl * C);
 }
 
@@ -257,15 +302,16 @@ void Gpt::layout_set(int c, ActivationSet& s) {
   s.blocks.assign(chunks_[c].end - chunks_[c].begin, BlockActivations{});
   for (int l = chunks_[c].begin; l < chunks_[c].end; l++) {
     BlockActivations& a = s.blocks[l - chunks_[c].begin];
+    const bool moe = config_.is_moe_layer(l);
     switch (recompute_of(l)) {
-      case Recompute::kNone: take_block(a, take, true, true); break;
+      case Recompute::kNone: take_block(a, take, true, true, moe); break;
       case Recompute::kSelective:
-        take_block(a, take, false, true);
+        take_block(a, take, false, true, moe);
         a.atty = scratch_.atty, a.att_lse = scratch_.att_lse;
         break;
       case Recompute::kFull: {
         float* output = take(Nl * C);
-        a = scratch_;  // everything but the output is recomputed into the shared set
+        a = moe ? moe_scratch_ : scratch_;  // everything but the output is recomputed into the shared set
         a.residual3 = output;
         break;
       }
@@ -374,27 +420,38 @@ k::GradOutput Gpt::weight_grad(int u, float* unit_base, const ParamTensor& t) co
   return grad(u, unit_base, t);
 }
 
-k::GemmInput Gpt::activation_into(BlockActivations& a, int N) const {
+k::GemmInput Gpt::activation_into(BlockActivations& a, int N) const { return activate(a.fch, a.fch_gelu, N, Fl_); }
+
+// GELU(fc) or SwiGLU(fc) of `rows` rows of hidden width F into out: bf16 words in its first
+// half for bf16 GEMMs (rounded once here), else fp32.
+k::GemmInput Gpt::activate(const float* fc, float* out, int rows, int F) const {
   const bool bf16 = precision_ == k::Precision::kBf16;
-  uint16_t* half = reinterpret_cast<uint16_t*>(a.fch_gelu);
+  uint16_t* half = reinterpret_cast<uint16_t*>(out);
   if (config_.mlp == Mlp::kSwiGlu) {
-    if (bf16) k::swiglu_forward(half, a.fch, N, Fl_);
-    else k::swiglu_forward(a.fch_gelu, a.fch, N, Fl_);
+    if (bf16) k::swiglu_forward(half, fc, rows, F);
+    else k::swiglu_forward(out, fc, rows, F);
   } else {
-    if (bf16) k::gelu_forward(half, a.fch, (size_t)N * Fl_);
-    else k::gelu_forward(a.fch_gelu, a.fch, (size_t)N * Fl_);
+    if (bf16) k::gelu_forward(half, fc, (size_t)rows * F);
+    else k::gelu_forward(out, fc, (size_t)rows * F);
   }
-  return mlp_hidden(a);
+  return hidden_input(out);
 }
 
-k::GemmInput Gpt::mlp_hidden(const BlockActivations& a) const {
-  if (precision_ == k::Precision::kBf16) return k::GemmInput(reinterpret_cast<const uint16_t*>(a.fch_gelu));
-  return a.fch_gelu;
+k::GemmInput Gpt::hidden_input(const float* out) const {
+  if (precision_ == k::Precision::kBf16) return k::GemmInput(reinterpret_cast<const uint16_t*>(out));
+  return out;
 }
+
+void Gpt::activation_backward(float* dfc, const float* fc, const float* dout, int rows, int F) const {
+  if (config_.mlp == Mlp::kSwiGlu) k::swiglu_backward(dfc, fc, dout, rows, F);
+  else k::gelu_backward(dfc, fc, dout, (size_t)rows * F);
+}
+
+k::GemmInput Gpt::mlp_hidden(const BlockActivations& a) const { return hidden_input(a.fch_gelu); }
 
 void Gpt::block_forward(int l, const float* residual, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, Nl = Nl_;
-  count_block_flops(B, T, recomputing, false);
+  count_block_flops(l, B, T, recomputing, false);
   const int u = layout_.block_unit(l);
   const float* unit = store_->acquire_params(u);
   // W: a tensor the architecture may lack (null then); Wg: a GEMM weight.
@@ -410,9 +467,13 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
   k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl);
-  k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fcl_, precision_);
-  const k::GemmInput hidden = activation_into(a, N);
-  k::matmul_forward(partial_, hidden, Wg(kFcProjW), nullptr, N, Fl_, C, precision_);
+  if (config_.is_moe_layer(l)) {
+    moe_forward(l, u, unit, a, B, T, recomputing);
+  } else {
+    k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fcl_, precision_);
+    const k::GemmInput hidden = activation_into(a, N);
+    k::matmul_forward(partial_, hidden, Wg(kFcProjW), nullptr, N, Fl_, C, precision_);
+  }
   proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
   k::bias_residual_forward(a.residual3, a.residual2, proj, nullptr, Nl, C);
@@ -540,7 +601,7 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   // Backward costs twice the forward's FLOPs.
   {
     FlopCounts before = flops_;
-    count_block_flops(B, T, false, false);
+    count_block_flops(l, B, T, false, false);
     flops_.model = before.model + 2 * (flops_.model - before.model);
   }
   const int u = layout_.block_unit(l);
@@ -554,20 +615,23 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
-  k::matmul_backward(dfch_gelu_, Gw(kFcProjW), G(kFcProjB),
-                     gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
-                     Wg(kFcProjW), N, Fl_, C, precision_);
-  if (config_.mlp == Mlp::kSwiGlu) k::swiglu_backward(dfch_, a.fch, dfch_gelu_, N, Fl_);
-  else k::gelu_backward(dfch_, a.fch, dfch_gelu_, (size_t)N * Fl_);
-  // The weight gradient needs the fc input of every row: gathered again (not stored).
-  k::matmul_backward(partial_, Gw(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
-                     C, Fcl_, precision_);
+  if (config_.is_moe_layer(l)) {
+    moe_backward(l, u, unit, gunit, a, B, T);
+  } else {
+    k::matmul_backward(dfch_gelu_, Gw(kFcProjW), G(kFcProjB),
+                       gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
+                       Wg(kFcProjW), N, Fl_, C, precision_);
+    activation_backward(dfch_, a.fch, dfch_gelu_, N, Fl_);
+    // The weight gradient needs the fc input of every row: gathered again (not stored).
+    k::matmul_backward(partial_, Gw(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
+                       C, Fcl_, precision_);
+  }
   const float* dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean, a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
   if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
     k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
-    count_block_flops(B, T, true, true);
+    count_block_flops(l, B, T, true, true);
   }
   k::matmul_backward(datty_, Gw(kAttProjW), G(kAttProjB),
                      gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
@@ -640,6 +704,7 @@ void Gpt::embedding_backward(int B, int T) {
 void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale) {
   const int B = B_, T = T_;
   cur_chunk_ = c;
+  loss_scale_ = loss_scale;
   set_ = &find_set(c, mb);
   store_->begin_pass(Pass::kBackward);
   if (is_last_stage(c)) {

@@ -12,6 +12,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/moe_routing.h"
 #include "model/recompute.h"
 #include "model/param_layout.h"
 #include "model/param_store.h"
@@ -36,6 +37,14 @@ struct BlockActivations {
   float* fch;        // [B,T,Fc]
   float* fch_gelu;   // [B,T,F] GELU's or SwiGLU's output; with bf16 GEMMs its bf16 words, in the slot's first half
   float* residual3;  // [B,T,C]
+  // An MoE layer's MLP (docs/moe.md), with M <= N*k dispatched rows and El experts' widths
+  // Fcel, Fel (Fc, F per expert over t): fch [M,Fcel] and fch_gelu [M,Fel] hold the experts'
+  // rows in dispatch order, then
+  float* router_logits;  // [N,E] fp32
+  MoeRoute route;        // [N*k] x 4 and [E+1] ints
+  float* expert_out;     // [M,C] each dispatched row's expert output (partial over tp)
+  float* shared_fch;     // [N, S*Fcel] the shared experts' (S > 0)
+  float* shared_act;     // [N, S*Fel]
 };
 
 // What each block keeps for its backward pass (Korthikanti et al. 2022's trade):
@@ -56,6 +65,10 @@ struct ActivationInventory {
   // [N,Fl]; kSelective all but the attention output and log-sum-exp; kFull the block's
   // output [Nl,C] only.
   int64_t block_none = 0, block_selective = 0, block_full = 0;
+  // An MoE layer's block: the dense MLP's two tensors replaced by the router's logits
+  // [N,E], the routing (4 [N*k] and [E+1] ints), the experts' [Nk,Fcel], [Nk,Fel] and
+  // outputs [Nk,C], and the shared experts' [N,S*Fcel], [N,S*Fel] (k = top_k, S = shared).
+  int64_t moe_block_none = 0, moe_block_selective = 0;
   int64_t set_input = 0;  // every set's input [Nl,C]
   // A last-stage set's head: final norm [Nl,C] and its statistics, the gathered head input
   // [N,C] (sequence parallel only), logits [N,Vp/t], log-sum-exp, target logit and loss [N].
@@ -66,7 +79,7 @@ struct ActivationInventory {
   int64_t recompute_selective = 0, recompute_full = 0;
   int64_t gradient_scratch = 0;
 
-  int64_t block(Recompute mode) const;
+  int64_t block(Recompute mode, bool moe = false) const;
   int64_t recompute_scratch(Recompute mode) const;
 };
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel);
@@ -123,6 +136,12 @@ class Gpt {
   int64_t activation_set_bytes(int c) const;
   int64_t shared_activation_bytes() const { return (int64_t)shared_.bytes(); }
   void reset_flops() { flops_ = FlopCounts{}; }
+  // MoE layers: the balancing losses and capacity, and what routing did since the last reset
+  // (per layer l: moe_stats()[l], empty for dense layers and layers this rank does not run).
+  void set_moe_training(const MoeTraining& t) { moe_training_ = t; }
+  const MoeTraining& moe_training() const { return moe_training_; }
+  const std::vector<MoeRouteStats>& moe_stats() const { return moe_stats_; }
+  void reset_moe_stats();
 
   const GptConfig& config() const { return config_; }
   // RoPE's cos and sin [max_seq_len, hs/2] (empty for learned positions), for the decoder.
@@ -205,7 +224,7 @@ class Gpt {
   void ensure_activations(int B, int T);
   size_t set_floats(int c) const;
   template <typename Take>
-  void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output) const;
+  void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output, bool moe) const;
   ActivationSet& open_set(int c, int mb);  // a set for (c, mb): reused or new
   ActivationSet& find_set(int c, int mb);
   const ActivationSet& find_set(int c, int mb) const;
@@ -259,10 +278,18 @@ class Gpt {
   // read by the down projection's GEMMs. bf16 GEMMs get it as bf16 words, rounded once where
   // the activation writes it.
   kernels::GemmInput activation_into(BlockActivations& a, int N) const;
+  kernels::GemmInput activate(const float* fc, float* out, int rows, int F) const;
+  kernels::GemmInput hidden_input(const float* out) const;
+  void activation_backward(float* dfc, const float* fc, const float* dout, int rows, int F) const;
+  // An MoE layer's MLP on block l (unit u) from a.ln2: leaves the branch output, before
+  // the tp reduction, in partial_ (all N rows); backward leaves the input gradient there.
+  void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
+  void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
+  double moe_flops(int N, int dispatched) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
-  void count_block_flops(int B, int T, bool recomputing, bool attention_only);
+  void count_block_flops(int l, int B, int T, bool recomputing, bool attention_only);
   void block_backward(int l, const float* block_in, int B, int T);
   void add_kv_replica_grads(kernels::GradOutput dqkv_weight, float* dqkv_bias, const float* inp, int N);
 
@@ -297,6 +324,16 @@ class Gpt {
   Recompute recompute_ = Recompute::kNone;
   int recompute_every_ = 1;
   BlockActivations scratch_{};  // where recomputed tensors live (one set, shared by blocks)
+  BlockActivations moe_scratch_{};  // the same for MoE layers (aliasing scratch_'s memory)
+  // MoE layers' shared scratch: dispatched input rows [Nk,C], their output gradients (then
+  // input gradients) [Nk,C], the experts' (or shared experts') hidden gradients, the
+  // weights' gradients [N*k] and the router logits' [N,E].
+  float *moe_rows_ = nullptr, *moe_dy_ = nullptr, *moe_dact_ = nullptr, *moe_dfch_ = nullptr;
+  float *moe_dweight_ = nullptr, *moe_dlogits_ = nullptr;
+  int Fcel_ = 0, Fel_ = 0;  // one expert's first-projection rows and hidden width on this rank
+  MoeTraining moe_training_;
+  std::vector<MoeRouteStats> moe_stats_;
+  float loss_scale_ = 0;  // of the running backward (the balance losses' gradient scale)
   FlopCounts flops_;
 
   comm::Group* tp_ = nullptr;  // null when tp = 1

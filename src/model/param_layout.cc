@@ -95,6 +95,7 @@ void ParamLayout::add_llama_block(const GptConfig& c, int l) {
   if (bias) add(p + "self_attn.o_proj.bias", {C}, S::kReplicated, false, false, l, kAttProjB, false);
   add(p + "post_attention_layernorm.weight", {C}, S::kReplicated, false, false, l, kLn2W, false);
   if (layernorm) add(p + "post_attention_layernorm.bias", {C}, S::kReplicated, false, false, l, kLn2B, false);
+  if (c.is_moe_layer(l)) return add_moe_mlp(c, l, p + "block_sparse_moe.");
   add(p + (swiglu ? "mlp.gate_proj.weight" : "mlp.up_proj.weight"), {F, C}, S::kRows, true, false, l, kFcW, true);
   if (swiglu) add(p + "mlp.up_proj.weight", {F, C}, S::kRows, true, false, l, -1, true);
   if (bias) {
@@ -103,6 +104,32 @@ void ParamLayout::add_llama_block(const GptConfig& c, int l) {
   }
   add(p + "mlp.down_proj.weight", {C, F}, S::kCols, true, false, l, kFcProjW, true);
   if (bias) add(p + "mlp.down_proj.bias", {C}, S::kReplicated, false, false, l, kFcProjB, false);
+}
+
+// An MoE layer's MLP in Mixtral's names: the router (fp32, never a GEMM weight: it is
+// computed in fp32 whatever the precision), the shared experts (DeepSeek's, as one MLP of
+// shared x expert_ffn) and the routed experts, none with biases.
+void ParamLayout::add_moe_mlp(const GptConfig& c, int l, const std::string& p) {
+  using S = TpSplit;
+  const int64_t C = c.dim, Fe = c.expert_ffn(), Fs = (int64_t)c.moe.shared_experts * Fe;
+  const bool swiglu = c.mlp == Mlp::kSwiGlu;
+  add(p + "gate.weight", {c.moe.experts, C}, S::kReplicated, true, false, l, kRouterW, false);
+  if (Fs > 0) {
+    const std::string sp = p + "shared_experts.";
+    add(sp + (swiglu ? "gate_proj.weight" : "up_proj.weight"), {Fs, C}, S::kRows, true, false, l, kSharedFcW, true);
+    if (swiglu) add(sp + "up_proj.weight", {Fs, C}, S::kRows, true, false, l, -1, true);
+    add(sp + "down_proj.weight", {C, Fs}, S::kCols, true, false, l, kSharedProjW, true);
+  }
+  for (int e = 0; e < c.moe.experts; e++) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    const int fc = (int)tensors_.size();
+    add(ep + "w1.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
+    if (swiglu) add(ep + "w3.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
+    const int proj = (int)tensors_.size();
+    add(ep + "w2.weight", {C, Fe}, S::kCols, true, false, l, -1, true);
+    for (int t = fc; t < (int)tensors_.size(); t++) tensors_[t].expert = e;
+    building_experts_.push_back({fc, proj});
+  }
 }
 
 // The tensors added since `first_tensor` form the next unit (contiguous by construction).
@@ -114,6 +141,8 @@ void ParamLayout::close_unit(int id, size_t first_tensor) {
   for (size_t i = first_tensor; i < tensors_.size(); i++) tensors_[i].unit = u;
   unit_slots_.push_back(building_);
   building_.fill(-1);
+  unit_experts_.push_back(std::move(building_experts_));
+  building_experts_.clear();
 }
 
 const ParamTensor& ParamLayout::slot(int unit, int k) const {

@@ -46,6 +46,7 @@ struct ParamTensor {
   // replicated tensors on tp ranks > 0, a replicated key/value head on all but its first rank.
   bool tp_copy = false;
   int layer = -1;              // block index, -1 for embeddings and the final norm
+  int expert = -1;             // an MoE layer's routed expert (its index among all experts), else -1
   int unit = -1;               // the local unit holding it (ParamLayout::units())
   // wte or an untied head: padded vocabulary rows (zero, no gradient, unpadded in HF files).
   bool vocabulary_rows() const { return layer < 0 && split == TpSplit::kRows; }
@@ -56,8 +57,13 @@ struct ParamTensor {
 // Llama's q, k and v projections are three tensors laid out back to back, so kQkvW (q_proj)
 // starts the fused [q; k; v] weight the model multiplies by, and its gate and up projections
 // likewise make kFcW (gate_proj) the fused [gate; up] weight.
+// An MoE layer (GptConfig::is_moe_layer) has no kFc* tensors: its MLP is the router kRouterW,
+// the shared experts as one MLP ([gate; up] kSharedFcW, down kSharedProjW) when it has
+// them, and the routed experts (ParamLayout::expert_fc / expert_proj), each one contiguous
+// range [w1; w3; w2] (Mixtral's names: w1 gate, w3 up, w2 down), expert after expert.
 enum LayerTensor : int {
   kLn1W, kLn1B, kQkvW, kQkvB, kAttProjW, kAttProjB, kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB,
+  kRouterW, kSharedFcW, kSharedProjW,
   kNumLayerTensors
 };
 
@@ -107,6 +113,11 @@ class ParamLayout {
   // a LayerNorm's bias), the final norm's bias, an untied head.
   bool has_wpe() const { return has_slot(embedding_unit(), 1); }
   bool has(int l, LayerTensor t) const { return has_slot(block_unit(l), t); }
+  // An MoE layer's routed experts held here (all of them today), by local index j: the
+  // first projection ([w1; w3] for SwiGLU, w1 for GELU) and the down projection w2.
+  int local_experts(int l) const { return (int)unit_experts_[block_unit(l)].size(); }
+  const ParamTensor& expert_fc(int l, int j) const { return tensors_[unit_experts_[block_unit(l)][j][0]]; }
+  const ParamTensor& expert_proj(int l, int j) const { return tensors_[unit_experts_[block_unit(l)][j][1]]; }
   bool has_lnf_b() const { return has_slot(final_unit(), 1); }
   bool has_untied_head() const { return untied_head_; }
 
@@ -136,11 +147,15 @@ class ParamLayout {
   void close_unit(int id, size_t first_tensor);
   void add_gpt2_block(const GptConfig& c, int l);
   void add_llama_block(const GptConfig& c, int l);
+  void add_moe_mlp(const GptConfig& c, int l, const std::string& prefix);
   const ParamTensor& slot(int unit, int k) const;
   bool has_slot(int unit, int k) const { return unit_slots_[unit][k] >= 0; }
   static constexpr int kSlots = kNumLayerTensors;
   std::vector<std::array<int, kSlots>> unit_slots_;  // per local unit: slot -> tensor or -1
   std::array<int, kSlots> building_{};                // the unit being built's slots
+  // Per local unit: its routed experts' (first projection, down projection) tensors.
+  std::vector<std::vector<std::array<int, 2>>> unit_experts_;
+  std::vector<std::array<int, 2>> building_experts_;
   bool untied_head_ = false;
   int tp_ = 1, tp_rank_ = 0;
   bool whole_ = true;

@@ -1,5 +1,7 @@
 #include "train/options.h"
 
+#include <cmath>
+
 #include "checkpoint/model_file.h"
 
 namespace meshtrain::train {
@@ -16,6 +18,16 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"ffn_dim", o.ffn_dim},
           {"rope_theta", o.rope_theta},
           {"init_from", o.init_from},
+          {"moe_experts", o.moe_experts},
+          {"moe_top_k", o.moe_top_k},
+          {"moe_every", o.moe_every},
+          {"moe_shared_experts", o.moe_shared_experts},
+          {"moe_ffn_dim", o.moe_ffn_dim},
+          {"moe_score", o.moe_score},
+          {"moe_renormalize", o.moe_renormalize},
+          {"moe_capacity_factor", o.moe_capacity_factor},
+          {"moe_aux_loss", o.moe_aux_loss},
+          {"moe_z_loss", o.moe_z_loss},
           {"data", o.data_dir},
           {"micro_batch", o.micro_batch},
           {"grad_accum", o.grad_accum},
@@ -73,6 +85,47 @@ Status parse_precision_flag(const std::string& name, kernels::Precision* out) {
   return Status::error("--precision must be fp32, bf16 or fp16, got '" + name + "'");
 }
 
+model::MoeTraining moe_training(const TrainOptions& o) {
+  model::MoeTraining t;
+  t.capacity_factor = o.moe_capacity_factor, t.aux_loss = o.moe_aux_loss, t.z_loss = o.moe_z_loss;
+  return t;
+}
+
+namespace {
+
+// The MoE architecture flags over a new model (validated with the rest by model::validate).
+Status apply_moe_flags(const TrainOptions& o, model::GptConfig* c) {
+  if (o.moe_score != "softmax" && o.moe_score != "sigmoid")
+    return Status::error("--moe-score must be softmax or sigmoid, got '" + o.moe_score + "'");
+  if (o.moe_experts == 0) {
+    if (o.moe_top_k != 2 || o.moe_every != 1 || o.moe_shared_experts != 0 || o.moe_ffn_dim != 0 ||
+        o.moe_score != "softmax" || !o.moe_renormalize)
+      return Status::error("--moe-top-k, --moe-every, --moe-shared-experts, --moe-ffn-dim, --moe-score and "
+                           "--moe-no-renormalize describe the experts of --moe-experts, which is not given");
+    return Status::ok();
+  }
+  if (o.moe_experts < 0) return Status::error("--moe-experts must be >= 1, got " + std::to_string(o.moe_experts));
+  model::MoeConfig& m = c->moe;
+  m.experts = o.moe_experts, m.top_k = o.moe_top_k, m.every = o.moe_every, m.shared_experts = o.moe_shared_experts;
+  m.expert_ffn = o.moe_ffn_dim;
+  m.score = o.moe_score == "sigmoid" ? model::MoeScore::kSigmoid : model::MoeScore::kSoftmax;
+  m.renormalize = o.moe_renormalize;
+  return Status::ok();
+}
+
+Status check_moe_training(const TrainOptions& o, const model::GptConfig& c) {
+  if (!(o.moe_capacity_factor >= 0) || o.moe_capacity_factor > 1e6)
+    return Status::error("--moe-capacity-factor must be > 0 (or 0 for dropless), got " +
+                         std::to_string(o.moe_capacity_factor));
+  if (!(o.moe_aux_loss >= 0) || !(o.moe_z_loss >= 0) || !std::isfinite(o.moe_aux_loss) || !std::isfinite(o.moe_z_loss))
+    return Status::error("--moe-aux-loss and --moe-z-loss must be finite and >= 0");
+  if (!c.is_moe() && o.moe_capacity_factor > 0)
+    return Status::error("--moe-capacity-factor needs a Mixture-of-Experts model (--moe-experts)");
+  return Status::ok();
+}
+
+}  // namespace
+
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {
   for (auto [flag, v] : {std::pair{"--layers", o.layers}, {"--heads", o.heads}, {"--dim", o.dim},
                          {"--seq-len", o.seq_len}, {"--vocab", o.vocab}})
@@ -84,8 +137,8 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
   if (o.rope_theta < 0) return Status::error("--rope-theta must be > 1");
   model::GptConfig c;
   if (!o.init_from.empty()) {
-    if (!o.arch.empty() || o.kv_heads > 0 || o.ffn_dim > 0 || o.rope_theta > 0)
-      return Status::error("--arch, --kv-heads, --ffn-dim and --rope-theta describe a new model; with --init-from " +
+    if (!o.arch.empty() || o.kv_heads > 0 || o.ffn_dim > 0 || o.rope_theta > 0 || o.moe_experts != 0)
+      return Status::error("--arch, --kv-heads, --ffn-dim, --rope-theta and --moe-experts describe a new model; with --init-from " +
                            o.init_from + " the model is the file's");
     RETURN_IF_ERROR(checkpoint::model_file_config(o.init_from, o.heads, &c));
     auto conflict = [&](const char* flag, int given, int actual) -> Status {
@@ -116,7 +169,9 @@ Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_l
         return Status::error("--rope-theta needs rotary positions (--arch llama, or a Llama preset)");
       c.rope_theta = o.rope_theta;
     }
+    RETURN_IF_ERROR(apply_moe_flags(o, &c));
   }
+  RETURN_IF_ERROR(check_moe_training(o, c));
   RETURN_IF_ERROR(model::validate(c));
   if (*seq_len < 1) return Status::error("--seq-len must be >= 1");
   if (*seq_len > c.max_seq_len)

@@ -8,6 +8,7 @@
 
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/moe_routing.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
 
@@ -24,6 +25,13 @@ struct TrainOptions {
   int kv_heads = -1, ffn_dim = -1;
   double rope_theta = 0;
   std::string init_from;  // any model file checkpoint::open_model_file() reads
+  // Mixture of Experts (docs/moe.md): the architecture (experts 0: dense), then the
+  // training settings of model::MoeTraining.
+  int moe_experts = 0, moe_top_k = 2, moe_every = 1, moe_shared_experts = 0, moe_ffn_dim = 0;
+  std::string moe_score = "softmax";  // softmax | sigmoid
+  bool moe_renormalize = true;
+  double moe_capacity_factor = 0;  // 0: dropless
+  float moe_aux_loss = 0.01f, moe_z_loss = 0;
 
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";
@@ -100,6 +108,9 @@ struct OffloadTiers {
 };
 // Reads --offload against --zero, --precision and --offload-dir: a clear error for a bad list.
 Status parse_offload(const TrainOptions& o, OffloadTiers* out);
+
+// The MoE layers' training settings from the flags (checked by resolve_model).
+model::MoeTraining moe_training(const TrainOptions& o);
 
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);

@@ -295,6 +295,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   run->gpt->set_recompute(mode, o.recompute_every);
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
+  run->gpt->set_moe_training(moe_training(o));
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),

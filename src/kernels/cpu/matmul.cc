@@ -41,4 +41,33 @@ void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float*
   }
 }
 
+GemmInput advanced(GemmInput x, size_t elements) {
+  if (x.bf16) return GemmInput(x.bf16 + elements);
+  return GemmInput(x.fp32 + elements);
+}
+
+// Groups run one after another, each GEMM on every thread: an expert's rows are few, its
+// weight large, so splitting a GEMM is where the parallelism is.
+void grouped_matmul_forward(float* out, GemmInput inp, const GemmInput* weights, const int* offsets, int groups,
+                            int C, int OC, Precision p) {
+  for (int g = 0; g < groups; g++) {
+    const int rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    matmul_forward(out + (size_t)offsets[g] * OC, advanced(inp, (size_t)offsets[g] * C), weights[g], nullptr, rows,
+                   C, OC, p);
+  }
+}
+
+void grouped_matmul_backward(float* dinp, const GradOutput* dweights, const float* dout, GemmInput inp,
+                             const GemmInput* weights, const int* offsets, int groups, int C, int OC,
+                             Precision p) {
+  for (int g = 0; g < groups; g++) {
+    const int rows = offsets[g + 1] - offsets[g];
+    if (rows == 0) continue;
+    const size_t first = offsets[g];
+    matmul_backward(dinp ? dinp + first * C : nullptr, dweights[g], nullptr, dout + first * OC,
+                    advanced(inp, first * C), weights[g], rows, C, OC, p);
+  }
+}
+
 }  // namespace meshtrain::kernels

@@ -1,0 +1,153 @@
+// The MoE layer's MLP of Gpt (docs/moe.md): the router in fp32, the routing of
+// model/moe_routing.h, the experts as grouped GEMMs over the dispatched rows, the shared
+// experts as one dense MLP, and the weighted combine. Under tensor parallelism every
+// expert is split like the dense MLP (its first projection by rows, its down projection by
+// columns): each tp rank routes all N rows identically (the router is replicated and its
+// input gathered) and computes its slice of every expert, and the combine's partial sums
+// are reduced with the dense MLP's reduction.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/check.h"
+#include "kernels/ops.h"
+#include "model/gpt.h"
+
+namespace meshtrain::model {
+
+namespace k = meshtrain::kernels;
+
+void Gpt::reset_moe_stats() {
+  for (auto& s : moe_stats_) s = MoeRouteStats{};
+}
+
+// Router, experts (the dispatched rows) and shared experts, 2 FLOPs per multiply-add.
+double Gpt::moe_flops(int N, int dispatched) const {
+  const double C = config_.dim, S = config_.moe.shared_experts;
+  return 2.0 * N * C * config_.moe.experts + 2.0 * ((double)dispatched + S * N) * C * ((double)Fcel_ + Fel_);
+}
+
+void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing) {
+  const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
+  const int S = config_.moe.shared_experts;
+  const float* x = gather_rows(a.ln2, gathered_);  // every row: routing sees whole sequences
+  k::matmul_forward(a.router_logits, x, param(u, unit, layout_.layer(l, kRouterW)), nullptr, N, C, E,
+                    k::Precision::kFp32);
+  MoeRouteStats recomputed;  // a recomputation routes again; the step's statistics count once
+  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, recomputing ? &recomputed : &moe_stats_[l]);
+  const int M = a.route.offsets[E];
+  (recomputing ? flops_.recompute : flops_.model) += moe_flops(N, M);
+  for (int s = 0; s < M; s++) {
+    const float* row = x + (size_t)(a.route.order[s] / k) * C;
+    std::memcpy(moe_rows_ + (size_t)s * C, row, sizeof(float) * C);
+  }
+  std::vector<k::GemmInput> fc, proj;
+  for (int j = 0; j < layout_.local_experts(l); j++) {
+    fc.push_back(gemm_weight(u, unit, layout_.expert_fc(l, j)));
+    proj.push_back(gemm_weight(u, unit, layout_.expert_proj(l, j)));
+  }
+  k::grouped_matmul_forward(a.fch, moe_rows_, fc.data(), a.route.offsets, (int)fc.size(), C, Fcel_, precision_);
+  const k::GemmInput hidden = activate(a.fch, a.fch_gelu, M, Fel_);
+  k::grouped_matmul_forward(a.expert_out, hidden, proj.data(), a.route.offsets, (int)proj.size(), Fel_, C,
+                            precision_);
+  // Combine: the shared experts' output (weight 1), plus each kept choice's weighted row.
+  if (S > 0) {
+    k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcel_,
+                      precision_);
+    const k::GemmInput shared_hidden = activate(a.shared_fch, a.shared_act, N, S * Fel_);
+    k::matmul_forward(partial_, shared_hidden, gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), nullptr, N,
+                      S * Fel_, C, precision_);
+  } else {
+    std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
+  }
+  for (int n = 0; n < N; n++) {
+    float* out = partial_ + (size_t)n * C;
+    for (int j = 0; j < k; j++) {
+      const int slot = a.route.slot[n * k + j];
+      if (slot < 0) continue;
+      const float w = a.route.weight[n * k + j];
+      const float* y = a.expert_out + (size_t)slot * C;
+      for (int c = 0; c < C; c++) out[c] += w * y[c];
+    }
+  }
+}
+
+// From d(residual3) in dresidual_ to the gradient of the MoE MLP's input (all rows, partial
+// over tp) in partial_, adding every expert's, the shared experts' and the router's weight
+// gradients.
+void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T) {
+  const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
+  const int S = config_.moe.shared_experts, M = a.route.offsets[E];
+  const MoeRoute& r = a.route;
+  flops_.model += 2 * moe_flops(N, M);  // backward: twice the forward's
+  const float* dout = gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_);
+  // Each choice's weight gradient <dout, y>, summed over tp (y is partial there), and each
+  // dispatched row's output gradient w * dout.
+  for (int i = 0; i < N * k; i++) {
+    float dot = 0;
+    if (r.slot[i] >= 0) {
+      const float* y = a.expert_out + (size_t)r.slot[i] * C;
+      const float* d = dout + (size_t)(i / k) * C;
+      for (int c = 0; c < C; c++) dot += d[c] * y[c];
+    }
+    moe_dweight_[i] = dot;
+  }
+  tp_all_reduce(moe_dweight_, (size_t)N * k);
+  for (int s = 0; s < M; s++) {
+    const int i = r.order[s];
+    const float w = r.weight[i];
+    const float* d = dout + (size_t)(i / k) * C;
+    float* dy = moe_dy_ + (size_t)s * C;
+    for (int c = 0; c < C; c++) dy[c] = w * d[c];
+  }
+  if (S > 0) {  // the shared experts' down projection, while dout is at hand
+    k::matmul_backward(moe_dact_, weight_grad(u, gunit, layout_.layer(l, kSharedProjW)), nullptr, dout,
+                       hidden_input(a.shared_act), gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), N, S * Fel_,
+                       C, precision_);
+    activation_backward(moe_dfch_, a.shared_fch, moe_dact_, N, S * Fel_);
+  }
+  // The input again, every row (not stored): dout's buffer is free now.
+  const float* x = gather_rows(a.ln2, gathered_);
+  if (S > 0) {
+    k::matmul_backward(partial_, weight_grad(u, gunit, layout_.layer(l, kSharedFcW)), nullptr, moe_dfch_, x,
+                       gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), N, C, S * Fcel_, precision_);
+  } else {
+    std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
+  }
+  // The experts: down projections, activation, first projections; the dispatched rows'
+  // input gradients replace their output gradients in moe_dy_.
+  std::vector<k::GemmInput> fc, proj;
+  std::vector<k::GradOutput> dfc, dproj;
+  for (int j = 0; j < layout_.local_experts(l); j++) {
+    fc.push_back(gemm_weight(u, unit, layout_.expert_fc(l, j)));
+    proj.push_back(gemm_weight(u, unit, layout_.expert_proj(l, j)));
+    dfc.push_back(weight_grad(u, gunit, layout_.expert_fc(l, j)));
+    dproj.push_back(weight_grad(u, gunit, layout_.expert_proj(l, j)));
+  }
+  k::grouped_matmul_backward(moe_dact_, dproj.data(), moe_dy_, hidden_input(a.fch_gelu), proj.data(), r.offsets,
+                             (int)proj.size(), Fel_, C, precision_);
+  activation_backward(moe_dfch_, a.fch, moe_dact_, M, Fel_);
+  for (int s = 0; s < M; s++)
+    std::memcpy(moe_rows_ + (size_t)s * C, x + (size_t)(r.order[s] / k) * C, sizeof(float) * C);
+  k::grouped_matmul_backward(moe_dy_, dfc.data(), moe_dfch_, moe_rows_, fc.data(), r.offsets, (int)fc.size(), C, Fcel_,
+                             precision_);
+  for (int n = 0; n < N; n++) {  // each token's kept choices, in choice order
+    float* dx = partial_ + (size_t)n * C;
+    for (int j = 0; j < k; j++) {
+      const int slot = r.slot[n * k + j];
+      if (slot < 0) continue;
+      const float* d = moe_dy_ + (size_t)slot * C;
+      for (int c = 0; c < C; c++) dx[c] += d[c];
+    }
+  }
+  // The router, in fp32: the same on every tp rank (whole weight gradients, summed dweight),
+  // so its input gradient joins the partial sum on one rank only.
+  const float aux_scale = loss_scale_ * (float)T;  // each sequence's balance loss counts once
+  moe_route_backward(config_.moe, moe_training_, a.router_logits, moe_dweight_, r, N, T, aux_scale, loss_scale_,
+                     moe_dlogits_);
+  const ParamTensor& router = layout_.layer(l, kRouterW);
+  k::gemm(true, false, E, C, N, 1.0f, moe_dlogits_, E, x, C, 1.0f, grad(u, gunit, router), C);
+  if (tp_rank_ == 0) k::gemm(false, false, N, C, E, 1.0f, moe_dlogits_, E, param(u, unit, router), C, 1.0f, partial_, C);
+}
+
+}  // namespace meshtrain::model

@@ -1,0 +1,180 @@
+#include "model/moe_routing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+
+namespace meshtrain::model {
+
+void moe_scores(MoeScore score, const float* logits, int E, float* out) {
+  if (score == MoeScore::kSigmoid) {
+    for (int e = 0; e < E; e++) out[e] = 1.0f / (1.0f + std::exp(-logits[e]));
+    return;
+  }
+  const float mx = *std::max_element(logits, logits + E);
+  double sum = 0;
+  for (int e = 0; e < E; e++) sum += out[e] = std::exp(logits[e] - mx);
+  for (int e = 0; e < E; e++) out[e] = (float)(out[e] / sum);
+}
+
+namespace {
+
+float row_logsumexp(const float* logits, int E) {
+  const float mx = *std::max_element(logits, logits + E);
+  double sum = 0;
+  for (int e = 0; e < E; e++) sum += std::exp((double)logits[e] - mx);
+  return (float)(mx + std::log(sum));
+}
+
+// P_i's per-token term: the score itself (softmax), or the score normalised over all experts
+// (sigmoid, DeepSeek-V3's sequence-wise balance loss).
+void balance_probabilities(MoeScore score, const float* scores, int E, float* q) {
+  if (score == MoeScore::kSoftmax) {
+    std::copy(scores, scores + E, q);
+    return;
+  }
+  double sum = 0;
+  for (int e = 0; e < E; e++) sum += scores[e];
+  for (int e = 0; e < E; e++) q[e] = (float)(scores[e] / sum);
+}
+
+// Top-k of one row of scores by descending score, ties to the lower expert index.
+void top_k(const float* scores, int E, int k, int* chosen) {
+  for (int j = 0; j < k; j++) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+      if (std::find(chosen, chosen + j, e) != chosen + j) continue;
+      if (best < 0 || scores[e] > scores[best]) best = e;
+    }
+    chosen[j] = best;
+  }
+}
+
+// f_i of one sequence: its assignments to expert i over k * T, before any drop.
+std::vector<double> sequence_fractions(const MoeRoute& r, int first_row, int T, int E, int k) {
+  std::vector<double> f(E, 0.0);
+  for (int a = first_row * k; a < (first_row + T) * k; a++) f[r.expert[a]] += 1.0;
+  for (double& x : f) x /= (double)k * T;
+  return f;
+}
+
+}  // namespace
+
+void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
+               MoeRoute* r, MoeRouteStats* stats) {
+  const int E = config.experts, k = config.top_k;
+  CHECK_MSG(T > 0 && N % T == 0, "MoE routing needs whole sequences");
+  if ((int)stats->tokens.size() != E) stats->tokens.assign(E, 0);
+  std::vector<float> scores(E), q(E);
+  std::vector<double> P(E);
+  int64_t capacity = (int64_t)N * k;  // dropless
+  if (training.capacity_factor > 0) capacity = (int64_t)std::ceil(k * (double)T * training.capacity_factor / E);
+  std::vector<int64_t> taken(E);
+  for (int b = 0; b < N / T; b++) {
+    std::fill(P.begin(), P.end(), 0.0);
+    for (int n = b * T; n < (b + 1) * T; n++) {
+      const float* row = logits + (size_t)n * E;
+      moe_scores(config.score, row, E, scores.data());
+      int* chosen = r->expert + (size_t)n * k;
+      top_k(scores.data(), E, k, chosen);
+      double sum = 0;
+      for (int j = 0; j < k; j++) sum += scores[chosen[j]];
+      for (int j = 0; j < k; j++)
+        r->weight[(size_t)n * k + j] = config.renormalize ? (float)(scores[chosen[j]] / sum) : scores[chosen[j]];
+      balance_probabilities(config.score, scores.data(), E, q.data());
+      for (int e = 0; e < E; e++) P[e] += q[e];
+      if (training.z_loss > 0) {
+        const double lse = row_logsumexp(row, E);
+        stats->z += training.z_loss * lse * lse;
+      }
+    }
+    const std::vector<double> f = sequence_fractions(*r, b * T, T, E, k);
+    double aux = 0;
+    for (int e = 0; e < E; e++) aux += f[e] * (P[e] / T);
+    stats->aux += training.aux_loss * E * aux;
+    // Capacity, choice by choice in position order (slot 0 marks kept for now).
+    std::fill(taken.begin(), taken.end(), 0);
+    for (int j = 0; j < k; j++)
+      for (int n = b * T; n < (b + 1) * T; n++) {
+        const int a = n * k + j, e = r->expert[a];
+        const bool keep = taken[e] < capacity;
+        taken[e] += keep;
+        r->slot[a] = keep ? 0 : -1;
+        stats->dropped += !keep;
+      }
+  }
+  // Dispatch order: by expert, then by token (a counting sort over the kept assignments).
+  std::fill(r->offsets, r->offsets + E + 1, 0);
+  for (int a = 0; a < N * k; a++)
+    if (r->slot[a] >= 0) r->offsets[r->expert[a] + 1]++;
+  for (int e = 0; e < E; e++) {
+    stats->tokens[e] += r->offsets[e + 1];
+    r->offsets[e + 1] += r->offsets[e];
+  }
+  std::vector<int> next(r->offsets, r->offsets + E);
+  for (int a = 0; a < N * k; a++) {
+    if (r->slot[a] < 0) continue;
+    const int s = next[r->expert[a]]++;
+    r->slot[a] = s;
+    r->order[s] = a;
+  }
+}
+
+void moe_route_backward(const MoeConfig& config, const MoeTraining& training, const float* logits,
+                        const float* dweight, const MoeRoute& r, int N, int T, float aux_scale, float z_scale,
+                        float* dlogits) {
+  const int E = config.experts, k = config.top_k;
+  std::vector<float> scores(E), q(E), ds(E), dq(E);
+  for (int b = 0; b < N / T; b++) {
+    // dL/dq_i(t) = aux_scale * alpha * E * f_i / T for every token of the sequence.
+    const std::vector<double> f = sequence_fractions(r, b * T, T, E, k);
+    for (int e = 0; e < E; e++) dq[e] = (float)(aux_scale * training.aux_loss * E * f[e] / T);
+    for (int n = b * T; n < (b + 1) * T; n++) {
+      const float* row = logits + (size_t)n * E;
+      float* drow = dlogits + (size_t)n * E;
+      moe_scores(config.score, row, E, scores.data());
+      std::fill(ds.begin(), ds.end(), 0.0f);
+      // The weights: w_j = s_j / S (S the chosen scores' sum) when renormalised, else s_j.
+      const int* chosen = r.expert + (size_t)n * k;
+      const float* dw = dweight + (size_t)n * k;
+      const float* w = r.weight + (size_t)n * k;
+      auto live = [&](int j) { return r.slot[n * k + j] >= 0 ? dw[j] : 0.0f; };
+      if (config.renormalize) {
+        double S = 0, dot = 0;
+        for (int j = 0; j < k; j++) S += scores[chosen[j]], dot += (double)live(j) * w[j];
+        for (int j = 0; j < k; j++) ds[chosen[j]] += (float)((live(j) - dot) / S);
+      } else {
+        for (int j = 0; j < k; j++) ds[chosen[j]] += live(j);
+      }
+      // The balance loss through P: q = s (softmax), or s / sum(s) (sigmoid).
+      if (training.aux_loss > 0) {
+        if (config.score == MoeScore::kSoftmax) {
+          for (int e = 0; e < E; e++) ds[e] += dq[e];
+        } else {
+          double sum = 0, dot = 0;
+          for (int e = 0; e < E; e++) sum += scores[e];
+          balance_probabilities(config.score, scores.data(), E, q.data());
+          for (int e = 0; e < E; e++) dot += (double)dq[e] * q[e];
+          for (int e = 0; e < E; e++) ds[e] += (float)((dq[e] - dot) / sum);
+        }
+      }
+      // Through the scores to the logits.
+      if (config.score == MoeScore::kSoftmax) {
+        double dot = 0;
+        for (int e = 0; e < E; e++) dot += (double)ds[e] * scores[e];
+        for (int e = 0; e < E; e++) drow[e] = (float)(scores[e] * (ds[e] - dot));
+      } else {
+        for (int e = 0; e < E; e++) drow[e] = ds[e] * scores[e] * (1.0f - scores[e]);
+      }
+      // z-loss: d(beta * lse^2)/dlogit_e = 2 beta lse softmax_e.
+      if (training.z_loss > 0) {
+        const float lse = row_logsumexp(row, E);
+        for (int e = 0; e < E; e++)
+          drow[e] += z_scale * training.z_loss * 2.0f * lse * std::exp(row[e] - lse);
+      }
+    }
+  }
+}
+
+}  // namespace meshtrain::model

@@ -1,0 +1,60 @@
+// The router of one Mixture-of-Experts layer, as pure functions over the token rows of a
+// micro-batch (docs/moe.md): scores, top-k choices and their weights, the balancing losses,
+// capacity and the dispatch order. Every statistic is taken per sequence (T consecutive
+// rows), so a sequence's routing depends on its own tokens only and any split of the batch
+// over ranks routes it the same way.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "model/config.h"
+
+namespace meshtrain::model {
+
+// Training settings of the MoE layers (not the architecture: a checkpoint does not fix them).
+struct MoeTraining {
+  // 0: dropless. Else each expert takes at most ceil(top_k * T * factor / experts) of a
+  // sequence's assignments; the rest are dropped (their weight contributes nothing).
+  double capacity_factor = 0;
+  float aux_loss = 0.01f;  // alpha of the Switch/GShard balance loss, per sequence
+  float z_loss = 0;        // beta of the router z-loss, per token
+};
+
+// Where one layer's routing of N = B*T rows lives (the model's tracked activation memory).
+// Assignment a = n * k + j is token n's j-th choice (by descending score).
+struct MoeRoute {
+  int* expert = nullptr;    // [N*k] the chosen expert
+  float* weight = nullptr;  // [N*k] its combine weight (renormalised or not)
+  int* slot = nullptr;      // [N*k] its row in the dispatched order, -1 when dropped
+  int* order = nullptr;     // [N*k] the assignment of dispatched row s (first `offsets[E]` used)
+  int* offsets = nullptr;   // [E+1] expert e's dispatched rows are [offsets[e], offsets[e+1])
+};
+
+// What a layer's routing of one micro-batch adds to the step's statistics.
+struct MoeRouteStats {
+  double aux = 0;      // sum over sequences of alpha * E * sum_i f_i P_i
+  double z = 0;        // sum over tokens of beta * logsumexp(logits)^2
+  int64_t dropped = 0; // assignments over capacity
+  std::vector<int64_t> tokens;  // [E] kept assignments per expert
+};
+
+// Routes N rows of router logits [N, E] (B sequences of T rows) into r: scores (softmax, or
+// sigmoid), the top-k experts (ties to the lower index), their weights, then per sequence
+// the capacity drops and the dispatch order (by expert, then by token). Adds to *stats.
+// Drop order: a sequence's assignments are offered choice by choice (every token's first
+// choice, in position order, then every second choice, ...); an expert past its capacity
+// drops what it is offered.
+void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
+               MoeRoute* r, MoeRouteStats* stats);
+
+// The gradient of the router logits [N, E] from dweight [N*k] (the loss's gradient with
+// respect to each assignment's weight; ignored for dropped ones), the balance loss of each
+// sequence scaled by aux_scale and the z-loss of each token scaled by z_scale.
+void moe_route_backward(const MoeConfig& config, const MoeTraining& training, const float* logits,
+                        const float* dweight, const MoeRoute& r, int N, int T, float aux_scale, float z_scale,
+                        float* dlogits);
+
+// Expert scores of one row of logits: softmax, or elementwise sigmoid.
+void moe_scores(MoeScore score, const float* logits, int E, float* out);
+
+}  // namespace meshtrain::model
