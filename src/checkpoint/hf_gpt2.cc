@@ -75,6 +75,31 @@ Status export_hf_folder(const model::Gpt& gpt, const std::string& dir, double ma
   return write_file_synced((fs::path(dir) / "config.json").string(), text.data(), text.size());
 }
 
+namespace {
+
+// Mixtral's config: its model type, experts and top-k, and the experts' width as
+// intermediate_size. What Mixtral cannot say (dense layers between MoE layers, shared
+// experts, sigmoid scores, weights not renormalised) goes under "meshtrain_moe", which
+// Hugging Face ignores and read_hf_llama_config reads back.
+void add_mixtral_fields(const model::GptConfig& cfg, nlohmann::json* c) {
+  const model::MoeConfig& m = cfg.moe;
+  (*c)["architectures"] = {"MixtralForCausalLM"};
+  (*c)["model_type"] = "mixtral";
+  (*c)["num_local_experts"] = m.experts;
+  (*c)["num_experts_per_tok"] = m.top_k;
+  (*c)["intermediate_size"] = cfg.expert_ffn();
+  (*c)["output_router_logits"] = false;
+  c->erase("mlp_bias");
+  const bool mixtral = m.every == 1 && m.shared_experts == 0 && m.score == model::MoeScore::kSoftmax && m.renormalize;
+  if (!mixtral)
+    (*c)["meshtrain_moe"] = {{"every", m.every}, {"dense_intermediate_size", cfg.ffn()},
+                             {"shared_experts", m.shared_experts},
+                             {"score", m.score == model::MoeScore::kSigmoid ? "sigmoid" : "softmax"},
+                             {"renormalize", m.renormalize}};
+}
+
+}  // namespace
+
 Status hf_config_json(const model::GptConfig& cfg, nlohmann::json* out) {
   using model::Mlp, model::Norm, model::Positions;
   if (!cfg.is_gpt2()) {
@@ -97,6 +122,7 @@ Status hf_config_json(const model::GptConfig& cfg, nlohmann::json* out) {
                         {"mlp_bias", false},
                         {"tie_word_embeddings", cfg.tied_head},
                         {"torch_dtype", "float32"}};
+    if (cfg.is_moe()) add_mixtral_fields(cfg, &c);
     if (cfg.rope_scaling.factor > 0)
       c["rope_scaling"] = {{"rope_type", "llama3"},
                            {"factor", cfg.rope_scaling.factor},
@@ -140,12 +166,45 @@ Status read_folder_config(const std::string& dir, nlohmann::json* j, std::string
 
 }  // namespace
 
+namespace {
+
+// The inverse of add_mixtral_fields: c holds the Llama fields, intermediate_size read as ffn_dim.
+Status read_mixtral_fields(const nlohmann::json& j, const std::string& path, model::GptConfig* c) {
+  auto integer = [&](const nlohmann::json& o, const std::string& at, const char* key, int lo, int* out) -> Status {
+    if (!o.contains(key) || !o[key].is_number_integer() || o[key].get<int64_t>() < lo || o[key].get<int64_t>() > (1 << 30))
+      return Status::error(path + ": \"" + at + key + "\" must be an integer >= " + std::to_string(lo));
+    *out = (int)o[key].get<int64_t>();
+    return Status::ok();
+  };
+  model::MoeConfig& m = c->moe;
+  RETURN_IF_ERROR(integer(j, "", "num_local_experts", 1, &m.experts));
+  RETURN_IF_ERROR(integer(j, "", "num_experts_per_tok", 1, &m.top_k));
+  m.expert_ffn = c->ffn_dim;
+  if (!j.contains("meshtrain_moe")) return Status::ok();
+  const nlohmann::json& x = j["meshtrain_moe"];
+  if (!x.is_object()) return Status::error(path + ": \"meshtrain_moe\" must be an object");
+  RETURN_IF_ERROR(integer(x, "meshtrain_moe.", "every", 1, &m.every));
+  RETURN_IF_ERROR(integer(x, "meshtrain_moe.", "dense_intermediate_size", 1, &c->ffn_dim));
+  RETURN_IF_ERROR(integer(x, "meshtrain_moe.", "shared_experts", 0, &m.shared_experts));
+  const std::string score = x.value("score", "");
+  if (score != "softmax" && score != "sigmoid")
+    return Status::error(path + ": \"meshtrain_moe.score\" must be \"softmax\" or \"sigmoid\"");
+  m.score = score == "sigmoid" ? model::MoeScore::kSigmoid : model::MoeScore::kSoftmax;
+  if (!x.contains("renormalize") || !x["renormalize"].is_boolean())
+    return Status::error(path + ": \"meshtrain_moe.renormalize\" must be true or false");
+  m.renormalize = x["renormalize"].get<bool>();
+  return Status::ok();
+}
+
+}  // namespace
+
 Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bool* is_llama) {
   *is_llama = false;
   nlohmann::json j;
   std::string path;
   RETURN_IF_ERROR(read_folder_config(dir, &j, &path));
-  if (j.is_null() || j.value("model_type", "") != "llama") return Status::ok();
+  const std::string type = j.is_null() ? "" : j.value("model_type", "");
+  if (type != "llama" && type != "mixtral") return Status::ok();
   *is_llama = true;
   auto integer = [&](const char* key, int* out) -> Status {
     if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 1 || j[key].get<int64_t>() > (1 << 30))
@@ -200,6 +259,7 @@ Status read_hf_llama_config(const std::string& dir, model::GptConfig* config, bo
     s.original_positions = (int)original;
     c.rope_scaling = s;
   }
+  if (type == "mixtral") RETURN_IF_ERROR(read_mixtral_fields(j, path, &c));
   RETURN_IF_ERROR(model::validate(c).with_context(path));
   *config = c;
   return Status::ok();

@@ -386,7 +386,8 @@ def run(args):
 
 def train(args, raw, names, V, model, tool, shape_meta=None):
     """Trains the parameters `names` of `raw` with model(params, idx) -> logits [B, T, V]
-    as the module docstring's Data and Optimizer sections say, and writes the outputs."""
+    (or (logits, extra): a scalar added to the objective, not to the reported loss) as the
+    module docstring's Data and Optimizer sections say, and writes the outputs."""
     dtype = torch.float64 if args.dtype == "float64" else torch.float32
     out_np = np.float64 if args.dtype == "float64" else np.float32
     B, T, S, A, W = (args.batch, args.seq_len, args.steps, args.grad_accum, args.warmup_steps)
@@ -434,11 +435,14 @@ def train(args, raw, names, V, model, tool, shape_meta=None):
             xb = x_all[a * B:(a + 1) * B]
             yb = y_all[a * B:(a + 1) * B]
             logits = model(params, xb)
+            extra = 0.0  # a model may add terms to the objective (MoE balance losses)
+            if isinstance(logits, tuple):
+                logits, extra = logits
             if s == 0 and a == 0:
                 out["logits"] = logits.detach().numpy().copy()
             loss = F.cross_entropy(logits.reshape(-1, V), yb.reshape(-1))
-            step_loss += loss.item()
-            (loss / A).backward()
+            step_loss += loss.item()  # the reported loss is the cross-entropy alone
+            ((loss + extra) / A).backward()
         losses.append(step_loss / A)
         if s == 0:
             for n in names:

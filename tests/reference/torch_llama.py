@@ -34,6 +34,11 @@ Model
   rotate_half form (column i of a head pairs with i + hs/2, angle
   pos * theta^(-2i/hs)); key/value head g serves query heads
   g*H/KV .. (g+1)*H/KV - 1; logits = norm(x) @ head.T.
+
+Mixture of Experts (config.json with model_type "mixtral", num_local_experts,
+num_experts_per_tok, intermediate_size the experts' width, and meshtrain's
+"meshtrain_moe" extras): see moe_mlp. The balance losses join the objective, not
+the reported loss; --moe-aux-loss, --moe-z-loss, --moe-capacity-factor set them.
 """
 import json
 import math
@@ -80,8 +85,9 @@ def rms_norm(x, w, eps):
     return x / torch.sqrt((x * x).mean(dim=-1, keepdim=True) + eps) * w
 
 
-def forward(p, cfg, idx):
+def forward(p, cfg, idx, train=None):
     B, T = idx.shape
+    extra = 0.0
     L, H, KV = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     C, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
     hs = C // H
@@ -104,12 +110,79 @@ def forward(p, cfg, idx):
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + y @ g("self_attn.o_proj.weight").t()
         h = rms_norm(x, g("post_attention_layernorm.weight"), eps)
+        if is_moe_layer(cfg, i):
+            y, layer_extra = moe_mlp(g, cfg, train, h)
+            x = x + y
+            extra = extra + layer_extra
+            continue
         gate = h @ g("mlp.gate_proj.weight").t()
         up = h @ g("mlp.up_proj.weight").t()
         x = x + (F.silu(gate) * up) @ g("mlp.down_proj.weight").t()
     x = rms_norm(x, p["model.norm.weight"], eps)
     head = p["model.embed_tokens.weight"] if cfg.get("tie_word_embeddings") else p["lm_head.weight"]
-    return x @ head.t()
+    logits = x @ head.t()
+    return (logits, extra) if moe_settings(cfg) else logits
+
+
+# ---- Mixture of Experts (Mixtral's config and names; docs/moe.md) ----
+
+def moe_settings(cfg):
+    """None for a dense Llama, else the MoE architecture: Mixtral's fields plus meshtrain's."""
+    if cfg.get("model_type") != "mixtral":
+        return None
+    extra = cfg.get("meshtrain_moe", {})
+    return {"E": cfg["num_local_experts"], "k": cfg["num_experts_per_tok"], "every": extra.get("every", 1),
+            "shared": extra.get("shared_experts", 0), "score": extra.get("score", "softmax"),
+            "renormalize": extra.get("renormalize", True)}
+
+
+def is_moe_layer(cfg, i):
+    m = moe_settings(cfg)
+    return m is not None and i % m["every"] == 0
+
+
+def swiglu(h, gate, up, down):
+    return (F.silu(h @ gate.t()) * (h @ up.t())) @ down.t()
+
+
+def moe_mlp(g, cfg, train, h):
+    """Router, top-k, per-sequence capacity and balance losses, experts, shared experts.
+    Every expert runs on every token (tiny shapes): a token's output is the sum of its kept
+    choices' weighted outputs, so an unchosen expert contributes, and receives, nothing."""
+    m = moe_settings(cfg)
+    B, T, C = h.shape
+    E, k = m["E"], m["k"]
+    logits = h @ g("block_sparse_moe.gate.weight").t()  # [B, T, E]
+    scores = torch.softmax(logits, dim=-1) if m["score"] == "softmax" else torch.sigmoid(logits)
+    top, chosen = torch.topk(scores, k, dim=-1)  # [B, T, k], by descending score
+    weights = top / top.sum(dim=-1, keepdim=True) if m["renormalize"] else top
+    keep = torch.ones(B, T, k, dtype=torch.bool)
+    if train["capacity_factor"] > 0:  # choice by choice, then by position, per sequence
+        cap = math.ceil(k * T * train["capacity_factor"] / E)
+        for b in range(B):
+            taken = [0] * E
+            for j in range(k):
+                for t in range(T):
+                    e = int(chosen[b, t, j])
+                    keep[b, t, j] = taken[e] < cap
+                    taken[e] += int(keep[b, t, j])
+    out = torch.zeros_like(h)
+    if m["shared"] > 0:
+        out = out + swiglu(h, g("block_sparse_moe.shared_experts.gate_proj.weight"),
+                           g("block_sparse_moe.shared_experts.up_proj.weight"),
+                           g("block_sparse_moe.shared_experts.down_proj.weight"))
+    for e in range(E):
+        w = (weights * ((chosen == e) & keep)).sum(dim=-1, keepdim=True)  # [B, T, 1]
+        pre = "block_sparse_moe.experts.%d." % e
+        out = out + w * swiglu(h, g(pre + "w1.weight"), g(pre + "w3.weight"), g(pre + "w2.weight"))
+    # Balance loss per sequence: alpha * E * sum_e f_e P_e, f over every choice before drops.
+    f = torch.stack([(chosen == e).sum(dim=(1, 2)) for e in range(E)], dim=-1).to(h.dtype) / (k * T)  # [B, E]
+    q = scores if m["score"] == "softmax" else scores / scores.sum(dim=-1, keepdim=True)
+    P = q.mean(dim=1)  # [B, E]
+    extra = (train["aux_loss"] * E * (f * P).sum(dim=-1)).mean()
+    if train["z_loss"] > 0:
+        extra = extra + train["z_loss"] * (torch.logsumexp(logits, dim=-1) ** 2).mean()
+    return out, extra
 
 
 def expected_shapes(cfg):
@@ -124,9 +197,23 @@ def expected_shapes(cfg):
     for i in range(L):
         for name, shape in (("input_layernorm.weight", (C,)), ("post_attention_layernorm.weight", (C,)),
                             ("self_attn.q_proj.weight", (C, C)), ("self_attn.k_proj.weight", (KVd, C)),
-                            ("self_attn.v_proj.weight", (KVd, C)), ("self_attn.o_proj.weight", (C, C)),
-                            ("mlp.gate_proj.weight", (Fw, C)), ("mlp.up_proj.weight", (Fw, C)),
-                            ("mlp.down_proj.weight", (C, Fw))):
+                            ("self_attn.v_proj.weight", (KVd, C)), ("self_attn.o_proj.weight", (C, C))):
+            shapes["model.layers.%d.%s" % (i, name)] = shape
+        if is_moe_layer(cfg, i):
+            m = moe_settings(cfg)
+            mlp = [("block_sparse_moe.gate.weight", (m["E"], C))]
+            Fs = m["shared"] * Fw
+            if Fs:
+                mlp += [("block_sparse_moe.shared_experts.gate_proj.weight", (Fs, C)),
+                        ("block_sparse_moe.shared_experts.up_proj.weight", (Fs, C)),
+                        ("block_sparse_moe.shared_experts.down_proj.weight", (C, Fs))]
+            for e in range(m["E"]):
+                pre = "block_sparse_moe.experts.%d." % e
+                mlp += [(pre + "w1.weight", (Fw, C)), (pre + "w3.weight", (Fw, C)), (pre + "w2.weight", (C, Fw))]
+        else:
+            Fd = cfg.get("meshtrain_moe", {}).get("dense_intermediate_size", Fw)
+            mlp = [("mlp.gate_proj.weight", (Fd, C)), ("mlp.up_proj.weight", (Fd, C)), ("mlp.down_proj.weight", (C, Fd))]
+        for name, shape in mlp:
             shapes["model.layers.%d.%s" % (i, name)] = shape
     return shapes
 
@@ -146,13 +233,18 @@ def run(args):
         raise RefError("unexpected tensors %r" % extra)
     names = list(shapes)
     V = cfg["vocab_size"]
-    model = lambda params, idx: forward(params, cfg, idx)
+    train = {"aux_loss": args.moe_aux_loss, "z_loss": args.moe_z_loss, "capacity_factor": args.moe_capacity_factor}
+    model = lambda params, idx: forward(params, cfg, idx, train)
     common.train(args, raw, names, V, model, "torch_llama")
 
 
 def main(argv=None):
     ap = common.make_parser("PyTorch reference Llama trainer (see module docstring).", heads=False)
     ap.add_argument("--config", required=True)
+    # MoE training settings (a Mixtral config's model): meshtrain's --moe-* flags.
+    ap.add_argument("--moe-aux-loss", type=float, default=0.01)
+    ap.add_argument("--moe-z-loss", type=float, default=0.0)
+    ap.add_argument("--moe-capacity-factor", type=float, default=0.0)
     return common.run_reporting_errors(run, ap.parse_args(argv), "torch_llama.py")
 
 

@@ -34,6 +34,7 @@ struct ParityCase {
   model::GptConfig config;
   train::BatchShape shape;
   optim::AdamWConfig adamw;
+  model::MoeTraining moe;
   int steps = 10;
 };
 
@@ -49,6 +50,18 @@ ParityCase make_case(const std::string& arch) {
     if (arch == "llama-mqa") {  // tied head, Llama 3's scaling over a short original context
       c.config.kv_heads = 1, c.config.tied_head = true, c.config.rope_theta = 500000;
       c.config.rope_scaling = {8, 1, 4, 8};
+    }
+    // Mixtral: 4 experts of 32 in every layer, top-2 softmax renormalised, both balance
+    // losses (strong enough to move the router: alpha 0.1, beta 0.01).
+    if (arch == "mixtral") {
+      c.config.moe.experts = 4, c.config.moe.expert_ffn = 32;
+      c.moe.aux_loss = 0.1f, c.moe.z_loss = 0.01f;
+    }
+    // DeepSeek-shaped: an MoE layer then a dense one, 6 experts of 16 with sigmoid scores,
+    // top-3 not renormalised, a shared expert, and a capacity factor that drops tokens.
+    if (arch == "moe-deepseek") {
+      c.config.moe = {6, 3, 2, 1, 16, model::MoeScore::kSigmoid, false};
+      c.moe.aux_loss = 0.05f, c.moe.capacity_factor = 1.0;
     }
   }
   c.shape = {2, 2, 16, 1, 0};
@@ -97,6 +110,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   const ParityCase pc = make_case(GetParam());
   model::Gpt gpt(pc.config);
   gpt.init_weights(42);
+  gpt.set_moe_training(pc.moe);
   // GPT-2: one .safetensors file. Llama: the Hugging Face folder export writes, its weights
   // in shards (GQA's case) or one file (MQA's), and the reference builds its model from that
   // folder's config.json.
@@ -105,7 +119,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   if (pc.config.is_gpt2()) {
     ASSERT_TRUE(checkpoint::export_hf_safetensors(gpt, init).is_ok());
   } else {
-    const bool sharded = GetParam() == "llama-gqa";
+    const bool sharded = GetParam() == "llama-gqa" || GetParam() == "mixtral";
     ASSERT_TRUE(checkpoint::export_hf_folder(gpt, folder.string(), sharded ? 40e3 : checkpoint::kHfMaxShardBytes).is_ok());
     init = (folder / (sharded ? checkpoint::kHfIndexFile : checkpoint::kHfWeightsFile)).string();
     ASSERT_TRUE(fs::exists(init)) << init;
@@ -124,6 +138,8 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
     cmd += "torch_gpt2.py --heads 4";
   } else {
     cmd += "torch_llama.py --config " + (folder / "config.json").string();
+    cmd += " --moe-aux-loss " + std::to_string(pc.moe.aux_loss) + " --moe-z-loss " + std::to_string(pc.moe.z_loss) +
+           " --moe-capacity-factor " + std::to_string(pc.moe.capacity_factor);
   }
   cmd += " --init " + init + " --tokens " + tok_path + " --batch 2 --seq-len 16";
   cmd += " --grad-accum 2 --steps " + std::to_string(pc.steps) + " --lr " + std::to_string(a.lr);
@@ -155,6 +171,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
     gpt.forward(inputs.data(), targets.data(), sh.B, sh.T);
     gpt.backward(1.0f / (sh.G() * sh.T));
   }
+  if (pc.moe.capacity_factor > 0) EXPECT_GT(gpt.moe_stats()[0].dropped, 0) << "the capacity case must drop";
   for (const auto& t : gpt.layout().tensors()) {
     auto g = read_in_engine_layout(ref, "grad." + t.name, t, V);
     EXPECT_LT(rel_error(gpt.grads() + t.offset, g), 1e-4) << "gradient of " << t.name;
@@ -167,6 +184,7 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
   // Ten AdamW steps from the same initial weights.
   model::Gpt fresh(pc.config);
   ASSERT_TRUE(checkpoint::load_hf_safetensors(init, &fresh).is_ok());
+  fresh.set_moe_training(pc.moe);
   comm::SelfGroup self("dp");
   parallel::DataParallel dp(fresh, self, {}, pc.adamw);
   std::vector<float> ref_loss(pc.steps), ref_norm(pc.steps);
@@ -188,7 +206,10 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
 
 // GPT-2; Llama with grouped-query attention and an untied head; Llama with multi-query
 // attention, a tied head and Llama 3's rotary scaling.
-INSTANTIATE_TEST_SUITE_P(TorchParity, TorchParity, ::testing::Values("gpt2", "llama-gqa", "llama-mqa"),
+// Mixture of Experts: Mixtral-shaped (softmax, renormalised, z-loss), and DeepSeek-shaped
+// (sigmoid, not renormalised, a shared expert, a dense layer, capacity drops).
+INSTANTIATE_TEST_SUITE_P(TorchParity, TorchParity,
+                         ::testing::Values("gpt2", "llama-gqa", "llama-mqa", "mixtral", "moe-deepseek"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

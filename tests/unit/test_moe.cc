@@ -1,0 +1,446 @@
+// Mixture of Experts (docs/moe.md): (1) the router's routing against a naive reference, and
+// its gradient against central finite differences of a double-precision reference
+// objective; (2) the grouped expert GEMMs against per-group GEMMs; (3) the layout, the
+// parameter counts and the activation inventory of an MoE model; (4) an expert that gets no
+// token; (5) dp ranks at every ZeRO stage, capacity drops and balance losses included,
+// against one rank.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "comm/self_group.h"
+#include "comm/thread_group.h"
+#include "core/memory.h"
+#include "kernels/ops.h"
+#include "model/gpt.h"
+#include "model/moe_routing.h"
+#include "parallel/data_parallel.h"
+#include "thread_ranks_test_util.h"
+#include "train/trainer.h"
+
+namespace meshtrain::test_moe {
+namespace {
+
+using model::MoeConfig, model::MoeRoute, model::MoeRouteStats, model::MoeScore, model::MoeTraining;
+
+// Storage for one layer's routing of N rows.
+struct RouteBuffers {
+  std::vector<int> expert, slot, order, offsets;
+  std::vector<float> weight;
+  MoeRoute route;
+  RouteBuffers(int N, const MoeConfig& m)
+      : expert(N * m.top_k), slot(N * m.top_k), order(N * m.top_k), offsets(m.experts + 1), weight(N * m.top_k) {
+    route = {expert.data(), weight.data(), slot.data(), order.data(), offsets.data()};
+  }
+};
+
+struct RoutingCase {
+  const char* name;
+  MoeScore score;
+  bool renormalize;
+  double capacity_factor;
+};
+const RoutingCase kRoutingCases[] = {
+    {"softmax_renormalised_dropless", MoeScore::kSoftmax, true, 0},
+    {"softmax_capacity", MoeScore::kSoftmax, true, 1.0},
+    {"sigmoid_raw_capacity", MoeScore::kSigmoid, false, 0.75},
+    {"softmax_raw", MoeScore::kSoftmax, false, 0},
+};
+
+std::vector<float> random_logits(int n, uint32_t seed, float scale = 2.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// ---- naive references, in double ----
+
+// One row's scores.
+std::vector<double> ref_scores(MoeScore score, const double* logits, int E) {
+  std::vector<double> s(E);
+  if (score == MoeScore::kSigmoid) {
+    for (int e = 0; e < E; e++) s[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+    return s;
+  }
+  double mx = *std::max_element(logits, logits + E), sum = 0;
+  for (int e = 0; e < E; e++) sum += s[e] = std::exp(logits[e] - mx);
+  for (double& x : s) x /= sum;
+  return s;
+}
+
+// Experts by descending score, ties to the lower index: a stable sort.
+std::vector<int> ref_top_k(const std::vector<double>& s, int k) {
+  std::vector<int> idx(s.size());
+  std::iota(idx.begin(), idx.end(), 0);
+  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[a] > s[b]; });
+  idx.resize(k);
+  return idx;
+}
+
+struct RefRouting {
+  std::vector<int> expert;
+  std::vector<bool> kept;
+  std::vector<double> weight;
+};
+
+RefRouting ref_route(const MoeConfig& m, const MoeTraining& t, const std::vector<double>& logits, int N, int T) {
+  const int E = m.experts, k = m.top_k;
+  RefRouting r;
+  for (int n = 0; n < N; n++) {
+    const std::vector<double> s = ref_scores(m.score, &logits[(size_t)n * E], E);
+    const std::vector<int> top = ref_top_k(s, k);
+    double sum = 0;
+    for (int e : top) sum += s[e];
+    for (int e : top) r.expert.push_back(e), r.weight.push_back(m.renormalize ? s[e] / sum : s[e]);
+  }
+  r.kept.assign((size_t)N * k, true);
+  if (t.capacity_factor > 0) {
+    const int cap = (int)std::ceil(k * (double)T * t.capacity_factor / E);
+    for (int b = 0; b < N / T; b++) {
+      std::vector<int> taken(E, 0);
+      for (int j = 0; j < k; j++)
+        for (int n = b * T; n < (b + 1) * T; n++) {
+          const int e = r.expert[n * k + j];
+          r.kept[n * k + j] = taken[e] < cap;
+          taken[e] += r.kept[n * k + j];
+        }
+    }
+  }
+  return r;
+}
+
+// The objective whose gradient moe_route_backward returns, with the choices and drops of
+// `frozen` (piecewise constant in the logits): sum of dweight x weight over kept choices,
+// aux_scale x each sequence's balance loss, z_scale x each token's z-loss.
+double ref_objective(const MoeConfig& m, const MoeTraining& t, const std::vector<double>& logits,
+                     const RefRouting& frozen, const std::vector<double>& dweight, int N, int T, double aux_scale,
+                     double z_scale) {
+  const int E = m.experts, k = m.top_k;
+  double J = 0;
+  for (int b = 0; b < N / T; b++) {
+    std::vector<double> f(E, 0.0), P(E, 0.0);
+    for (int n = b * T; n < (b + 1) * T; n++) {
+      const double* row = &logits[(size_t)n * E];
+      const std::vector<double> s = ref_scores(m.score, row, E);
+      double sum = 0, all = 0;
+      for (int j = 0; j < k; j++) sum += s[frozen.expert[n * k + j]];
+      for (int e = 0; e < E; e++) all += s[e];
+      for (int j = 0; j < k; j++) {
+        const int e = frozen.expert[n * k + j];
+        f[e] += 1.0 / (k * T);
+        if (frozen.kept[n * k + j]) J += dweight[n * k + j] * (m.renormalize ? s[e] / sum : s[e]);
+      }
+      for (int e = 0; e < E; e++) P[e] += (m.score == MoeScore::kSoftmax ? s[e] : s[e] / all) / T;
+      double mx = *std::max_element(row, row + E), z = 0;
+      for (int e = 0; e < E; e++) z += std::exp(row[e] - mx);
+      const double lse = mx + std::log(z);
+      J += z_scale * t.z_loss * lse * lse;
+    }
+    double aux = 0;
+    for (int e = 0; e < E; e++) aux += f[e] * P[e];
+    J += aux_scale * t.aux_loss * E * aux;
+  }
+  return J;
+}
+
+class MoeRouting : public ::testing::TestWithParam<RoutingCase> {};
+
+TEST_P(MoeRouting, MatchesANaiveReference) {
+  const RoutingCase& rc = GetParam();
+  const MoeConfig m{5, 2, 1, 0, 0, rc.score, rc.renormalize};
+  const MoeTraining t{rc.capacity_factor, 0.01f, 0.001f};
+  const int T = 8, N = 3 * T, E = m.experts, k = m.top_k;
+  std::vector<float> logits = random_logits(N * E, 31);
+  RouteBuffers buf(N, m);
+  MoeRouteStats stats;
+  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats);
+  const RefRouting ref = ref_route(m, t, std::vector<double>(logits.begin(), logits.end()), N, T);
+  int64_t dropped = 0;
+  for (int a = 0; a < N * k; a++) {
+    EXPECT_EQ(buf.expert[a], ref.expert[a]) << "assignment " << a;
+    EXPECT_NEAR(buf.weight[a], ref.weight[a], 1e-6) << "assignment " << a;
+    EXPECT_EQ(buf.slot[a] >= 0, (bool)ref.kept[a]) << "assignment " << a;
+    dropped += !ref.kept[a];
+  }
+  EXPECT_EQ(stats.dropped, dropped);
+  if (rc.capacity_factor > 0 && rc.capacity_factor < 1) EXPECT_GT(dropped, 0) << "the case must drop";
+  // The dispatch order: by expert, then by token; slot and order are inverses.
+  std::vector<int> kept;
+  for (int a = 0; a < N * k; a++)
+    if (ref.kept[a]) kept.push_back(a);
+  std::stable_sort(kept.begin(), kept.end(), [&](int a, int b) { return ref.expert[a] < ref.expert[b]; });
+  ASSERT_EQ(buf.offsets[E], (int)kept.size());
+  for (int s = 0; s < (int)kept.size(); s++) {
+    EXPECT_EQ(buf.order[s], kept[s]) << "row " << s;
+    EXPECT_EQ(buf.slot[kept[s]], s);
+  }
+  for (int e = 0; e < E; e++) EXPECT_EQ(stats.tokens[e], buf.offsets[e + 1] - buf.offsets[e]);
+  // The losses: their reference values at dweight = 0, unit scales.
+  const std::vector<double> zero((size_t)N * k, 0.0);
+  const std::vector<double> dl(logits.begin(), logits.end());
+  const double aux = ref_objective(m, {0, t.aux_loss, 0}, dl, ref, zero, N, T, 1, 0);
+  const double z = ref_objective(m, {0, 0, t.z_loss}, dl, ref, zero, N, T, 0, 1);
+  EXPECT_NEAR(stats.aux, aux, 1e-6 * std::abs(aux));
+  EXPECT_NEAR(stats.z, z, 1e-5 * std::abs(z));
+}
+
+// A sequence routes the same alone as in any batch: the promise behind layout independence.
+TEST_P(MoeRouting, EachSequenceRoutesAsItDoesAlone) {
+  const RoutingCase& rc = GetParam();
+  const MoeConfig m{4, 2, 1, 0, 0, rc.score, rc.renormalize};
+  const MoeTraining t{rc.capacity_factor, 0.01f, 0.001f};
+  const int T = 6, S = 3, N = S * T, k = m.top_k;
+  std::vector<float> logits = random_logits(N * m.experts, 32);
+  RouteBuffers whole(N, m);
+  MoeRouteStats all;
+  model::moe_route(m, t, logits.data(), N, T, &whole.route, &all);
+  MoeRouteStats parts;
+  for (int b = 0; b < S; b++) {
+    RouteBuffers one(T, m);
+    model::moe_route(m, t, logits.data() + (size_t)b * T * m.experts, T, T, &one.route, &parts);
+    for (int a = 0; a < T * k; a++) {
+      EXPECT_EQ(one.expert[a], whole.expert[b * T * k + a]);
+      EXPECT_EQ(one.weight[a], whole.weight[b * T * k + a]);
+      EXPECT_EQ(one.slot[a] >= 0, whole.slot[b * T * k + a] >= 0);
+    }
+  }
+  EXPECT_EQ(parts.tokens, all.tokens);
+  EXPECT_EQ(parts.dropped, all.dropped);
+  EXPECT_NEAR(parts.aux, all.aux, 1e-12);
+  EXPECT_NEAR(parts.z, all.z, 1e-9);
+}
+
+// moe_route_backward (fp32) against central differences of the double reference objective,
+// with weight, balance and z-loss terms all live.
+TEST_P(MoeRouting, GradientMatchesFiniteDifferences) {
+  const RoutingCase& rc = GetParam();
+  const MoeConfig m{5, 2, 1, 0, 0, rc.score, rc.renormalize};
+  const MoeTraining t{rc.capacity_factor, 0.3f, 0.05f};
+  const int T = 4, N = 2 * T, E = m.experts, k = m.top_k;
+  std::vector<float> logits = random_logits(N * E, 33, 1.0f);
+  std::vector<float> dweight = random_logits(N * k, 34, 1.0f);
+  RouteBuffers buf(N, m);
+  MoeRouteStats stats;
+  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats);
+  const double aux_scale = 0.7, z_scale = 1.3;
+  std::vector<float> grad(N * E);
+  model::moe_route_backward(m, t, logits.data(), dweight.data(), buf.route, N, T, (float)aux_scale, (float)z_scale,
+                            grad.data());
+  std::vector<double> x(logits.begin(), logits.end());
+  const RefRouting frozen = ref_route(m, t, x, N, T);
+  const std::vector<double> dw(dweight.begin(), dweight.end());
+  const double h = 1e-6;
+  for (int i = 0; i < N * E; i++) {
+    const double saved = x[i];
+    x[i] = saved + h;
+    const double plus = ref_objective(m, t, x, frozen, dw, N, T, aux_scale, z_scale);
+    x[i] = saved - h;
+    const double minus = ref_objective(m, t, x, frozen, dw, N, T, aux_scale, z_scale);
+    x[i] = saved;
+    const double numeric = (plus - minus) / (2 * h);
+    EXPECT_NEAR(grad[i], numeric, 2e-5 * (1 + std::abs(numeric))) << "logit " << i;  // fp32 against double
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(MoeRouting, MoeRouting, ::testing::ValuesIn(kRoutingCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// ---- grouped GEMMs ----
+
+TEST(GroupedMatmul, MatchesOneGemmPerGroupAndSkipsEmptyGroups) {
+  const int C = 24, OC = 40, groups = 4;
+  const std::vector<int> offsets = {0, 7, 7, 19, 20};  // group 1 has no rows
+  const int M = offsets.back();
+  for (kernels::Precision p : {kernels::Precision::kFp32, kernels::Precision::kBf16}) {
+    SCOPED_TRACE(kernels::precision_name(p));
+    const std::vector<float> inp = random_logits(M * C, 40, 1.0f), dout = random_logits(M * OC, 41, 1.0f);
+    std::vector<std::vector<float>> w(groups);
+    std::vector<kernels::GemmInput> wi;
+    for (int g = 0; g < groups; g++) w[g] = random_logits(OC * C, 42 + g, 1.0f), wi.emplace_back(w[g].data());
+    std::vector<float> out(M * OC), dinp(M * C);
+    std::vector<std::vector<float>> dw(groups, std::vector<float>(OC * C, 0.5f));
+    std::vector<kernels::GradOutput> dwo;
+    for (auto& d : dw) dwo.emplace_back(d.data());
+    kernels::grouped_matmul_forward(out.data(), inp.data(), wi.data(), offsets.data(), groups, C, OC, p);
+    kernels::grouped_matmul_backward(dinp.data(), dwo.data(), dout.data(), inp.data(), wi.data(), offsets.data(),
+                                     groups, C, OC, p);
+    for (int g = 0; g < groups; g++) {
+      const int r0 = offsets[g], rows = offsets[g + 1] - offsets[g];
+      if (rows == 0) {
+        EXPECT_TRUE(std::all_of(dw[g].begin(), dw[g].end(), [](float v) { return v == 0.5f; }))
+            << "an empty group's gradient is left as it was";
+        continue;
+      }
+      std::vector<float> o(rows * OC), di(rows * C), d(OC * C, 0.5f);
+      kernels::matmul_forward(o.data(), inp.data() + r0 * C, w[g].data(), nullptr, rows, C, OC, p);
+      kernels::matmul_backward(di.data(), d.data(), nullptr, dout.data() + r0 * OC, inp.data() + r0 * C, w[g].data(),
+                               rows, C, OC, p);
+      for (int i = 0; i < rows * OC; i++) ASSERT_EQ(out[r0 * OC + i], o[i]) << "group " << g;
+      for (int i = 0; i < rows * C; i++) ASSERT_EQ(dinp[r0 * C + i], di[i]) << "group " << g;
+      for (int i = 0; i < OC * C; i++) ASSERT_EQ(dw[g][i], d[i]) << "group " << g;
+    }
+  }
+}
+
+// ---- the model ----
+
+// A Llama-parts model with an MoE layer (layer 0) and a dense one (layer 1).
+model::GptConfig small_moe(int shared = 0, int every = 2) {
+  model::GptConfig c = testing_util::small_gpt(2);
+  EXPECT_TRUE(model::apply_arch("llama", &c).is_ok());
+  c.ffn_dim = 48;
+  c.moe.experts = 4, c.moe.top_k = 2, c.moe.every = every, c.moe.shared_experts = shared, c.moe.expert_ffn = 24;
+  return c;
+}
+
+TEST(MoeModel, LayoutNamesAndParameterCounts) {
+  const model::GptConfig c = small_moe(1);
+  const model::ParamLayout layout(c);
+  ASSERT_TRUE(layout.find("model.layers.0.block_sparse_moe.gate.weight"));
+  ASSERT_TRUE(layout.find("model.layers.0.block_sparse_moe.experts.3.w2.weight"));
+  ASSERT_TRUE(layout.find("model.layers.0.block_sparse_moe.shared_experts.down_proj.weight"));
+  EXPECT_FALSE(layout.find("model.layers.0.mlp.gate_proj.weight"));
+  ASSERT_TRUE(layout.find("model.layers.1.mlp.gate_proj.weight")) << "layer 1 stays dense (every 2)";
+  EXPECT_EQ(layout.local_experts(0), 4);
+  // Each expert's tensors are one contiguous range, expert after expert: [w1; w3; w2].
+  for (int j = 0; j < 4; j++) {
+    const auto& fc = layout.expert_fc(0, j);
+    EXPECT_EQ(fc.expert, j);
+    EXPECT_EQ(fc.shape, (std::vector<int64_t>{24, 32}));
+    EXPECT_EQ(layout.expert_proj(0, j).offset, fc.offset + 2 * fc.numel);
+    if (j > 0) EXPECT_EQ(fc.offset, layout.expert_proj(0, j - 1).offset + layout.expert_proj(0, j - 1).numel);
+  }
+  // Every element counted once (the padded vocabulary rows aside); active = less the two
+  // experts a token skips in the MoE layer.
+  int64_t counted = 0;
+  for (const auto& t : layout.tensors())
+    counted += t.vocabulary_rows() ? (int64_t)c.vocab * c.dim : (int64_t)t.numel;
+  EXPECT_EQ(model::num_parameters(c), counted);
+  EXPECT_EQ(model::num_active_parameters(c), counted - 2 * 3 * 24 * 32);
+  EXPECT_EQ(model::num_active_parameters(testing_util::small_gpt(2)), model::num_parameters(testing_util::small_gpt(2)));
+}
+
+// The activation memory a Gpt allocates is what activation_inventory (the planner's
+// accounting) says, for MoE layers too, at every recomputation mode.
+TEST(MoeModel, ActivationsMatchTheInventory) {
+  const model::GptConfig c = small_moe(1);
+  for (model::Recompute mode : {model::Recompute::kNone, model::Recompute::kSelective, model::Recompute::kFull}) {
+    model::Gpt gpt(c);
+    gpt.init_weights(3);
+    gpt.set_recompute(mode);
+    const int B = 2, T = 16;
+    const model::ActivationInventory inv = model::activation_inventory(c, B, T, 1, false);
+    const int64_t sets = inv.set_input + inv.block(mode, true) + inv.block(mode, false) + inv.head;
+    const int64_t shared = inv.recompute_scratch(mode) + inv.gradient_scratch;
+    auto current = [] { return MemoryTracker::instance().stats().current[(int)MemCategory::kActivations]; };
+    const int64_t before = current();
+    std::vector<int> tok(B * T, 5);
+    gpt.forward(tok.data(), tok.data(), B, T);
+    EXPECT_EQ(current() - before, (int64_t)sizeof(float) * (sets + shared));
+    // The MoE block's tensors, written out: the dense MLP's [N,Fc] and [N,F] give way to the
+    // router logits [N,E], the routing [N*k] x 4 + [E+1], the experts' [Nk,Fce], [Nk,Fe],
+    // [Nk,C] and the shared expert's [N,Fce], [N,Fe].
+    const int64_t N = B * T, E = 4, k = 2, Fce = 48, Fe = 24, C = 32, Fc = 96, F = 48;
+    EXPECT_EQ(inv.moe_block_none - inv.block_none,
+              N * E + 4 * N * k + E + 1 + N * k * (Fce + Fe + C) + N * (Fce + Fe) - N * (Fc + F));
+  }
+}
+
+// Router rows 0 = +u, 1 = -u, 2 = 3 = 0: every token picks 0 or 1 first, then 2 (2 and 3
+// tie, the lower index wins), so expert 3 gets no token. Its gradient is exactly zero, the
+// others' are not, and a dp 2 step at ZeRO-3 (which reduce-scatters the expert's
+// gradient like any other) completes on both ranks.
+TEST(MoeModel, AnExpertWithNoTokensGetsAZeroGradient) {
+  const model::GptConfig c = small_moe(0, 1);
+  model::Gpt gpt(c);
+  gpt.init_weights(5);
+  for (int l = 0; l < c.layers; l++) {
+    const model::ParamTensor& r = gpt.layout().layer(l, model::kRouterW);
+    float* w = gpt.params() + r.offset;
+    std::fill(w, w + r.numel, 0.0f);
+    for (int i = 0; i < c.dim; i++) w[i] = 0.5f * std::sin(1.0f + i), w[c.dim + i] = -w[i];
+  }
+  const data::TokenLoader data = testing_util::random_tokens(2000);
+  std::vector<int> in(2 * 16), tg(2 * 16);
+  data.fill(0, 2, 16, 0, 2, in.data(), tg.data());
+  gpt.zero_grads();
+  gpt.forward(in.data(), tg.data(), 2, 16);
+  gpt.backward(1.0f / 32);
+  for (int l = 0; l < c.layers; l++) {
+    EXPECT_EQ(gpt.moe_stats()[l].tokens[3], 0);
+    EXPECT_EQ(gpt.moe_stats()[l].tokens[2], 32);
+    for (int j = 0; j < 4; j++) {
+      const auto& fc = gpt.layout().expert_fc(l, j);
+      const float* g = gpt.grads() + fc.offset;
+      const size_t n = 3 * fc.numel;  // w1, w3, w2
+      const bool zero = std::all_of(g, g + n, [](float v) { return v == 0.0f; });
+      EXPECT_EQ(zero, j == 3) << "layer " << l << " expert " << j;
+    }
+  }
+  comm::ThreadWorld world(2);
+  std::vector<float> losses(2);
+  model::Gpt start(c);
+  start.set_from_global(gpt.params());
+  comm::run_ranks(2, [&](int r) {
+    std::unique_ptr<comm::Group> g = world.group(r, "dp");
+    model::Gpt rank(c, parallel::model_state_for_stage(3));
+    parallel::DataParallel dp(rank, *g, {3, 25, true}, testing_util::test_adamw(1.0f), start.params());
+    losses[r] = train::train_step(rank, dp, *g, testing_util::test_adamw(1.0f), data, {1, 1, 16, 2, r}, 0, 1).loss;
+  });
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_TRUE(std::isfinite(losses[0]));
+}
+
+// dp 2 at ZeRO 0-3 trains an MoE model (a shared expert, a dense layer, capacity drops, both
+// balance losses) as one rank does: per-sequence routing makes the split invisible.
+TEST(MoeThreads, EveryZeroStageTrainsAsOneRank) {
+  const model::GptConfig c = small_moe(1);
+  const MoeTraining moe{1.0, 0.05f, 0.01f};
+  const data::TokenLoader data = testing_util::random_tokens(4000);
+  const optim::AdamWConfig adamw = testing_util::test_adamw(1.0f);
+  constexpr int kSteps = 6;
+  model::Gpt full(c);
+  full.init_weights(11);
+  full.set_moe_training(moe);
+  std::vector<float> reference;
+  int64_t dropped = 0;
+  {
+    model::Gpt gpt(c);
+    gpt.set_from_global(full.params());
+    gpt.set_moe_training(moe);
+    comm::SelfGroup self("dp");
+    parallel::DataParallel dp(gpt, self, {}, adamw);
+    for (int k = 0; k < kSteps; k++) {
+      reference.push_back(train::train_step(gpt, dp, self, adamw, data, {2, 2, 16, 1, 0}, k, kSteps).loss);
+      dropped += gpt.moe_stats()[0].dropped;
+    }
+  }
+  EXPECT_GT(dropped, 0) << "capacity factor 1 must drop some assignment";
+  for (int zero = 0; zero <= 3; zero++) {
+    SCOPED_TRACE(testing::Message() << "zero " << zero);
+    comm::ThreadWorld world(2);
+    std::vector<std::vector<float>> losses(2);
+    comm::run_ranks(2, [&](int r) {
+      std::unique_ptr<comm::Group> g = world.group(r, "dp");
+      model::Gpt gpt(c, parallel::model_state_for_stage(zero));
+      if (zero < 3) gpt.set_from_global(full.params());
+      gpt.set_moe_training(moe);
+      parallel::DataParallel dp(gpt, *g, {zero, 25, true}, adamw, full.params());
+      for (int k = 0; k < kSteps; k++)
+        losses[r].push_back(train::train_step(gpt, dp, *g, adamw, data, {2, 1, 16, 2, r}, k, kSteps).loss);
+    });
+    for (int k = 0; k < kSteps; k++) {
+      EXPECT_EQ(losses[0][k], losses[1][k]) << "step " << k;
+      EXPECT_NEAR(losses[0][k], reference[k], 1e-5) << "step " << k;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::test_moe
