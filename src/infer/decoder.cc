@@ -62,11 +62,51 @@ void KvCacheDecoder::block(int l, float* x, int n) {
   k::matmul_forward(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
+  if (cfg.is_moe_layer(l)) {
+    moe_mlp(l, ln.data(), n, proj.data());
+    k::residual_forward(x, x, proj.data(), (size_t)n * C);
+    return;
+  }
   k::matmul_forward(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
   if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), n, F);
   else k::gelu_forward(hg.data(), h.data(), (size_t)n * F);
   k::matmul_forward(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
+}
+
+// An MoE layer's MLP on n rows, as training routes them without capacity (inference drops
+// nothing): each row's chosen experts, weighted, plus the shared experts.
+void KvCacheDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
+  const auto& cfg = gpt_.config();
+  const auto& layout = gpt_.layout();
+  const int C = cfg.dim, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_ffn(), Fce = cfg.expert_fc_dim();
+  const float* p = gpt_.params();
+  std::vector<float> logits((size_t)n * E), weight((size_t)n * k);
+  std::vector<int> expert((size_t)n * k), slot((size_t)n * k), order((size_t)n * k), offsets(E + 1);
+  k::matmul_forward(logits.data(), ln, p + layout.layer(l, model::kRouterW).offset, nullptr, n, C, E);
+  model::MoeRoute route{expert.data(), weight.data(), slot.data(), order.data(), offsets.data()};
+  model::MoeRouteStats unused;
+  model::moe_route(cfg.moe, model::MoeTraining{0, 0, 0}, logits.data(), n, n, &route, &unused);
+  auto mlp = [&](const float* fc, const float* proj, const float* in, int rows, int Fc, int F, float* y) {
+    std::vector<float> h((size_t)rows * Fc), hg((size_t)rows * F);
+    k::matmul_forward(h.data(), in, fc, nullptr, rows, C, Fc);
+    if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), rows, F);
+    else k::gelu_forward(hg.data(), h.data(), (size_t)rows * F);
+    k::matmul_forward(y, hg.data(), proj, nullptr, rows, F, C);
+  };
+  std::fill(out, out + (size_t)n * C, 0.0f);
+  if (layout.has(l, model::kSharedFcW)) {
+    const int S = cfg.moe.shared_experts;
+    mlp(p + layout.layer(l, model::kSharedFcW).offset, p + layout.layer(l, model::kSharedProjW).offset, ln, n,
+        S * Fce, S * Fe, out);
+  }
+  std::vector<float> y(C);
+  for (int i = 0; i < n * k; i++) {
+    const int e = expert[i];
+    mlp(p + layout.expert_fc(l, e).offset, p + layout.expert_proj(l, e).offset, ln + (size_t)(i / k) * C, 1, Fce, Fe,
+        y.data());
+    for (int c = 0; c < C; c++) out[(size_t)(i / k) * C + c] += weight[i] * y[c];
+  }
 }
 
 const float* KvCacheDecoder::append(std::span<const int> tokens) {

@@ -27,6 +27,7 @@ class KvCacheDecoder {
   void embed(std::span<const int> tokens, float* x) const;
   void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, int n);
+  void moe_mlp(int l, const float* ln, int n, float* out) const;
 
   const model::Gpt& gpt_;
   int pos_ = 0;

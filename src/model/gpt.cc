@@ -755,7 +755,8 @@ void Gpt::zero_grads() { zero_bytes(grads(), sizeof(float) * layout_.total()); }
 // counts the work the model does (a tied wte is the head's GEMM weight and counts).
 double Gpt::flops_per_token(int T) const {
   const double lookup_only = config_.tied_head ? 0.0 : (double)config_.vocab * config_.dim;
-  return 6.0 * ((double)num_parameters(config_) - lookup_only) + 6.0 * config_.layers * (double)T * config_.dim;
+  // An MoE model counts the parameters a token uses (its top-k experts, not all of them).
+  return 6.0 * ((double)num_active_parameters(config_) - lookup_only) + 6.0 * config_.layers * (double)T * config_.dim;
 }
 
 }  // namespace meshtrain::model

@@ -35,7 +35,7 @@ Progress::Progress(int64_t first_step, int64_t total_steps, bool quiet)
 Progress::~Progress() { end_live_line(); }
 
 void Progress::step(int64_t k, float loss, float lr, double grad_norm, double step_s, double tok_s,
-                    double mfu) {
+                    double mfu, const std::string& extra) {
   if (quiet_) return;
   elapsed_s_ += step_s;
   const double eta = elapsed_s_ / (double)(k + 1 - first_step_) * (double)(total_ - k - 1);
@@ -49,9 +49,9 @@ void Progress::step(int64_t k, float loss, float lr, double grad_norm, double st
     if ((k + 1) % every == 0 || k + 1 == total_) end_live_line();
   } else {
     std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | "
-                "MFU %5.1f%% | ETA %s\n",
+                "MFU %5.1f%%%s | ETA %s\n",
                 (long long)k + 1, (long long)total_, loss, lr, grad_norm, step_s * 1e3, tok_s,
-                100 * mfu, format_duration(eta).c_str());
+                100 * mfu, extra.c_str(), format_duration(eta).c_str());
   }
   std::fflush(stdout);
 }

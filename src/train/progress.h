@@ -10,8 +10,9 @@ class Progress {
  public:
   Progress(int64_t first_step, int64_t total_steps, bool quiet);
   ~Progress();
-  void step(int64_t k, float loss, float lr, double grad_norm, double step_s, double tok_s,
-            double mfu);
+  // extra: appended after MFU (an MoE run's routing), "" for none.
+  void step(int64_t k, float loss, float lr, double grad_norm, double step_s, double tok_s, double mfu,
+            const std::string& extra = "");
   // A line that must stay on screen (evaluation results, notes).
   void message(const std::string& line);
 

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -40,6 +42,41 @@ json pipeline_json(Run& run) {
           {"pp_compute_ms", t.compute_s * 1e3},
           {"pp_window_ms", t.window_s * 1e3},
           {"pp_peak_sets", t.peak_sets}};
+}
+
+// The step's routing over the whole job: every MoE layer's statistics from the ranks that
+// run it, counted once per tp group (its ranks route alike) and summed over dp. The balance
+// losses as they enter the objective (means over sequences and tokens, summed over layers),
+// the tokens per expert over all (layer, expert) pairs, and the share of assignments dropped.
+json moe_json(Run& run, comm::Group& world) {
+  const model::GptConfig& c = run.config;
+  if (!c.is_moe()) return json::object();
+  const int E = c.moe.experts, fields = 3 + E;
+  std::vector<double> all((size_t)c.layers * fields, 0.0);
+  if (run.mesh->tp_rank() == 0)
+    for (int l = 0; l < c.layers; l++) {
+      const model::MoeRouteStats& s = run.gpt->moe_stats()[l];
+      if (s.tokens.empty()) continue;  // dense, or not on this rank
+      double* row = all.data() + (size_t)l * fields;
+      row[0] = s.aux, row[1] = s.z, row[2] = (double)s.dropped;
+      for (int e = 0; e < E; e++) row[3 + e] = (double)s.tokens[e];
+    }
+  world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
+  const double sequences = run.shape.G(), tokens = sequences * run.shape.T;
+  double aux = 0, z = 0, dropped = 0, lo = INFINITY, hi = 0, cv = 0;
+  for (int l = 0; l < c.layers; l++) {
+    if (!c.is_moe_layer(l)) continue;
+    const double* row = all.data() + (size_t)l * fields;
+    aux += row[0] / sequences, z += row[1] / tokens, dropped += row[2];
+    double mean = 0, var = 0;
+    for (int e = 0; e < E; e++) mean += row[3 + e] / E, lo = std::min(lo, row[3 + e]), hi = std::max(hi, row[3 + e]);
+    for (int e = 0; e < E; e++) var += (row[3 + e] - mean) * (row[3 + e] - mean) / E;
+    cv = std::max(cv, mean > 0 ? std::sqrt(var) / mean : 0.0);
+  }
+  const double assignments = tokens * c.moe.top_k * c.moe_layers();
+  return {{"moe",
+           {{"aux_loss", aux}, {"z_loss", z}, {"dropped_fraction", dropped / assignments},
+            {"tokens_per_expert", {{"min", lo}, {"max", hi}, {"cv", cv}}}}}};
 }
 
 // Collective: world rank 0 prints every rank's peak memory by category, and the pipeline's

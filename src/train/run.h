@@ -61,6 +61,9 @@ nlohmann::json comm_json(const std::map<std::string, comm::AxisStats>& stats, do
                          double* busy_ms);
 // Collective over pp: the step's measured and theoretical pipeline bubble (empty without pp).
 nlohmann::json pipeline_json(Run& run);
+// Collective over the world: the step's MoE routing statistics, {"moe": {aux_loss, z_loss,
+// dropped_fraction, tokens_per_expert {min, max, cv (the worst layer's)}}} (empty when dense).
+nlohmann::json moe_json(Run& run, comm::Group& world);
 // Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
 void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);
 // Collective: every rank's trace, merged into `file` by world rank 0.

@@ -145,6 +145,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watchdog test
     run.mesh->reset_stats();
     run.gpt->reset_flops();
+    run.gpt->reset_moe_stats();
     auto t0 = std::chrono::steady_clock::now();
     std::optional<trace::Tracer::Span> step_span;
     if (trace::Tracer::instance().enabled())
@@ -187,6 +188,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_flops", run.gpt->flops().recompute},
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
+    const json moe = moe_json(run, world);
+    record.update(moe);
     if (peak_raised) record["peak_raised"] = true;
     if (optim::ShardStore& store = run.dp->adamw().store(); store.any_in_file(~0u)) {
       // Every file-backed array of this rank's shard: the optimizer's streaming and ZeRO-3's
@@ -216,7 +219,15 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       record.update({{"loss_scale", r.loss_scale}, {"step_skipped", r.skipped},
                      {"skipped_steps", run.scaler->skipped_steps()}});
     metrics.write(record);
-    progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu);
+    std::string routing;  // the step line's MoE part
+    if (moe.contains("moe")) {
+      char text[96];
+      const json& m = moe["moe"];
+      std::snprintf(text, sizeof text, " | aux %.4f | experts cv %.2f | drop %.1f%%", m["aux_loss"].get<double>(),
+                    m["tokens_per_expert"]["cv"].get<double>(), 100 * m["dropped_fraction"].get<double>());
+      routing = text;
+    }
+    progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu, routing);
 
     const bool last = k + 1 == o.steps;
     if (run.has_val && ((o.eval_every > 0 && (k + 1) % o.eval_every == 0) || last)) {

@@ -13,14 +13,18 @@
 namespace meshtrain::infer::test_decoder {
 namespace {
 
-// GPT-2; Llama with grouped-query attention (2 key/value heads) and an untied head.
+// GPT-2; Llama with grouped-query attention (2 key/value heads) and an untied head; that
+// Llama with MoE layers (4 experts, top-2, one shared, every other layer), and GPT-2's
+// parts with sigmoid-scored experts in every layer.
 model::GptConfig small_config(const std::string& arch) {
   model::GptConfig c;
   c.layers = 2, c.heads = 4, c.dim = 32, c.max_seq_len = 40, c.vocab = 101;
-  if (arch == "llama") {
+  if (arch.starts_with("llama")) {
     EXPECT_TRUE(model::apply_arch("llama", &c).is_ok());
     c.kv_heads = 2;
   }
+  if (arch == "llama_moe") c.moe = {4, 2, 2, 1, 24, model::MoeScore::kSoftmax, true};
+  if (arch == "gpt2_moe") c.moe = {3, 2, 1, 0, 0, model::MoeScore::kSigmoid, false};
   return c;
 }
 
@@ -55,7 +59,7 @@ TEST_P(KvCacheDecoderTest, LogitsMatchFullForwardAtEveryPosition) {
   EXPECT_EQ(dec.position(), T);
 }
 
-INSTANTIATE_TEST_SUITE_P(KvCacheDecoder, KvCacheDecoderTest, ::testing::Values("gpt2", "llama"));
+INSTANTIATE_TEST_SUITE_P(KvCacheDecoder, KvCacheDecoderTest, ::testing::Values("gpt2", "llama", "llama_moe", "gpt2_moe"));
 
 TEST(Sampling, GreedyTopKAndDeterminism) {
   std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f, 1.8f};
