@@ -52,6 +52,12 @@ class Group {
   virtual RequestPtr ibroadcast(float* buf, size_t n, int root) = 0;
   // send[size()*n] -> recv[size()*n]: block j of send goes to rank j.
   virtual RequestPtr iall_to_all(const float* send, float* recv, size_t n) = 0;
+  // Blocks of varying size (MoE token dispatch): send_counts[j] floats go to rank j, the
+  // blocks packed in rank order in send; recv_counts[j] come from rank j, packed in rank
+  // order into recv. recv_counts[j] must equal rank j's send_counts[rank()] (an all_to_all
+  // of the counts first tells every rank). recv may not alias send.
+  virtual RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                                  const size_t* recv_counts) = 0;
   virtual RequestPtr isend(const float* buf, size_t n, int peer, int tag) = 0;
   virtual RequestPtr irecv(float* buf, size_t n, int peer, int tag) = 0;
   // Doubles, for norms and loss sums that must not lose precision.
@@ -66,6 +72,9 @@ class Group {
   void all_gather(const float* send, float* recv, size_t n) { iall_gather(send, recv, n)->wait(); }
   void broadcast(float* buf, size_t n, int root) { ibroadcast(buf, n, root)->wait(); }
   void all_to_all(const float* send, float* recv, size_t n) { iall_to_all(send, recv, n)->wait(); }
+  void all_to_allv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts) {
+    iall_to_allv(send, send_counts, recv, recv_counts)->wait();
+  }
   void send(const float* buf, size_t n, int peer, int tag) { isend(buf, n, peer, tag)->wait(); }
   void recv(float* buf, size_t n, int peer, int tag) { irecv(buf, n, peer, tag)->wait(); }
 

@@ -388,6 +388,32 @@ RequestPtr MpiGroup::iall_to_all(const float* send, float* recv, size_t n) {
                 CommOp::kAllToAll, n, sizeof(float));
 }
 
+RequestPtr MpiGroup::iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                                  const size_t* recv_counts) {
+  // MPI's counts and displacements are ints: every total must stay below 2^31 elements.
+  auto layout = [&](const size_t* counts, std::vector<int>* c, std::vector<int>* d) {
+    size_t at = 0;
+    for (int j = 0; j < size_; j++) {
+      c->push_back(to_count(counts[j], "all_to_allv block larger than 2^31 elements"));
+      d->push_back(to_count(at, "all_to_allv larger than 2^31 elements"));
+      at += counts[j];
+    }
+  };
+  auto sc = std::make_shared<std::vector<int>>(), sd = std::make_shared<std::vector<int>>();
+  auto rc = std::make_shared<std::vector<int>>(), rd = std::make_shared<std::vector<int>>();
+  layout(send_counts, sc.get(), sd.get());
+  layout(recv_counts, rc.get(), rd.get());
+  size_t others = 0;
+  for (int j = 0; j < size_; j++) others += j == rank_ ? 0 : send_counts[j];
+  MPI_Comm comm = comm_;
+  return submit(collective("all_to_allv",
+                           [=] {
+                             MPI_Alltoallv(send, sc->data(), sd->data(), MPI_FLOAT, recv, rc->data(), rd->data(),
+                                           MPI_FLOAT, comm);
+                           }),
+                CommOp::kAllToAllV, others, sizeof(float));
+}
+
 RequestPtr MpiGroup::isend(const float* buf, size_t n, int peer, int tag) {
   CHECK_MSG(peer >= 0 && peer < size_, "send: peer out of range");
   CHECK_MSG(tag >= 0 && tag <= 32767, "send: tag out of range [0, 32767]");

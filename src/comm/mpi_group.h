@@ -69,6 +69,8 @@ class MpiGroup final : public Group {
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;
   // send == recv is allowed (MPI_IN_PLACE).
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                          const size_t* recv_counts) override;
   // 0 <= tag <= 32767 (the smallest MPI_TAG_UB the standard allows); peer may be rank().
   RequestPtr isend(const float* buf, size_t n, int peer, int tag) override;
   // The matching send must have exactly n elements (else the job is aborted).

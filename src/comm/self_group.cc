@@ -46,6 +46,8 @@ const char* comm_op_name(CommOp op) {
       return "broadcast";
     case CommOp::kAllToAll:
       return "all_to_all";
+    case CommOp::kAllToAllV:
+      return "all_to_allv";
     case CommOp::kSend:
       return "send";
     case CommOp::kRecv:
@@ -75,6 +77,7 @@ int64_t comm_bytes(CommOp op, size_t n, int group_size, size_t elem_bytes) {
       sent = N == 1 ? 0 : elems;
       break;
     case CommOp::kSend:
+    case CommOp::kAllToAllV:
       sent = elems;
       break;
     case CommOp::kRecv:
@@ -131,6 +134,15 @@ RequestPtr SelfGroup::ibroadcast(float* buf, size_t n, int root) {
 RequestPtr SelfGroup::iall_to_all(const float* send, float* recv, size_t n) {
   return run(CommOp::kAllToAll, n, sizeof(float), [&] {
     if (n > 0 && send != recv) std::memmove(recv, send, n * sizeof(float));
+  });
+}
+
+RequestPtr SelfGroup::iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                                   const size_t* recv_counts) {
+  CHECK_MSG(send_counts[0] == recv_counts[0], "all_to_allv: a single rank sends itself what it receives");
+  const size_t n = send_counts[0];
+  return run(CommOp::kAllToAllV, 0, sizeof(float), [&] {
+    if (n > 0) std::memmove(recv, send, n * sizeof(float));
   });
 }
 

@@ -21,6 +21,7 @@ enum class CommOp {
   kAllGather,
   kBroadcast,
   kAllToAll,
+  kAllToAllV,
   kSend,
   kRecv,
   kBarrier
@@ -32,6 +33,7 @@ const char* comm_op_name(CommOp op);  // "all_reduce", "reduce_scatter", ... as 
 // N = group_size and n the `n` argument of the call (elements per rank block):
 //   all_reduce     2·n·(N−1)/N elements, rounded to the nearest whole element
 //   reduce_scatter (N−1)·n      all_gather (N−1)·n      all_to_all (N−1)·n
+//   all_to_allv    n = the elements this rank sends to the other ranks (its own block stays)
 //   broadcast      n (0 when N == 1), on every rank, root included
 //   send           n            recv 0                  barrier 0
 // times elem_bytes (4 for float, 8 for double).
@@ -52,6 +54,8 @@ class SelfGroup final : public Group {
   RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override;
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;  // root must be 0
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                          const size_t* recv_counts) override;
   RequestPtr isend(const float* buf, size_t n, int peer, int tag) override;  // CHECK-fails
   RequestPtr irecv(float* buf, size_t n, int peer, int tag) override;        // CHECK-fails
   void all_reduce_f64(double* buf, size_t n, ReduceOp op) override;

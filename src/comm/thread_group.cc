@@ -88,6 +88,32 @@ class ThreadGroup final : public Group {
         std::memcpy(recv + (size_t)r * n, c.inputs[r].data() + (size_t)rank_ * n * sizeof(float), n * sizeof(float));
     });
   }
+  // Each rank posts its counts then its data; a receiver finds its block in sender r's data
+  // after r's blocks for the ranks before it.
+  RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
+                          const size_t* recv_counts) override {
+    const int N = size();
+    size_t total = 0, others = 0;
+    for (int j = 0; j < N; j++) total += send_counts[j], others += j == rank_ ? 0 : send_counts[j];
+    std::vector<char> posted(N * sizeof(size_t) + total * sizeof(float));
+    std::memcpy(posted.data(), send_counts, N * sizeof(size_t));
+    if (total > 0) std::memcpy(posted.data() + N * sizeof(size_t), send, total * sizeof(float));
+    std::vector<size_t> want(recv_counts, recv_counts + N);
+    return collective(CommOp::kAllToAllV, posted.data(), posted.size(), 0, others, sizeof(float),
+                      [=, this](const Call& c) {
+                        size_t at = 0;
+                        for (int r = 0; r < N; r++) {
+                          std::vector<size_t> counts(N);
+                          std::memcpy(counts.data(), c.inputs[r].data(), N * sizeof(size_t));
+                          CHECK_MSG(counts[rank_] == want[r], "all_to_allv: receive count differs from the send count");
+                          size_t from = 0;
+                          for (int j = 0; j < rank_; j++) from += counts[j];
+                          const char* data = c.inputs[r].data() + N * sizeof(size_t) + from * sizeof(float);
+                          if (want[r] > 0) std::memcpy(recv + at, data, want[r] * sizeof(float));
+                          at += want[r];
+                        }
+                      });
+  }
   RequestPtr isend(const float* buf, size_t n, int peer, int tag) override {
     CHECK_MSG(peer >= 0 && peer < size() && peer != rank_, "send to an invalid peer");
     account(CommOp::kSend, n, sizeof(float));

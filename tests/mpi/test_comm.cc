@@ -175,6 +175,29 @@ TEST(AllToAll, OutOfPlaceAndInPlace) {
   }
 }
 
+// Rank r sends (r + j) % 3 elements to rank j (some blocks empty), each coding (from, to, i).
+TEST(AllToAllV, VariableBlocksAndTheirBytes) {
+  Group& w = test_world();
+  const int N = w.size(), R = w.rank();
+  auto count = [](int from, int to) { return (size_t)((from + to) % 3); };
+  auto code = [](int from, int to, size_t i) { return static_cast<float>(from * 1000 + to * 10 + i); };
+  std::vector<size_t> sc(N), rc(N);
+  std::vector<float> send, expected;
+  size_t others = 0;
+  for (int j = 0; j < N; ++j) {
+    sc[j] = count(R, j), rc[j] = count(j, R);
+    others += j == R ? 0 : sc[j];
+    for (size_t i = 0; i < sc[j]; ++i) send.push_back(code(R, j, i));
+    for (size_t i = 0; i < rc[j]; ++i) expected.push_back(code(j, R, i));
+  }
+  std::vector<float> recv(expected.size() + 1, -1.f);  // one spare: nothing written past
+  w.reset_stats();
+  w.all_to_allv(send.data(), sc.data(), recv.data(), rc.data());
+  for (size_t k = 0; k < expected.size(); ++k) EXPECT_EQ(recv[k], expected[k]) << k;
+  EXPECT_EQ(recv.back(), -1.f);
+  EXPECT_EQ(w.stats().bytes, (int64_t)(others * sizeof(float)));
+}
+
 TEST(Barrier, AllRanksPass) {
   for (int i = 0; i < 5; ++i) test_world().barrier();
 }
