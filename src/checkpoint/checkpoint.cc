@@ -118,7 +118,7 @@ std::vector<std::pair<uint64_t, uint64_t>> exchange_file_info(comm::Group& dp, u
   return out;
 }
 
-json units_json(const parallel::ShardLayout& shards) {
+json units_json(const WriterLayout& shards) {
   json out = json::array();
   for (const auto& u : shards.units())
     out.push_back({{"offset", u.global_offset}, {"numel", u.numel}, {"shard", u.shard}});
@@ -192,7 +192,8 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
                   {"tp_size", layout.tp()},
                   {"pp_size", pp_size},
                   {"dp_size", shards.world()},
-                  {"units", units_json(parallel::ShardLayout(whole, shards.world(), 0))},
+                  {"ep_size", layout.ep()},
+                  {"units", units_json(WriterLayout(whole, shards.world(), layout.ep()))},
                   {"shard_sections", {"params", "adam_m", "adam_v"}},
                   {"files", files},
                   {"run_config", run_config},

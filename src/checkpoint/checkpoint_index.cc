@@ -155,14 +155,15 @@ Status parse_layout_axes(const json& root, const CheckpointIndex& idx, int* tp, 
   return Status::ok();
 }
 
-// The unit table: each entry the model's unit split over dp_size ranks.
-Status check_units(const json& root, const parallel::ShardLayout& writers) {
+// The unit table: each entry the model's unit split over dp_size ranks (an expert's over
+// dp_size / ep_size).
+Status check_units(const json& root, const WriterLayout& writers) {
   const json* units = nullptr;
   RETURN_IF_ERROR(member(root, "", "units", &units));
   RETURN_IF_ERROR(need_array(*units, "units"));
   if (units->size() != writers.units().size())
     return Status::error("units has " + std::to_string(units->size()) + " entries, but the model has " +
-                         std::to_string(writers.units().size()) + " units (layers + 2)");
+                         std::to_string(writers.units().size()) + " units (layers + 2, and an MoE layer's experts)");
   for (size_t u = 0; u < units->size(); u++) {
     const std::string where = "units[" + std::to_string(u) + "]";
     const json& j = (*units)[u];
@@ -268,7 +269,7 @@ Status parse_file_coordinates(const json& j, const std::string& where, const Che
 }
 
 Status parse_file(const json& j, const std::string& where, const CheckpointIndex& idx,
-                  const parallel::ShardLayout& writers, IndexFile* f) {
+                  const WriterLayout& writers, IndexFile* f) {
   RETURN_IF_ERROR(need_object(j, where));
   RETURN_IF_ERROR(parse_file_coordinates(j, where, idx, f));
   // The name the writer gives: also keeps a corrupt index from pointing outside the folder.
@@ -288,7 +289,7 @@ Status parse_file(const json& j, const std::string& where, const CheckpointIndex
 
 // Every element has a file: each (tp, dp) slice's files together hold every unit that
 // has elements at that dp rank.
-Status check_coverage(const CheckpointIndex& idx, const parallel::ShardLayout& writers) {
+Status check_coverage(const CheckpointIndex& idx, const WriterLayout& writers) {
   const size_t n_units = writers.units().size();
   std::vector<std::vector<bool>> held((size_t)idx.tp_size * idx.dp_size, std::vector<bool>(n_units, false));
   for (const IndexFile& f : idx.files)
@@ -302,7 +303,7 @@ Status check_coverage(const CheckpointIndex& idx, const parallel::ShardLayout& w
   return Status::ok();
 }
 
-Status parse_files(const json& root, const parallel::ShardLayout& writers, CheckpointIndex* idx) {
+Status parse_files(const json& root, const WriterLayout& writers, CheckpointIndex* idx) {
   const json& files = root.at("files");  // an array of the right length: parse_layout_axes
   std::set<std::tuple<int, int, int>> seen;
   for (size_t i = 0; i < files.size(); i++) {
@@ -328,15 +329,20 @@ Status parse_fields(const json& root, CheckpointIndex* idx) {
   RETURN_IF_ERROR(int_field(root, "", "step", 0, INT64_MAX, &idx->step));
   RETURN_IF_ERROR(index_model_config(root, "", &idx->model));
   RETURN_IF_ERROR(parse_layout_axes(root, *idx, &idx->tp_size, &idx->pp_size, &idx->dp_size));
+  RETURN_IF_ERROR(optional_int_field(root, "", "ep_size", 1, 1, idx->dp_size, &idx->ep_size));
+  if (idx->dp_size % idx->ep_size != 0 || !model::validate_ep(idx->model, idx->ep_size).is_ok())
+    return Status::error("ep_size " + std::to_string(idx->ep_size) + " must divide dp_size " +
+                         std::to_string(idx->dp_size) + " and the model's experts");
   // The layout below has `layers` blocks: the unit table's length bounds them first.
   const json* units = nullptr;
   RETURN_IF_ERROR(member(root, "", "units", &units));
   RETURN_IF_ERROR(need_array(*units, "units"));
-  if (units->size() != (size_t)idx->model.layers + 2)
+  const size_t n_units = (size_t)idx->model.layers + 2 + (size_t)idx->model.moe_layers() * idx->model.moe.experts;
+  if (units->size() != n_units)
     return Status::error("units has " + std::to_string(units->size()) + " entries, but the model has " +
-                         std::to_string((size_t)idx->model.layers + 2) + " units (layers + 2)");
+                         std::to_string(n_units) + " units (layers + 2, and an MoE layer's experts)");
   const model::ParamLayout whole(idx->model, idx->tp_size, 0);
-  const parallel::ShardLayout writers(whole, idx->dp_size, 0);
+  const WriterLayout writers(whole, idx->dp_size, idx->ep_size);
   RETURN_IF_ERROR(check_units(root, writers));
   RETURN_IF_ERROR(check_tensors(root, whole));
   RETURN_IF_ERROR(check_sections(root));
@@ -345,6 +351,31 @@ Status parse_fields(const json& root, CheckpointIndex* idx) {
 }
 
 }  // namespace
+
+WriterLayout::WriterLayout(const model::ParamLayout& whole, int dp, int ep)
+    : dp_(dp), ep_(ep), experts_per_rank_(1),
+      shards_(whole, dp, 0, 1, [dp, ep](const model::ParamUnit& u) {
+        return u.expert >= 0 ? parallel::UnitPartition{dp / ep, 0} : parallel::UnitPartition{dp, 0};
+      }) {
+  int experts = 0;
+  for (const auto& u : whole.units()) expert_.push_back(u.expert), experts = std::max(experts, u.expert + 1);
+  experts_per_rank_ = std::max(1, experts / ep);
+}
+
+int WriterLayout::shard_of(int u, int d) const {
+  if (expert_[u] < 0) return d;
+  return d % ep_ == expert_[u] / experts_per_rank_ ? d / ep_ : -1;
+}
+
+size_t WriterLayout::own_begin(int u, int d) const {
+  const int s = shard_of(u, d);
+  return s < 0 ? shards_.units()[u].global_offset : shards_.own_begin(u, s);
+}
+
+size_t WriterLayout::own_end(int u, int d) const {
+  const int s = shard_of(u, d);
+  return s < 0 ? shards_.units()[u].global_offset : shards_.own_end(u, s);
+}
 
 std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank) {
   std::string name = "shard_";

@@ -12,6 +12,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "parallel/shard_layout.h"
 
 namespace meshtrain::checkpoint {
 
@@ -27,6 +28,25 @@ inline constexpr const char* kSectionNames[kNumSections] = {"params", "adam_m", 
 // shard_[tpTT_][ppPP_]RRRRR.bin: the tp and pp parts only when those axes are split.
 std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank);
 
+// How a checkpoint's writers split the whole model (one tp rank's, all pipeline stages):
+// each unit over the dp ranks, each routed expert's unit over the dp / ep ranks that held it
+// (ep rank e / (E / ep): dp ranks d with d % ep equal to it, shard d / ep).
+class WriterLayout {
+ public:
+  WriterLayout(const model::ParamLayout& whole, int dp, int ep);
+  int world() const { return dp_; }
+  const std::vector<parallel::UnitShard>& units() const { return shards_.units(); }
+  // The global range of unit u that dp rank d wrote (empty when d did not hold it).
+  size_t own_begin(int u, int d) const;
+  size_t own_end(int u, int d) const;
+
+ private:
+  int shard_of(int u, int d) const;  // -1: d holds no part of u
+  int dp_, ep_, experts_per_rank_;
+  std::vector<int> expert_;  // per unit: its expert, or -1
+  parallel::ShardLayout shards_;
+};
+
 struct IndexFile {
   std::string name;            // in the checkpoint folder: shard_file_name(tp, pp, dp)
   int tp = 0, pp = 0, dp = 0;  // the writer's coordinates
@@ -40,6 +60,7 @@ struct CheckpointIndex {
   int64_t step = 0;
   model::GptConfig model;
   int tp_size = 1, pp_size = 1, dp_size = 1;
+  int ep_size = 1;  // MoE: the writers' expert parallelism (each expert on dp / ep of them)
   std::vector<IndexFile> files;  // dp_size x tp_size x pp_size of them
   nlohmann::json json;           // the whole document (run_config, train_state, ...)
 };

@@ -11,8 +11,8 @@ namespace meshtrain::checkpoint {
 
 ShardReader::ShardReader(std::string dir, const CheckpointIndex& index, const model::ParamLayout& whole,
                          int tp_rank, ReadFile read)
-    : dir_(std::move(dir)), index_(index), read_(std::move(read)), writers_(whole, index.dp_size, 0) {
-  CHECK_MSG(writers_.units().size() == (size_t)index.model.layers + 2, "ShardReader: a layout of another model");
+    : dir_(std::move(dir)), index_(index), read_(std::move(read)), writers_(whole, index.dp_size, index.ep_size) {
+  CHECK_MSG(writers_.units().size() == (size_t)whole.num_units(), "ShardReader: a layout of another model");
   if (!read_)
     read_ = [dir = dir_](const std::string& name, std::string* bytes) {
       return read_file((std::filesystem::path(dir) / name).string(), bytes);

@@ -38,7 +38,7 @@ class ShardReader {
   std::string dir_;
   const CheckpointIndex& index_;
   ReadFile read_;
-  parallel::ShardLayout writers_;  // the writers' partition of the whole model (rank unused)
+  WriterLayout writers_;  // the writers' partition of the whole model
   std::map<std::pair<int, int>, int> where_;  // (unit, writer dp rank) -> file
   std::map<int, std::string> files_;          // file -> its verified bytes
 };

@@ -59,6 +59,10 @@ Command add_train_command(CLI::App& app) {
                   "default G = B*A*dp");
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline-parallel stages")->capture_default_str();
+  cmd->add_option("--ep", o->ep,
+                  "Expert-parallel ranks (MoE): each MoE layer's experts split over ep of the dp ranks; "
+                  "must divide dp and the experts")
+      ->capture_default_str();
   cmd->add_option("--dp", o->dp,
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");

@@ -8,7 +8,17 @@
 namespace meshtrain::comm {
 
 std::string MeshShape::to_string() const {
-  return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp);
+  return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
+         (ep > 1 ? " ep=" + std::to_string(ep) : "");
+}
+
+Status resolve_expert_parallel(int ep, MeshShape* out) {
+  if (ep < 1) return Status::error("--ep must be >= 1, got " + std::to_string(ep));
+  if (out->dp % ep != 0)
+    return Status::error("--ep " + std::to_string(ep) + " must divide the data-parallel size dp = " +
+                         std::to_string(out->dp) + " (expert parallelism is carved out of dp)");
+  out->ep = ep;
+  return Status::ok();
 }
 
 Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out) {
@@ -79,13 +89,19 @@ Mesh::Mesh(Group& world, const MeshShape& shape) : world_(world), shape_(shape) 
   CHECK(tp_->size() == s.tp && tp_->rank() == c.tp);
   CHECK(dp_->size() == s.dp && dp_->rank() == c.dp);
   CHECK(pp_->size() == s.pp && pp_->rank() == c.pp);
+  // Inside dp: ep groups of consecutive dp ranks, then the expert-data-parallel groups.
+  CHECK_MSG(s.ep >= 1 && s.dp % s.ep == 0, "ep must divide dp");
+  ep_ = make_axis(*dp_, s.ep, c.dp / s.ep, c.dp % s.ep, "ep");
+  edp_ = make_axis(*dp_, s.edp(), c.dp % s.ep, c.dp / s.ep, "edp");
 }
 
 std::map<std::string, AxisStats> Mesh::stats() const {
   return {{world_.axis(), world_.stats()},
           {tp_->axis(), tp_->stats()},
           {dp_->axis(), dp_->stats()},
-          {pp_->axis(), pp_->stats()}};
+          {pp_->axis(), pp_->stats()},
+          {ep_->axis(), ep_->stats()},
+          {edp_->axis(), edp_->stats()}};
 }
 
 void Mesh::reset_stats() {
@@ -93,6 +109,8 @@ void Mesh::reset_stats() {
   tp_->reset_stats();
   dp_->reset_stats();
   pp_->reset_stats();
+  ep_->reset_stats();
+  edp_->reset_stats();
 }
 
 }  // namespace meshtrain::comm

@@ -1,4 +1,8 @@
-// The device mesh: world = pp × dp × tp ranks, with a Group per axis.
+// The device mesh: world = pp × dp × tp ranks, with a Group per axis. Expert parallelism
+// (MoE) is carved out of dp, as DeepSpeed and Megatron do: with ep | dp, the ep group holds
+// ep consecutive dp ranks (dp_rank / ep equal; ep_rank = dp_rank % ep), among which an
+// MoE layer's experts are split, and the expert-data-parallel group ("edp", dp / ep ranks
+// with the same ep_rank) holds the copies of the same experts, whose gradients it sums.
 //
 // Rank order: tp varies fastest, then dp, then pp (tp neighbours share a node):
 //   rank = tp_rank + tp · (dp_rank + dp · pp_rank)
@@ -16,8 +20,10 @@ namespace meshtrain::comm {
 
 struct MeshShape {
   int tp = 1, pp = 1, dp = 1;
+  int ep = 1;  // divides dp
+  int edp() const { return dp / ep; }
   int world() const { return tp * pp * dp; }
-  std::string to_string() const;  // "tp=2 pp=1 dp=2"
+  std::string to_string() const;  // "tp=2 pp=1 dp=2", with " ep=2" when ep > 1
 };
 
 struct MeshCoord {
@@ -27,6 +33,8 @@ struct MeshCoord {
 // Resolves the mesh of `world` ranks from the requested axis sizes; dp = 0 derives dp as
 // world / (tp·pp). Errors: a size < 1 (dp < 0), tp·pp not dividing world, tp·pp·dp != world.
 Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out);
+// Sets out->ep: an error unless ep >= 1 divides out->dp.
+Status resolve_expert_parallel(int ep, MeshShape* out);
 
 class Mesh {
  public:
@@ -40,6 +48,9 @@ class Mesh {
   Group& tp() { return *tp_; }
   Group& dp() { return *dp_; }
   Group& pp() { return *pp_; }
+  Group& ep() { return *ep_; }
+  Group& edp() { return *edp_; }
+  int ep_rank() const { return coord_.dp % shape_.ep; }
   int tp_rank() const { return coord_.tp; }
   int dp_rank() const { return coord_.dp; }
   int pp_rank() const { return coord_.pp; }
@@ -48,7 +59,7 @@ class Mesh {
   static MeshCoord coordinates(int rank, const MeshShape& shape);
   static int rank_of(const MeshCoord& coord, const MeshShape& shape);
 
-  // Traffic of every group, keyed by axis name: "world", "tp", "dp", "pp".
+  // Traffic of every group, keyed by axis name: "world", "tp", "dp", "pp", "ep", "edp".
   std::map<std::string, AxisStats> stats() const;
   void reset_stats();
 
@@ -56,7 +67,7 @@ class Mesh {
   Group& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  std::unique_ptr<Group> tp_, dp_, pp_;
+  std::unique_ptr<Group> tp_, dp_, pp_, ep_, edp_;
 };
 
 }  // namespace meshtrain::comm

@@ -202,6 +202,15 @@ Status validate_tp(const GptConfig& c, int tp) {
   return Status::ok();
 }
 
+Status validate_ep(const GptConfig& c, int ep) {
+  if (ep == 1) return Status::ok();
+  if (!c.is_moe()) return Status::error("--ep " + std::to_string(ep) + " needs a Mixture-of-Experts model (--moe-experts)");
+  if (c.moe.experts % ep != 0)
+    return Status::error("--ep " + std::to_string(ep) + " does not divide the " + std::to_string(c.moe.experts) +
+                         " experts of each MoE layer");
+  return Status::ok();
+}
+
 int64_t num_parameters(const GptConfig& c) {
   const int64_t C = c.dim, L = c.layers, F = c.ffn(), Q = c.qkv_dim();
   const int64_t norm = c.norm == Norm::kLayerNorm ? 2 * C : C;

@@ -108,6 +108,10 @@ Status validate_moe(const GptConfig& c);
 // heads than ranks are replicated: kv_replicas).
 Status validate_tp(const GptConfig& c, int tp);
 
+// Rejects an expert-parallel size that is not 1 for a dense model, or does not divide the
+// experts.
+Status validate_ep(const GptConfig& c, int ep);
+
 // Parameters as a user counts them: a tied head once, padding rows excluded, every expert.
 int64_t num_parameters(const GptConfig& c);
 // The parameters one token's forward uses: num_parameters less the routed experts it does

@@ -42,7 +42,9 @@ struct BlockActivations {
   // rows in dispatch order, then
   float* router_logits;  // [N,E] fp32
   MoeRoute route;        // [N*k] x 4 and [E+1] ints
-  float* expert_out;     // [M,C] each dispatched row's expert output (partial over tp)
+  int* received;         // [ep*El] rows each ep rank sent for each of this rank's El experts
+  float* expert_in;      // [R,C] (ep > 1) the rows this rank's experts received, expert-major
+  float* expert_out;     // [Nk,C] each dispatched row's expert output (partial over tp)
   float* shared_fch;     // [N, S*Fcel] the shared experts' (S > 0)
   float* shared_act;     // [N, S*Fel]
 };
@@ -66,8 +68,10 @@ struct ActivationInventory {
   // output [Nl,C] only.
   int64_t block_none = 0, block_selective = 0, block_full = 0;
   // An MoE layer's block: the dense MLP's two tensors replaced by the router's logits
-  // [N,E], the routing (4 [N*k] and [E+1] ints), the experts' [Nk,Fcel], [Nk,Fel] and
-  // outputs [Nk,C], and the shared experts' [N,S*Fcel], [N,S*Fel] (k = top_k, S = shared).
+  // [N,E], the routing (4 [N*k] and [E+1] ints), the counts received [E] (ep x E/ep), the
+  // experts' hidden [R,Fcel], [R,Fel], with ep > 1 their received input [R,C], the outputs
+  // back at their tokens [Nk,C], and the shared experts' [N,S*Fcel], [N,S*Fel] (k = top_k,
+  // S = shared, R = moe_expert_rows: the most rows this rank's experts can be sent).
   int64_t moe_block_none = 0, moe_block_selective = 0;
   int64_t set_input = 0;  // every set's input [Nl,C]
   // A last-stage set's head: final norm [Nl,C] and its statistics, the gathered head input
@@ -82,7 +86,14 @@ struct ActivationInventory {
   int64_t block(Recompute mode, bool moe = false) const;
   int64_t recompute_scratch(Recompute mode) const;
 };
-ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel);
+ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel,
+                                         int ep = 1, double capacity_factor = 0);
+
+// The most rows one rank's experts of an MoE layer can receive in a B x T micro-batch on
+// each of ep ranks: every rank's tokens each sending min(k, E/ep) of its choices here
+// (dropless), or, with a capacity factor, each rank's sequences at most the capacity per
+// expert. The worst case is reserved: the activation memory does not depend on the routing.
+int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor);
 
 // FLOPs the model executed (matmuls and attention, 2 per multiply-add), split into the
 // model's own forward/backward and the forward work repeated by recomputation.
@@ -103,9 +114,11 @@ class Gpt {
   // become an all-gather before each column-parallel linear and a reduce-scatter after each
   // row-parallel one (Korthikanti et al. 2022).
   // `part`: the pipeline stages this rank runs (see ModelPart; empty: the whole model).
+  // `ep`: the expert-parallel group (MoE), over which each MoE layer's experts are split,
+  // E/ep per rank, tokens dispatched to them and combined back by all-to-all (null: one).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
                comm::Group* tp = nullptr, bool sequence_parallel = false,
-               const ModelPart& part = {});
+               const ModelPart& part = {}, comm::Group* ep = nullptr);
   // Dropout with probability p on the embedding output and on each block's two residual
   // branches (attention and MLP outputs, after their bias). Masks come from a counter-based
   // hash of (seed, step, site, global token row, column) and are never stored.
@@ -138,7 +151,7 @@ class Gpt {
   void reset_flops() { flops_ = FlopCounts{}; }
   // MoE layers: the balancing losses and capacity, and what routing did since the last reset
   // (per layer l: moe_stats()[l], empty for dense layers and layers this rank does not run).
-  void set_moe_training(const MoeTraining& t) { moe_training_ = t; }
+  void set_moe_training(const MoeTraining& t) { moe_training_ = t, B_ = T_ = 0; }
   const MoeTraining& moe_training() const { return moe_training_; }
   const std::vector<MoeRouteStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
@@ -285,6 +298,12 @@ class Gpt {
   // the tp reduction, in partial_ (all N rows); backward leaves the input gradient there.
   void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
+  // Expert parallelism: rows in dispatch order (by global expert) to this rank's experts,
+  // arriving expert-major in `out`, and back (inverse). Identity copies when ep = 1.
+  void moe_count_received(BlockActivations& a);
+  void moe_to_experts(const BlockActivations& a, const float* rows, float* out);
+  void moe_from_experts(const BlockActivations& a, const float* rows, float* out);
+  std::vector<int> moe_expert_offsets(const BlockActivations& a) const;
   double moe_flops(int N, int dispatched) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
@@ -329,6 +348,8 @@ class Gpt {
   // input gradients) [Nk,C], the experts' (or shared experts') hidden gradients, the
   // weights' gradients [N*k] and the router logits' [N,E].
   float *moe_rows_ = nullptr, *moe_dy_ = nullptr, *moe_dact_ = nullptr, *moe_dfch_ = nullptr;
+  float* moe_xchg_ = nullptr;  // [R,C] (ep > 1) rows as they arrive from an all-to-all
+  comm::Group* ep_ = nullptr;  // null when ep = 1
   float *moe_dweight_ = nullptr, *moe_dlogits_ = nullptr;
   int Fcel_ = 0, Fel_ = 0;  // one expert's first-projection rows and hidden width on this rank
   MoeTraining moe_training_;

@@ -27,29 +27,112 @@ double Gpt::moe_flops(int N, int dispatched) const {
   return 2.0 * N * C * config_.moe.experts + 2.0 * ((double)dispatched + S * N) * C * ((double)Fcel_ + Fel_);
 }
 
+// How many rows each ep rank sends for each of this rank's experts: an all-to-all of the
+// routing's per-expert counts (rank q's experts are [q El, (q+1) El), a contiguous run of
+// the dispatch order).
+void Gpt::moe_count_received(BlockActivations& a) {
+  const int E = config_.moe.experts;
+  std::vector<float> mine(E), theirs(E);
+  for (int e = 0; e < E; e++) mine[e] = (float)(a.route.offsets[e + 1] - a.route.offsets[e]);  // exact below 2^24
+  if (ep_) ep_->all_to_all(mine.data(), theirs.data(), (size_t)E / ep_->size());
+  else theirs = mine;
+  for (int e = 0; e < E; e++) a.received[e] = (int)theirs[e];
+}
+
+// This rank's experts' rows, expert-major: expert j's rows are [offsets[j], offsets[j+1]),
+// from every source rank in rank order.
+std::vector<int> Gpt::moe_expert_offsets(const BlockActivations& a) const {
+  const int P = layout_.ep(), El = config_.moe.experts / P;
+  std::vector<int> off(El + 1, 0);
+  for (int j = 0; j < El; j++) {
+    off[j + 1] = off[j];
+    for (int q = 0; q < P; q++) off[j + 1] += a.received[q * El + j];
+  }
+  return off;
+}
+
+namespace {
+
+// Rows of P sources x El experts between source-major (as an all-to-all delivers them) and
+// expert-major (as the grouped GEMMs read them) order; counts[q * El + j] rows per block.
+void moe_permute_blocks(const float* src, float* dst, const int* counts, int P, int El, int C, bool to_expert_major) {
+  std::vector<size_t> source_at(P * El), expert_at(P * El);
+  size_t at = 0;
+  for (int q = 0; q < P; q++)
+    for (int j = 0; j < El; j++) source_at[q * El + j] = at, at += counts[q * El + j];
+  at = 0;
+  for (int j = 0; j < El; j++)
+    for (int q = 0; q < P; q++) expert_at[q * El + j] = at, at += counts[q * El + j];
+  for (int b = 0; b < P * El; b++) {
+    const size_t from = to_expert_major ? source_at[b] : expert_at[b], to = to_expert_major ? expert_at[b] : source_at[b];
+    std::memcpy(dst + to * C, src + from * C, sizeof(float) * counts[b] * C);
+  }
+}
+
+}  // namespace
+
+void Gpt::moe_to_experts(const BlockActivations& a, const float* rows, float* out) {
+  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
+  std::vector<size_t> send(P), recv(P);
+  for (int q = 0; q < P; q++) {
+    send[q] = (size_t)(a.route.offsets[(q + 1) * El] - a.route.offsets[q * El]) * C;
+    for (int j = 0; j < El; j++) recv[q] += (size_t)a.received[q * El + j] * C;
+  }
+  ep_->all_to_allv(rows, send.data(), moe_xchg_, recv.data());
+  moe_permute_blocks(moe_xchg_, out, a.received, P, El, C, true);
+}
+
+void Gpt::moe_from_experts(const BlockActivations& a, const float* rows, float* out) {
+  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
+  std::vector<size_t> send(P), recv(P);
+  for (int q = 0; q < P; q++) {
+    recv[q] = (size_t)(a.route.offsets[(q + 1) * El] - a.route.offsets[q * El]) * C;
+    for (int j = 0; j < El; j++) send[q] += (size_t)a.received[q * El + j] * C;
+  }
+  moe_permute_blocks(rows, moe_xchg_, a.received, P, El, C, false);
+  ep_->all_to_allv(moe_xchg_, send.data(), out, recv.data());
+}
+
 void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
-  const int S = config_.moe.shared_experts;
+  const int S = config_.moe.shared_experts, El = layout_.local_experts(l);
   const float* x = gather_rows(a.ln2, gathered_);  // every row: routing sees whole sequences
   k::matmul_forward(a.router_logits, x, param(u, unit, layout_.layer(l, kRouterW)), nullptr, N, C, E,
                     k::Precision::kFp32);
   MoeRouteStats recomputed;  // a recomputation routes again; the step's statistics count once
-  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, recomputing ? &recomputed : &moe_stats_[l]);
+  MoeRouteStats& stats = recomputing ? recomputed : moe_stats_[l];
+  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, &stats);
   const int M = a.route.offsets[E];
-  (recomputing ? flops_.recompute : flops_.model) += moe_flops(N, M);
   for (int s = 0; s < M; s++) {
     const float* row = x + (size_t)(a.route.order[s] / k) * C;
     std::memcpy(moe_rows_ + (size_t)s * C, row, sizeof(float) * C);
   }
-  std::vector<k::GemmInput> fc, proj;
-  for (int j = 0; j < layout_.local_experts(l); j++) {
-    fc.push_back(gemm_weight(u, unit, layout_.expert_fc(l, j)));
-    proj.push_back(gemm_weight(u, unit, layout_.expert_proj(l, j)));
+  // The experts' rows: this rank's own dispatch (ep = 1), or what every ep rank sent here.
+  moe_count_received(a);
+  const std::vector<int> offsets = moe_expert_offsets(a);
+  const int R = offsets[El];
+  const float* rows = moe_rows_;
+  if (ep_) {
+    moe_to_experts(a, moe_rows_, a.expert_in);
+    rows = a.expert_in;
+    const int own = a.route.offsets[(layout_.ep_rank() + 1) * El] - a.route.offsets[layout_.ep_rank() * El];
+    stats.sent_rows += M - own, stats.received_rows += R - own;
   }
-  k::grouped_matmul_forward(a.fch, moe_rows_, fc.data(), a.route.offsets, (int)fc.size(), C, Fcel_, precision_);
-  const k::GemmInput hidden = activate(a.fch, a.fch_gelu, M, Fel_);
-  k::grouped_matmul_forward(a.expert_out, hidden, proj.data(), a.route.offsets, (int)proj.size(), Fel_, C,
-                            precision_);
+  (recomputing ? flops_.recompute : flops_.model) += moe_flops(N, R);
+  std::vector<k::GemmInput> fc, proj;
+  std::vector<int> units(El);
+  for (int j = 0; j < El; j++) {
+    units[j] = layout_.expert_unit(l, j);
+    const float* eu = store_->acquire_params(units[j]);
+    fc.push_back(gemm_weight(units[j], eu, layout_.expert_fc(l, j)));
+    proj.push_back(gemm_weight(units[j], eu, layout_.expert_proj(l, j)));
+  }
+  k::grouped_matmul_forward(a.fch, rows, fc.data(), offsets.data(), El, C, Fcel_, precision_);
+  const k::GemmInput hidden = activate(a.fch, a.fch_gelu, R, Fel_);
+  float* out = ep_ ? moe_dy_ : a.expert_out;  // expert-major, then back to the tokens' ranks
+  k::grouped_matmul_forward(out, hidden, proj.data(), offsets.data(), El, Fel_, C, precision_);
+  for (int j = 0; j < El; j++) store_->release_params(units[j]);
+  if (ep_) moe_from_experts(a, moe_dy_, a.expert_out);
   // Combine: the shared experts' output (weight 1), plus each kept choice's weighted row.
   if (S > 0) {
     k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcel_,
@@ -61,13 +144,13 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
     std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
   }
   for (int n = 0; n < N; n++) {
-    float* out = partial_ + (size_t)n * C;
+    float* o = partial_ + (size_t)n * C;
     for (int j = 0; j < k; j++) {
       const int slot = a.route.slot[n * k + j];
       if (slot < 0) continue;
       const float w = a.route.weight[n * k + j];
       const float* y = a.expert_out + (size_t)slot * C;
-      for (int c = 0; c < C; c++) out[c] += w * y[c];
+      for (int c = 0; c < C; c++) o[c] += w * y[c];
     }
   }
 }
@@ -77,9 +160,11 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
 // gradients.
 void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T) {
   const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
-  const int S = config_.moe.shared_experts, M = a.route.offsets[E];
+  const int S = config_.moe.shared_experts, M = a.route.offsets[E], El = layout_.local_experts(l);
   const MoeRoute& r = a.route;
-  flops_.model += 2 * moe_flops(N, M);  // backward: twice the forward's
+  const std::vector<int> offsets = moe_expert_offsets(a);
+  const int R = offsets[El];
+  flops_.model += 2 * moe_flops(N, R);  // backward: twice the forward's
   const float* dout = gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_);
   // Each choice's weight gradient <dout, y>, summed over tp (y is partial there), and each
   // dispatched row's output gradient w * dout.
@@ -114,23 +199,36 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
   } else {
     std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
   }
-  // The experts: down projections, activation, first projections; the dispatched rows'
-  // input gradients replace their output gradients in moe_dy_.
+  // The experts: their output gradients to their ranks (ep > 1), down projections,
+  // activation, first projections; the input gradients go back the same way and replace
+  // the output gradients in moe_dy_, in dispatch order.
+  float* dy = moe_dy_;
+  const float* rows = moe_rows_;
+  if (ep_) {
+    moe_to_experts(a, moe_dy_, moe_rows_);
+    dy = moe_rows_, rows = a.expert_in;
+  } else {
+    for (int s = 0; s < M; s++)
+      std::memcpy(moe_rows_ + (size_t)s * C, x + (size_t)(r.order[s] / k) * C, sizeof(float) * C);
+  }
   std::vector<k::GemmInput> fc, proj;
   std::vector<k::GradOutput> dfc, dproj;
-  for (int j = 0; j < layout_.local_experts(l); j++) {
-    fc.push_back(gemm_weight(u, unit, layout_.expert_fc(l, j)));
-    proj.push_back(gemm_weight(u, unit, layout_.expert_proj(l, j)));
-    dfc.push_back(weight_grad(u, gunit, layout_.expert_fc(l, j)));
-    dproj.push_back(weight_grad(u, gunit, layout_.expert_proj(l, j)));
+  std::vector<int> units(El);
+  for (int j = 0; j < El; j++) {
+    units[j] = layout_.expert_unit(l, j);
+    const float* eu = store_->acquire_params(units[j]);
+    float* geu = store_->acquire_grads(units[j]);
+    fc.push_back(gemm_weight(units[j], eu, layout_.expert_fc(l, j)));
+    proj.push_back(gemm_weight(units[j], eu, layout_.expert_proj(l, j)));
+    dfc.push_back(weight_grad(units[j], geu, layout_.expert_fc(l, j)));
+    dproj.push_back(weight_grad(units[j], geu, layout_.expert_proj(l, j)));
   }
-  k::grouped_matmul_backward(moe_dact_, dproj.data(), moe_dy_, hidden_input(a.fch_gelu), proj.data(), r.offsets,
-                             (int)proj.size(), Fel_, C, precision_);
-  activation_backward(moe_dfch_, a.fch, moe_dact_, M, Fel_);
-  for (int s = 0; s < M; s++)
-    std::memcpy(moe_rows_ + (size_t)s * C, x + (size_t)(r.order[s] / k) * C, sizeof(float) * C);
-  k::grouped_matmul_backward(moe_dy_, dfc.data(), moe_dfch_, moe_rows_, fc.data(), r.offsets, (int)fc.size(), C, Fcel_,
-                             precision_);
+  k::grouped_matmul_backward(moe_dact_, dproj.data(), dy, hidden_input(a.fch_gelu), proj.data(), offsets.data(), El,
+                             Fel_, C, precision_);
+  activation_backward(moe_dfch_, a.fch, moe_dact_, R, Fel_);
+  k::grouped_matmul_backward(dy, dfc.data(), moe_dfch_, rows, fc.data(), offsets.data(), El, C, Fcel_, precision_);
+  for (int j = El - 1; j >= 0; j--) store_->release_params(units[j]), store_->release_grads(units[j]);
+  if (ep_) moe_from_experts(a, dy, moe_dy_);
   for (int n = 0; n < N; n++) {  // each token's kept choices, in choice order
     float* dx = partial_ + (size_t)n * C;
     for (int j = 0; j < k; j++) {

@@ -7,13 +7,6 @@
 
 namespace meshtrain::model {
 
-namespace {
-
-// The global index of the first routed expert a layout holds in layer l.
-int first_held_expert(const ParamLayout& layout, int l) { return layout.expert_fc(l, 0).expert; }
-
-}  // namespace
-
 void draw_initial_tensor(const GptConfig& c, const ParamLayout& layout, const ParamTensor& t,
                          std::mt19937_64& rng, float* w) {
   std::fill(w, w + t.numel, 0.0f);
@@ -27,7 +20,7 @@ void draw_initial_tensor(const GptConfig& c, const ParamLayout& layout, const Pa
   auto is = [&](LayerTensor k) { return layout.has(t.layer, k) && &t == &layout.layer(t.layer, k); };
   const bool residual_proj =
       t.layer >= 0 && (is(kAttProjW) || is(kFcProjW) || is(kSharedProjW) ||
-                       (t.expert >= 0 && &t == &layout.expert_proj(t.layer, t.expert - first_held_expert(layout, t.layer))));
+                       (t.expert >= 0 && &t == &layout.expert_proj(t.layer, t.expert - layout.first_expert())));
   std::normal_distribution<float> dist(0.0f, residual_proj ? residual_std : 0.02f);
   size_t n = t.numel;
   if (t.vocabulary_rows()) n = (size_t)c.vocab * c.dim;  // wte, lm_head: padding stays zero

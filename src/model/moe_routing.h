@@ -36,6 +36,10 @@ struct MoeRouteStats {
   double z = 0;        // sum over tokens of beta * logsumexp(logits)^2
   int64_t dropped = 0; // assignments over capacity
   std::vector<int64_t> tokens;  // [E] kept assignments per expert
+  // Expert parallelism (Gpt): rows this rank sent to other ep ranks' experts, and received
+  // from other ranks for its own, in the forward dispatch (the combine and the backward
+  // move the same rows again).
+  int64_t sent_rows = 0, received_rows = 0;
 };
 
 // Routes N rows of router logits [N, E] (B sequences of T rows) into r: scores (softmax, or

@@ -6,8 +6,11 @@
 
 namespace meshtrain::model {
 
-ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part)
-    : untied_head_(!c.tied_head), tp_(tp), tp_rank_(tp_rank) {
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part, int ep, int ep_rank)
+    : untied_head_(!c.tied_head), tp_(tp), tp_rank_(tp_rank), ep_(ep), ep_rank_(ep_rank) {
+  CHECK_MSG(ep >= 1 && 0 <= ep_rank && ep_rank < ep && (ep == 1 || c.moe.experts % ep == 0),
+            "expert parallelism must divide the experts");
+  first_expert_ = c.is_moe() ? ep_rank * (c.moe.experts / ep) : 0;
   using S = TpSplit;
   building_.fill(-1);
   const int64_t C = c.dim;
@@ -38,7 +41,8 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPar
     if (gpt2_names) add_gpt2_block(c, l);
     else add_llama_block(c, l);
     block_unit_[l] = num_units();
-    close_unit(1 + l, first);
+    close_unit(block_unit_id(c, l), first);
+    if (c.is_moe_layer(l)) add_expert_units(c, l);
   }
   if (final_norm) {
     const size_t first = tensors_.size();
@@ -47,7 +51,7 @@ ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPar
       add(gpt2_names ? "ln_f.bias" : "model.norm.bias", {C}, S::kReplicated, false, false, -1, 1, false);
     if (!c.tied_head) add("lm_head.weight", {c.padded_vocab(), C}, S::kRows, true, false, -1, 2, false);
     final_unit_ = num_units();
-    close_unit(L + 1, first);
+    close_unit(final_unit_id(c), first);
   }
 }
 
@@ -120,17 +124,41 @@ void ParamLayout::add_moe_mlp(const GptConfig& c, int l, const std::string& p) {
     if (swiglu) add(sp + "up_proj.weight", {Fs, C}, S::kRows, true, false, l, -1, true);
     add(sp + "down_proj.weight", {C, Fs}, S::kCols, true, false, l, kSharedProjW, true);
   }
-  for (int e = 0; e < c.moe.experts; e++) {
-    const std::string ep = p + "experts." + std::to_string(e) + ".";
+}
+
+// This rank's routed experts of MoE layer l, a unit each, listed by the block's unit.
+void ParamLayout::add_expert_units(const GptConfig& c, int l) {
+  using S = TpSplit;
+  const int64_t C = c.dim, Fe = c.expert_ffn();
+  const bool swiglu = c.mlp == Mlp::kSwiGlu;
+  const std::string p = "model.layers." + std::to_string(l) + ".block_sparse_moe.experts.";
+  for (int e = first_expert_; e < first_expert_ + c.moe.experts / ep_; e++) {
+    const std::string ep = p + std::to_string(e) + ".";
     const int fc = (int)tensors_.size();
     add(ep + "w1.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
     if (swiglu) add(ep + "w3.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
     const int proj = (int)tensors_.size();
     add(ep + "w2.weight", {C, Fe}, S::kCols, true, false, l, -1, true);
     for (int t = fc; t < (int)tensors_.size(); t++) tensors_[t].expert = e;
-    building_experts_.push_back({fc, proj});
+    unit_experts_[block_unit_[l]].push_back({fc, proj});  // (close_unit grows the vector)
+    close_unit(moe_unit_id(c, l, e), fc);
+    units_.back().expert = e;
   }
 }
+
+// Whole-model positions: the embeddings, then each block followed by its experts (an MoE
+// layer's), then the final norm.
+int block_unit_id(const GptConfig& c, int l) {
+  const int moe_before = c.is_moe() ? (l + c.moe.every - 1) / c.moe.every : 0;  // MoE layers < l
+  return 1 + l + moe_before * (c.is_moe() ? c.moe.experts : 0);
+}
+
+int moe_unit_id(const GptConfig& c, int l, int e) {
+  CHECK_MSG(c.is_moe_layer(l), "not an MoE layer");
+  return block_unit_id(c, l) + 1 + e;
+}
+
+int final_unit_id(const GptConfig& c) { return 1 + c.layers + c.moe_layers() * (c.is_moe() ? c.moe.experts : 0); }
 
 // The tensors added since `first_tensor` form the next unit (contiguous by construction).
 void ParamLayout::close_unit(int id, size_t first_tensor) {
@@ -141,8 +169,7 @@ void ParamLayout::close_unit(int id, size_t first_tensor) {
   for (size_t i = first_tensor; i < tensors_.size(); i++) tensors_[i].unit = u;
   unit_slots_.push_back(building_);
   building_.fill(-1);
-  unit_experts_.push_back(std::move(building_experts_));
-  building_experts_.clear();
+  unit_experts_.emplace_back();
 }
 
 const ParamTensor& ParamLayout::slot(int unit, int k) const {

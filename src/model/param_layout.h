@@ -70,10 +70,17 @@ enum LayerTensor : int {
 // A unit is the granularity of parameter ownership: the embeddings (wte, wpe), each block,
 // and the final norm (with an untied head), each a contiguous range of the flat buffer. ZeRO shards, gathers
 // and reduces unit by unit; backward finishes them in reverse order.
+// An MoE layer's routed experts are units of their own, one per expert, after their
+// block's unit: they are what expert parallelism splits (a rank holds its experts' units
+// only) and what reduces over the expert-data-parallel group.
 struct ParamUnit {
   size_t offset = 0;
   size_t numel = 0;
-  int id = 0;  // the unit's index in the whole model: 0 embeddings, 1 + l block l, L + 1 final norm
+  // The unit's position in the whole model's units: 0 embeddings, then each block followed
+  // by its experts (an MoE layer's), then the final norm: block_unit_id, moe_unit_id,
+  // final_unit_id (for a dense model 1 + l and L + 1).
+  int id = 0;
+  int expert = -1;  // a routed expert's unit: its expert index; else -1
 };
 
 // The layers one rank holds: the pipeline stages ("chunks") it runs, in chunk order, each
@@ -93,8 +100,10 @@ class ParamLayout {
   // The layout of tensor-parallel rank `tp_rank` of `tp` (tp = 1: the whole model) for the
   // layers of `part` (empty: all of them). Tensors keep their whole-model names and
   // layer indices; offsets are compact over what the part holds.
+  // With expert parallelism over `ep` ranks, rank `ep_rank` holds E/ep of each MoE layer's
+  // routed experts (is_whole_model() is then false).
   explicit ParamLayout(const GptConfig& config, int tp = 1, int tp_rank = 0,
-                       const ModelPart& part = {});
+                       const ModelPart& part = {}, int ep = 1, int ep_rank = 0);
   int tp() const { return tp_; }
   int tp_rank() const { return tp_rank_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
@@ -113,16 +122,21 @@ class ParamLayout {
   // a LayerNorm's bias), the final norm's bias, an untied head.
   bool has_wpe() const { return has_slot(embedding_unit(), 1); }
   bool has(int l, LayerTensor t) const { return has_slot(block_unit(l), t); }
-  // An MoE layer's routed experts held here (all of them today), by local index j: the
-  // first projection ([w1; w3] for SwiGLU, w1 for GELU) and the down projection w2.
+  // An MoE layer's routed experts held here, by local index j (expert first_expert() + j:
+  // experts [ep_rank E/ep, (ep_rank + 1) E/ep)): their unit, the first projection ([w1; w3]
+  // for SwiGLU, w1 for GELU) and the down projection w2.
   int local_experts(int l) const { return (int)unit_experts_[block_unit(l)].size(); }
+  int first_expert() const { return first_expert_; }
+  int ep() const { return ep_; }
+  int ep_rank() const { return ep_rank_; }
+  int expert_unit(int l, int j) const { return tensors_[unit_experts_[block_unit(l)][j][0]].unit; }
   const ParamTensor& expert_fc(int l, int j) const { return tensors_[unit_experts_[block_unit(l)][j][0]]; }
   const ParamTensor& expert_proj(int l, int j) const { return tensors_[unit_experts_[block_unit(l)][j][1]]; }
   bool has_lnf_b() const { return has_slot(final_unit(), 1); }
   bool has_untied_head() const { return untied_head_; }
 
   // Held units in whole-model order: embeddings, blocks by layer, final norm. Local unit
-  // indices below are positions in units(); for the whole model, 0 = embeddings, 1 + l =
+  // indices below are positions in units(); for a dense whole model, 0 = embeddings, 1 + l =
   // block l, num_units() - 1 = final norm.
   const std::vector<ParamUnit>& units() const { return units_; }
   int num_units() const { return (int)units_.size(); }
@@ -134,7 +148,9 @@ class ParamLayout {
   int final_unit() const;
   // Local index of the unit with whole-model index `id`, or -1 when not held.
   int local_unit(int id) const;
-  bool is_whole_model() const { return whole_; }
+  bool is_whole_model() const { return whole_ && ep_ == 1; }
+  // Every layer, the embeddings and the final norm (a whole pipeline; experts may be split).
+  bool holds_every_layer() const { return whole_; }
   // Offset of tensor t inside its unit.
   size_t offset_in_unit(const ParamTensor& t) const;
   int unit_of(const ParamTensor& t) const;
@@ -148,16 +164,16 @@ class ParamLayout {
   void add_gpt2_block(const GptConfig& c, int l);
   void add_llama_block(const GptConfig& c, int l);
   void add_moe_mlp(const GptConfig& c, int l, const std::string& prefix);
+  void add_expert_units(const GptConfig& c, int l);
   const ParamTensor& slot(int unit, int k) const;
   bool has_slot(int unit, int k) const { return unit_slots_[unit][k] >= 0; }
   static constexpr int kSlots = kNumLayerTensors;
   std::vector<std::array<int, kSlots>> unit_slots_;  // per local unit: slot -> tensor or -1
   std::array<int, kSlots> building_{};                // the unit being built's slots
-  // Per local unit: its routed experts' (first projection, down projection) tensors.
+  // Per local unit: a block's routed experts' (first projection, down projection) tensors.
   std::vector<std::vector<std::array<int, 2>>> unit_experts_;
-  std::vector<std::array<int, 2>> building_experts_;
   bool untied_head_ = false;
-  int tp_ = 1, tp_rank_ = 0;
+  int tp_ = 1, tp_rank_ = 0, ep_ = 1, ep_rank_ = 0, first_expert_ = 0;
   bool whole_ = true;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;
@@ -165,6 +181,12 @@ class ParamLayout {
   int embedding_unit_ = -1, final_unit_ = -1;
   size_t total_ = 0;
 };
+
+// Whole-model unit ids (ParamUnit::id): block l's, expert e's of MoE layer l (right after
+// its block), the final norm's.
+int block_unit_id(const GptConfig& c, int l);
+int moe_unit_id(const GptConfig& c, int l, int e);
+int final_unit_id(const GptConfig& c);
 
 // Copies between a whole tensor (global layout) and tensor-parallel rank r's part of it.
 void global_to_local(const ParamTensor& t, int tp, int tp_rank, const float* global, float* local);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "core/check.h"
 
@@ -34,6 +35,22 @@ Status DataParallel::create_sharded(model::Gpt& gpt, comm::Group& dp, const DpCo
   return Status::ok();
 }
 
+// Units of a group with a communicator of its own are partitioned over it (MoE experts over
+// their expert-data-parallel group); the rest over dp.
+PartitionOf group_partition(const model::ParamLayout& layout, const comm::Group& dp,
+                            const std::vector<ParamGroup>& groups) {
+  std::map<size_t, UnitPartition> by_offset;
+  for (const ParamGroup& g : groups)
+    if (g.reduce)
+      for (int u : g.units) by_offset[layout.units()[u].offset] = {g.reduce->size(), g.reduce->rank()};
+  if (by_offset.empty()) return nullptr;
+  const UnitPartition whole{dp.size(), dp.rank()};
+  return [by_offset, whole](const model::ParamUnit& u) {
+    auto it = by_offset.find(u.offset);
+    return it == by_offset.end() ? whole : it->second;
+  };
+}
+
 DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& config,
                            const optim::AdamWConfig& adamw, comm::Group* tp)
     : gpt_(gpt),
@@ -41,7 +58,8 @@ DataParallel::DataParallel(model::Gpt& gpt, comm::Group& dp, const DpConfig& con
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       config_(config),
       layout_(gpt.layout()),
-      shards_(gpt.layout(), dp.size(), dp.rank(), config.align_shards ? optim::ShardStore::kAlign : 1),
+      shards_(gpt.layout(), dp.size(), dp.rank(), config.align_shards ? optim::ShardStore::kAlign : 1,
+              group_partition(gpt.layout(), dp, config.groups)),
       adamw_config_(adamw) {}
 
 Status DataParallel::init(const float* full_params, const InitialUnits& initial) {
@@ -64,6 +82,7 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
     adamw_ = std::make_unique<optim::AdamW>(adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2),
                                             shards_.local_total(), half, in_files);
   grad_staging_.resize(layout_.num_units());
+  grads_acquired_.assign(layout_.num_units(), false);
   if (stage == 3 || half)
     in_use_ = std::make_unique<UnitsInUse>(
         layout_.num_units(), [this](int u, UnitsInUse::Unit& g) { start_gather(u, g); },
@@ -146,8 +165,7 @@ void DataParallel::init_groups() {
   for (const ParamGroup& spec : specs) {
     GroupParts g;
     g.reduce = spec.reduce ? spec.reduce : &dp_;
-    CHECK_MSG(g.reduce->size() == dp_.size() && g.reduce->rank() == dp_.rank(),
-              "a parameter group's reduction group must be partitioned as the data-parallel group");
+    g.distinct = spec.distinct;
     for (int u : spec.units) {
       CHECK_MSG(u >= 0 && u < layout_.num_units() && group_of_unit_[u] < 0, "a unit in no group or in two");
       group_of_unit_[u] = (int)groups_.size();
@@ -321,6 +339,8 @@ double DataParallel::grad_norm() {
   double total = 0;
   for (size_t g = 0; g < groups_.size(); g++) {
     if (config_.zero_stage > 0) groups_[g].reduce->all_reduce_f64(&local[g], 1, comm::ReduceOp::kSum);
+    // Experts: each ep rank holds others; counted once each (Megatron PR #5916's bug).
+    if (groups_[g].distinct) groups_[g].distinct->all_reduce_f64(&local[g], 1, comm::ReduceOp::kSum);
     total += local[g];
   }
   if (tp_) tp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
@@ -384,7 +404,7 @@ void DataParallel::gather_updated_params(T* params) {
   auto start = [&](int u) {
     const UnitShard& s = shards_.units()[u];
     staging[u].allocate(MemCategory::kComm, s.padded);
-    T* mine = staging[u].data() + (size_t)shards_.rank() * s.shard;
+    T* mine = staging[u].data() + (size_t)s.rank * s.shard;
     std::memcpy(mine, params + shards_.own_begin(u),
                 sizeof(T) * (shards_.own_end(u) - shards_.own_begin(u)));
     requests[u] = reduce_group(u).iall_gather(mine, staging[u].data(), s.shard);
@@ -493,7 +513,7 @@ const float* DataParallel::fp32_tensor(const float* unit, int u, const model::Pa
 
 uint16_t* DataParallel::acquired_grads_bf16(int u) {
   if (!half_ || !half_->packs_grads()) return nullptr;
-  CHECK_MSG(!grad_staging_[u].empty(), "acquired_grads_bf16 of a unit whose gradients are not acquired");
+  CHECK_MSG(grads_acquired_[u], "acquired_grads_bf16 of a unit whose gradients are not acquired");
   return half_->unit_grads(u);
 }
 
@@ -543,6 +563,7 @@ const uint16_t* DataParallel::acquired_bf16(int u) const {
 float* DataParallel::acquire_grads(int u) {
   const int stage = config_.zero_stage;
   if (stage < 2 && !half_) return full_grads() + layout_.units()[u].offset;
+  grads_acquired_[u] = true;  // (a unit of GEMM weights only stages no fp32 gradient: empty)
   if (grad_staging_[u].empty())
     grad_staging_[u] = stage >= 2 ? groups_[group_of_unit_[u]].scatter->staging(u)
                                   : pool_.take(MemCategory::kWorkspace, half_->fp32_grad_size(u), true);
@@ -552,6 +573,7 @@ float* DataParallel::acquire_grads(int u) {
 void DataParallel::release_grads(int u) {
   const int stage = config_.zero_stage;
   GroupParts& g = groups_[group_of_unit_[u]];
+  if (stage >= 2 || half_) grads_acquired_[u] = false;
   if (stage >= 2) {  // per micro-batch, or once the unit's last micro-batch is done
     if (!config_.reduce_once_per_step || ++released_[u] == micro_batches_) g.scatter->start(u, std::move(grad_staging_[u]));
     return;

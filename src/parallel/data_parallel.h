@@ -63,13 +63,16 @@
 namespace meshtrain::parallel {
 
 // Units whose gradients are summed over one group of ranks (Megatron's and DeepSpeed's
-// parameter groups; MoE's experts reduce over their expert-data-parallel group). Every
-// group is partitioned as the data-parallel group is, so its reduction group has dp's size
-// and rank order; groups differ in the communicator their collectives run on.
+// parameter groups; MoE's experts reduce over their expert-data-parallel group). ZeRO
+// partitions each unit over its group's ranks (ShardLayout's per-unit partition), so a
+// group's reduce-scatters, all-gathers and optimizer shards run on its communicator.
 struct ParamGroup {
   std::string name;
   comm::Group* reduce = nullptr;  // null: the store's data-parallel group
   std::vector<int> units;         // ascending
+  // Ranks that hold other parameters of this group (expert parallelism: the ep group, each
+  // rank other experts): the gradient norm sums the group's part over them. Null: none.
+  comm::Group* distinct = nullptr;
 };
 
 struct DpConfig {
@@ -200,6 +203,7 @@ class DataParallel : public model::ParamStore, public GradSync {
  private:
   struct GroupParts {
     comm::Group* reduce = nullptr;  // the group's communicator (the spec's, or dp)
+    comm::Group* distinct = nullptr;
     std::unique_ptr<BucketAllReduce> buckets;      // stage 0
     std::unique_ptr<ShardReduceScatter> scatter;   // stages 1-3
   };
@@ -272,6 +276,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   // Per unit while in backward: stages 2-3 the reduce-scatter input, 16-bit stages 0-1
   // the fp32 accumulator of one micro-batch.
   std::vector<Buffer<float>> grad_staging_;
+  std::vector<bool> grads_acquired_;  // per unit: between acquire_grads and release_grads
   // Per-unit buffers (views, accumulators, staging, gathers) are reused, within a step and
   // from one step to the next.
   BufferPool<float> pool_;

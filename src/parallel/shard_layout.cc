@@ -4,14 +4,17 @@
 
 namespace meshtrain::parallel {
 
-ShardLayout::ShardLayout(const model::ParamLayout& layout, int world, int rank, size_t align)
+ShardLayout::ShardLayout(const model::ParamLayout& layout, int world, int rank, size_t align,
+                         const PartitionOf& partition)
     : world_(world), rank_(rank) {
   for (const auto& u : layout.units()) {
     UnitShard s;
+    const UnitPartition p = partition ? partition(u) : UnitPartition{world, rank};
+    s.world = p.world, s.rank = p.rank;
     s.global_offset = u.offset;
     s.numel = u.numel;
-    s.shard = (u.numel + world - 1) / world;
-    s.padded = s.shard * world;
+    s.shard = (u.numel + p.world - 1) / p.world;
+    s.padded = s.shard * p.world;
     s.local_offset = (local_total_ + align - 1) / align * align;
     local_total_ = s.local_offset + s.shard;
     units_.push_back(s);

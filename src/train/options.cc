@@ -35,6 +35,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"tp", o.tp},
           {"pp", o.pp},
           {"dp", o.dp},
+          {"ep", o.ep},
           {"schedule", o.schedule},
           {"virtual_stages", o.virtual_stages},
           {"stage_layers", o.stage_layers},

@@ -41,6 +41,7 @@ struct TrainOptions {
 
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
+  int ep = 1;  // expert parallelism, carved out of dp (MoE models)
   // "auto": the layout flags are chosen by the planner (train/auto_plan.h) for `ranks`
   // ranks (from a plain shell; under mpirun the world's size).
   std::string plan;

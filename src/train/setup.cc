@@ -119,6 +119,7 @@ Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m
 Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
+  RETURN_IF_ERROR(comm::resolve_expert_parallel(o.ep, &shape));
   run->mesh_shape = shape;
   BatchShape& b = run->shape;
   b.B = o.micro_batch;
@@ -282,14 +283,25 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
   return Status::ok();
 }
 
+// Expert parallelism: the routed experts' units reduce over the expert-data-parallel group
+// (and are sharded over it), and count once per ep rank in the gradient norm; the rest over
+// dp. Without it, one group of every unit.
+std::vector<parallel::ParamGroup> expert_groups(const model::ParamLayout& layout, comm::Mesh& mesh) {
+  if (mesh.shape().ep == 1) return {};
+  parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &mesh.edp(), {}, &mesh.ep()};
+  for (int u = 0; u < layout.num_units(); u++) (layout.units()[u].expert >= 0 ? experts : dense).units.push_back(u);
+  return {dense, experts};
+}
+
 Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   // bf16 and fp16 runs store 16-bit parameters and gradients (fp32 master weights in the
   // optimizer); the store then takes its initial weights from a full fp32 copy, as ZeRO-3.
   const kernels::Precision storage = run->precision;
   const bool initial_copy = o.zero == 3 || storage != kernels::Precision::kFp32;
   comm::Group* tp = &run->mesh->tp();
+  comm::Group* ep = &run->mesh->ep();
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero, storage),
-                                          tp, o.sp, run->part);
+                                          tp, o.sp, run->part, ep);
   model::Recompute mode = model::Recompute::kNone;
   RETURN_IF_ERROR(model::parse_recompute(o.recompute, &mode));  // the flag was checked before any work
   run->gpt->set_recompute(mode, o.recompute_every);
@@ -297,6 +309,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   run->gpt->set_dropout(o.dropout, o.seed);
   run->gpt->set_moe_training(moe_training(o));
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
+  dpc.groups = expert_groups(run->gpt->layout(), *run->mesh);
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
@@ -322,7 +335,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
         &run->dp));
   } else if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
-    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part);
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, ep);
     RETURN_IF_ERROR(initial_weights(o, &full));
     run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
                                                        full.params(), tp);
@@ -397,6 +410,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   // load_checkpoint() rejects a checkpoint of another shape.
   RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
+  RETURN_IF_ERROR(model::validate_ep(run->config, run->mesh_shape.ep));
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,

@@ -344,11 +344,11 @@ TEST(MoeModel, ActivationsMatchTheInventory) {
     gpt.forward(tok.data(), tok.data(), B, T);
     EXPECT_EQ(current() - before, (int64_t)sizeof(float) * (sets + shared));
     // The MoE block's tensors, written out: the dense MLP's [N,Fc] and [N,F] give way to the
-    // router logits [N,E], the routing [N*k] x 4 + [E+1], the experts' [Nk,Fce], [Nk,Fe],
-    // [Nk,C] and the shared expert's [N,Fce], [N,Fe].
+    // router logits [N,E], the routing [N*k] x 4 + [E+1], the counts received [E], the
+    // experts' [Nk,Fce], [Nk,Fe], [Nk,C] (one rank: R = Nk) and the shared expert's [N,Fce], [N,Fe].
     const int64_t N = B * T, E = 4, k = 2, Fce = 48, Fe = 24, C = 32, Fc = 96, F = 48;
     EXPECT_EQ(inv.moe_block_none - inv.block_none,
-              N * E + 4 * N * k + E + 1 + N * k * (Fce + Fe + C) + N * (Fce + Fe) - N * (Fc + F));
+              N * E + 4 * N * k + E + 1 + E + N * k * (Fce + Fe + C) + N * (Fce + Fe) - N * (Fc + F));
   }
 }
 

@@ -104,9 +104,7 @@ void BucketAllReduce::complete(size_t b) {
 
 ShardReduceScatter::ShardReduceScatter(comm::Group& group, const ShardLayout& shards, int in_flight, bool overlap,
                                        BufferPool<float>& pool, Sink sink)
-    : group_(group), shards_(shards), in_flight_(in_flight), overlap_(overlap), pool_(pool), sink_(std::move(sink)) {
-  CHECK_MSG(group.size() == shards.world(), "the reduction group is not the partition's");
-}
+    : group_(group), shards_(shards), in_flight_(in_flight), overlap_(overlap), pool_(pool), sink_(std::move(sink)) {}
 
 Buffer<float> ShardReduceScatter::staging(int u) {
   return pool_.take(MemCategory::kComm, shards_.units()[u].padded, true);
@@ -115,6 +113,7 @@ Buffer<float> ShardReduceScatter::staging(int u) {
 void ShardReduceScatter::start(int u, Buffer<float>&& padded) {
   const UnitShard& s = shards_.units()[u];
   CHECK(padded.size() == s.padded);
+  CHECK_MSG(group_.size() == s.world && group_.rank() == s.rank, "the reduction group is not the unit's partition");
   Pending p;
   p.unit = u;
   p.send = std::move(padded);
