@@ -74,9 +74,12 @@ json moe_json(Run& run, comm::Group& world) {
     cv = std::max(cv, mean > 0 ? std::sqrt(var) / mean : 0.0);
   }
   const double assignments = tokens * c.moe.top_k * c.moe_layers();
+  int64_t sent = 0, received = 0;  // this rank's, as its comm bytes are
+  for (const model::MoeRouteStats& s : run.gpt->moe_stats()) sent += s.sent_rows, received += s.received_rows;
   return {{"moe",
            {{"aux_loss", aux}, {"z_loss", z}, {"dropped_fraction", dropped / assignments},
-            {"tokens_per_expert", {{"min", lo}, {"max", hi}, {"cv", cv}}}}}};
+            {"tokens_per_expert", {{"min", lo}, {"max", hi}, {"cv", cv}}},
+            {"sent_rows", sent}, {"received_rows", received}}}};
 }
 
 // Collective: world rank 0 prints every rank's peak memory by category, and the pipeline's

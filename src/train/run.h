@@ -62,7 +62,8 @@ nlohmann::json comm_json(const std::map<std::string, comm::AxisStats>& stats, do
 // Collective over pp: the step's measured and theoretical pipeline bubble (empty without pp).
 nlohmann::json pipeline_json(Run& run);
 // Collective over the world: the step's MoE routing statistics, {"moe": {aux_loss, z_loss,
-// dropped_fraction, tokens_per_expert {min, max, cv (the worst layer's)}}} (empty when dense).
+// dropped_fraction, tokens_per_expert {min, max, cv (the worst layer's)}, and this rank's
+// sent_rows, received_rows of the expert-parallel dispatch}} (empty when dense).
 nlohmann::json moe_json(Run& run, comm::Group& world);
 // Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
 void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);

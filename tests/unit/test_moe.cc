@@ -299,6 +299,23 @@ model::GptConfig small_moe(int shared = 0, int every = 2) {
   return c;
 }
 
+TEST(MoeModel, ExpertParallelSizesAreChecked) {
+  const model::GptConfig c = small_moe();
+  EXPECT_TRUE(model::validate_ep(c, 2).is_ok());
+  EXPECT_TRUE(model::validate_ep(c, 4).is_ok());
+  EXPECT_EQ(model::validate_ep(c, 3).message(), "--ep 3 does not divide the 4 experts of each MoE layer");
+  EXPECT_EQ(model::validate_ep(testing_util::small_gpt(2), 2).message(),
+            "--ep 2 needs a Mixture-of-Experts model (--moe-experts)");
+  // ep rank 1 of 2 holds experts 2 and 3 of each MoE layer, each a unit of its own.
+  const model::ParamLayout half(c, 1, 0, {}, 2, 1);
+  EXPECT_EQ(half.local_experts(0), 2);
+  EXPECT_EQ(half.expert_fc(0, 0).name, "model.layers.0.block_sparse_moe.experts.2.w1.weight");
+  EXPECT_EQ(half.units()[half.expert_unit(0, 1)].expert, 3);
+  EXPECT_EQ(half.units()[half.expert_unit(0, 1)].id, model::moe_unit_id(c, 0, 3));
+  EXPECT_FALSE(half.is_whole_model());
+  EXPECT_TRUE(half.holds_every_layer());
+}
+
 TEST(MoeModel, LayoutNamesAndParameterCounts) {
   const model::GptConfig c = small_moe(1);
   const model::ParamLayout layout(c);

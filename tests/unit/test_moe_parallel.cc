@@ -9,12 +9,18 @@
 //   x ZeRO 1; full and selective recomputation;
 //   capacity factor 1 (assignments dropped, checked), with its own one-rank reference: dp 2,
 //   tp 2 x sp, pp 2;
-//   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts).
+//   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts);
+//   expert parallelism: ep 2 and 4 x dp x ZeRO 0, 1, 3 (ep 2 of dp 4: experts sharded over
+//   their expert-data-parallel pairs), ep x tp x sp, ep x pp, ep with full recomputation,
+//   with capacity drops and in bf16; the all-to-all bytes against their formula; a
+//   checkpoint written at ep 4 resumed at ep 2 and on one rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <string>
 #include <vector>
+
+#include <filesystem>
 
 #include "cli_test_util.h"
 #include "multirank_test_util.h"
@@ -24,6 +30,8 @@ namespace {
 
 using namespace cli_test;
 using namespace multirank_test;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 const std::string kShape =
     "--model llama-tiny --layers 4 --seq-len 32 --moe-experts 4 --moe-top-k 2 --moe-ffn-dim 64 --moe-every 2 "
@@ -141,6 +149,102 @@ TEST_F(MoeParallel, Bf16LayoutsMatchOneRankBf16) {
       worst = std::max(worst, std::fabs(m.steps[s]["loss"].get<double>() - ref.steps[s]["loss"].get<double>()));
     EXPECT_LE(worst, 1e-3);
   }
+}
+
+const std::vector<Cell> kExpertParallel = {
+    {"--dp 2 --ep 2 --zero 0", 2, 4},
+    {"--dp 2 --ep 2 --zero 1", 2, 4},
+    {"--dp 2 --ep 2 --zero 3", 2, 4},
+    {"--dp 4 --ep 4 --zero 1", 4, 2},
+    {"--dp 4 --ep 2 --zero 0", 4, 2},
+    {"--dp 4 --ep 2 --zero 3", 4, 2},
+    {"--tp 2 --sp --dp 2 --ep 2", 4, 4},
+    {"--pp 2 --dp 2 --ep 2 --zero 1", 4, 2, 2},
+    {"--dp 2 --ep 2 --recompute full", 2, 4},
+};
+
+TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
+  std::vector<RunSpec> specs = {{kReference.args(), 1}};
+  std::vector<std::string> cells;
+  for (const Cell& c : kExpertParallel) specs.push_back({c.args(), c.ranks}), cells.push_back(c.args());
+  const std::vector<Cell> drops = {{"--dp 2 --ep 2 --zero 1", 2, 4}, {"--dp 4 --ep 4 --zero 3", 4, 2}};
+  std::vector<std::string> drop_cells;
+  specs.push_back({kReference.args(kCapacity), 1});
+  for (const Cell& c : drops) specs.push_back({c.args(kCapacity), c.ranks}), drop_cells.push_back(c.args(kCapacity));
+  const Cell bf16{"--dp 2 --ep 2 --zero 3", 2, 4};
+  specs.push_back({kReference.args(" --precision bf16"), 1});
+  specs.push_back({bf16.args(" --precision bf16"), 2});
+  ensure(specs);
+  expect_cells_match(kReference.args(), cells);
+  expect_cells_match(kReference.args(kCapacity), drop_cells);
+  const Metrics ref = metrics_of(kReference.args(" --precision bf16")), m = metrics_of(bf16.args(" --precision bf16"));
+  ASSERT_EQ(m.steps.size(), (size_t)kSteps);
+  for (int s = 0; s < kSteps; s++)
+    EXPECT_NEAR(m.steps[s]["loss"].get<double>(), ref.steps[s]["loss"].get<double>(), 1e-3) << "bf16 step " << s;
+}
+
+// What an ep rank sends over "ep" in a step, from its routing statistics: per MoE layer and
+// micro-batch, the counts (E/ep floats to each other rank) once, then the dispatched rows
+// (C floats each) four times: dispatch and combine, forward and backward. Plus the
+// gradient norm's one double summed over ep.
+TEST_F(MoeParallel, AllToAllBytesEqualTheirFormula) {
+  const Cell c{"--dp 2 --ep 2 --zero 0", 2, 4};
+  ensure({{c.args(), 2}});
+  const Metrics m = metrics_of(c.args());
+  ASSERT_EQ(m.steps.size(), (size_t)kSteps);
+  const int64_t C = 64, E = 4, ep = 2, moe_layers = 2, micro_batches = 1;
+  for (const json& s : m.steps) {
+    const int64_t sent = s["moe"]["sent_rows"].get<int64_t>(), received = s["moe"]["received_rows"].get<int64_t>();
+    EXPECT_GT(sent, 0);
+    const int64_t want = moe_layers * micro_batches * (ep - 1) * (E / ep) * 4 + 2 * (sent + received) * C * 4 + 8;
+    EXPECT_EQ(s["comm"]["ep"]["bytes"].get<int64_t>(), want) << s.dump();
+  }
+}
+
+// A checkpoint written at dp 4 x ep 4 (one expert per rank) resumes at dp 2 x ep 2 and on
+// one rank (every expert) within the parity tolerance of the uninterrupted run.
+TEST_F(MoeParallel, CheckpointsLoadAcrossExpertParallelSizes) {
+  const std::string base = " --micro-batch 2 --steps 10 --save-every 5 --keep-checkpoints 0";
+  const std::string wide = "--dp 4 --ep 4" + base, narrow = "--dp 2 --ep 2 --micro-batch 4 --steps 10",
+                    one = "--dp 1 --micro-batch 8 --steps 10";
+  const std::string full = path("ep4"), to_ep2 = path("ep2"), to_one = path("one");
+  Job first;
+  first.cmd = train(wide + " --quiet --out " + full), first.ranks = 4;
+  run_jobs({&first}, dir_);
+  ASSERT_EQ(first.result.exit_code, 0) << describe(first.result);
+  const Metrics whole = read_metrics(full + "/metrics.jsonl");
+  ASSERT_EQ(whole.steps.size(), 10u);
+  const json index = json::parse(read_file(step_dir(full, 5) + "/index.json"));
+  EXPECT_EQ(index["ep_size"], 4);
+  for (const std::string& dir : {to_ep2, to_one}) {
+    fs::copy(full, dir, fs::copy_options::recursive);
+    fs::remove_all(step_dir(dir, 10));
+    std::string kept;
+    for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
+      const json j = json::parse(line);
+      if (!j.contains("val_loss") && j["step"] <= 5) kept += line + "\n";
+    }
+    write_file(dir + "/metrics.jsonl", kept);
+  }
+  Job a, b;
+  a.cmd = train(narrow + " --quiet --out " + to_ep2 + " --resume"), a.ranks = 2;
+  b.cmd = train(one + " --quiet --out " + to_one + " --resume"), b.ranks = 1;
+  run_jobs({&a, &b}, dir_);
+  for (const Job* j : {&a, &b}) ASSERT_EQ(j->result.exit_code, 0) << describe(j->result);
+  for (const std::string& dir : {to_ep2, to_one}) {
+    const Metrics m = read_metrics(dir + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 10u) << dir;
+    for (int s = 6; s <= 10; s++)
+      EXPECT_NEAR(m.steps[s - 1]["loss"].get<double>(), whole.steps[s - 1]["loss"].get<double>(), kLossTol)
+          << dir << " step " << s;
+  }
+}
+
+// Bad expert-parallel sizes are refused by name on every rank before any step.
+TEST_F(MoeParallel, BadExpertParallelSizesAreRefused) {
+  expect_all_rejected({{"--dp 2 --ep 4 --micro-batch 4", 2, {"--ep 4 must divide the data-parallel size dp = 2"}},
+                       {"--tp 2 --ep 2 --micro-batch 8", 2, {"--ep 2 must divide the data-parallel size dp = 1"}}},
+                      true);
 }
 
 }  // namespace
