@@ -96,9 +96,9 @@ Status parse_llmc_header(const ByteSource& file, LlmcHeader* out) {
 
 std::vector<const model::ParamTensor*> llmc_order(const model::ParamLayout& layout, int layers) {
   // LayerTensor's order within a block is llm.c's order of kinds, so the kind loop follows
-  // the enum.
+  // the enum up to GPT-2's last kind (the MoE kinds after it have no llm.c form).
   std::vector<const model::ParamTensor*> order = {&layout.wte(), &layout.wpe()};
-  for (int k = 0; k < model::kNumLayerTensors; k++)
+  for (int k = 0; k <= model::kFcProjB; k++)
     for (int l = 0; l < layers; l++) order.push_back(&layout.layer(l, (model::LayerTensor)k));
   order.push_back(&layout.lnf_w());
   order.push_back(&layout.lnf_b());

@@ -512,8 +512,23 @@ TEST(Mesh, EveryShapeOfThisWorld) {
         EXPECT_EQ(from_prev, static_cast<float>(Mesh::rank_of({c.tp, c.dp, prev}, shape)));
       }
 
+      // Expert parallelism over pairs of dp ranks: ep holds consecutive dp ranks, edp the
+      // ranks with the same place in their pair.
+      if (shape.dp % 2 == 0) {
+        MeshShape with_ep = shape;
+        with_ep.ep = 2;
+        Mesh moe(w, with_ep);
+        EXPECT_EQ(moe.ep().size(), 2);
+        EXPECT_EQ(moe.ep().rank(), c.dp % 2);
+        EXPECT_EQ(moe.edp().size(), shape.dp / 2);
+        EXPECT_EQ(moe.edp().rank(), c.dp / 2);
+        float dp_rank = (float)c.dp;
+        moe.ep().all_reduce(&dp_rank, 1);
+        EXPECT_EQ(dp_rank, (float)(c.dp / 2 * 4 + 1)) << "the pair's dp ranks";
+      }
+
       const auto stats = mesh.stats();
-      ASSERT_EQ(stats.size(), 4u);
+      ASSERT_EQ(stats.size(), 6u);
       EXPECT_EQ(stats.at("tp").calls, 1);
       EXPECT_EQ(stats.at("dp").calls, 1);
       EXPECT_EQ(stats.at("pp").calls, shape.pp > 1 ? 3 : 1);

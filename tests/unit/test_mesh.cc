@@ -145,7 +145,7 @@ TEST(Mesh, OnASingleRankWorld) {
   mesh.dp().all_reduce(&x, 1);
   EXPECT_EQ(x, 2.f);
   const auto stats = mesh.stats();
-  EXPECT_EQ(stats.size(), 4u);
+  EXPECT_EQ(stats.size(), 6u);  // world, tp, dp, pp, ep, edp
   EXPECT_EQ(stats.at("dp").calls, 1);
   EXPECT_EQ(stats.at("tp").calls, 0);
   mesh.reset_stats();
