@@ -19,7 +19,7 @@ json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait
   *wait_ms = *busy_ms = 0;
   for (const auto& [axis, s] : stats) {
     if (s.calls == 0) continue;
-    out[axis] = {{"bytes", s.bytes}, {"calls", s.calls}};
+    out[axis] = {{"bytes", s.bytes}, {"calls", s.calls}, {"wait_ms", s.wait_s * 1e3}, {"busy_ms", s.busy_s * 1e3}};
     *wait_ms += s.wait_s * 1e3;
     *busy_ms += s.busy_s * 1e3;
   }

@@ -12,11 +12,15 @@
 #include <random>
 #include <vector>
 
+#include "checkpoint/hf_gpt2.h"
+#include "checkpoint/safetensors_model.h"
 #include "comm/self_group.h"
+#include "core/file_io.h"
 #include "comm/thread_group.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
+#include "model/config_json.h"
 #include "model/moe_routing.h"
 #include "parallel/data_parallel.h"
 #include "thread_ranks_test_util.h"
@@ -297,6 +301,37 @@ model::GptConfig small_moe(int shared = 0, int every = 2) {
   c.ffn_dim = 48;
   c.moe.experts = 4, c.moe.top_k = 2, c.moe.every = every, c.moe.shared_experts = shared, c.moe.expert_ffn = 24;
   return c;
+}
+
+// A Hugging Face folder in Mixtral's layout round-trips: config.json (Mixtral's fields, and
+// meshtrain_moe only for what Mixtral cannot say) gives back the same model, the weights the
+// same values.
+TEST(MoeModel, HuggingFaceMixtralFolderRoundTrips) {
+  model::GptConfig mixtral = small_moe(0, 1);
+  mixtral.ffn_dim = 24;  // all layers MoE: intermediate_size is the experts' width
+  for (const model::GptConfig& c : {mixtral, small_moe(1, 2)}) {
+    model::Gpt gpt(c);
+    gpt.init_weights(9);
+    const std::string dir = testing_util::scratch_dir("moe", c.moe.shared_experts ? "hf_deepseek" : "hf_mixtral");
+    ASSERT_TRUE(checkpoint::export_hf_folder(gpt, dir, 60e3).is_ok());  // sharded files
+    std::string text;
+    ASSERT_TRUE(read_file(dir + "/config.json", &text).is_ok());
+    const nlohmann::json j = nlohmann::json::parse(text);
+    EXPECT_EQ(j["model_type"], "mixtral");
+    EXPECT_EQ(j["num_local_experts"], 4);
+    EXPECT_EQ(j["num_experts_per_tok"], 2);
+    EXPECT_EQ(j["intermediate_size"], 24);
+    EXPECT_EQ(j.contains("meshtrain_moe"), c.moe.shared_experts > 0);
+    model::GptConfig back;
+    bool is_llama = false;
+    ASSERT_TRUE(checkpoint::read_hf_llama_config(dir, &back, &is_llama).is_ok());
+    ASSERT_TRUE(is_llama);
+    EXPECT_TRUE(model::same_model(back, c)) << model::describe_arch(back) << " vs " << model::describe_arch(c);
+    model::Gpt loaded(back);
+    ASSERT_TRUE(checkpoint::load_hf_safetensors(dir + "/" + checkpoint::kHfIndexFile, &loaded).is_ok());
+    ASSERT_EQ(loaded.num_elements(), gpt.num_elements());
+    for (size_t i = 0; i < gpt.num_elements(); i++) ASSERT_EQ(loaded.params()[i], gpt.params()[i]) << i;
+  }
 }
 
 TEST(MoeModel, ExpertParallelSizesAreChecked) {
