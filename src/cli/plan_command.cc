@@ -37,7 +37,8 @@ struct PlanFlags {
   double tokens = 0;
   bool as_json = false, sp = false, no_sp = false;
   // Fixed choices: 0 (zero: -1) means searched.
-  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0;
+  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0;
+  double moe_imbalance = 1.0;
   std::string schedule, recompute;
 };
 
@@ -97,6 +98,9 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   };
   RETURN_IF_ERROR(fixed("--tp", f.tp, 1, &s->tp));
   RETURN_IF_ERROR(fixed("--pp", f.pp, 1, &s->pp));
+  RETURN_IF_ERROR(fixed("--ep", f.ep, 1, &s->ep));
+  if (!(f.moe_imbalance >= 1)) return Status::error("--moe-imbalance must be >= 1 (the most loaded expert over the mean)");
+  s->moe_imbalance = f.moe_imbalance;
   RETURN_IF_ERROR(fixed("--micro-batch", f.micro_batch, 1, &s->micro_batch));
   RETURN_IF_ERROR(fixed("--virtual-stages", f.virtual_stages, 1, &s->virtual_stages));
   RETURN_IF_ERROR(fixed("--zero", f.zero, 0, &s->zero));
@@ -143,7 +147,8 @@ std::string layout_name(const Candidate& c) {
   char buf[160];
   std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
-  std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, l.zero,
+  const std::string ep = l.ep > 1 ? " ep" + std::to_string(l.ep) : "";
+  std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, ep.c_str(), l.zero,
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
   return even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
@@ -163,7 +168,7 @@ json candidate_json(const Candidate& c) {
   auto comm = [](const planner::CommTime& t) { return json{{"hidden", t.hidden}, {"exposed", t.exposed}}; };
   const auto& m = p.memory;
   return {{"layout",
-           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
@@ -173,7 +178,7 @@ json candidate_json(const Candidate& c) {
           {"tflops_per_gpu", p.tflops_per_gpu},
           {"mfu", p.mfu},
           {"bubble", p.bubble},
-          {"comm_s", {{"tp", comm(p.tp)}, {"pp", comm(p.pp)}, {"dp", comm(p.dp)}}},
+          {"comm_s", {{"tp", comm(p.tp)}, {"pp", comm(p.pp)}, {"dp", comm(p.dp)}, {"ep", comm(p.ep)}}},
           {"mem_gb",
            {{"params", m.params / 1e9}, {"grads", m.grads / 1e9}, {"optim", m.optim / 1e9},
             {"activations", m.activations / 1e9}, {"buffers", m.buffers / 1e9}, {"total", m.total() / 1e9},
@@ -326,6 +331,10 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--global-batch", f->global_batch, "Sequences per optimizer step");
   cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
   cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
+  cmd->add_option("--ep", f->ep, "Expert-parallel size, MoE models (fixed; searched when absent)");
+  cmd->add_option("--moe-imbalance", f->moe_imbalance,
+                  "MoE: the most loaded expert's tokens over the mean (1: balanced)")
+      ->capture_default_str();
   cmd->add_option("--pp", f->pp, "Pipeline stages (fixed)");
   cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (fixed)");
   cmd->add_option("--micro-batch", f->micro_batch, "Sequences per micro-batch (fixed)");

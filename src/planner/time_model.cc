@@ -11,8 +11,9 @@ namespace meshtrain::planner {
 namespace pp = parallel::pp;
 
 double ModelShape::block_matrix_weights() const {
-  const double h = hidden, kv_width = kv() * head_dim(), f = ffn_width();
-  return h * (h + 2 * kv_width) + h * h + (swiglu ? 3 : 2) * h * f;
+  const double h = hidden, kv_width = kv() * head_dim(), fm = moe_fraction();
+  const double moe_mlp = (top_k + shared_experts) * expert_weights() + (double)experts * h;
+  return h * (h + 2 * kv_width) + h * h + (1 - fm) * dense_mlp_weights() + fm * moe_mlp;
 }
 
 ModelShape model_shape(const model::GptConfig& c, int seq) {
@@ -26,6 +27,9 @@ ModelShape model_shape(const model::GptConfig& c, int seq) {
   m.rope = c.positions == model::Positions::kRope;
   m.bias = c.bias, m.tied_head = c.tied_head;
   m.dropout = c.is_gpt2();
+  if (c.is_moe())
+    m.experts = c.moe.experts, m.top_k = c.moe.top_k, m.moe_every = c.moe.every,
+    m.shared_experts = c.moe.shared_experts, m.expert_ffn = c.expert_ffn();
   return m;
 }
 
@@ -49,12 +53,21 @@ double norm_params(const ModelShape& m) { return m.rms_norm ? m.hidden : 2.0 * m
 // Parameters of one block on one of t tensor-parallel ranks: the column-parallel q k v and
 // MLP-in matrices and their biases are split, as are o's and MLP-out's inputs; the
 // row-parallel biases and the norms are whole on every rank.
+// (An MoE model: the average layer, whose MoE share holds the router and shared experts
+// here and its routed experts in expert_params.)
 double block_params(const ModelShape& m, int t) {
   const double h = m.hidden, hd = m.head_dim(), f = m.ffn_width() / (double)t, mlp_in = m.swiglu ? 2 : 1;
   const double qkv_rows = (m.heads / (double)t + 2 * kv_heads_local(m, t)) * hd;
-  const double matrices = h * qkv_rows + h * (h / t) + (mlp_in + 1) * h * f;
-  const double biases = m.bias ? qkv_rows + mlp_in * f + 2 * h : 0;
+  const double fm = m.moe_fraction();
+  const double mlp = (1 - fm) * (mlp_in + 1) * h * f + fm * (m.experts * h + m.shared_experts * m.expert_weights() / t);
+  const double matrices = h * qkv_rows + h * (h / t) + mlp;
+  const double biases = m.bias ? qkv_rows + (1 - fm) * mlp_in * f + (2 - fm) * h : 0;
   return matrices + biases + 2 * norm_params(m);
+}
+
+// The routed experts one GPU holds per (average) layer: E/ep of them, split over tp.
+double expert_params(const ModelShape& m, int t, int ep) {
+  return m.moe_fraction() * (m.experts / (double)ep) * m.expert_weights() / t;
 }
 
 }  // namespace
@@ -72,7 +85,11 @@ double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, 
   // MLP's: GELU's input and fc2's input, or SwiGLU's gate and up outputs and down's input.
   const double q = h / t, kv = kv_heads_local(m, tp) * hd, f = m.ffn_width() / t;
   const double attention_tensors = 2 * sb * (q + kv) + 2 * sb * kv + 2 * sb * q;
-  const double mlp = (m.swiglu ? 6 : 4) * sb * f;
+  // An MoE layer's MLP instead: its experts' tensors on the b s top_k dispatched rows and
+  // the shared experts' on every row, the fp32 router logits and the rows' expert outputs.
+  const double per_row = m.swiglu ? 6 : 4, fe = m.expert_width() / t, fm = m.moe_fraction();
+  const double moe_mlp = per_row * sb * (m.top_k + m.shared_experts) * fe + 4 * sb * m.experts + 2 * sb * m.top_k * h;
+  const double mlp = (1 - fm) * per_row * sb * f + fm * moe_mlp;
   // The s x s part: unfused attention keeps the softmax output (2 bytes) and, with dropout,
   // its mask (1) and output (2): 5as^2b with dropout (Table 2), 2as^2b without. Selective
   // recompute drops it. A fused kernel keeps only each row's softmax statistic (fp32).
@@ -88,7 +105,7 @@ double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, 
 double parameter_count(const ModelShape& m) {
   const double h = m.hidden, V = m.vocab;
   const double embeddings = V * h * (m.tied_head ? 1 : 2) + (m.rope ? 0 : (double)m.seq * h);
-  return m.layers * block_params(m, 1) + embeddings + norm_params(m);
+  return m.layers * (block_params(m, 1) + expert_params(m, 1, 1)) + embeddings + norm_params(m);
 }
 
 double model_flops(const ModelShape& m, double B) {
@@ -138,6 +155,13 @@ Status validate(const ModelShape& m, const Layout& l) {
                          " stages) exceeds the layers (" + str(m.layers) + "): every stage needs one");
   if (l.zero < 0 || l.zero > 3) return Status::error("zero must be 0, 1, 2 or 3, got " + str(l.zero));
   if (l.sp && l.tp == 1) return Status::error("sp (sequence parallelism) needs tp > 1");
+  if (l.ep < 1 || l.dp % l.ep != 0) return Status::error("ep (" + str(l.ep) + ") must divide dp (" + str(l.dp) + ")");
+  if (l.ep > 1 && (!m.is_moe() || m.experts % l.ep != 0))
+    return Status::error("ep (" + str(l.ep) + ") needs an MoE model whose experts it divides");
+  if (!(l.moe_imbalance >= 1)) return Status::error("moe_imbalance must be >= 1 (the most loaded expert over the mean)");
+  if (m.is_moe() && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1 || m.expert_width() % l.tp != 0))
+    return Status::error("the experts (" + str(m.experts) + ", top-" + str(m.top_k) + ", width " +
+                         str(m.expert_width()) + ") must have 1 <= top_k <= experts and a width tp divides");
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
   const int micro_batches = l.global_batch / (l.micro_batch * l.dp);
   if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1)
@@ -211,11 +235,28 @@ struct LayerTime {
   double gemm_f = 0, mem_f = 0, comm_f = 0;  // forward: GEMMs, memory-bound kernels, tp comm
   double gemm_b = 0, mem_b = 0, comm_b = 0;  // backward, without recompute
   double recompute = 0, recompute_comm = 0;  // added to backward by the recompute policy
-  double forward() const { return gemm_f + mem_f + comm_f; }
-  double backward() const { return gemm_b + mem_b + comm_b + recompute + recompute_comm; }
+  double ep_f = 0, ep_b = 0;                 // the MoE all-to-all (dispatch + combine), exposed
+  double forward() const { return gemm_f + mem_f + comm_f + ep_f; }
+  double backward() const { return gemm_b + mem_b + comm_b + ep_b + recompute + recompute_comm; }
 };
 
-LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring) {
+// An MoE layer's MLP forward GEMMs on one GPU: the router (b s x E x h), its E/ep experts
+// each on its share of the b s top_k assignments times the imbalance (the slowest expert
+// sets the pace), and the shared experts on every token.
+template <typename Gemm>
+double moe_mlp_gemm(const ModelShape& m, const Layout& l, double bs, Gemm gemm) {
+  const double h = m.hidden, fe = m.expert_width() / (double)l.tp, mlp_in = m.swiglu ? 2 : 1;
+  const double local = m.experts / (double)l.ep;
+  const double rows = std::max(1.0, bs * m.top_k * l.ep / m.experts * l.moe_imbalance);  // per expert
+  const double experts = local * (gemm(rows, mlp_in * fe, h, 1) + gemm(rows, h, fe, 1));
+  const double shared = m.shared_experts > 0
+                            ? gemm(bs, m.shared_experts * mlp_in * fe, h, 1) + gemm(bs, h, m.shared_experts * fe, 1)
+                            : 0;
+  return gemm(bs, m.experts, h, 1) + experts + shared;
+}
+
+LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
+                     const Ring& ep_ring) {
   const double b = l.micro_batch, s = m.seq, h = m.hidden, t = l.tp, e = element_bytes(l.precision);
   const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
   const double bs = b * s, hd = m.head_dim(), heads_local = m.heads / t, kv_local = kv_heads_local(m, l.tp);
@@ -251,9 +292,19 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   const double copies = (2 * heads_local + 2 * kv_local) * hd * bs * 2 * e;
   const double attn_core_mem = fused ? 0 : score_elems * softmax_f / hbm;
   LayerTime lt;
-  lt.gemm_f = qkv + proj + fc1 + fc2 + attention_f;
+  const double fm = m.moe_fraction(), moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
+  const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
+  lt.gemm_f = qkv + proj + mlp_gemm + attention_f;
   lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies) / hbm + attn_core_mem;
-  lt.gemm_b = 2 * (qkv + proj + fc1 + fc2) + attention_b;
+  lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
+  // Expert parallelism: each MoE layer sends its b s top_k rows (the most loaded rank's
+  // share) to the experts' ranks and back, in the forward and again in the backward; the
+  // (ep-1)/ep that leave the rank cross the ep group's link.
+  if (m.is_moe() && l.ep > 1) {
+    const double rows_bytes = bs * m.top_k * l.moe_imbalance * h * e;
+    const double one = (ep_ring.n - 1) * ep_ring.latency + (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / ep_ring.bandwidth;
+    lt.ep_f = lt.ep_b = fm * 2 * one;
+  }
   lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies +
               (fused ? 0 : score_elems * softmax_b)) / hbm;
   // Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
@@ -284,8 +335,9 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
 // Parameters one GPU holds for each pipeline stage (tp-sharded matrices, replicated norms and
 // row-parallel biases): its layers, the first stage's token embedding (and position table),
 // the last stage's final norm and head (its own, or with pp > 1 the tied embedding's copy).
+// (MoE: per_layer_experts, the routed experts of a layer, apart: they are sharded over edp.)
 struct StageParams {
-  double per_layer = 0, embedding = 0, head = 0;
+  double per_layer = 0, embedding = 0, head = 0, per_layer_experts = 0;
   double of(int stage, int stages, int layers) const {
     return layers * per_layer + (stage == 0 ? embedding : 0) + (stage == stages - 1 ? head : 0);
   }
@@ -295,6 +347,7 @@ StageParams stage_params(const ModelShape& m, const Layout& l) {
   const double h = m.hidden, t = l.tp, V = m.vocab;
   StageParams p;
   p.per_layer = block_params(m, l.tp);
+  p.per_layer_experts = expert_params(m, l.tp, l.ep);
   p.embedding = V * h / t + (m.rope ? 0 : (double)m.seq * h);
   const bool head_matrix = !m.tied_head || l.pp > 1;  // else the embedding serves as the head
   p.head = (head_matrix ? V * h / t : 0) + norm_params(m);
@@ -316,7 +369,9 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double bsh = b * s * h;
 
   const Ring tp_ring = ring_for(1, t, c), dp_ring = ring_for(t, d, c), pp_ring = ring_for(t * d, p, c);
-  const LayerTime lt = layer_time(m, l, c, tp_ring);
+  // ep: consecutive dp ranks (stride tp); edp: the copies of one rank's experts (stride tp ep).
+  const Ring ep_ring = ring_for(t, l.ep, c), edp_ring = ring_for(t * l.ep, d / l.ep, c);
+  const LayerTime lt = layer_time(m, l, c, tp_ring, ep_ring);
   r.layer_forward = {lt.gemm_f, lt.mem_f, lt.comm_f, 0};
   r.layer_backward = {lt.gemm_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
 
@@ -400,6 +455,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
 
   // Data parallelism on the first stage's GPU (it finishes the pipeline last).
   const double first_params = over_rank(0, [&](int st) { return sparams.of(st, S, layers[st]); });
+  const double first_experts = over_rank(0, [&](int st) { return layers[st] * sparams.per_layer_experts; });
   const double grad_bytes = first_params * e;
   const int buckets = std::max(1, (int)std::ceil(grad_bytes / l.dp_bucket_bytes));
   const double bucket = grad_bytes / buckets;
@@ -436,6 +492,15 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
       dp_exposed += ag;
     }
   }
+  // The routed experts' gradients reduce over their expert-data-parallel group, in the same
+  // window as the dense ones (and stages 1-2 all-gather them back).
+  if (first_experts > 0 && d / l.ep > 1) {
+    const double bytes = first_experts * e;
+    double total = l.zero == 0 ? all_reduce_s(bytes, edp_ring) : all_gather_s(bytes, edp_ring);
+    double exposed = l.dp_overlap ? exposed_after_window(total, total / buckets, buckets, last_backward) : total;
+    if (l.zero == 1 || l.zero == 2) total += all_gather_s(bytes, edp_ring), exposed += all_gather_s(bytes, edp_ring);
+    dp_total += total, dp_exposed += exposed;
+  }
   // One link carries all of it: what does not fit in the pipeline's time cannot be hidden
   // behind it (ZeRO-3's gathers and the reduce-scatters share the data-parallel link).
   dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
@@ -447,6 +512,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
   const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
   r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1));
+  r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
   const double tied = p > 1 && m.tied_head ? all_reduce_s(V * h / t * e, ring_for((p - 1) * t * d, 2, c)) : 0;
@@ -457,7 +523,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // and write the fp32 master weights and both moments; read the fp32 master again to write
   // the 16-bit weights; zero the gradient buffer.
   const StateDtypes dt = l.precision == Precision::kFp32 ? kFp32State : kMixedState;
-  const StateBytes first_state = model_state_bytes(first_params, dt, l.zero, d);
+  StateBytes first_state = model_state_bytes(first_params, dt, l.zero, d);
+  const StateBytes first_expert_state = model_state_bytes(first_experts, dt, l.zero, d / l.ep);
+  first_state.params += first_expert_state.params, first_state.grads += first_expert_state.grads;
+  first_state.optim += first_expert_state.optim;
   const double owned = first_state.optim / dt.optim;
   const double master = l.precision == Precision::kFp32 ? 0 : 4;  // fp32 copy read for the cast
   // Under a pipeline ZeRO-2/3 also zero the step's whole fp32 gradient accumulators.
@@ -484,7 +553,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // fp32 gradients through the step, and ZeRO-3 its whole gathered parameters.
   for (int rank = 0; rank < p; rank++) {
     const double params = over_rank(rank, [&](int st) { return sparams.of(st, S, layers[st]); });
-    const StateBytes state = model_state_bytes(params, dt, l.zero, d);
+    const double experts = over_rank(rank, [&](int st) { return layers[st] * sparams.per_layer_experts; });
+    StateBytes state = model_state_bytes(params, dt, l.zero, d);
+    const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, d / l.ep);
+    state.params += expert_state.params, state.grads += expert_state.grads, state.optim += expert_state.optim;
     // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
     // (its layers over v on average).
     const double sets = sim.peak_in_flight[rank];

@@ -47,11 +47,24 @@ struct ModelShape {
   bool bias = true;        // biases on every linear layer
   bool tied_head = true;   // the head is the embedding; else its own vocab x hidden
   bool dropout = true;     // dropout after attention, the projections and the embedding
+  // Mixture of Experts (docs/moe.md): in every moe_every-th layer the MLP is a router over
+  // `experts` MLPs of expert_ffn (0: ffn), top_k per token, plus shared experts. The time
+  // model treats each layer as the average of its dense and MoE layers.
+  int experts = 0, top_k = 2, moe_every = 1, shared_experts = 0, expert_ffn = 0;
 
   int kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  bool is_moe() const { return experts > 0; }
+  // The share of layers that are MoE layers, an expert's weights, the dense MLP's.
+  double moe_fraction() const {
+    return is_moe() ? (double)((layers + moe_every - 1) / moe_every) / layers : 0.0;
+  }
+  int expert_width() const { return expert_ffn > 0 ? expert_ffn : ffn_width(); }
+  double expert_weights() const { return (swiglu ? 3.0 : 2.0) * hidden * expert_width(); }
+  double dense_mlp_weights() const { return (swiglu ? 3.0 : 2.0) * hidden * ffn_width(); }
   int ffn_width() const { return ffn > 0 ? ffn : 4 * hidden; }
   double head_dim() const { return (double)hidden / heads; }
-  // Weights of one block's matrices: q, k, v, o and the MLP's two or three.
+  // Weights of one block's matrices a token uses: q, k, v, o and the MLP's two or three
+  // (an MoE layer: its router, top_k and shared experts), averaged over the layers.
   double block_matrix_weights() const;
 };
 
@@ -77,6 +90,12 @@ struct Layout {
   int micro_batch = 1;   // b, sequences per micro-batch
   int global_batch = 1;  // B, sequences per step: B = b * m * dp
   int zero = 0;          // ZeRO stage 0-3 over the dp group
+  // Expert parallelism (MoE): ep consecutive dp ranks split the experts; the experts'
+  // states are sharded over the dp / ep ranks that hold copies.
+  int ep = 1;
+  // The most loaded expert's tokens over the mean (1: balanced): the experts' GEMMs wait
+  // for it, and a rank's all-to-all carries its share.
+  double moe_imbalance = 1.0;
   bool sp = false;       // sequence parallelism (Korthikanti et al. 2022), needs tp
   Recompute recompute = Recompute::kNone;
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
@@ -153,7 +172,7 @@ struct Prediction {
   double tflops_per_gpu = 0;  // narayanan_flops() / (step_s GPUs) / 1e12
   double mfu = 0;             // model_flops / (step_s GPUs peak)
   double bubble = 0;          // idle fraction of the pipeline phase, all ranks
-  CommTime tp, pp, dp;
+  CommTime tp, pp, dp, ep;  // ep: the MoE all-to-all (exposed)
   double pipeline_s = 0;   // forward/backward of all micro-batches, with the bubble
   double optimizer_s = 0;  // the optimizer step on this rank's shard
   // One layer, one micro-batch, one GPU: forward, and backward with its recompute.

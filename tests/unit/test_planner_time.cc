@@ -501,5 +501,40 @@ TEST(PlannerTimeLayout, EngineShape) {
   EXPECT_EQ(model_shape(g, 256).seq, 256);
 }
 
+// Mixture of Experts (docs/moe.md): the Mixtral preset's published counts (Jiang et al.
+// 2024: 46.7B parameters, 12.9B active), and the expert-parallel model's directions: ep
+// divides the experts' memory per GPU, costs an all-to-all that grows with it, and an
+// imbalanced router slows the step.
+TEST(PlannerTimeMoe, MixtralCountsAndExpertParallelDirections) {
+  model::GptConfig c;
+  int seq = 0;
+  ASSERT_TRUE(planning_config("mixtral-8x7b", &c, &seq).is_ok());
+  EXPECT_NEAR(model::num_parameters(c) / 1e9, 46.7, 0.05);
+  EXPECT_NEAR(model::num_active_parameters(c) / 1e9, 12.9, 0.05);
+  const ModelShape m = model_shape(c, seq);
+  EXPECT_NEAR(parameter_count(m), (double)model::num_parameters(c), 1e-6 * parameter_count(m) + 4096.0 * 32 * 2)
+      << "the planner's count (padded vocabulary aside)";
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  Layout l;
+  l.tp = 1, l.pp = 1, l.dp = 8, l.micro_batch = 1, l.global_batch = 64, l.zero = 1;
+  Prediction one, two, eight, skewed;
+  ASSERT_TRUE(predict(m, l, h100, &one).is_ok());
+  l.ep = 2;
+  ASSERT_TRUE(predict(m, l, h100, &two).is_ok());
+  l.ep = 8;
+  ASSERT_TRUE(predict(m, l, h100, &eight).is_ok());
+  l.moe_imbalance = 1.5;
+  ASSERT_TRUE(predict(m, l, h100, &skewed).is_ok());
+  EXPECT_EQ(one.ep.total(), 0.0);
+  EXPECT_GT(two.ep.total(), 0.0);
+  EXPECT_GT(eight.ep.total(), two.ep.total()) << "(ep-1)/ep of the rows leave the rank";
+  // The experts hold 45.1B of the 46.7B: at ep 8 (ZeRO-1) each GPU keeps 1/8 of them.
+  EXPECT_LT(eight.memory.params, 0.2 * one.memory.params);
+  EXPECT_GT(skewed.step_s, eight.step_s);
+  l.ep = 3;
+  EXPECT_FALSE(predict(m, l, h100, &skewed).is_ok()) << "ep must divide dp and the experts";
+}
+
 }  // namespace
 }  // namespace meshtrain::planner::test_planner_time
