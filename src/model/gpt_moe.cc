@@ -69,26 +69,32 @@ void moe_permute_blocks(const float* src, float* dst, const int* counts, int P, 
   }
 }
 
+// Floats per ep rank q of the exchange towards the experts: what this rank sends q (its
+// rows for q's experts) and what q sends it (q's rows for this rank's experts). The way
+// back swaps them.
+void moe_exchange_counts(const MoeRoute& r, const int* received, int P, int El, int C, std::vector<size_t>* to_experts,
+                         std::vector<size_t>* from_sources) {
+  to_experts->assign(P, 0), from_sources->assign(P, 0);
+  for (int q = 0; q < P; q++) {
+    (*to_experts)[q] = (size_t)(r.offsets[(q + 1) * El] - r.offsets[q * El]) * C;
+    for (int j = 0; j < El; j++) (*from_sources)[q] += (size_t)received[q * El + j] * C;
+  }
+}
+
 }  // namespace
 
 void Gpt::moe_to_experts(const BlockActivations& a, const float* rows, float* out) {
   const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
-  std::vector<size_t> send(P), recv(P);
-  for (int q = 0; q < P; q++) {
-    send[q] = (size_t)(a.route.offsets[(q + 1) * El] - a.route.offsets[q * El]) * C;
-    for (int j = 0; j < El; j++) recv[q] += (size_t)a.received[q * El + j] * C;
-  }
+  std::vector<size_t> send, recv;
+  moe_exchange_counts(a.route, a.received, P, El, C, &send, &recv);
   ep_->all_to_allv(rows, send.data(), moe_xchg_, recv.data());
   moe_permute_blocks(moe_xchg_, out, a.received, P, El, C, true);
 }
 
 void Gpt::moe_from_experts(const BlockActivations& a, const float* rows, float* out) {
   const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
-  std::vector<size_t> send(P), recv(P);
-  for (int q = 0; q < P; q++) {
-    recv[q] = (size_t)(a.route.offsets[(q + 1) * El] - a.route.offsets[q * El]) * C;
-    for (int j = 0; j < El; j++) send[q] += (size_t)a.received[q * El + j] * C;
-  }
+  std::vector<size_t> recv, send;
+  moe_exchange_counts(a.route, a.received, P, El, C, &recv, &send);
   moe_permute_blocks(rows, moe_xchg_, a.received, P, El, C, false);
   ep_->all_to_allv(moe_xchg_, send.data(), out, recv.data());
 }
