@@ -27,9 +27,9 @@ tok = med(lambda r: r["tokens_per_s"])
 line = f"{name:26s} {tok:8.0f} tok/s  step {med(lambda r: r['step_ms']):7.1f} ms"
 if dense > 0: line += f"  {tok / dense:5.2f}x dense"
 if "moe" in rows[0]: line += f"  experts cv {med(lambda r: r['moe']['tokens_per_expert']['cv']):.2f}"
-ep = [r["comm"].get("ep") for r in rows]
+ep = [r["comm_time"].get("ep") for r in rows]
 if ep[0]:
-    wait = med(lambda r: r["comm"]["ep"]["wait_ms"]); busy = med(lambda r: r["comm"]["ep"]["busy_ms"])
+    wait = med(lambda r: r["comm_time"]["ep"]["wait_ms"]); busy = med(lambda r: r["comm_time"]["ep"]["busy_ms"])
     share = wait / med(lambda r: r["step_ms"])
     line += f"  all-to-all {wait:6.1f} ms ({100 * share:4.1f}% of the step), hidden {100 * max(0.0, 1 - wait / busy) if busy else 0:4.1f}%"
 print(line)

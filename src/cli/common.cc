@@ -83,20 +83,19 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
   app->add_option("--rope-theta", o->rope_theta, "Rotary base frequency (Llama 2 10000, Llama 3 500000)");
   app->add_option("--moe-experts", o->moe_experts,
                   "Mixture of Experts: routed experts per MoE layer, each an MLP of the model's type (0: dense)");
-  app->add_option("--moe-top-k", o->moe_top_k, "Experts each token is routed to")->capture_default_str();
-  app->add_option("--moe-every", o->moe_every, "An MoE MLP in layers l with l % n == 0")->capture_default_str();
+  app->add_option("--moe-top-k", o->moe_top_k, "Experts each token is routed to (default 2)");
+  app->add_option("--moe-every", o->moe_every, "An MoE MLP in layers l with l % n == 0 (default 1)");
   app->add_option("--moe-shared-experts", o->moe_shared_experts,
                   "Experts every token also uses, with weight 1 (DeepSeek's shared experts)");
   app->add_option("--moe-ffn-dim", o->moe_ffn_dim, "Each expert's hidden width (default: the MLP width)");
-  app->add_option("--moe-score", o->moe_score, "Router scores: softmax or sigmoid")->capture_default_str();
+  app->add_option("--moe-score", o->moe_score, "Router scores: softmax (default) or sigmoid");
   app->add_flag("--moe-renormalize,!--moe-no-renormalize", o->moe_renormalize,
                 "Rescale the chosen top-k weights to sum to 1 (default; Mixtral) or not (Switch, DeepSeek-V2)");
   app->add_option("--moe-capacity-factor", o->moe_capacity_factor,
                   "Each expert takes at most ceil(k*T*CF/E) of a sequence's assignments, the rest are dropped "
                   "(0: dropless, the default)");
-  app->add_option("--moe-aux-loss", o->moe_aux_loss, "Per-sequence load-balancing loss coefficient alpha")
-      ->capture_default_str();
-  app->add_option("--moe-z-loss", o->moe_z_loss, "Router z-loss coefficient (0: none)")->capture_default_str();
+  app->add_option("--moe-aux-loss", o->moe_aux_loss, "Per-sequence load-balancing loss coefficient alpha (default 0.01)");
+  app->add_option("--moe-z-loss", o->moe_z_loss, "Router z-loss coefficient (default 0: none)");
   app->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
   app->add_option("--heads", o->heads, "Attention heads; must divide --dim");
   app->add_option("--dim", o->dim, "Model width C");

@@ -19,10 +19,17 @@ json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait
   *wait_ms = *busy_ms = 0;
   for (const auto& [axis, s] : stats) {
     if (s.calls == 0) continue;
-    out[axis] = {{"bytes", s.bytes}, {"calls", s.calls}, {"wait_ms", s.wait_s * 1e3}, {"busy_ms", s.busy_s * 1e3}};
+    out[axis] = {{"bytes", s.bytes}, {"calls", s.calls}};
     *wait_ms += s.wait_s * 1e3;
     *busy_ms += s.busy_s * 1e3;
   }
+  return out;
+}
+
+json comm_time_json(const std::map<std::string, comm::AxisStats>& stats) {
+  json out = json::object();
+  for (const auto& [axis, s] : stats)
+    if (s.calls > 0) out[axis] = {{"wait_ms", s.wait_s * 1e3}, {"busy_ms", s.busy_s * 1e3}};
   return out;
 }
 

@@ -59,6 +59,8 @@ Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step);
 // Bytes and calls per axis for metrics.jsonl; wait/busy milliseconds summed over axes.
 nlohmann::json comm_json(const std::map<std::string, comm::AxisStats>& stats, double* wait_ms,
                          double* busy_ms);
+// Milliseconds per axis: wait (blocked) and busy (the communication itself), "comm_time".
+nlohmann::json comm_time_json(const std::map<std::string, comm::AxisStats>& stats);
 // Collective over pp: the step's measured and theoretical pipeline bubble (empty without pp).
 nlohmann::json pipeline_json(Run& run);
 // Collective over the world: the step's MoE routing statistics, {"moe": {aux_loss, z_loss,

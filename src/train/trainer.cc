@@ -181,6 +181,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"tokens_per_s", tok_s}, {"mfu", mfu}, {"peak_gflops", run.peak_gflops},
                    {"mem", memory_json(MemoryTracker::instance().stats())},
                    {"peak_rss", peak_rss_bytes()}, {"comm", comm},
+                   {"comm_time", comm_time_json(run.mesh->stats())},
                    {"comm_ms", wait_ms}, {"comm_busy_ms", busy_ms}, {"comm_hidden", hidden},
                    // This rank's executed block FLOPs; recompute_fraction = recomputed forward
                    // work over one forward of the blocks (full recomputation: ~1).

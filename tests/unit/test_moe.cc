@@ -449,6 +449,50 @@ TEST(MoeModel, AnExpertWithNoTokensGetsAZeroGradient) {
   EXPECT_TRUE(std::isfinite(losses[0]));
 }
 
+// The same router under expert parallelism (ep 2 on thread ranks, rank 1 holding experts 2
+// and 3): expert 3 gets no token from either rank, yet both ranks finish the step, agree on
+// the loss, and expert 3's reduced gradient is exactly zero while expert 2's is not.
+TEST(MoeModel, AnEmptyExpertUnderExpertParallelismHangsNoRank) {
+  const model::GptConfig c = small_moe(0, 1);
+  model::Gpt start(c);
+  start.init_weights(5);
+  for (int l = 0; l < c.layers; l++) {
+    const model::ParamTensor& r = start.layout().layer(l, model::kRouterW);
+    float* w = start.params() + r.offset;
+    std::fill(w, w + r.numel, 0.0f);
+    for (int i = 0; i < c.dim; i++) w[i] = 0.5f * std::sin(1.0f + i), w[c.dim + i] = -w[i];
+  }
+  const data::TokenLoader data = testing_util::random_tokens(2000);
+  const optim::AdamWConfig adamw = testing_util::test_adamw(1.0f);
+  comm::ThreadWorld world(2);
+  std::vector<float> losses(2);
+  std::vector<std::vector<bool>> zero_grad(2);
+  comm::run_ranks(2, [&](int r) {
+    std::unique_ptr<comm::Group> dp = world.group(r, "dp"), ep = dp->split(0, r, "ep");
+    comm::SelfGroup edp("edp");
+    model::Gpt gpt(c, parallel::model_state_for_stage(0), nullptr, false, {}, ep.get());
+    gpt.set_from_global(start.params());
+    parallel::DpConfig config{0, 25, true};
+    parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &edp, {}, ep.get()};
+    for (int u = 0; u < gpt.layout().num_units(); u++)
+      (gpt.layout().units()[u].expert >= 0 ? experts : dense).units.push_back(u);
+    config.groups = {dense, experts};
+    parallel::DataParallel store(gpt, *dp, config, adamw);
+    losses[r] = train::train_step(gpt, store, *dp, adamw, data, {1, 1, 16, 2, r}, 0, 1).loss;
+    for (int l = 0; l < c.layers; l++)
+      for (int j = 0; j < gpt.layout().local_experts(l); j++) {
+        const auto& fc = gpt.layout().expert_fc(l, j);
+        const float* g = gpt.grads() + fc.offset;
+        zero_grad[r].push_back(std::all_of(g, g + 3 * fc.numel, [](float v) { return v == 0.0f; }));
+      }
+  });
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_TRUE(std::isfinite(losses[0]));
+  // Rank 0 holds experts 0 and 1 (used), rank 1 experts 2 (used) and 3 (never), per layer.
+  EXPECT_EQ(zero_grad[0], std::vector<bool>({false, false, false, false}));
+  EXPECT_EQ(zero_grad[1], std::vector<bool>({false, true, false, true}));
+}
+
 // dp 2 at ZeRO 0-3 trains an MoE model (a shared expert, a dense layer, capacity drops, both
 // balance losses) as one rank does: per-sequence routing makes the split invisible.
 TEST(MoeThreads, EveryZeroStageTrainsAsOneRank) {
