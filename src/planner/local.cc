@@ -265,6 +265,9 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
   if (run.threads < 1) return Status::error("threads must be >= 1");
+  // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
+  if (l.ep > 1)
+    return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
   if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
