@@ -105,7 +105,6 @@ Status apply_moe_flags(const TrainOptions& o, model::GptConfig* c) {
                            "--moe-no-renormalize describe the experts of --moe-experts, which is not given");
     return Status::ok();
   }
-  if (o.moe_experts < 0) return Status::error("--moe-experts must be >= 1, got " + std::to_string(o.moe_experts));
   model::MoeConfig& m = c->moe;
   m.experts = o.moe_experts, m.top_k = o.moe_top_k, m.every = o.moe_every, m.shared_experts = o.moe_shared_experts;
   m.expert_ffn = o.moe_ffn_dim;

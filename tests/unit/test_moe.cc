@@ -405,19 +405,25 @@ TEST(MoeModel, ActivationsMatchTheInventory) {
 }
 
 // Router rows 0 = +u, 1 = -u, 2 = 3 = 0: every token picks 0 or 1 first, then 2 (2 and 3
-// tie, the lower index wins), so expert 3 gets no token. Its gradient is exactly zero, the
-// others' are not, and a dp 2 step at ZeRO-3 (which reduce-scatters the expert's
-// gradient like any other) completes on both ranks.
+// tie, the lower index wins), so expert 3 gets no token.
+void route_none_to_expert_3(model::Gpt* gpt) {
+  const model::GptConfig& c = gpt->config();
+  for (int l = 0; l < c.layers; l++) {
+    const model::ParamTensor& r = gpt->layout().layer(l, model::kRouterW);
+    float* w = gpt->params() + r.offset;
+    std::fill(w, w + r.numel, 0.0f);
+    for (int i = 0; i < c.dim; i++) w[i] = 0.5f * std::sin(1.0f + i), w[c.dim + i] = -w[i];
+  }
+}
+
+// With that router expert 3's gradient is exactly zero, the others' are not, and a dp 2
+// step at ZeRO-3 (which reduce-scatters the expert's gradient like any other) completes on
+// both ranks.
 TEST(MoeModel, AnExpertWithNoTokensGetsAZeroGradient) {
   const model::GptConfig c = small_moe(0, 1);
   model::Gpt gpt(c);
   gpt.init_weights(5);
-  for (int l = 0; l < c.layers; l++) {
-    const model::ParamTensor& r = gpt.layout().layer(l, model::kRouterW);
-    float* w = gpt.params() + r.offset;
-    std::fill(w, w + r.numel, 0.0f);
-    for (int i = 0; i < c.dim; i++) w[i] = 0.5f * std::sin(1.0f + i), w[c.dim + i] = -w[i];
-  }
+  route_none_to_expert_3(&gpt);
   const data::TokenLoader data = testing_util::random_tokens(2000);
   std::vector<int> in(2 * 16), tg(2 * 16);
   data.fill(0, 2, 16, 0, 2, in.data(), tg.data());
@@ -456,12 +462,7 @@ TEST(MoeModel, AnEmptyExpertUnderExpertParallelismHangsNoRank) {
   const model::GptConfig c = small_moe(0, 1);
   model::Gpt start(c);
   start.init_weights(5);
-  for (int l = 0; l < c.layers; l++) {
-    const model::ParamTensor& r = start.layout().layer(l, model::kRouterW);
-    float* w = start.params() + r.offset;
-    std::fill(w, w + r.numel, 0.0f);
-    for (int i = 0; i < c.dim; i++) w[i] = 0.5f * std::sin(1.0f + i), w[c.dim + i] = -w[i];
-  }
+  route_none_to_expert_3(&start);
   const data::TokenLoader data = testing_util::random_tokens(2000);
   const optim::AdamWConfig adamw = testing_util::test_adamw(1.0f);
   comm::ThreadWorld world(2);
