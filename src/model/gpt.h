@@ -298,11 +298,16 @@ class Gpt {
   // the tp reduction, in partial_ (all N rows); backward leaves the input gradient there.
   void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
-  // Expert parallelism: rows in dispatch order (by global expert) to this rank's experts,
-  // arriving expert-major in `out`, and back (inverse). Identity copies when ep = 1.
+  // Expert parallelism (ep > 1): rows in dispatch order (by global expert) to this rank's
+  // experts, arriving expert-major in `out` (`pack`: scratch of the dispatch's size), and
+  // back, where `rows` is scratch afterwards. Under tp each tp rank carries only its share
+  // of the rows over ep and the tp group completes them (docs/moe.md, "Dispatch under
+  // tensor parallelism"). moe_to_experts returns the rows this rank sent to other ep ranks
+  // and those it received from them.
   void moe_count_received(BlockActivations& a);
-  void moe_to_experts(const BlockActivations& a, const float* rows, float* out);
-  void moe_from_experts(const BlockActivations& a, const float* rows, float* out);
+  std::pair<int64_t, int64_t> moe_to_experts(const BlockActivations& a, const float* rows, float* pack, float* out);
+  void moe_from_experts(const BlockActivations& a, float* rows, float* out);
+  void moe_tp_exchange(float* staging, const std::vector<int>& segment_start, bool reduce, float* scratch);
   std::vector<int> moe_expert_offsets(const BlockActivations& a) const;
   double moe_flops(int N, int dispatched) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;

@@ -7,6 +7,7 @@
 // are reduced with the dense MLP's reduction.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "core/check.h"
@@ -53,50 +54,128 @@ std::vector<int> Gpt::moe_expert_offsets(const BlockActivations& a) const {
 
 namespace {
 
-// Rows of P sources x El experts between source-major (as an all-to-all delivers them) and
-// expert-major (as the grouped GEMMs read them) order; counts[q * El + j] rows per block.
-void moe_permute_blocks(const float* src, float* dst, const int* counts, int P, int El, int C, bool to_expert_major) {
-  std::vector<size_t> source_at(P * El), expert_at(P * El);
-  size_t at = 0;
+// The share of n rows that tp rank t of T carries over ep: [chunk_start(t), chunk_start(t+1)).
+int chunk_start(int n, int t, int T) { return (int)((int64_t)n * t / T); }
+
+// Rows in the exchange buffer, which holds, for each tp rank t in turn, its segment: for
+// each ep source q, the t-th share of the rows q sent for this rank's experts (their
+// counts in received[q * El + j]). Without tp (T = 1) that is the all-to-all's
+// source-major order.
+struct ExchangeShape {
+  std::vector<int> block;          // [P] rows each ep source sends for this rank's experts
+  std::vector<int> segment_start;  // [T + 1] where each tp rank's segment starts
+};
+
+ExchangeShape exchange_shape(const int* received, int P, int El, int T) {
+  ExchangeShape x;
+  x.block.assign(P, 0);
   for (int q = 0; q < P; q++)
-    for (int j = 0; j < El; j++) source_at[q * El + j] = at, at += counts[q * El + j];
-  at = 0;
-  for (int j = 0; j < El; j++)
-    for (int q = 0; q < P; q++) expert_at[q * El + j] = at, at += counts[q * El + j];
-  for (int b = 0; b < P * El; b++) {
-    const size_t from = to_expert_major ? source_at[b] : expert_at[b], to = to_expert_major ? expert_at[b] : source_at[b];
-    std::memcpy(dst + to * C, src + from * C, sizeof(float) * counts[b] * C);
+    for (int j = 0; j < El; j++) x.block[q] += received[q * El + j];
+  x.segment_start.assign(T + 1, 0);
+  for (int t = 0; t < T; t++) {
+    x.segment_start[t + 1] = x.segment_start[t];
+    for (int q = 0; q < P; q++) x.segment_start[t + 1] += chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T);
   }
+  return x;
 }
 
-// Floats per ep rank q of the exchange towards the experts: what this rank sends q (its
-// rows for q's experts) and what q sends it (q's rows for this rank's experts). The way
-// back swaps them.
-void moe_exchange_counts(const MoeRoute& r, const int* received, int P, int El, int C, std::vector<size_t>* to_experts,
-                         std::vector<size_t>* from_sources) {
-  to_experts->assign(P, 0), from_sources->assign(P, 0);
-  for (int q = 0; q < P; q++) {
-    (*to_experts)[q] = (size_t)(r.offsets[(q + 1) * El] - r.offsets[q * El]) * C;
-    for (int j = 0; j < El; j++) (*from_sources)[q] += (size_t)received[q * El + j] * C;
-  }
+// Where each exchange-buffer row goes among this rank's experts' rows, which are
+// expert-major: expert j's rows from every source in rank order.
+std::vector<int> exchange_targets(const int* received, const ExchangeShape& x, int P, int El, int T) {
+  std::vector<int> expert_at(P * El);
+  int at = 0;
+  for (int j = 0; j < El; j++)
+    for (int q = 0; q < P; q++) expert_at[q * El + j] = at, at += received[q * El + j];
+  std::vector<int> target;
+  target.reserve(at);
+  for (int t = 0; t < T; t++)
+    for (int q = 0; q < P; q++) {
+      int j = 0, before = 0;  // expert j's rows start at `before` in q's block
+      for (int p = chunk_start(x.block[q], t, T); p < chunk_start(x.block[q], t + 1, T); p++) {
+        while (p >= before + received[q * El + j]) before += received[q * El + j], j++;
+        target.push_back(expert_at[q * El + j] + p - before);
+      }
+    }
+  return target;
 }
 
 }  // namespace
 
-void Gpt::moe_to_experts(const BlockActivations& a, const float* rows, float* out) {
-  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
-  std::vector<size_t> send, recv;
-  moe_exchange_counts(a.route, a.received, P, El, C, &send, &recv);
-  ep_->all_to_allv(rows, send.data(), moe_xchg_, recv.data());
-  moe_permute_blocks(moe_xchg_, out, a.received, P, El, C, true);
+// The tp group's part of a dispatch: every rank ends with every segment (reduce = false:
+// each sends its own to the others), or with its own segment summed over the group
+// (reduce = true: each sends the others theirs, and adds what it receives; `scratch` holds
+// one segment). Point-to-point, so unequal segments move exactly their rows.
+void Gpt::moe_tp_exchange(float* staging, const std::vector<int>& segment_start, bool reduce, float* scratch) {
+  const int T = tp_->size(), t = tp_->rank(), C = config_.dim, kTag = 71;
+  auto segment = [&](int r) { return staging + (size_t)segment_start[r] * C; };
+  auto rows = [&](int r) { return (size_t)(segment_start[r + 1] - segment_start[r]) * C; };
+  std::vector<comm::RequestPtr> sends;
+  for (int r = 0; r < T; r++)
+    if (r != t) sends.push_back(tp_->isend(segment(reduce ? r : t), rows(reduce ? r : t), r, kTag));
+  for (int r = 0; r < T; r++) {
+    if (r == t) continue;
+    if (!reduce) {
+      tp_->irecv(segment(r), rows(r), r, kTag)->wait();
+      continue;
+    }
+    tp_->irecv(scratch, rows(t), r, kTag)->wait();
+    float* mine = segment(t);
+    for (size_t i = 0; i < rows(t); i++) mine[i] += scratch[i];
+  }
+  for (auto& s : sends) s->wait();
 }
 
-void Gpt::moe_from_experts(const BlockActivations& a, const float* rows, float* out) {
+std::pair<int64_t, int64_t> Gpt::moe_to_experts(const BlockActivations& a, const float* rows, float* pack, float* out) {
+  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim, me = ep_->rank();
+  const int T = tp_ ? tp_->size() : 1, t = tp_ ? tp_->rank() : 0;
+  const ExchangeShape x = exchange_shape(a.received, P, El, T);
+  std::vector<size_t> send(P), recv(P);
+  int64_t sent = 0, received = 0;
+  size_t packed = 0;
+  for (int q = 0; q < P; q++) {
+    const int first = a.route.offsets[q * El], n = a.route.offsets[(q + 1) * El] - first;
+    const int lo = chunk_start(n, t, T), hi = chunk_start(n, t + 1, T);
+    if (T > 1) std::memcpy(pack + packed * C, rows + (size_t)(first + lo) * C, sizeof(float) * (hi - lo) * C);
+    packed += hi - lo, send[q] = (size_t)(hi - lo) * C;
+    recv[q] = (size_t)(chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T)) * C;
+    if (q != me) sent += hi - lo, received += recv[q] / C;
+  }
+  ep_->all_to_allv(T > 1 ? pack : rows, send.data(), moe_xchg_ + (size_t)x.segment_start[t] * C, recv.data());
+  if (T > 1) moe_tp_exchange(moe_xchg_, x.segment_start, false, nullptr);
+  const std::vector<int> target = exchange_targets(a.received, x, P, El, T);
+  for (size_t i = 0; i < target.size(); i++)
+    std::memcpy(out + (size_t)target[i] * C, moe_xchg_ + i * C, sizeof(float) * C);
+  return {sent, received};
+}
+
+// Under tp the expert outputs are partial sums: each tp rank sums its share over the group
+// and returns only that, leaving the other rows of `out` zero. The combine's tp reduction
+// then completes every row (a sum over tp of shares is the whole).
+void Gpt::moe_from_experts(const BlockActivations& a, float* rows, float* out) {
   const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
-  std::vector<size_t> recv, send;
-  moe_exchange_counts(a.route, a.received, P, El, C, &recv, &send);
-  moe_permute_blocks(rows, moe_xchg_, a.received, P, El, C, false);
-  ep_->all_to_allv(moe_xchg_, send.data(), out, recv.data());
+  const int T = tp_ ? tp_->size() : 1, t = tp_ ? tp_->rank() : 0;
+  const ExchangeShape x = exchange_shape(a.received, P, El, T);
+  const std::vector<int> target = exchange_targets(a.received, x, P, El, T);
+  for (size_t i = 0; i < target.size(); i++)
+    std::memcpy(moe_xchg_ + i * C, rows + (size_t)target[i] * C, sizeof(float) * C);
+  if (T > 1) moe_tp_exchange(moe_xchg_, x.segment_start, true, rows);
+  std::vector<size_t> send(P), recv(P);
+  for (int q = 0; q < P; q++) {
+    const int n = a.route.offsets[(q + 1) * El] - a.route.offsets[q * El];
+    send[q] = (size_t)(chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T)) * C;
+    recv[q] = (size_t)(chunk_start(n, t + 1, T) - chunk_start(n, t, T)) * C;
+  }
+  ep_->all_to_allv(moe_xchg_ + (size_t)x.segment_start[t] * C, send.data(), T > 1 ? rows : out, recv.data());
+  if (T == 1) return;
+  const int M = a.route.offsets[config_.moe.experts];
+  std::fill(out, out + (size_t)M * C, 0.0f);
+  size_t at = 0;
+  for (int q = 0; q < P; q++) {
+    const int first = a.route.offsets[q * El], n = a.route.offsets[(q + 1) * El] - first;
+    const int lo = chunk_start(n, t, T), hi = chunk_start(n, t + 1, T);
+    std::memcpy(out + (size_t)(first + lo) * C, rows + at * C, sizeof(float) * (hi - lo) * C);
+    at += hi - lo;
+  }
 }
 
 void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing) {
@@ -119,10 +198,9 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   const int R = offsets[El];
   const float* rows = moe_rows_;
   if (ep_) {
-    moe_to_experts(a, moe_rows_, a.expert_in);
+    const auto [sent, received] = moe_to_experts(a, moe_rows_, moe_dy_, a.expert_in);
     rows = a.expert_in;
-    const int own = a.route.offsets[(layout_.ep_rank() + 1) * El] - a.route.offsets[layout_.ep_rank() * El];
-    stats.sent_rows += M - own, stats.received_rows += R - own;
+    stats.sent_rows += sent, stats.received_rows += received;
   }
   (recomputing ? flops_.recompute : flops_.model) += moe_flops(N, R);
   std::vector<k::GemmInput> fc, proj;
@@ -211,7 +289,7 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
   float* dy = moe_dy_;
   const float* rows = moe_rows_;
   if (ep_) {
-    moe_to_experts(a, moe_dy_, moe_rows_);
+    moe_to_experts(a, moe_dy_, moe_rows_, moe_rows_);
     dy = moe_rows_, rows = a.expert_in;
   } else {
     for (int s = 0; s < M; s++)

@@ -156,4 +156,45 @@ inline const std::vector<H100Run>& h100_runs() {
   return runs;
 }
 
+// Published BF16 MoE runs on DGX H100 (the h100-80g preset): NVIDIA DGX Cloud Benchmarking
+// (github.com/NVIDIA/dgxc-benchmarking, tag v24.11.1, grok1/README_314b.md with the layouts
+// of grok1/configure.sh and grok1/grok1_314b.yaml; NeMo 24.09, Megatron-Core). Grok-1's
+// blocks (hidden 6144, 48 heads of 128 with full multi-head attention, 8 GeGLU experts of
+// 32768, top-2, RMSNorm, RoPE, no biases, an untied head; the Llama 3 tokenizer, 128256
+// rows, as a proxy vocabulary) cut to 2 or 4 layers at s 4096, GBS 1024, MBS 1, tp 4 with
+// sp and tp-comm overlap, no recompute, synthetic data. The capacity factor is 1.0 with the
+// expert inputs padded to capacity, so every expert computes its mean share: imbalance 1.
+// Their runs at 8 nodes and up use context parallelism, which the planner does not model,
+// and are not used.
+struct MoeRun {
+  const char* name;
+  ModelShape model;
+  Layout layout;
+  double tokens_per_s;  // published, all GPUs together
+};
+
+inline ModelShape grok1(int layers) {
+  ModelShape m{layers, 6144, 48, 4096, 128256};
+  m.ffn = 32768, m.swiglu = true, m.rms_norm = true, m.rope = true, m.bias = false;
+  m.tied_head = false, m.dropout = false, m.experts = 8, m.top_k = 2;
+  return m;
+}
+
+inline const std::vector<MoeRun>& moe_runs() {
+  static const std::vector<MoeRun> runs = [] {
+    auto layout = [](int dp, int ep) {
+      Layout l = h100_layout(4, 1, dp, 1, 1024, 1);
+      l.ep = ep;
+      return l;
+    };
+    // Step seconds 24.03, 21.52 and 10.64: 4096 x 1024 tokens over each.
+    return std::vector<MoeRun>{
+        {"grok1 2 layers, 8 GPUs, ep 2 (DGXC)", grok1(2), layout(2, 2), 174544},
+        {"grok1 4 layers, 16 GPUs, ep 4 (DGXC)", grok1(4), layout(4, 4), 194903},
+        {"grok1 4 layers, 32 GPUs, ep 8 (DGXC)", grok1(4), layout(8, 8), 394202},
+    };
+  }();
+  return runs;
+}
+
 }  // namespace meshtrain::planner

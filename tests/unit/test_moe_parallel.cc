@@ -186,18 +186,29 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
 // What an ep rank sends over "ep" in a step, from its routing statistics: per MoE layer and
 // micro-batch, the counts (E/ep floats to each other rank) once, then the dispatched rows
 // (C floats each) four times: dispatch and combine, forward and backward. Plus the
-// gradient norm's one double summed over ep.
+// gradient norm's one double summed over ep. Under tp 2 the same routing sends each tp
+// rank's half of the rows (rank 0: the first floor(n/2) of each block of n).
 TEST_F(MoeParallel, AllToAllBytesEqualTheirFormula) {
-  const Cell c{"--dp 2 --ep 2 --zero 0", 2, 4};
-  ensure({{c.args(), 2}});
-  const Metrics m = metrics_of(c.args());
+  const Cell c{"--dp 2 --ep 2 --zero 0", 2, 4}, tp{"--tp 2 --sp --dp 2 --ep 2", 4, 4};
+  ensure({{c.args(), 2}, {tp.args(), 4}});
+  const Metrics m = metrics_of(c.args()), halves = metrics_of(tp.args());
   ASSERT_EQ(m.steps.size(), (size_t)kSteps);
+  ASSERT_EQ(halves.steps.size(), (size_t)kSteps);
   const int64_t C = 64, E = 4, ep = 2, moe_layers = 2, micro_batches = 1;
-  for (const json& s : m.steps) {
-    const int64_t sent = s["moe"]["sent_rows"].get<int64_t>(), received = s["moe"]["received_rows"].get<int64_t>();
-    EXPECT_GT(sent, 0);
-    const int64_t want = moe_layers * micro_batches * (ep - 1) * (E / ep) * 4 + 2 * (sent + received) * C * 4 + 8;
-    EXPECT_EQ(s["comm"]["ep"]["bytes"].get<int64_t>(), want) << s.dump();
+  auto rows = [](const json& s, const char* key) { return s["moe"][key].get<int64_t>(); };
+  for (int i = 0; i < kSteps; i++) {
+    for (const json& s : {m.steps[i], halves.steps[i]}) {
+      const int64_t sent = rows(s, "sent_rows"), received = rows(s, "received_rows");
+      EXPECT_GT(sent, 0);
+      const int64_t want = moe_layers * micro_batches * (ep - 1) * (E / ep) * 4 + 2 * (sent + received) * C * 4 + 8;
+      EXPECT_EQ(s["comm"]["ep"]["bytes"].get<int64_t>(), want) << s.dump();
+    }
+    const int64_t blocks = moe_layers * micro_batches;  // each rounds down by at most 1/2 row
+    for (const char* key : {"sent_rows", "received_rows"}) {
+      const int64_t whole = rows(m.steps[i], key), half = rows(halves.steps[i], key);
+      EXPECT_LE(2 * half, whole) << key << " step " << i;
+      EXPECT_GE(2 * half, whole - blocks) << key << " step " << i;
+    }
   }
 }
 

@@ -536,5 +536,22 @@ TEST(PlannerTimeMoe, MixtralCountsAndExpertParallelDirections) {
   EXPECT_FALSE(predict(m, l, h100, &skewed).is_ok()) << "ep must divide dp and the experts";
 }
 
+// The time model against published MoE training throughputs (published_runs.h): Grok-1's
+// experts at ep 2 inside a node and ep 4 and 8 across nodes, within 20% of the tokens/s,
+// each layout fitting in 80 GB as it did.
+TEST(PlannerTimeMoe, PublishedRunsWithinTwentyPercent) {
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  for (const MoeRun& r : moe_runs()) {
+    Prediction p;
+    ASSERT_TRUE(predict(r.model, r.layout, h100, &p).is_ok()) << r.name;
+    std::printf("[ moe      ] %-40s predicted %8.0f tokens/s, published %8.0f (%+.1f%%), all-to-all %.2f s of %.2f\n",
+                r.name, p.tokens_per_s, r.tokens_per_s, 100 * rel_err(p.tokens_per_s, r.tokens_per_s), p.ep.total(), p.step_s);
+    EXPECT_LT(std::abs(rel_err(p.tokens_per_s, r.tokens_per_s)), 0.20)
+        << r.name << ": predicted " << p.tokens_per_s << " tokens/s, published " << r.tokens_per_s;
+    EXPECT_TRUE(p.fits()) << r.name << ": " << p.memory.total() / 1e9 << " GB";
+  }
+}
+
 }  // namespace
 }  // namespace meshtrain::planner::test_planner_time
