@@ -282,7 +282,11 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   // whole b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k;
   // unfused attention's scale-mask-softmax and dropout on b a s^2/t.
   const double rep = l.sp ? bs * h / t : bs * h;  // elements of the replicated regions
-  const double act_elems = bs * f, score_elems = b * heads_local * s * s;
+  // An MoE layer's activation runs on its experts' rows instead: the b s top_k dispatched
+  // rows (the most loaded rank's share) and every row for the shared experts.
+  const double fm = m.moe_fraction(), fe = m.is_moe() ? m.expert_width() / t : 0;
+  const double moe_rows = bs * (m.top_k * l.moe_imbalance + m.shared_experts);
+  const double act_elems = (1 - fm) * bs * f + fm * moe_rows * fe, score_elems = b * heads_local * s * s;
   const double rotary = m.rope ? bs * (heads_local + kv_local) * hd : 0;
   const double drop = m.dropout ? 1 : 0;
   const double norm_f = 2 * e, add_f = 3 * e + drop, act_f = (m.swiglu ? 3 : 2) * e, rope_f = 2 * e;
@@ -291,21 +295,32 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   // Plus the attention's layout copies of q, k, v and the context.
   const double copies = (2 * heads_local + 2 * kv_local) * hd * bs * 2 * e;
   const double attn_core_mem = fused ? 0 : score_elems * softmax_f / hbm;
+  // The MoE rows' copies (each a read and a write): into dispatch order, and with ep into
+  // and out of expert-major order around the all-to-alls; the forward's combine reads each
+  // dispatched row and writes b s h; the backward also writes w dout per row and reads the
+  // rows and dout again for the routing weights' gradients.
+  const double moved = m.is_moe() ? bs * m.top_k * l.moe_imbalance * h : 0, copies_each_way = l.ep > 1 ? 3 : 1;
+  const double moe_mem_f = fm * (moved * (2 * copies_each_way + 1) + bs * h) * e;
+  const double moe_mem_b = fm * (moved * (2 * copies_each_way + 5) + bs * h) * e;
   LayerTime lt;
-  const double fm = m.moe_fraction(), moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
+  const double moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
   const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
   lt.gemm_f = qkv + proj + mlp_gemm + attention_f;
-  lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies) / hbm + attn_core_mem;
+  lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
   lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
-  // Expert parallelism: each MoE layer sends its b s top_k rows (the most loaded rank's
-  // share) to the experts' ranks and back, in the forward and again in the backward; the
-  // (ep-1)/ep that leave the rank cross the ep group's link.
+  // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
+  // rank's share) to the experts' ranks and combines them back, in the forward and again
+  // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
+  // rank on the ep group's link; the tp group then gathers the received rows for its
+  // expert slices, and sums their partial outputs before the way back (docs/moe.md).
   if (m.is_moe() && l.ep > 1) {
     const double rows_bytes = bs * m.top_k * l.moe_imbalance * h * e;
-    const double one = (ep_ring.n - 1) * ep_ring.latency + (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / ep_ring.bandwidth;
-    lt.ep_f = lt.ep_b = fm * 2 * one;
+    const double one = (ep_ring.n - 1) * ep_ring.latency +
+                       (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
+    const double tp_part = t > 1 ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
+    lt.ep_f = lt.ep_b = fm * (2 * one + tp_part);
   }
-  lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies +
+  lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
               (fused ? 0 : score_elems * softmax_b)) / hbm;
   // Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
   // sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.

@@ -76,8 +76,12 @@ TEST(PlannerSearch, RankingAndFixedChoices) {
     EXPECT_FALSE(seen_misfit && x.prediction.fits()) << "a fitting layout after one that does not fit, at " << i;
     if (i == 0) continue;
     const Candidate& prev = all[i - 1];
-    if (prev.prediction.fits() && x.prediction.fits()) EXPECT_LE(prev.prediction.step_s, x.prediction.step_s);
-    if (!prev.prediction.fits() && !x.prediction.fits()) EXPECT_LE(prev.over_bytes(), x.over_bytes());
+    if (prev.prediction.fits() && x.prediction.fits()) {
+      EXPECT_LE(prev.prediction.step_s, x.prediction.step_s);
+    }
+    if (!prev.prediction.fits() && !x.prediction.fits()) {
+      EXPECT_LE(prev.over_bytes(), x.over_bytes());
+    }
   }
   EXPECT_TRUE(seen_misfit) << "24 GB leaves some layouts out";
   EXPECT_TRUE(seen_zero_under_pp);
