@@ -12,8 +12,9 @@
 //   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts);
 //   expert parallelism: ep 2 and 4 x dp x ZeRO 0, 1, 3 (ep 2 of dp 4: experts sharded over
 //   their expert-data-parallel pairs), ep x tp x sp, ep x pp, ep with full recomputation,
-//   with capacity drops and in bf16; the all-to-all bytes against their formula; a
-//   checkpoint written at ep 4 resumed at ep 2 and on one rank.
+//   with capacity drops and in bf16; ep x ZeRO-3 with every state in files, bit-identical
+//   to memory; the all-to-all bytes against their formula (and halved per tp rank at
+//   tp 2); a checkpoint written at ep 4 resumed at ep 2 and on one rank.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -174,7 +175,14 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
   const Cell bf16{"--dp 2 --ep 2 --zero 3", 2, 4};
   specs.push_back({kReference.args(" --precision bf16"), 1});
   specs.push_back({bf16.args(" --precision bf16"), 2});
+  // ZeRO-Infinity: every expert and dense shard in files, read back bit for bit.
+  const std::string offload = " --offload params=nvme,grads=nvme,optimizer=nvme --offload-dir " + path("files");
+  specs.push_back({bf16.args(offload), 2});
   ensure(specs);
+  const Metrics in_memory = metrics_of(bf16.args()), in_files = metrics_of(bf16.args(offload));
+  ASSERT_EQ(in_files.steps.size(), (size_t)kSteps);
+  for (int s = 0; s < kSteps; s++)
+    EXPECT_EQ(in_files.steps[s]["loss"].get<double>(), in_memory.steps[s]["loss"].get<double>()) << "offloaded, step " << s;
   expect_cells_match(kReference.args(), cells);
   expect_cells_match(kReference.args(kCapacity), drop_cells);
   const Metrics ref = metrics_of(kReference.args(" --precision bf16")), m = metrics_of(bf16.args(" --precision bf16"));
