@@ -96,6 +96,9 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
                   "(0: dropless, the default)");
   app->add_option("--moe-aux-loss", o->moe_aux_loss, "Per-sequence load-balancing loss coefficient alpha (default 0.01)");
   app->add_option("--moe-z-loss", o->moe_z_loss, "Router z-loss coefficient (default 0: none)");
+  app->add_option("--moe-balance", o->moe_balance,
+                  "What the balance loss's f and P average over: sequence (default; any layout trains alike) "
+                  "or micro-batch (DeepSpeed's and Megatron's, so it changes with the dp split)");
   app->add_option("--layers", o->layers, "Transformer blocks (overrides the preset)");
   app->add_option("--heads", o->heads, "Attention heads; must divide --dim");
   app->add_option("--dim", o->dim, "Model width C");

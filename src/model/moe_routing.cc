@@ -51,12 +51,18 @@ void top_k(const float* scores, int E, int k, int* chosen) {
   }
 }
 
-// f_i of one sequence: its assignments to expert i over k * T, before any drop.
-std::vector<double> sequence_fractions(const MoeRoute& r, int first_row, int T, int E, int k) {
+// f_i of a balance group (one sequence, or one micro-batch) of G rows: its assignments to
+// expert i over k G, before any drop.
+std::vector<double> group_fractions(const MoeRoute& r, int first_row, int G, int E, int k) {
   std::vector<double> f(E, 0.0);
-  for (int a = first_row * k; a < (first_row + T) * k; a++) f[r.expert[a]] += 1.0;
-  for (double& x : f) x /= (double)k * T;
+  for (int a = first_row * k; a < (first_row + G) * k; a++) f[r.expert[a]] += 1.0;
+  for (double& x : f) x /= (double)k * G;
   return f;
+}
+
+// Rows per balance group.
+int balance_rows(const MoeTraining& training, int N, int T) {
+  return training.balance == MoeBalance::kMicroBatch ? N : T;
 }
 
 }  // namespace
@@ -71,8 +77,9 @@ void moe_route(const MoeConfig& config, const MoeTraining& training, const float
   int64_t capacity = (int64_t)N * k;  // dropless
   if (training.capacity_factor > 0) capacity = (int64_t)std::ceil(k * (double)T * training.capacity_factor / E);
   std::vector<int64_t> taken(E);
+  const int G = balance_rows(training, N, T);
   for (int b = 0; b < N / T; b++) {
-    std::fill(P.begin(), P.end(), 0.0);
+    if (b * T % G == 0) std::fill(P.begin(), P.end(), 0.0);
     for (int n = b * T; n < (b + 1) * T; n++) {
       const float* row = logits + (size_t)n * E;
       moe_scores(config.score, row, E, scores.data());
@@ -89,10 +96,12 @@ void moe_route(const MoeConfig& config, const MoeTraining& training, const float
         stats->z += training.z_loss * lse * lse;
       }
     }
-    const std::vector<double> f = sequence_fractions(*r, b * T, T, E, k);
-    double aux = 0;
-    for (int e = 0; e < E; e++) aux += f[e] * (P[e] / T);
-    stats->aux += training.aux_loss * E * aux;
+    if ((b + 1) * T % G == 0) {  // the group's last sequence: its term, once per sequence
+      const std::vector<double> f = group_fractions(*r, (b + 1) * T - G, G, E, k);
+      double aux = 0;
+      for (int e = 0; e < E; e++) aux += f[e] * (P[e] / G);
+      stats->aux += training.aux_loss * E * aux * (G / T);
+    }
     // Capacity, choice by choice in position order (slot 0 marks kept for now).
     std::fill(taken.begin(), taken.end(), 0);
     for (int j = 0; j < k; j++)
@@ -126,9 +135,12 @@ void moe_route_backward(const MoeConfig& config, const MoeTraining& training, co
                         float* dlogits) {
   const int E = config.experts, k = config.top_k;
   std::vector<float> scores(E), q(E), ds(E), dq(E);
+  const int G = balance_rows(training, N, T);
+  std::vector<double> f;
   for (int b = 0; b < N / T; b++) {
-    // dL/dq_i(t) = aux_scale * alpha * E * f_i / T for every token of the sequence.
-    const std::vector<double> f = sequence_fractions(r, b * T, T, E, k);
+    // dL/dq_i(t) = aux_scale * alpha * E * f_i / T for every token of the group: its G/T
+    // sequences' worth of alpha E sum f_i P_i, where P_i averages q_i over G rows.
+    if (b * T % G == 0) f = group_fractions(r, b * T, G, E, k);
     for (int e = 0; e < E; e++) dq[e] = (float)(aux_scale * training.aux_loss * E * f[e] / T);
     for (int n = b * T; n < (b + 1) * T; n++) {
       const float* row = logits + (size_t)n * E;

@@ -11,6 +11,12 @@
 
 namespace meshtrain::model {
 
+// What the balance loss's f_i and P_i average over: each sequence (layout-independent), or
+// each micro-batch a rank routes (DeepSpeed's and Megatron's: a different dp split or
+// micro-batch size changes the loss). A micro-batch's term counts once per sequence it
+// holds, so both weigh a sequence alike.
+enum class MoeBalance { kSequence, kMicroBatch };
+
 // Training settings of the MoE layers (not the architecture: a checkpoint does not fix them).
 struct MoeTraining {
   // 0: dropless. Else each expert takes at most ceil(top_k * T * factor / experts) of a
@@ -18,6 +24,7 @@ struct MoeTraining {
   double capacity_factor = 0;
   float aux_loss = 0.01f;  // alpha of the Switch/GShard balance loss, per sequence
   float z_loss = 0;        // beta of the router z-loss, per token
+  MoeBalance balance = MoeBalance::kSequence;
 };
 
 // Where one layer's routing of N = B*T rows lives (the model's tracked activation memory).
@@ -32,7 +39,8 @@ struct MoeRoute {
 
 // What a layer's routing of one micro-batch adds to the step's statistics.
 struct MoeRouteStats {
-  double aux = 0;      // sum over sequences of alpha * E * sum_i f_i P_i
+  double aux = 0;      // sum over sequences of alpha * E * sum_i f_i P_i (a micro-batch
+                       // group counts as its B sequences)
   double z = 0;        // sum over tokens of beta * logsumexp(logits)^2
   int64_t dropped = 0; // assignments over capacity
   std::vector<int64_t> tokens;  // [E] kept assignments per expert

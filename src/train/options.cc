@@ -28,6 +28,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"moe_capacity_factor", o.moe_capacity_factor},
           {"moe_aux_loss", o.moe_aux_loss},
           {"moe_z_loss", o.moe_z_loss},
+          {"moe_balance", o.moe_balance},
           {"data", o.data_dir},
           {"micro_batch", o.micro_batch},
           {"grad_accum", o.grad_accum},
@@ -89,6 +90,7 @@ Status parse_precision_flag(const std::string& name, kernels::Precision* out) {
 model::MoeTraining moe_training(const TrainOptions& o) {
   model::MoeTraining t;
   t.capacity_factor = o.moe_capacity_factor, t.aux_loss = o.moe_aux_loss, t.z_loss = o.moe_z_loss;
+  t.balance = o.moe_balance == "micro-batch" ? model::MoeBalance::kMicroBatch : model::MoeBalance::kSequence;
   return t;
 }
 
@@ -119,8 +121,12 @@ Status check_moe_training(const TrainOptions& o, const model::GptConfig& c) {
                          std::to_string(o.moe_capacity_factor));
   if (!(o.moe_aux_loss >= 0) || !(o.moe_z_loss >= 0) || !std::isfinite(o.moe_aux_loss) || !std::isfinite(o.moe_z_loss))
     return Status::error("--moe-aux-loss and --moe-z-loss must be finite and >= 0");
+  if (o.moe_balance != "sequence" && o.moe_balance != "micro-batch")
+    return Status::error("--moe-balance must be sequence or micro-batch, got '" + o.moe_balance + "'");
   if (!c.is_moe() && o.moe_capacity_factor > 0)
     return Status::error("--moe-capacity-factor needs a Mixture-of-Experts model (--moe-experts)");
+  if (!c.is_moe() && o.moe_balance != "sequence")
+    return Status::error("--moe-balance needs a Mixture-of-Experts model (--moe-experts)");
   return Status::ok();
 }
 

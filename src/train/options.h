@@ -32,6 +32,7 @@ struct TrainOptions {
   bool moe_renormalize = true;
   double moe_capacity_factor = 0;  // 0: dropless
   float moe_aux_loss = 0.01f, moe_z_loss = 0;
+  std::string moe_balance = "sequence";  // sequence | micro-batch (layout-dependent)
 
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";

@@ -24,6 +24,7 @@
 #include "model/moe_routing.h"
 #include "parallel/data_parallel.h"
 #include "thread_ranks_test_util.h"
+#include "train/options.h"
 #include "train/trainer.h"
 
 namespace meshtrain::test_moe {
@@ -47,13 +48,21 @@ struct RoutingCase {
   MoeScore score;
   bool renormalize;
   double capacity_factor;
+  model::MoeBalance balance = model::MoeBalance::kSequence;
 };
 const RoutingCase kRoutingCases[] = {
     {"softmax_renormalised_dropless", MoeScore::kSoftmax, true, 0},
     {"softmax_capacity", MoeScore::kSoftmax, true, 1.0},
     {"sigmoid_raw_capacity", MoeScore::kSigmoid, false, 0.75},
     {"softmax_raw", MoeScore::kSoftmax, false, 0},
+    {"sigmoid_micro_batch_balance", MoeScore::kSigmoid, true, 1.0, model::MoeBalance::kMicroBatch},
 };
+
+MoeTraining training_of(const RoutingCase& rc, float aux_loss, float z_loss) {
+  MoeTraining t{rc.capacity_factor, aux_loss, z_loss};
+  t.balance = rc.balance;
+  return t;
+}
 
 std::vector<float> random_logits(int n, uint32_t seed, float scale = 2.0f) {
   std::mt19937 rng(seed);
@@ -121,34 +130,41 @@ RefRouting ref_route(const MoeConfig& m, const MoeTraining& t, const std::vector
 
 // The objective whose gradient moe_route_backward returns, with the choices and drops of
 // `frozen` (piecewise constant in the logits): sum of dweight x weight over kept choices,
-// aux_scale x each sequence's balance loss, z_scale x each token's z-loss.
+// aux_scale x each balance group's loss (a sequence, or the micro-batch counted once per
+// sequence), z_scale x each token's z-loss.
 double ref_objective(const MoeConfig& m, const MoeTraining& t, const std::vector<double>& logits,
                      const RefRouting& frozen, const std::vector<double>& dweight, int N, int T, double aux_scale,
                      double z_scale) {
   const int E = m.experts, k = m.top_k;
+  auto scores_of = [&](int n) { return ref_scores(m.score, &logits[(size_t)n * E], E); };
   double J = 0;
-  for (int b = 0; b < N / T; b++) {
+  for (int n = 0; n < N; n++) {
+    const double* row = &logits[(size_t)n * E];
+    const std::vector<double> s = scores_of(n);
+    double sum = 0;
+    for (int j = 0; j < k; j++) sum += s[frozen.expert[n * k + j]];
+    for (int j = 0; j < k; j++) {
+      const int e = frozen.expert[n * k + j];
+      if (frozen.kept[n * k + j]) J += dweight[n * k + j] * (m.renormalize ? s[e] / sum : s[e]);
+    }
+    double mx = *std::max_element(row, row + E), z = 0;
+    for (int e = 0; e < E; e++) z += std::exp(row[e] - mx);
+    const double lse = mx + std::log(z);
+    J += z_scale * t.z_loss * lse * lse;
+  }
+  const int G = t.balance == model::MoeBalance::kMicroBatch ? N : T;
+  for (int g = 0; g < N / G; g++) {
     std::vector<double> f(E, 0.0), P(E, 0.0);
-    for (int n = b * T; n < (b + 1) * T; n++) {
-      const double* row = &logits[(size_t)n * E];
-      const std::vector<double> s = ref_scores(m.score, row, E);
-      double sum = 0, all = 0;
-      for (int j = 0; j < k; j++) sum += s[frozen.expert[n * k + j]];
+    for (int n = g * G; n < (g + 1) * G; n++) {
+      const std::vector<double> s = scores_of(n);
+      double all = 0;
       for (int e = 0; e < E; e++) all += s[e];
-      for (int j = 0; j < k; j++) {
-        const int e = frozen.expert[n * k + j];
-        f[e] += 1.0 / (k * T);
-        if (frozen.kept[n * k + j]) J += dweight[n * k + j] * (m.renormalize ? s[e] / sum : s[e]);
-      }
-      for (int e = 0; e < E; e++) P[e] += (m.score == MoeScore::kSoftmax ? s[e] : s[e] / all) / T;
-      double mx = *std::max_element(row, row + E), z = 0;
-      for (int e = 0; e < E; e++) z += std::exp(row[e] - mx);
-      const double lse = mx + std::log(z);
-      J += z_scale * t.z_loss * lse * lse;
+      for (int j = 0; j < k; j++) f[frozen.expert[n * k + j]] += 1.0 / (k * G);
+      for (int e = 0; e < E; e++) P[e] += (m.score == MoeScore::kSoftmax ? s[e] : s[e] / all) / G;
     }
     double aux = 0;
     for (int e = 0; e < E; e++) aux += f[e] * P[e];
-    J += aux_scale * t.aux_loss * E * aux;
+    J += aux_scale * t.aux_loss * E * aux * (G / T);
   }
   return J;
 }
@@ -158,7 +174,7 @@ class MoeRouting : public ::testing::TestWithParam<RoutingCase> {};
 TEST_P(MoeRouting, MatchesANaiveReference) {
   const RoutingCase& rc = GetParam();
   const MoeConfig m{5, 2, 1, 0, 0, rc.score, rc.renormalize};
-  const MoeTraining t{rc.capacity_factor, 0.01f, 0.001f};
+  const MoeTraining t = training_of(rc, 0.01f, 0.001f);
   const int T = 8, N = 3 * T, E = m.experts, k = m.top_k;
   std::vector<float> logits = random_logits(N * E, 31);
   RouteBuffers buf(N, m);
@@ -188,17 +204,18 @@ TEST_P(MoeRouting, MatchesANaiveReference) {
   // The losses: their reference values at dweight = 0, unit scales.
   const std::vector<double> zero((size_t)N * k, 0.0);
   const std::vector<double> dl(logits.begin(), logits.end());
-  const double aux = ref_objective(m, {0, t.aux_loss, 0}, dl, ref, zero, N, T, 1, 0);
-  const double z = ref_objective(m, {0, 0, t.z_loss}, dl, ref, zero, N, T, 0, 1);
+  const double aux = ref_objective(m, training_of(rc, t.aux_loss, 0), dl, ref, zero, N, T, 1, 0);
+  const double z = ref_objective(m, training_of(rc, 0, t.z_loss), dl, ref, zero, N, T, 0, 1);
   EXPECT_NEAR(stats.aux, aux, 1e-6 * std::abs(aux));
   EXPECT_NEAR(stats.z, z, 1e-5 * std::abs(z));
 }
 
 // A sequence routes the same alone as in any batch: the promise behind layout independence.
+// The micro-batch balance loss breaks it (and says so): its value depends on the batch.
 TEST_P(MoeRouting, EachSequenceRoutesAsItDoesAlone) {
   const RoutingCase& rc = GetParam();
   const MoeConfig m{4, 2, 1, 0, 0, rc.score, rc.renormalize};
-  const MoeTraining t{rc.capacity_factor, 0.01f, 0.001f};
+  const MoeTraining t = training_of(rc, 0.01f, 0.001f);
   const int T = 6, S = 3, N = S * T, k = m.top_k;
   std::vector<float> logits = random_logits(N * m.experts, 32);
   RouteBuffers whole(N, m);
@@ -216,7 +233,11 @@ TEST_P(MoeRouting, EachSequenceRoutesAsItDoesAlone) {
   }
   EXPECT_EQ(parts.tokens, all.tokens);
   EXPECT_EQ(parts.dropped, all.dropped);
-  EXPECT_NEAR(parts.aux, all.aux, 1e-12);
+  if (rc.balance == model::MoeBalance::kSequence) {
+    EXPECT_NEAR(parts.aux, all.aux, 1e-12);
+  } else {
+    EXPECT_GT(std::abs(parts.aux - all.aux), 1e-6) << "a micro-batch's balance is not its sequences'";
+  }
   EXPECT_NEAR(parts.z, all.z, 1e-9);
 }
 
@@ -225,7 +246,7 @@ TEST_P(MoeRouting, EachSequenceRoutesAsItDoesAlone) {
 TEST_P(MoeRouting, GradientMatchesFiniteDifferences) {
   const RoutingCase& rc = GetParam();
   const MoeConfig m{5, 2, 1, 0, 0, rc.score, rc.renormalize};
-  const MoeTraining t{rc.capacity_factor, 0.3f, 0.05f};
+  const MoeTraining t = training_of(rc, 0.3f, 0.05f);
   const int T = 4, N = 2 * T, E = m.experts, k = m.top_k;
   std::vector<float> logits = random_logits(N * E, 33, 1.0f);
   std::vector<float> dweight = random_logits(N * k, 34, 1.0f);
@@ -332,6 +353,20 @@ TEST(MoeModel, HuggingFaceMixtralFolderRoundTrips) {
     ASSERT_EQ(loaded.num_elements(), gpt.num_elements());
     for (size_t i = 0; i < gpt.num_elements(); i++) ASSERT_EQ(loaded.params()[i], gpt.params()[i]) << i;
   }
+}
+
+// The balance-group flag: a name the message spells out, and only for an MoE model.
+TEST(MoeModel, BalanceFlagIsChecked) {
+  train::TrainOptions o;
+  o.model_preset = "llama-tiny", o.moe_experts = 4, o.moe_balance = "batch";
+  model::GptConfig c;
+  int seq = 0;
+  EXPECT_EQ(train::resolve_model(o, &c, &seq).message(), "--moe-balance must be sequence or micro-batch, got 'batch'");
+  o.moe_balance = "micro-batch";
+  ASSERT_TRUE(train::resolve_model(o, &c, &seq).is_ok());
+  EXPECT_EQ(train::moe_training(o).balance, model::MoeBalance::kMicroBatch);
+  o.moe_experts = 0;
+  EXPECT_EQ(train::resolve_model(o, &c, &seq).message(), "--moe-balance needs a Mixture-of-Experts model (--moe-experts)");
 }
 
 TEST(MoeModel, ExpertParallelSizesAreChecked) {
