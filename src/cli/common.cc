@@ -96,6 +96,9 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
                   "(0: dropless, the default)");
   app->add_option("--moe-aux-loss", o->moe_aux_loss, "Per-sequence load-balancing loss coefficient alpha (default 0.01)");
   app->add_option("--moe-z-loss", o->moe_z_loss, "Router z-loss coefficient (default 0: none)");
+  app->add_option("--moe-bias-speed", o->moe_bias_speed,
+                  "Aux-loss-free balancing (DeepSeek-V3): each expert's routing bias steps this much toward "
+                  "balance after every step, from the whole job's loads (default 0: off; DeepSeek-V3 used 0.001)");
   app->add_option("--moe-balance", o->moe_balance,
                   "What the balance loss's f and P average over: sequence (default; any layout trains alike) "
                   "or micro-batch (DeepSpeed's and Megatron's, so it changes with the dp split)");

@@ -155,6 +155,10 @@ class Gpt {
   const MoeTraining& moe_training() const { return moe_training_; }
   const std::vector<MoeRouteStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
+  // Aux-loss-free balancing (MoeTraining::bias_speed > 0): the routing bias of every MoE
+  // layer, [layers x E] (dense layers' rows unused), held for all layers on every rank and
+  // the same everywhere: the trainer updates it from the job's loads after each step.
+  std::vector<float>& moe_bias();
 
   const GptConfig& config() const { return config_; }
   // RoPE's cos and sin [max_seq_len, hs/2] (empty for learned positions), for the decoder.
@@ -359,6 +363,7 @@ class Gpt {
   int Fcel_ = 0, Fel_ = 0;  // one expert's first-projection rows and hidden width on this rank
   MoeTraining moe_training_;
   std::vector<MoeRouteStats> moe_stats_;
+  std::vector<float> moe_bias_;
   float loss_scale_ = 0;  // of the running backward (the balance losses' gradient scale)
   FlopCounts flops_;
 

@@ -18,6 +18,11 @@ namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
 
+std::vector<float>& Gpt::moe_bias() {
+  if (moe_bias_.empty()) moe_bias_.assign((size_t)config_.layers * config_.moe.experts, 0.0f);
+  return moe_bias_;
+}
+
 void Gpt::reset_moe_stats() {
   for (auto& s : moe_stats_) s = MoeRouteStats{};
 }
@@ -186,7 +191,8 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
                     k::Precision::kFp32);
   MoeRouteStats recomputed;  // a recomputation routes again; the step's statistics count once
   MoeRouteStats& stats = recomputing ? recomputed : moe_stats_[l];
-  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, &stats);
+  const float* bias = moe_training_.bias_speed > 0 ? moe_bias().data() + (size_t)l * E : nullptr;
+  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, &stats, bias);
   const int M = a.route.offsets[E];
   for (int s = 0; s < M; s++) {
     const float* row = x + (size_t)(a.route.order[s] / k) * C;

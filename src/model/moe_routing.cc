@@ -68,11 +68,12 @@ int balance_rows(const MoeTraining& training, int N, int T) {
 }  // namespace
 
 void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
-               MoeRoute* r, MoeRouteStats* stats) {
+               MoeRoute* r, MoeRouteStats* stats, const float* bias) {
   const int E = config.experts, k = config.top_k;
   CHECK_MSG(T > 0 && N % T == 0, "MoE routing needs whole sequences");
   if ((int)stats->tokens.size() != E) stats->tokens.assign(E, 0);
-  std::vector<float> scores(E), q(E);
+  if ((int)stats->chosen.size() != E) stats->chosen.assign(E, 0);
+  std::vector<float> scores(E), q(E), biased(E);
   std::vector<double> P(E);
   int64_t capacity = (int64_t)N * k;  // dropless
   if (training.capacity_factor > 0) capacity = (int64_t)std::ceil(k * (double)T * training.capacity_factor / E);
@@ -84,7 +85,13 @@ void moe_route(const MoeConfig& config, const MoeTraining& training, const float
       const float* row = logits + (size_t)n * E;
       moe_scores(config.score, row, E, scores.data());
       int* chosen = r->expert + (size_t)n * k;
-      top_k(scores.data(), E, k, chosen);
+      if (bias) {
+        for (int e = 0; e < E; e++) biased[e] = scores[e] + bias[e];
+        top_k(biased.data(), E, k, chosen);
+      } else {
+        top_k(scores.data(), E, k, chosen);
+      }
+      for (int j = 0; j < k; j++) stats->chosen[chosen[j]]++;
       double sum = 0;
       for (int j = 0; j < k; j++) sum += scores[chosen[j]];
       for (int j = 0; j < k; j++)
@@ -127,6 +134,15 @@ void moe_route(const MoeConfig& config, const MoeTraining& training, const float
     const int s = next[r->expert[a]]++;
     r->slot[a] = s;
     r->order[s] = a;
+  }
+}
+
+void update_expert_bias(const double* load, int E, float speed, float* bias) {
+  double total = 0;
+  for (int e = 0; e < E; e++) total += load[e];
+  for (int e = 0; e < E; e++) {  // load vs the mean, compared as load * E vs the total: exact
+    const double over = load[e] * E - total;
+    bias[e] += over > 0 ? -speed : over < 0 ? speed : 0.0f;
   }
 }
 

@@ -25,6 +25,8 @@ struct MoeTraining {
   float aux_loss = 0.01f;  // alpha of the Switch/GShard balance loss, per sequence
   float z_loss = 0;        // beta of the router z-loss, per token
   MoeBalance balance = MoeBalance::kSequence;
+  // Aux-loss-free balancing's step per update (update_expert_bias; 0: no bias).
+  float bias_speed = 0;
 };
 
 // Where one layer's routing of N = B*T rows lives (the model's tracked activation memory).
@@ -39,6 +41,7 @@ struct MoeRoute {
 
 // What a layer's routing of one micro-batch adds to the step's statistics.
 struct MoeRouteStats {
+  std::vector<int64_t> chosen;  // [E] assignments per expert before any drop (the load)
   double aux = 0;      // sum over sequences of alpha * E * sum_i f_i P_i (a micro-batch
                        // group counts as its B sequences)
   double z = 0;        // sum over tokens of beta * logsumexp(logits)^2
@@ -51,13 +54,19 @@ struct MoeRouteStats {
 };
 
 // Routes N rows of router logits [N, E] (B sequences of T rows) into r: scores (softmax, or
-// sigmoid), the top-k experts (ties to the lower index), their weights, then per sequence
+// sigmoid), the top-k experts (ties to the lower index) by score plus `bias` [E] when given
+// (aux-loss-free balancing; the weights use the scores alone), their weights, then per sequence
 // the capacity drops and the dispatch order (by expert, then by token). Adds to *stats.
 // Drop order: a sequence's assignments are offered choice by choice (every token's first
 // choice, in position order, then every second choice, ...); an expert past its capacity
 // drops what it is offered.
 void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
-               MoeRoute* r, MoeRouteStats* stats);
+               MoeRoute* r, MoeRouteStats* stats, const float* bias = nullptr);
+
+// Aux-loss-free balancing (DeepSeek-V3, arXiv 2412.19437, 2.1.2): after a step, each
+// expert's routing bias moves `speed` down when its load (assignments over the whole step
+// and job) is above the layer's mean, up when below, and stays when equal.
+void update_expert_bias(const double* load, int E, float speed, float* bias);
 
 // The gradient of the router logits [N, E] from dweight [N*k] (the loss's gradient with
 // respect to each assignment's weight; ignored for dropped ones), the balance loss of each

@@ -29,6 +29,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"moe_aux_loss", o.moe_aux_loss},
           {"moe_z_loss", o.moe_z_loss},
           {"moe_balance", o.moe_balance},
+          {"moe_bias_speed", o.moe_bias_speed},
           {"data", o.data_dir},
           {"micro_batch", o.micro_batch},
           {"grad_accum", o.grad_accum},
@@ -91,6 +92,7 @@ model::MoeTraining moe_training(const TrainOptions& o) {
   model::MoeTraining t;
   t.capacity_factor = o.moe_capacity_factor, t.aux_loss = o.moe_aux_loss, t.z_loss = o.moe_z_loss;
   t.balance = o.moe_balance == "micro-batch" ? model::MoeBalance::kMicroBatch : model::MoeBalance::kSequence;
+  t.bias_speed = o.moe_bias_speed;
   return t;
 }
 
@@ -127,6 +129,10 @@ Status check_moe_training(const TrainOptions& o, const model::GptConfig& c) {
     return Status::error("--moe-capacity-factor needs a Mixture-of-Experts model (--moe-experts)");
   if (!c.is_moe() && o.moe_balance != "sequence")
     return Status::error("--moe-balance needs a Mixture-of-Experts model (--moe-experts)");
+  if (!(o.moe_bias_speed >= 0) || !std::isfinite(o.moe_bias_speed))
+    return Status::error("--moe-bias-speed must be finite and >= 0, got " + std::to_string(o.moe_bias_speed));
+  if (!c.is_moe() && o.moe_bias_speed > 0)
+    return Status::error("--moe-bias-speed needs a Mixture-of-Experts model (--moe-experts)");
   return Status::ok();
 }
 

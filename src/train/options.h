@@ -33,6 +33,7 @@ struct TrainOptions {
   double moe_capacity_factor = 0;  // 0: dropless
   float moe_aux_loss = 0.01f, moe_z_loss = 0;
   std::string moe_balance = "sequence";  // sequence | micro-batch (layout-dependent)
+  float moe_bias_speed = 0;  // aux-loss-free balancing's bias step (0: off)
 
   // Data: DIR/train.bin and DIR/val.bin.
   std::string data_dir = "data/brown";

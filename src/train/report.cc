@@ -51,29 +51,38 @@ json pipeline_json(Run& run) {
           {"pp_peak_sets", t.peak_sets}};
 }
 
-// The step's routing over the whole job: every MoE layer's statistics from the ranks that
-// run it, counted once per tp group (its ranks route alike) and summed over dp. The balance
-// losses as they enter the objective (means over sequences and tokens, summed over layers),
-// the tokens per expert over all (layer, expert) pairs, and the share of assignments dropped.
-json moe_json(Run& run, comm::Group& world) {
+// Every MoE layer's statistics from the ranks that run it, counted once per tp group (its
+// ranks route alike) and summed over dp.
+MoeJobStats moe_job_stats(Run& run, comm::Group& world) {
   const model::GptConfig& c = run.config;
-  if (!c.is_moe()) return json::object();
-  const int E = c.moe.experts, fields = 3 + E;
-  std::vector<double> all((size_t)c.layers * fields, 0.0);
+  if (!c.is_moe()) return {};
+  MoeJobStats out;
+  const int E = out.experts = c.moe.experts, fields = 3 + 2 * E;
+  out.table.assign((size_t)c.layers * fields, 0.0);
   if (run.mesh->tp_rank() == 0)
     for (int l = 0; l < c.layers; l++) {
       const model::MoeRouteStats& s = run.gpt->moe_stats()[l];
       if (s.tokens.empty()) continue;  // dense, or not on this rank
-      double* row = all.data() + (size_t)l * fields;
+      double* row = out.table.data() + (size_t)l * fields;
       row[0] = s.aux, row[1] = s.z, row[2] = (double)s.dropped;
-      for (int e = 0; e < E; e++) row[3 + e] = (double)s.tokens[e];
+      for (int e = 0; e < E; e++) row[3 + e] = (double)s.tokens[e], row[3 + E + e] = (double)s.chosen[e];
     }
-  world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
+  world.all_reduce_f64(out.table.data(), out.table.size(), comm::ReduceOp::kSum);
+  return out;
+}
+
+// The balance losses as they enter the objective (means over sequences and tokens, summed
+// over layers), the tokens per expert over all (layer, expert) pairs, and the share of
+// assignments dropped.
+json moe_json(Run& run, const MoeJobStats& stats) {
+  const model::GptConfig& c = run.config;
+  if (!c.is_moe()) return json::object();
+  const int E = c.moe.experts;
   const double sequences = run.shape.G(), tokens = sequences * run.shape.T;
   double aux = 0, z = 0, dropped = 0, lo = INFINITY, hi = 0, cv = 0;
   for (int l = 0; l < c.layers; l++) {
     if (!c.is_moe_layer(l)) continue;
-    const double* row = all.data() + (size_t)l * fields;
+    const double* row = stats.at(l);
     aux += row[0] / sequences, z += row[1] / tokens, dropped += row[2];
     double mean = 0, var = 0;
     for (int e = 0; e < E; e++) mean += row[3 + e] / E, lo = std::min(lo, row[3 + e]), hi = std::max(hi, row[3 + e]);
@@ -83,10 +92,28 @@ json moe_json(Run& run, comm::Group& world) {
   const double assignments = tokens * c.moe.top_k * c.moe_layers();
   int64_t sent = 0, received = 0;  // this rank's, as its comm bytes are
   for (const model::MoeRouteStats& s : run.gpt->moe_stats()) sent += s.sent_rows, received += s.received_rows;
-  return {{"moe",
-           {{"aux_loss", aux}, {"z_loss", z}, {"dropped_fraction", dropped / assignments},
-            {"tokens_per_expert", {{"min", lo}, {"max", hi}, {"cv", cv}}},
-            {"sent_rows", sent}, {"received_rows", received}}}};
+  json moe = {{"aux_loss", aux}, {"z_loss", z}, {"dropped_fraction", dropped / assignments},
+              {"tokens_per_expert", {{"min", lo}, {"max", hi}, {"cv", cv}}},
+              {"sent_rows", sent}, {"received_rows", received}};
+  if (run.gpt->moe_training().bias_speed > 0) {
+    const std::vector<float>& bias = run.gpt->moe_bias();
+    float blo = INFINITY, bhi = -INFINITY;
+    for (int l = 0; l < c.layers; l++)
+      for (int e = 0; e < E && c.is_moe_layer(l); e++) blo = std::min(blo, bias[(size_t)l * E + e]), bhi = std::max(bhi, bias[(size_t)l * E + e]);
+    moe["expert_bias"] = {{"min", blo}, {"max", bhi}};
+  }
+  return {{"moe", moe}};
+}
+
+void update_expert_biases(Run& run, const MoeJobStats& stats) {
+  const model::GptConfig& c = run.config;
+  const float speed = run.gpt->moe_training().bias_speed;
+  if (!c.is_moe() || speed <= 0) return;
+  std::vector<float>& bias = run.gpt->moe_bias();
+  for (int l = 0; l < c.layers; l++)
+    if (c.is_moe_layer(l))
+      model::update_expert_bias(stats.at(l) + 3 + c.moe.experts, c.moe.experts, speed,
+                              bias.data() + (size_t)l * c.moe.experts);
 }
 
 // Collective: world rank 0 prints every rank's peak memory by category, and the pipeline's

@@ -63,10 +63,20 @@ nlohmann::json comm_json(const std::map<std::string, comm::AxisStats>& stats, do
 nlohmann::json comm_time_json(const std::map<std::string, comm::AxisStats>& stats);
 // Collective over pp: the step's measured and theoretical pipeline bubble (empty without pp).
 nlohmann::json pipeline_json(Run& run);
-// Collective over the world: the step's MoE routing statistics, {"moe": {aux_loss, z_loss,
-// dropped_fraction, tokens_per_expert {min, max, cv (the worst layer's)}, and this rank's
-// sent_rows, received_rows of the expert-parallel dispatch}} (empty when dense).
-nlohmann::json moe_json(Run& run, comm::Group& world);
+// The step's routing over the whole job, per layer: aux, z, dropped, then E kept and E
+// chosen assignments per expert (MoeJobStats::at). Collective over the world; empty when dense.
+struct MoeJobStats {
+  int experts = 0;
+  std::vector<double> table;  // [layers x (3 + 2 E)]
+  const double* at(int layer) const { return table.data() + (size_t)layer * (3 + 2 * experts); }
+};
+MoeJobStats moe_job_stats(Run& run, comm::Group& world);
+// {"moe": {aux_loss, z_loss, dropped_fraction, tokens_per_expert {min, max, cv (the worst
+// layer's)}, expert_bias {min, max} with aux-loss-free balancing, and this rank's sent_rows,
+// received_rows of the expert-parallel dispatch}} (empty when dense).
+nlohmann::json moe_json(Run& run, const MoeJobStats& stats);
+// Aux-loss-free balancing: every MoE layer's bias, moved by the job's loads of the step.
+void update_expert_biases(Run& run, const MoeJobStats& stats);
 // Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
 void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);
 // Collective: every rank's trace, merged into `file` by world rank 0.

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
@@ -201,6 +202,40 @@ Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) 
   return Status::ok();
 }
 
+// Aux-loss-free balancing's biases, one list of E per MoE layer, in the checkpoint's
+// train_state: every rank holds all of them, so any layout reads them back.
+json expert_bias_json(Run& run) {
+  const model::GptConfig& c = run.config;
+  const int E = c.moe.experts;
+  json layers = json::object();
+  const std::vector<float>& bias = run.gpt->moe_bias();
+  for (int l = 0; l < c.layers; l++)
+    if (c.is_moe_layer(l)) layers[std::to_string(l)] = std::vector<float>(bias.begin() + (size_t)l * E, bias.begin() + (size_t)(l + 1) * E);
+  return layers;
+}
+
+// A checkpoint without biases (saved with balancing off) starts them at zero.
+Status restore_expert_bias(const std::string& dir, Run* run) {
+  json index;
+  RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
+  const json ts = index.value("train_state", json::object());
+  if (!ts.contains("moe_expert_bias")) return Status::ok();
+  const model::GptConfig& c = run->config;
+  const int E = c.moe.experts;
+  std::vector<float>& bias = run->gpt->moe_bias();
+  try {
+    for (int l = 0; l < c.layers; l++) {
+      if (!c.is_moe_layer(l)) continue;
+      const std::vector<float> row = ts["moe_expert_bias"].at(std::to_string(l)).get<std::vector<float>>();
+      if ((int)row.size() != E) throw std::runtime_error("layer " + std::to_string(l) + " has " + std::to_string(row.size()) + " biases, the model " + std::to_string(E) + " experts");
+      std::copy(row.begin(), row.end(), bias.begin() + (size_t)l * E);
+    }
+  } catch (const std::exception& e) {
+    return Status::error(dir + "/index.json: invalid moe_expert_bias: " + e.what());
+  }
+  return Status::ok();
+}
+
 checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
   const bool moments_full = run.opt.zero == 0;
   if (run.dp->half_storage()) return {master, moments_full, m, v, moments_full, {}, {}};
@@ -358,6 +393,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(place_state(o, tiers, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
+  if (run->config.is_moe()) RETURN_IF_ERROR(restore_expert_bias(resume_dir, run));
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), rank_state(*run), &run->start_step));
   if (run->dp->half_storage()) run->dp->params_from_master();
@@ -470,10 +506,12 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
   const TrainOptions& o = run.opt;
   const checkpoint::RankState st = rank_state(run);
-  return checkpoint::save_checkpoint(
-      o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
-      to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
-      run.scaler ? json{{"loss_scaler", scaler_json(*run.scaler)}} : json::object());
+  json train_state = json::object();
+  if (run.scaler) train_state["loss_scaler"] = scaler_json(*run.scaler);
+  if (run.gpt->moe_training().bias_speed > 0) train_state["moe_expert_bias"] = expert_bias_json(run);
+  return checkpoint::save_checkpoint(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
+                                     to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
+                                     train_state);
 }
 
 }  // namespace meshtrain::train

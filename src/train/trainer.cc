@@ -189,7 +189,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_flops", run.gpt->flops().recompute},
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
-    const json moe = moe_json(run, world);
+    const MoeJobStats moe_stats = moe_job_stats(run, world);
+    if (!r.skipped) update_expert_biases(run, moe_stats);  // for the next step's routing
+    const json moe = moe_json(run, moe_stats);
     record.update(moe);
     if (peak_raised) record["peak_raised"] = true;
     if (optim::ShardStore& store = run.dp->adamw().store(); store.any_in_file(~0u)) {

@@ -49,6 +49,7 @@ struct RoutingCase {
   bool renormalize;
   double capacity_factor;
   model::MoeBalance balance = model::MoeBalance::kSequence;
+  bool biased = false;  // aux-loss-free balancing's bias on the choices
 };
 const RoutingCase kRoutingCases[] = {
     {"softmax_renormalised_dropless", MoeScore::kSoftmax, true, 0},
@@ -56,7 +57,16 @@ const RoutingCase kRoutingCases[] = {
     {"sigmoid_raw_capacity", MoeScore::kSigmoid, false, 0.75},
     {"softmax_raw", MoeScore::kSoftmax, false, 0},
     {"sigmoid_micro_batch_balance", MoeScore::kSigmoid, true, 1.0, model::MoeBalance::kMicroBatch},
+    {"softmax_biased_capacity", MoeScore::kSoftmax, true, 1.0, model::MoeBalance::kSequence, true},
 };
+
+// A routing bias of E experts that moves choices at these logits' scale (or none).
+std::vector<float> bias_of(const RoutingCase& rc, int E) {
+  if (!rc.biased) return {};
+  std::vector<float> b(E);
+  for (int e = 0; e < E; e++) b[e] = 0.15f * (float)((e * 7) % 5 - 2);
+  return b;
+}
 
 MoeTraining training_of(const RoutingCase& rc, float aux_loss, float z_loss) {
   MoeTraining t{rc.capacity_factor, aux_loss, z_loss};
@@ -102,12 +112,15 @@ struct RefRouting {
   std::vector<double> weight;
 };
 
-RefRouting ref_route(const MoeConfig& m, const MoeTraining& t, const std::vector<double>& logits, int N, int T) {
+RefRouting ref_route(const MoeConfig& m, const MoeTraining& t, const std::vector<double>& logits, int N, int T,
+                     const std::vector<float>& bias = {}) {
   const int E = m.experts, k = m.top_k;
   RefRouting r;
   for (int n = 0; n < N; n++) {
     const std::vector<double> s = ref_scores(m.score, &logits[(size_t)n * E], E);
-    const std::vector<int> top = ref_top_k(s, k);
+    std::vector<double> ranked = s;  // the choice sees the bias, the weights do not
+    for (int e = 0; e < (int)bias.size(); e++) ranked[e] = (double)(float)s[e] + bias[e];
+    const std::vector<int> top = ref_top_k(ranked, k);
     double sum = 0;
     for (int e : top) sum += s[e];
     for (int e : top) r.expert.push_back(e), r.weight.push_back(m.renormalize ? s[e] / sum : s[e]);
@@ -179,8 +192,16 @@ TEST_P(MoeRouting, MatchesANaiveReference) {
   std::vector<float> logits = random_logits(N * E, 31);
   RouteBuffers buf(N, m);
   MoeRouteStats stats;
-  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats);
-  const RefRouting ref = ref_route(m, t, std::vector<double>(logits.begin(), logits.end()), N, T);
+  const std::vector<float> bias = bias_of(rc, E);
+  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats, bias.empty() ? nullptr : bias.data());
+  const RefRouting ref = ref_route(m, t, std::vector<double>(logits.begin(), logits.end()), N, T, bias);
+  if (rc.biased) {
+    const RefRouting plain = ref_route(m, t, std::vector<double>(logits.begin(), logits.end()), N, T);
+    EXPECT_NE(plain.expert, ref.expert) << "the bias must move some choices";
+  }
+  std::vector<int64_t> chosen(E, 0);
+  for (int e : ref.expert) chosen[e]++;
+  EXPECT_EQ(stats.chosen, chosen) << "the load: every choice, dropped or not";
   int64_t dropped = 0;
   for (int a = 0; a < N * k; a++) {
     EXPECT_EQ(buf.expert[a], ref.expert[a]) << "assignment " << a;
@@ -220,11 +241,13 @@ TEST_P(MoeRouting, EachSequenceRoutesAsItDoesAlone) {
   std::vector<float> logits = random_logits(N * m.experts, 32);
   RouteBuffers whole(N, m);
   MoeRouteStats all;
-  model::moe_route(m, t, logits.data(), N, T, &whole.route, &all);
+  const std::vector<float> bias = bias_of(rc, m.experts);
+  const float* biased = bias.empty() ? nullptr : bias.data();
+  model::moe_route(m, t, logits.data(), N, T, &whole.route, &all, biased);
   MoeRouteStats parts;
   for (int b = 0; b < S; b++) {
     RouteBuffers one(T, m);
-    model::moe_route(m, t, logits.data() + (size_t)b * T * m.experts, T, T, &one.route, &parts);
+    model::moe_route(m, t, logits.data() + (size_t)b * T * m.experts, T, T, &one.route, &parts, biased);
     for (int a = 0; a < T * k; a++) {
       EXPECT_EQ(one.expert[a], whole.expert[b * T * k + a]);
       EXPECT_EQ(one.weight[a], whole.weight[b * T * k + a]);
@@ -252,13 +275,14 @@ TEST_P(MoeRouting, GradientMatchesFiniteDifferences) {
   std::vector<float> dweight = random_logits(N * k, 34, 1.0f);
   RouteBuffers buf(N, m);
   MoeRouteStats stats;
-  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats);
+  const std::vector<float> bias = bias_of(rc, E);
+  model::moe_route(m, t, logits.data(), N, T, &buf.route, &stats, bias.empty() ? nullptr : bias.data());
   const double aux_scale = 0.7, z_scale = 1.3;
   std::vector<float> grad(N * E);
   model::moe_route_backward(m, t, logits.data(), dweight.data(), buf.route, N, T, (float)aux_scale, (float)z_scale,
                             grad.data());
   std::vector<double> x(logits.begin(), logits.end());
-  const RefRouting frozen = ref_route(m, t, x, N, T);
+  const RefRouting frozen = ref_route(m, t, x, N, T, bias);
   const std::vector<double> dw(dweight.begin(), dweight.end());
   const double h = 1e-6;
   for (int i = 0; i < N * E; i++) {
@@ -275,6 +299,15 @@ TEST_P(MoeRouting, GradientMatchesFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(MoeRouting, MoeRouting, ::testing::ValuesIn(kRoutingCases),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// Aux-loss-free balancing's update: over the mean steps down, under it up, at it stays
+// (the mean 6 of loads 9, 6, 3, 6 compared exactly, as integers).
+TEST(MoeRouting, ExpertBiasStepsTowardBalance) {
+  const double load[4] = {9, 6, 3, 6};
+  std::vector<float> bias = {0.5f, 0.0f, -0.25f, 0.0f};
+  model::update_expert_bias(load, 4, 0.125f, bias.data());
+  EXPECT_EQ(bias, (std::vector<float>{0.375f, 0.0f, -0.125f, 0.0f}));
+}
 
 // ---- grouped GEMMs ----
 

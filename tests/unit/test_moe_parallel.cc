@@ -12,7 +12,8 @@
 //   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts);
 //   expert parallelism: ep 2 and 4 x dp x ZeRO 0, 1, 3 (ep 2 of dp 4: experts sharded over
 //   their expert-data-parallel pairs), ep x tp x sp, ep x pp, ep with full recomputation,
-//   with capacity drops and in bf16; ep x ZeRO-3 with every state in files, bit-identical
+//   with capacity drops, in bf16, and with aux-loss-free balancing (ep, ep x pp: the
+//   biases move, change the losses, and match); ep x ZeRO-3 with every state in files, bit-identical
 //   to memory; the all-to-all bytes against their formula (and halved per tp rank at
 //   tp 2); a checkpoint written at ep 4 resumed at ep 2 and on one rank.
 #include <gtest/gtest.h>
@@ -65,6 +66,7 @@ const std::vector<Cell> kDropless = {
     {"--dp 1 --recompute full", 1},
 };
 const std::string kCapacity = " --moe-capacity-factor 1";
+const std::string kBias = " --moe-bias-speed 0.01";
 const std::vector<Cell> kWithDrops = {
     {"--dp 2 --zero 1", 2, 4},
     {"--tp 2 --sp", 2},
@@ -178,7 +180,21 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
   // ZeRO-Infinity: every expert and dense shard in files, read back bit for bit.
   const std::string offload = " --offload params=nvme,grads=nvme,optimizer=nvme --offload-dir " + path("files");
   specs.push_back({bf16.args(offload), 2});
+  // Aux-loss-free balancing: the biases move with the job's loads, the same on every rank.
+  const std::vector<Cell> biased = {{"--dp 2 --ep 2 --zero 1", 2, 4}, {"--pp 2 --dp 2 --ep 2 --zero 1", 4, 2, 2}};
+  std::vector<std::string> biased_cells;
+  specs.push_back({kReference.args(kBias), 1});
+  for (const Cell& c : biased) specs.push_back({c.args(kBias), c.ranks}), biased_cells.push_back(c.args(kBias));
   ensure(specs);
+  const Metrics plain = metrics_of(kReference.args()), with_bias = metrics_of(kReference.args(kBias));
+  const json& moved = with_bias.steps.back()["moe"]["expert_bias"];
+  EXPECT_LT(moved["min"].get<double>(), 0.0);
+  EXPECT_GT(moved["max"].get<double>(), 0.0);
+  double apart = 0;
+  for (int s = 0; s < kSteps; s++)
+    apart = std::max(apart, std::abs(with_bias.steps[s]["loss"].get<double>() - plain.steps[s]["loss"].get<double>()));
+  EXPECT_GT(apart, 1e-4) << "the bias must change the routing";
+  expect_cells_match(kReference.args(kBias), biased_cells);
   const Metrics in_memory = metrics_of(bf16.args()), in_files = metrics_of(bf16.args(offload));
   ASSERT_EQ(in_files.steps.size(), (size_t)kSteps);
   for (int s = 0; s < kSteps; s++)
@@ -221,11 +237,13 @@ TEST_F(MoeParallel, AllToAllBytesEqualTheirFormula) {
 }
 
 // A checkpoint written at dp 4 x ep 4 (one expert per rank) resumes at dp 2 x ep 2 and on
-// one rank (every expert) within the parity tolerance of the uninterrupted run.
+// one rank (every expert) within the parity tolerance of the uninterrupted run, the
+// routing biases of aux-loss-free balancing included.
 TEST_F(MoeParallel, CheckpointsLoadAcrossExpertParallelSizes) {
-  const std::string base = " --micro-batch 2 --steps 10 --save-every 5 --keep-checkpoints 0";
-  const std::string wide = "--dp 4 --ep 4" + base, narrow = "--dp 2 --ep 2 --micro-batch 4 --steps 10",
-                    one = "--dp 1 --micro-batch 8 --steps 10";
+  // With aux-loss-free balancing, whose biases travel in the checkpoint's train_state.
+  const std::string base = " --micro-batch 2 --steps 10 --save-every 5 --keep-checkpoints 0" + kBias;
+  const std::string wide = "--dp 4 --ep 4" + base, narrow = "--dp 2 --ep 2 --micro-batch 4 --steps 10" + kBias,
+                    one = "--dp 1 --micro-batch 8 --steps 10" + kBias;
   const std::string full = path("ep4"), to_ep2 = path("ep2"), to_one = path("one");
   Job first;
   first.cmd = train(wide + " --quiet --out " + full), first.ranks = 4;
@@ -235,6 +253,7 @@ TEST_F(MoeParallel, CheckpointsLoadAcrossExpertParallelSizes) {
   ASSERT_EQ(whole.steps.size(), 10u);
   const json index = json::parse(read_file(step_dir(full, 5) + "/index.json"));
   EXPECT_EQ(index["ep_size"], 4);
+  EXPECT_EQ(index["train_state"]["moe_expert_bias"]["0"].size(), 4u) << "layer 0's four experts";
   for (const std::string& dir : {to_ep2, to_one}) {
     fs::copy(full, dir, fs::copy_options::recursive);
     fs::remove_all(step_dir(dir, 10));
