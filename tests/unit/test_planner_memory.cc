@@ -1,5 +1,6 @@
 // Model-state accounting (planner/memory.h): the ZeRO paper's Table 1 reproduced to its
-// printed digits, and the same code exact to the byte for the engine's own buffers.
+// printed digits, and the same code exact to the byte for the engine's own buffers, an
+// expert-parallel MoE rank's included.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
+#include "model/param_layout.h"
 #include "parallel/data_parallel.h"
 #include "planner/memory.h"
 
@@ -100,6 +102,47 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
         }
       }
   }
+}
+
+// Mixture of Experts at ep 2 of dp 4 (ep rank 1): a rank holds its dense parameters plus
+// E/ep of the experts, and the tracker's state bytes equal the accounting to the byte with
+// the dense units sharded over dp and the experts over their expert-data-parallel pair.
+TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
+  model::GptConfig c;
+  c.layers = 2, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
+  ASSERT_TRUE(model::apply_arch("llama", &c).is_ok());
+  c.kv_heads = 2, c.moe.experts = 4, c.moe.top_k = 2, c.moe.every = 2, c.moe.expert_ffn = 48;
+  const int ep = 2, n = 4;
+  const int64_t expert = 3LL * c.dim * c.moe.expert_ffn;  // w1, w3, w2
+  comm::ShapeOnlyGroup dp_group(n, n - 1, "dp"), edp(n / ep, 1, "edp"), ep_group(ep, 1, "ep");
+  auto current = [] { return MemoryTracker::instance().stats().current; };
+  auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
+  using kernels::Precision;
+  for (Precision storage : {Precision::kFp32, Precision::kBf16})
+    for (int zero = 0; zero <= 3; zero++) {
+      SCOPED_TRACE(testing::Message() << kernels::precision_name(storage) << " zero " << zero);
+      model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, nullptr, false, {}, &ep_group);
+      full.init_weights(1);
+      EXPECT_EQ((int64_t)full.layout().total(),
+                (int64_t)model::ParamLayout(c).total() - (int64_t)c.moe_layers() * (c.moe.experts - c.moe.experts / ep) * expert)
+          << "the whole model (its padded vocabulary) less the other rank's experts";
+      const auto before = current();
+      {
+        model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), nullptr, false, {}, &ep_group);
+        parallel::DpConfig cfg{zero, 25, true, storage};
+        parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &edp, {}, &ep_group};
+        for (int u = 0; u < gpt.layout().num_units(); u++)
+          (gpt.layout().units()[u].expert >= 0 ? experts : dense).units.push_back(u);
+        cfg.groups = {dense, experts};
+        parallel::DataParallel dp(gpt, dp_group, cfg, {}, full.params());
+        const auto after = current();
+        const StateDtypes bytes = storage == Precision::kFp32 ? kFp32State : kMixedState;
+        const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), bytes, zero);
+        EXPECT_EQ(cat(after, MemCategory::kParams) - cat(before, MemCategory::kParams), want.params);
+        EXPECT_EQ(cat(after, MemCategory::kGrads) - cat(before, MemCategory::kGrads), want.grads);
+        EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
+      }
+    }
 }
 
 // With bf16 storage a unit in use holds an fp32 copy of its other tensors only: the GEMMs
