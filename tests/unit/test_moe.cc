@@ -210,7 +210,9 @@ TEST_P(MoeRouting, MatchesANaiveReference) {
     dropped += !ref.kept[a];
   }
   EXPECT_EQ(stats.dropped, dropped);
-  if (rc.capacity_factor > 0 && rc.capacity_factor < 1) EXPECT_GT(dropped, 0) << "the case must drop";
+  if (rc.capacity_factor > 0 && rc.capacity_factor < 1) {
+    EXPECT_GT(dropped, 0) << "the case must drop";
+  }
   // The dispatch order: by expert, then by token; slot and order are inverses.
   std::vector<int> kept;
   for (int a = 0; a < N * k; a++)
@@ -434,7 +436,9 @@ TEST(MoeModel, LayoutNamesAndParameterCounts) {
     EXPECT_EQ(fc.expert, j);
     EXPECT_EQ(fc.shape, (std::vector<int64_t>{24, 32}));
     EXPECT_EQ(layout.expert_proj(0, j).offset, fc.offset + 2 * fc.numel);
-    if (j > 0) EXPECT_EQ(fc.offset, layout.expert_proj(0, j - 1).offset + layout.expert_proj(0, j - 1).numel);
+    if (j > 0) {
+      EXPECT_EQ(fc.offset, layout.expert_proj(0, j - 1).offset + layout.expert_proj(0, j - 1).numel);
+    }
   }
   // Every element counted once (the padded vocabulary rows aside); active = less the two
   // experts a token skips in the MoE layer.

@@ -602,7 +602,9 @@ TEST_F(Pipeline, MeasuredBubbleMatchesTheSchedule) {
       per_step += buf;
     }
     const double measured = median_of(m, "bubble", 2);
-    if (check_timings()) EXPECT_NEAR(measured, theory, kBubbleTol) << "measured per step:" << per_step;
+    if (check_timings()) {
+      EXPECT_NEAR(measured, theory, kBubbleTol) << "measured per step:" << per_step;
+    }
     medians[c.schedule + std::to_string(c.m)] = measured;
     if (verbose())
       std::printf("[ bubble   ] %-12s m=%d v=%d  theory %.4f  median(2..%d) %.4f  margin %+.4f | steps%s\n",

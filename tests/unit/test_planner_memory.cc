@@ -64,6 +64,19 @@ TEST(PlannerMemory, ZeroPaperTable1) {
   EXPECT_DOUBLE_EQ(model_state_bytes(7.5e9, kMixedState, 3, 64).total(), 1.875e9);
 }
 
+// The tracker's parameter, gradient and optimizer bytes allocated since `before` (a model
+// and its DataParallel store) against the accounting for the store's shards.
+void expect_state_bytes_follow_accounting(const MemStats& before, const parallel::DataParallel& dp,
+                                          const model::Gpt& gpt, kernels::Precision storage, int zero) {
+  const MemStats after = MemoryTracker::instance().stats();
+  auto grown = [&](MemCategory m) { return (double)after.current[(int)m] - (double)before.current[(int)m]; };
+  const StateDtypes bytes = storage == kernels::Precision::kFp32 ? kFp32State : kMixedState;
+  const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), bytes, zero);
+  EXPECT_EQ(grown(MemCategory::kParams), want.params);
+  EXPECT_EQ(grown(MemCategory::kGrads), want.grads);
+  EXPECT_EQ(grown(MemCategory::kOptim), want.optim);
+}
+
 // The tracker's parameter, gradient and optimizer bytes of a real rank (its model and its
 // DataParallel store for a dp group of N, laid out without running) equal the accounting
 // for that rank's shards, to the byte: the whole model and a pipeline stage, every stage,
@@ -77,8 +90,6 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
   llama.kv_heads = 2;
   for (const model::GptConfig& c : {gpt2, llama}) {
   SCOPED_TRACE(model::arch_name(c));
-  auto current = [] { return MemoryTracker::instance().stats().current; };
-  auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
   using kernels::Precision;
   for (Precision storage : {Precision::kFp32, Precision::kBf16, Precision::kFp16})
   for (const model::ModelPart& part : {model::ModelPart{}, model::ModelPart{{{1, 3}}}})
@@ -89,16 +100,11 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
         model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, nullptr, false, part);
         full.init_weights(1);
         comm::ShapeOnlyGroup group(n, n - 1, "dp");
-        const auto before = current();
+        const MemStats before = MemoryTracker::instance().stats();
         {
           model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), nullptr, false, part);
           parallel::DataParallel dp(gpt, group, {zero, 25, true, storage}, {}, full.params());
-          const auto after = current();
-          const StateDtypes bytes = storage == Precision::kFp32 ? kFp32State : kMixedState;
-          const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), bytes, zero);
-          EXPECT_EQ(cat(after, MemCategory::kParams) - cat(before, MemCategory::kParams), want.params);
-          EXPECT_EQ(cat(after, MemCategory::kGrads) - cat(before, MemCategory::kGrads), want.grads);
-          EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
+          expect_state_bytes_follow_accounting(before, dp, gpt, storage, zero);
         }
       }
   }
@@ -115,8 +121,6 @@ TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
   const int ep = 2, n = 4;
   const int64_t expert = 3LL * c.dim * c.moe.expert_ffn;  // w1, w3, w2
   comm::ShapeOnlyGroup dp_group(n, n - 1, "dp"), edp(n / ep, 1, "edp"), ep_group(ep, 1, "ep");
-  auto current = [] { return MemoryTracker::instance().stats().current; };
-  auto cat = [](const auto& s, MemCategory m) { return (double)s[(int)m]; };
   using kernels::Precision;
   for (Precision storage : {Precision::kFp32, Precision::kBf16})
     for (int zero = 0; zero <= 3; zero++) {
@@ -126,7 +130,7 @@ TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
       EXPECT_EQ((int64_t)full.layout().total(),
                 (int64_t)model::ParamLayout(c).total() - (int64_t)c.moe_layers() * (c.moe.experts - c.moe.experts / ep) * expert)
           << "the whole model (its padded vocabulary) less the other rank's experts";
-      const auto before = current();
+      const MemStats before = MemoryTracker::instance().stats();
       {
         model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), nullptr, false, {}, &ep_group);
         parallel::DpConfig cfg{zero, 25, true, storage};
@@ -135,12 +139,7 @@ TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
           (gpt.layout().units()[u].expert >= 0 ? experts : dense).units.push_back(u);
         cfg.groups = {dense, experts};
         parallel::DataParallel dp(gpt, dp_group, cfg, {}, full.params());
-        const auto after = current();
-        const StateDtypes bytes = storage == Precision::kFp32 ? kFp32State : kMixedState;
-        const StateBytes want = model_state_bytes(dp.shards(), gpt.layout().total(), bytes, zero);
-        EXPECT_EQ(cat(after, MemCategory::kParams) - cat(before, MemCategory::kParams), want.params);
-        EXPECT_EQ(cat(after, MemCategory::kGrads) - cat(before, MemCategory::kGrads), want.grads);
-        EXPECT_EQ(cat(after, MemCategory::kOptim) - cat(before, MemCategory::kOptim), want.optim);
+        expect_state_bytes_follow_accounting(before, dp, gpt, storage, zero);
       }
     }
 }
