@@ -5,7 +5,8 @@
 #   one process x 2 threads: dense, MoE      |   2 ranks x 1 thread: dense dp 2, MoE dp 2 ep 2
 # Prints tokens/s (medians over the timed steps), the ratio MoE / dense, the MoE runs'
 # tokens-per-expert CV, and for ep 2 the all-to-all's time: its share of the step and the
-# share of it hidden behind compute. The machine's GEMM peak is printed first.
+# share of it hidden behind compute (the shared expert's, in the last run). The machine's
+# GEMM peak is printed first.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/build/meshtrain"
@@ -45,3 +46,6 @@ summary "MoE 8x top-2, 1 x 2 threads" "$out/moe1" "$(cat "$out/dense1/tok")"
 summary "dense, dp 2" "$out/dense2" 0
 "$bin" train "${shape[@]}" "${moe[@]}" --micro-batch 4 --dp 2 --ep 2 --out "$out/moe2" 2>/dev/null
 summary "MoE 8x top-2, dp 2 ep 2" "$out/moe2" "$(cat "$out/dense2/tok")"
+# DeepSeek's shape adds a shared expert, which runs while the dispatch is in flight.
+"$bin" train "${shape[@]}" "${moe[@]}" --moe-shared-experts 1 --micro-batch 4 --dp 2 --ep 2 --out "$out/shared2" 2>/dev/null
+summary "MoE + 1 shared, dp 2 ep 2" "$out/shared2" 0

@@ -303,13 +303,19 @@ class Gpt {
   void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
   // Expert parallelism (ep > 1): rows in dispatch order (by global expert) to this rank's
-  // experts, arriving expert-major in `out` (`pack`: scratch of the dispatch's size), and
-  // back, where `rows` is scratch afterwards. Under tp each tp rank carries only its share
-  // of the rows over ep and the tp group completes them (docs/moe.md, "Dispatch under
-  // tensor parallelism"). moe_to_experts returns the rows this rank sent to other ep ranks
-  // and those it received from them.
+  // experts, arriving expert-major in `out`, and back, where `rows` is scratch afterwards.
+  // Under tp each tp rank carries only its share of the rows over ep and the tp group
+  // completes them (docs/moe.md, "Dispatch under tensor parallelism"). The way there is
+  // split so that compute can run while the all-to-all is in flight: begin (`pack`: scratch
+  // of the dispatch's size, which the all-to-all reads until end) returns its request and
+  // the rows this rank sends to and receives from other ep ranks; end completes it into `out`.
   void moe_count_received(BlockActivations& a);
-  std::pair<int64_t, int64_t> moe_to_experts(const BlockActivations& a, const float* rows, float* pack, float* out);
+  struct MoeDispatch {
+    comm::RequestPtr request;
+    int64_t sent = 0, received = 0;
+  };
+  MoeDispatch moe_to_experts_begin(const BlockActivations& a, const float* rows, float* pack);
+  void moe_to_experts_end(const BlockActivations& a, MoeDispatch& d, float* out);
   void moe_from_experts(const BlockActivations& a, float* rows, float* out);
   void moe_tp_exchange(float* staging, const std::vector<int>& segment_start, bool reduce, float* scratch);
   std::vector<int> moe_expert_offsets(const BlockActivations& a) const;

@@ -130,12 +130,12 @@ void Gpt::moe_tp_exchange(float* staging, const std::vector<int>& segment_start,
   for (auto& s : sends) s->wait();
 }
 
-std::pair<int64_t, int64_t> Gpt::moe_to_experts(const BlockActivations& a, const float* rows, float* pack, float* out) {
+Gpt::MoeDispatch Gpt::moe_to_experts_begin(const BlockActivations& a, const float* rows, float* pack) {
   const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim, me = ep_->rank();
   const int T = tp_ ? tp_->size() : 1, t = tp_ ? tp_->rank() : 0;
   const ExchangeShape x = exchange_shape(a.received, P, El, T);
   std::vector<size_t> send(P), recv(P);
-  int64_t sent = 0, received = 0;
+  MoeDispatch d;
   size_t packed = 0;
   for (int q = 0; q < P; q++) {
     const int first = a.route.offsets[q * El], n = a.route.offsets[(q + 1) * El] - first;
@@ -143,14 +143,21 @@ std::pair<int64_t, int64_t> Gpt::moe_to_experts(const BlockActivations& a, const
     if (T > 1) std::memcpy(pack + packed * C, rows + (size_t)(first + lo) * C, sizeof(float) * (hi - lo) * C);
     packed += hi - lo, send[q] = (size_t)(hi - lo) * C;
     recv[q] = (size_t)(chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T)) * C;
-    if (q != me) sent += hi - lo, received += recv[q] / C;
+    if (q != me) d.sent += hi - lo, d.received += recv[q] / C;
   }
-  ep_->all_to_allv(T > 1 ? pack : rows, send.data(), moe_xchg_ + (size_t)x.segment_start[t] * C, recv.data());
+  d.request = ep_->iall_to_allv(T > 1 ? pack : rows, send.data(), moe_xchg_ + (size_t)x.segment_start[t] * C,
+                                recv.data());
+  return d;
+}
+
+void Gpt::moe_to_experts_end(const BlockActivations& a, MoeDispatch& d, float* out) {
+  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim, T = tp_ ? tp_->size() : 1;
+  d.request->wait();
+  const ExchangeShape x = exchange_shape(a.received, P, El, T);
   if (T > 1) moe_tp_exchange(moe_xchg_, x.segment_start, false, nullptr);
   const std::vector<int> target = exchange_targets(a.received, x, P, El, T);
   for (size_t i = 0; i < target.size(); i++)
     std::memcpy(out + (size_t)target[i] * C, moe_xchg_ + i * C, sizeof(float) * C);
-  return {sent, received};
 }
 
 // Under tp the expert outputs are partial sums: each tp rank sums its share over the group
@@ -203,11 +210,23 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   const std::vector<int> offsets = moe_expert_offsets(a);
   const int R = offsets[El];
   const float* rows = moe_rows_;
+  MoeDispatch dispatch;
   if (ep_) {
-    const auto [sent, received] = moe_to_experts(a, moe_rows_, moe_dy_, a.expert_in);
-    rows = a.expert_in;
-    stats.sent_rows += sent, stats.received_rows += received;
+    dispatch = moe_to_experts_begin(a, moe_rows_, moe_dy_);
+    stats.sent_rows += dispatch.sent, stats.received_rows += dispatch.received;
   }
+  // The shared experts' output (weight 1) while the rows are on their way (DeepSeek-V3
+  // overlaps its dispatch the same way); the combine adds the routed experts' to it.
+  if (S > 0) {
+    k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcel_,
+                      precision_);
+    const k::GemmInput shared_hidden = activate(a.shared_fch, a.shared_act, N, S * Fel_);
+    k::matmul_forward(partial_, shared_hidden, gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), nullptr, N,
+                      S * Fel_, C, precision_);
+  } else {
+    std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
+  }
+  if (ep_) moe_to_experts_end(a, dispatch, a.expert_in), rows = a.expert_in;
   (recomputing ? flops_.recompute : flops_.model) += moe_flops(N, R);
   std::vector<k::GemmInput> fc, proj;
   std::vector<int> units(El);
@@ -223,16 +242,7 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   k::grouped_matmul_forward(out, hidden, proj.data(), offsets.data(), El, Fel_, C, precision_);
   for (int j = 0; j < El; j++) store_->release_params(units[j]);
   if (ep_) moe_from_experts(a, moe_dy_, a.expert_out);
-  // Combine: the shared experts' output (weight 1), plus each kept choice's weighted row.
-  if (S > 0) {
-    k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcel_,
-                      precision_);
-    const k::GemmInput shared_hidden = activate(a.shared_fch, a.shared_act, N, S * Fel_);
-    k::matmul_forward(partial_, shared_hidden, gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), nullptr, N,
-                      S * Fel_, C, precision_);
-  } else {
-    std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
-  }
+  // Combine: each kept choice's weighted row, onto the shared experts' output.
   for (int n = 0; n < N; n++) {
     float* o = partial_ + (size_t)n * C;
     for (int j = 0; j < k; j++) {
@@ -275,6 +285,10 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
     float* dy = moe_dy_ + (size_t)s * C;
     for (int c = 0; c < C; c++) dy[c] = w * d[c];
   }
+  // The output gradients leave for the experts' ranks (ep > 1) while the shared experts'
+  // backward runs.
+  MoeDispatch dispatch;
+  if (ep_) dispatch = moe_to_experts_begin(a, moe_dy_, moe_rows_);
   if (S > 0) {  // the shared experts' down projection, while dout is at hand
     k::matmul_backward(moe_dact_, weight_grad(u, gunit, layout_.layer(l, kSharedProjW)), nullptr, dout,
                        hidden_input(a.shared_act), gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), N, S * Fel_,
@@ -295,7 +309,7 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
   float* dy = moe_dy_;
   const float* rows = moe_rows_;
   if (ep_) {
-    moe_to_experts(a, moe_dy_, moe_rows_, moe_rows_);
+    moe_to_experts_end(a, dispatch, moe_rows_);
     dy = moe_rows_, rows = a.expert_in;
   } else {
     for (int s = 0; s < M; s++)

@@ -12,7 +12,7 @@
 //   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts);
 //   expert parallelism: ep 2 and 4 x dp x ZeRO 0, 1, 3 (ep 2 of dp 4: experts sharded over
 //   their expert-data-parallel pairs), ep x tp x sp, ep x pp, ep with full recomputation,
-//   with capacity drops, in bf16, and with aux-loss-free balancing (ep, ep x pp: the
+//   with capacity drops, in bf16 and fp16, and with aux-loss-free balancing (ep, ep x pp: the
 //   biases move, change the losses, and match); ep x ZeRO-3 with every state in files, bit-identical
 //   to memory; the all-to-all bytes against their formula (and halved per tp rank at
 //   tp 2); a checkpoint written at ep 4 resumed at ep 2 and on one rank.
@@ -175,8 +175,11 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
   specs.push_back({kReference.args(kCapacity), 1});
   for (const Cell& c : drops) specs.push_back({c.args(kCapacity), c.ranks}), drop_cells.push_back(c.args(kCapacity));
   const Cell bf16{"--dp 2 --ep 2 --zero 3", 2, 4};
-  specs.push_back({kReference.args(" --precision bf16"), 1});
+  const Cell fp16{"--dp 2 --ep 2 --zero 1", 2, 4};
+  for (const char* precision : {" --precision bf16", " --precision fp16"})
+    specs.push_back({kReference.args(precision), 1});
   specs.push_back({bf16.args(" --precision bf16"), 2});
+  specs.push_back({fp16.args(" --precision fp16"), 2});
   // ZeRO-Infinity: every expert and dense shard in files, read back bit for bit.
   const std::string offload = " --offload params=nvme,grads=nvme,optimizer=nvme --offload-dir " + path("files");
   specs.push_back({bf16.args(offload), 2});
@@ -201,10 +204,13 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
     EXPECT_EQ(in_files.steps[s]["loss"].get<double>(), in_memory.steps[s]["loss"].get<double>()) << "offloaded, step " << s;
   expect_cells_match(kReference.args(), cells);
   expect_cells_match(kReference.args(kCapacity), drop_cells);
-  const Metrics ref = metrics_of(kReference.args(" --precision bf16")), m = metrics_of(bf16.args(" --precision bf16"));
-  ASSERT_EQ(m.steps.size(), (size_t)kSteps);
-  for (int s = 0; s < kSteps; s++)
-    EXPECT_NEAR(m.steps[s]["loss"].get<double>(), ref.steps[s]["loss"].get<double>(), 1e-3) << "bf16 step " << s;
+  // 16-bit runs against one rank at the same precision, within MixedPrecision's 1e-3.
+  for (const auto& [cell, precision] : {std::pair{bf16, " --precision bf16"}, {fp16, " --precision fp16"}}) {
+    const Metrics ref = metrics_of(kReference.args(precision)), m = metrics_of(cell.args(precision));
+    ASSERT_EQ(m.steps.size(), (size_t)kSteps);
+    for (int s = 0; s < kSteps; s++)
+      EXPECT_NEAR(m.steps[s]["loss"].get<double>(), ref.steps[s]["loss"].get<double>(), 1e-3) << precision << " step " << s;
+  }
 }
 
 // What an ep rank sends over "ep" in a step, from its routing statistics: per MoE layer and
