@@ -146,7 +146,7 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
     return Status::error("cannot create checkpoint directory " + tmp_dir.string());
 
   // Which slice each world rank wrote: (tp rank, pp rank, dp rank) and its units.
-  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
+  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
   const int n_units = whole.num_units();
   const int stride = 3 + n_units;
   std::vector<double> where((size_t)dp.size() * stride, 0.0);
@@ -193,6 +193,7 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
                   {"pp_size", pp_size},
                   {"dp_size", shards.world()},
                   {"ep_size", layout.ep()},
+                  {"expert_tp", layout.experts_replicated() ? 1 : layout.tp()},
                   {"units", units_json(WriterLayout(whole, shards.world(), layout.ep()))},
                   {"shard_sections", {"params", "adam_m", "adam_v"}},
                   {"files", files},
@@ -283,8 +284,12 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
     return Status::error(dir + " was written with --tp " + std::to_string(saved_tp) +
                          "; resuming it at --tp " + std::to_string(layout.tp()) +
                          " is not supported (export it and use --init-from to change tp)");
+  if (index.expert_layout() != (layout.experts_replicated() ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit))
+    return Status::error(dir + " was written with --expert-tp " + std::to_string(index.expert_tp) +
+                         "; resuming it at --expert-tp " + std::to_string(layout.experts_replicated() ? 1 : layout.tp()) +
+                         " is not supported (export it and use --init-from to change how experts sit on tp)");
   // The index's unit table matches this model (parse_checkpoint_index compared it).
-  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank());
+  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
   ShardReader reader(dir, index, whole, layout.tp_rank());
   Buffer<float> piece;  // sections filled through state.write
   for (int kind = 0; kind < kKinds; kind++) {
@@ -325,7 +330,7 @@ Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float*
   if (m || v) return Status::error(dir + ": optimizer state of a --tp > 1 checkpoint loads only at the same tp");
   // Reassemble the whole model from each tensor-parallel slice.
   for (int r = 0; r < tp; r++) {
-    model::ParamLayout slice(gpt->config(), tp, r);
+    model::ParamLayout slice(gpt->config(), tp, r, {}, 1, 0, index.expert_layout());
     std::vector<float> local(slice.total());
     parallel::ShardLayout shards(slice, 1, 0);
     RankState st{local.data(), true, nullptr, nullptr, true, {}, {}};

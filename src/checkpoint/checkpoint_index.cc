@@ -341,7 +341,11 @@ Status parse_fields(const json& root, CheckpointIndex* idx) {
   if (units->size() != n_units)
     return Status::error("units has " + std::to_string(units->size()) + " entries, but the model has " +
                          std::to_string(n_units) + " units (layers + 2, and an MoE layer's experts)");
-  const model::ParamLayout whole(idx->model, idx->tp_size, 0);
+  RETURN_IF_ERROR(optional_int_field(root, "", "expert_tp", idx->tp_size, 1, idx->tp_size, &idx->expert_tp));
+  if (idx->expert_tp != 1 && idx->expert_tp != idx->tp_size)
+    return Status::error("expert_tp " + std::to_string(idx->expert_tp) + " must be 1 or tp_size " +
+                         std::to_string(idx->tp_size));
+  const model::ParamLayout whole(idx->model, idx->tp_size, 0, {}, 1, 0, idx->expert_layout());
   const WriterLayout writers(whole, idx->dp_size, idx->ep_size);
   RETURN_IF_ERROR(check_units(root, writers));
   RETURN_IF_ERROR(check_tensors(root, whole));

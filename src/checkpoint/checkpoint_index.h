@@ -61,6 +61,12 @@ struct CheckpointIndex {
   model::GptConfig model;
   int tp_size = 1, pp_size = 1, dp_size = 1;
   int ep_size = 1;  // MoE: the writers' expert parallelism (each expert on dp / ep of them)
+  // MoE: the writers' expert tensor parallelism, 1 (each expert whole on every tp rank) or
+  // tp_size (split like the dense MLP).
+  int expert_tp = 1;
+  model::ExpertTp expert_layout() const {
+    return expert_tp == 1 && tp_size > 1 ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
+  }
   std::vector<IndexFile> files;  // dp_size x tp_size x pp_size of them
   nlohmann::json json;           // the whole document (run_config, train_state, ...)
 };
@@ -72,6 +78,7 @@ struct CheckpointIndex {
 //     and vocab that model::validate accepts, with at most 2^48 parameters;
 //   - "tp_size" (default 1), "pp_size" (default 1) and "dp_size" integers >= 1, tp valid
 //     for the model (model::validate_tp), and "files" has exactly dp x tp x pp entries;
+//   - "expert_tp" (default tp_size) 1 or tp_size;
 //   - "units" has layers + 2 entries, each {"offset", "numel", "shard"} equal to the
 //     model's unit table at tp rank 0 split over dp_size ranks; "total_elements" and
 //     "tensors" (name, non-negative shape, offset of each) equal the model's layout;

@@ -37,7 +37,7 @@ struct PlanFlags {
   double tokens = 0;
   bool as_json = false, sp = false, no_sp = false;
   // Fixed choices: 0 (zero: -1) means searched.
-  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0;
+  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0;
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
 };
@@ -99,6 +99,14 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   RETURN_IF_ERROR(fixed("--tp", f.tp, 1, &s->tp));
   RETURN_IF_ERROR(fixed("--pp", f.pp, 1, &s->pp));
   RETURN_IF_ERROR(fixed("--ep", f.ep, 1, &s->ep));
+  if (f.expert_tp == 1) {
+    s->expert_tp = model::ExpertTp::kReplicated;
+  } else if (f.expert_tp != 0) {  // split: the experts' tp is the layout's
+    if (f.expert_tp < 0 || f.tp != f.expert_tp)
+      return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or equal a fixed --tp, got " +
+                           std::to_string(f.expert_tp));
+    s->expert_tp = model::ExpertTp::kSplit;
+  }
   if (!(f.moe_imbalance >= 1)) return Status::error("--moe-imbalance must be >= 1 (the most loaded expert over the mean)");
   s->moe_imbalance = f.moe_imbalance;
   RETURN_IF_ERROR(fixed("--micro-batch", f.micro_batch, 1, &s->micro_batch));
@@ -147,7 +155,7 @@ std::string layout_name(const Candidate& c) {
   char buf[160];
   std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
-  const std::string ep = l.ep > 1 ? " ep" + std::to_string(l.ep) : "";
+  const std::string ep = (l.ep > 1 ? " ep" + std::to_string(l.ep) : "") + (l.whole_experts() ? " etp1" : "");
   std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, ep.c_str(), l.zero,
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
@@ -168,7 +176,7 @@ json candidate_json(const Candidate& c) {
   auto comm = [](const planner::CommTime& t) { return json{{"hidden", t.hidden}, {"exposed", t.exposed}}; };
   const auto& m = p.memory;
   return {{"layout",
-           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_tp", l.whole_experts() ? 1 : l.tp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
@@ -332,6 +340,9 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
   cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
   cmd->add_option("--ep", f->ep, "Expert-parallel size, MoE models (fixed; searched when absent)");
+  cmd->add_option("--expert-tp", f->expert_tp,
+                  "MoE: 1 keeps each routed expert whole on every tp rank, --tp splits it (fixed; searched when "
+                  "absent)");
   cmd->add_option("--moe-imbalance", f->moe_imbalance,
                   "MoE: the most loaded expert's tokens over the mean (1: balanced)")
       ->capture_default_str();

@@ -19,6 +19,7 @@ Status fixed_layout_flags(CLI::App* cmd, const train::TrainOptions& o, planner::
   if (given("--micro-batch")) fixed->micro_batch = o.micro_batch;
   if (given("--virtual-stages")) fixed->virtual_stages = o.virtual_stages;
   if (given("--sp")) fixed->sp = o.sp;
+  if (given("--expert-tp") && o.expert_tp == 1) fixed->expert_tp = model::ExpertTp::kReplicated;
   if (given("--schedule")) {
     parallel::pp::ScheduleKind k;
     RETURN_IF_ERROR(parallel::pp::parse_schedule_kind(o.schedule, &k));
@@ -63,6 +64,10 @@ Command add_train_command(CLI::App& app) {
                   "Expert-parallel ranks (MoE): each MoE layer's experts split over ep of the dp ranks; "
                   "must divide dp and the experts")
       ->capture_default_str();
+  cmd->add_option("--expert-tp", o->expert_tp,
+                  "The routed experts' tensor parallelism (MoE, --tp > 1): --tp (default) splits each expert "
+                  "over the tp ranks like the dense MLP; 1 keeps each whole on every tp rank, which computes "
+                  "it on its share of the rows (Megatron's --expert-tensor-parallel-size)");
   cmd->add_option("--dp", o->dp,
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");

@@ -8,6 +8,7 @@
 
 #include "core/check.h"
 #include "kernels/ops.h"
+#include "comm/self_group.h"
 #include "model/initial_weights.h"
 
 namespace meshtrain::model {
@@ -15,9 +16,10 @@ namespace meshtrain::model {
 namespace k = meshtrain::kernels;
 
 Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequence_parallel,
-         const ModelPart& part, comm::Group* ep)
+         const ModelPart& part, comm::Group* ep, ExpertTp expert_tp)
     : config_(config),
-      layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0, part, ep ? ep->size() : 1, ep ? ep->rank() : 0),
+      layout_(config, tp ? tp->size() : 1, tp ? tp->rank() : 0, part, ep ? ep->size() : 1, ep ? ep->rank() : 0,
+              expert_tp),
       chunks_(part.chunks.empty() ? std::vector<ModelPart::Chunk>{{0, config.layers}} : part.chunks),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
       tp_size_(layout_.tp()),
@@ -31,10 +33,17 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   kv_replicas_ = config.kv_replicas(tp_size_);
   Fcl_ = config.fc_dim() / tp_size_;
   Fl_ = config.ffn() / tp_size_;
-  Fcel_ = config.expert_fc_dim() / tp_size_;
-  Fel_ = config.expert_ffn() / tp_size_;
+  const int expert_split = layout_.experts_replicated() ? 1 : tp_size_;
+  Fcel_ = config.expert_fc_dim() / expert_split;
+  Fel_ = config.expert_ffn() / expert_split;
+  Fcsl_ = config.expert_fc_dim() / tp_size_;
+  Fsl_ = config.expert_ffn() / tp_size_;
   if (config.is_moe()) moe_stats_.resize(config.layers);
   ep_ = ep && ep->size() > 1 ? ep : nullptr;
+  if (!ep_ && layout_.experts_replicated() && config.is_moe()) {
+    own_ep_ = std::make_unique<comm::SelfGroup>();
+    ep_ = own_ep_.get();
+  }
   if (config.positions == Positions::kRope) {
     const size_t entries = (size_t)config.max_seq_len * (config.head_dim() / 2);
     rope_cos_.resize(entries), rope_sin_.resize(entries);
@@ -174,18 +183,19 @@ int64_t ActivationInventory::recompute_scratch(Recompute mode) const {
   return 0;
 }
 
-int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor) {
+int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas) {
   const int64_t N = (int64_t)B * T, k = config.moe.top_k, El = config.moe.experts / ep;
   int64_t rows = ep * N * std::min(k, El);
   if (capacity_factor > 0) {
     const int64_t cap = (int64_t)std::ceil(k * (double)T * capacity_factor / config.moe.experts);
     rows = std::min(rows, ep * El * cap * B);
   }
+  if (replicas > 1) rows = (rows + replicas - 1) / replicas + ep;
   return rows;
 }
 
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel,
-                                         int ep, double capacity_factor) {
+                                         int ep, double capacity_factor, ExpertTp expert_tp) {
   const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp;
   const int64_t Ql = config.qkv_dim_per_rank(tp), Fcl = config.fc_dim() / tp, Fl = config.ffn() / tp;
   const int64_t stats = config.norm == Norm::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
@@ -201,11 +211,17 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
   a.head = Nl * C + stats * Nl + (sp ? N * C : 0) + N * Vl + 3 * N;
   a.recompute_selective = attention_core;
   a.recompute_full = a.block_none;
+  // The routed experts' widths on this rank and the rows they see (moe_expert_rows), whether
+  // rows move between ranks, and a shared expert's widths.
+  const int replicas = expert_tp == ExpertTp::kReplicated && tp > 1 ? tp : 1;
+  const int64_t Fcel = config.expert_fc_dim() / (tp / replicas), Fel = config.expert_ffn() / (tp / replicas);
+  const int64_t R = config.is_moe() ? moe_expert_rows(config, B, T, ep, capacity_factor, replicas) : 0;
+  const bool dispatched = ep > 1 || replicas > 1;
+  const int64_t Fcsl = config.expert_fc_dim() / tp, Fsl = config.expert_ffn() / tp;
   if (config.is_moe()) {
-    const int64_t E = config.moe.experts, k = config.moe.top_k, S = config.moe.shared_experts;
-    const int64_t Fcel = config.expert_fc_dim() / tp, Fel = config.expert_ffn() / tp, Nk = N * k;
-    const int64_t R = moe_expert_rows(config, B, T, ep, capacity_factor), in = ep > 1 ? R * C : 0;
-    const int64_t mlp = N * E + 4 * Nk + (E + 1) + E + R * (Fcel + Fel) + in + Nk * C + N * S * (Fcel + Fel);
+    const int64_t E = config.moe.experts, k = config.moe.top_k, S = config.moe.shared_experts, Nk = N * k;
+    const int64_t in = dispatched ? R * C : 0;
+    const int64_t mlp = N * E + 4 * Nk + (E + 1) + E + R * (Fcel + Fel) + in + Nk * C + N * S * (Fcsl + Fsl);
     a.moe_block_none = a.block_none - N * Fcl - N * Fl + mlp;
     a.moe_block_selective = a.moe_block_none - attention_core;
     const bool dense_layers = config.moe_layers() < config.layers;
@@ -217,13 +233,14 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
   a.gradient_scratch = Nl * C * 3 + N * C * 2 + N * Cl + N * Ql + N * Fcl + N * Fl;
   if (config.kv_replicas(tp) > 1) a.gradient_scratch += N * 2 * (int64_t)config.kv_dim();
   // MoE, with Rs = max(Nk, R) rows: dispatched rows and their gradients [Rs,C] x 2 (and an
-  // exchange buffer [Rs,C] when ep > 1), hidden gradients of the experts (or the shared
-  // experts) [max(Rs, N*S), Fcel + Fel], dweight [Nk], dlogits [N,E].
+  // exchange buffer [Rs,C] when rows move between ranks), hidden gradients of the experts
+  // [R, Fcel + Fel] or of the shared experts [N, S*(Fcsl + Fsl)], whichever is larger
+  // (each of the two buffers), dweight [Nk], dlogits [N,E].
   if (config.is_moe()) {
     const int64_t E = config.moe.experts, k = config.moe.top_k, S = config.moe.shared_experts;
-    const int64_t Fcel = config.expert_fc_dim() / tp, Fel = config.expert_ffn() / tp;
-    const int64_t Rs = std::max(N * k, moe_expert_rows(config, B, T, ep, capacity_factor));
-    a.gradient_scratch += (ep > 1 ? 3 : 2) * Rs * C + std::max(Rs, N * S) * (Fcel + Fel) + N * k + N * E;
+    const int64_t Rs = std::max(N * k, R);
+    a.gradient_scratch += (dispatched ? 3 : 2) * Rs * C + std::max(Rs * Fel, N * S * Fsl) +
+                          std::max(Rs * Fcel, N * S * Fcsl) + N * k + N * E;
   }
   return a;
 }
@@ -236,7 +253,8 @@ void Gpt::ensure_activations(int B, int T) {
   const size_t N = (size_t)B * T, C = config_.dim, NH = NHl_, Cl = Cl_;
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
-  inventory_ = activation_inventory(config_, B, T, tp_size_, sp_, layout_.ep(), moe_training_.capacity_factor);
+  inventory_ = activation_inventory(config_, B, T, tp_size_, sp_, layout_.ep(), moe_training_.capacity_factor,
+                                    layout_.expert_tp());
   sets_.clear();  // laid out again on first use
   set_ = nullptr;
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
@@ -264,9 +282,10 @@ void Gpt::ensure_activations(int B, int T) {
   kv_exchange_ = kv_replicas_ > 1 ? take(N * 2 * (size_t)config_.kv_dim()) : nullptr;
   if (config_.is_moe()) {
     const size_t k = config_.moe.top_k, S = config_.moe.shared_experts, E = config_.moe.experts;
-    const size_t Rs = std::max<size_t>(N * k, moe_expert_rows(config_, B, T, layout_.ep(), moe_training_.capacity_factor));
+    const size_t Rs = std::max<size_t>(N * k, moe_expert_rows(config_, B, T, layout_.ep(), moe_training_.capacity_factor,
+                                                              expert_replicas()));
     moe_rows_ = take(Rs * C), moe_dy_ = take(Rs * C), moe_xchg_ = ep_ ? take(Rs * C) : nullptr;
-    moe_dact_ = take(std::max(Rs, N * S) * Fel_), moe_dfch_ = take(std::max(Rs, N * S) * Fcel_);
+    moe_dact_ = take(std::max(Rs * Fel_, N * S * Fsl_)), moe_dfch_ = take(std::max(Rs * Fcel_, N * S * Fcsl_));
     moe_dweight_ = take(N * k), moe_dlogits_ = take(N * E);
     if (recompute_ == Recompute::kSelective) moe_scratch_.atty = scratch_.atty, moe_scratch_.att_lse = scratch_.att_lse;
   }
@@ -292,7 +311,7 @@ void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_
   a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = mean ? take(Nl) : nullptr, a.ln2_rstd = take(Nl);
   if (moe) {
     const size_t E = config_.moe.experts, Nk = N * config_.moe.top_k, S = config_.moe.shared_experts;
-    const size_t R = moe_expert_rows(config_, B_, T_, layout_.ep(), moe_training_.capacity_factor);
+    const size_t R = moe_expert_rows(config_, B_, T_, layout_.ep(), moe_training_.capacity_factor, expert_replicas());
     auto ints = [&](size_t n) { return reinterpret_cast<int*>(take(n)); };  // 4-byte slots
     a.router_logits = take(N * E);
     a.route.expert = ints(Nk), a.route.weight = take(Nk), a.route.slot = ints(Nk), a.route.order = ints(Nk);
@@ -301,7 +320,7 @@ void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_
     a.fch = take(R * Fcel_), a.fch_gelu = take(R * Fel_);
     a.expert_in = ep_ ? take(R * C) : nullptr;
     a.expert_out = take(Nk * C);
-    a.shared_fch = S > 0 ? take(N * S * Fcel_) : nullptr, a.shared_act = S > 0 ? take(N * S * Fel_) : nullptr;
+    a.shared_fch = S > 0 ? take(N * S * Fcsl_) : nullptr, a.shared_act = S > 0 ? take(N * S * Fsl_) : nullptr;
   } else {
     a.fch = take(N * Fcl_), a.fch_gelu = take(N * Fl_);
   }

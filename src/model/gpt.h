@@ -69,9 +69,12 @@ struct ActivationInventory {
   int64_t block_none = 0, block_selective = 0, block_full = 0;
   // An MoE layer's block: the dense MLP's two tensors replaced by the router's logits
   // [N,E], the routing (4 [N*k] and [E+1] ints), the counts received [E] (ep x E/ep), the
-  // experts' hidden [R,Fcel], [R,Fel], with ep > 1 their received input [R,C], the outputs
-  // back at their tokens [Nk,C], and the shared experts' [N,S*Fcel], [N,S*Fel] (k = top_k,
-  // S = shared, R = moe_expert_rows: the most rows this rank's experts can be sent).
+  // experts' hidden [R,Fcel], [R,Fel], when rows move between ranks (ep > 1, or experts
+  // replicated over tp) their received input [R,C], the outputs back at their tokens [Nk,C],
+  // and the shared experts' [N,S*Fcsl], [N,S*Fsl] (k = top_k, S = shared, R =
+  // moe_expert_rows: the most rows this rank's experts can be sent; Fcel, Fel an expert's
+  // widths on this rank, whole when the experts are replicated over tp; Fcsl, Fsl a shared
+  // expert's, always split over tp).
   int64_t moe_block_none = 0, moe_block_selective = 0;
   int64_t set_input = 0;  // every set's input [Nl,C]
   // A last-stage set's head: final norm [Nl,C] and its statistics, the gathered head input
@@ -87,13 +90,16 @@ struct ActivationInventory {
   int64_t recompute_scratch(Recompute mode) const;
 };
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel,
-                                         int ep = 1, double capacity_factor = 0);
+                                         int ep = 1, double capacity_factor = 0,
+                                         ExpertTp expert_tp = ExpertTp::kSplit);
 
 // The most rows one rank's experts of an MoE layer can receive in a B x T micro-batch on
 // each of ep ranks: every rank's tokens each sending min(k, E/ep) of its choices here
 // (dropless), or, with a capacity factor, each rank's sequences at most the capacity per
 // expert. The worst case is reserved: the activation memory does not depend on the routing.
-int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor);
+// With the experts replicated over `replicas` tp ranks, each computes on its share of every
+// source's rows: at most ceil(R / replicas) + ep of them (each share rounds up by a row).
+int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas = 1);
 
 // FLOPs the model executed (matmuls and attention, 2 per multiply-add), split into the
 // model's own forward/backward and the forward work repeated by recomputation.
@@ -116,9 +122,12 @@ class Gpt {
   // `part`: the pipeline stages this rank runs (see ModelPart; empty: the whole model).
   // `ep`: the expert-parallel group (MoE), over which each MoE layer's experts are split,
   // E/ep per rank, tokens dispatched to them and combined back by all-to-all (null: one).
+  // `expert_tp`: the routed experts split over tp like the dense MLP, or whole on every tp
+  // rank (ExpertTp, docs/moe.md).
   explicit Gpt(const GptConfig& config, LocalState local = LocalState::kParamsAndGrads,
                comm::Group* tp = nullptr, bool sequence_parallel = false,
-               const ModelPart& part = {}, comm::Group* ep = nullptr);
+               const ModelPart& part = {}, comm::Group* ep = nullptr,
+               ExpertTp expert_tp = ExpertTp::kSplit);
   // Dropout with probability p on the embedding output and on each block's two residual
   // branches (attention and MLP outputs, after their bias). Masks come from a counter-based
   // hash of (seed, step, site, global token row, column) and are never stored.
@@ -304,8 +313,9 @@ class Gpt {
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
   // Expert parallelism (ep > 1): rows in dispatch order (by global expert) to this rank's
   // experts, arriving expert-major in `out`, and back, where `rows` is scratch afterwards.
-  // Under tp each tp rank carries only its share of the rows over ep and the tp group
-  // completes them (docs/moe.md, "Dispatch under tensor parallelism"). The way there is
+  // Under tp each tp rank carries only its share of the rows over ep; the tp group
+  // completes them for split experts, and replicated experts compute on that share alone
+  // (docs/moe.md, "Dispatch under tensor parallelism"). The way there is
   // split so that compute can run while the all-to-all is in flight: begin (`pack`: scratch
   // of the dispatch's size, which the all-to-all reads until end) returns its request and
   // the rows this rank sends to and receives from other ep ranks; end completes it into `out`.
@@ -318,6 +328,15 @@ class Gpt {
   void moe_to_experts_end(const BlockActivations& a, MoeDispatch& d, float* out);
   void moe_from_experts(const BlockActivations& a, float* rows, float* out);
   void moe_tp_exchange(float* staging, const std::vector<int>& segment_start, bool reduce, float* scratch);
+  // What shapes an MoE layer's exchange: P ep ranks of El experts, the T tp ranks sharing
+  // the rows (1 when rows stay here) and this one t, whether it computes on its share
+  // alone (replicated experts), and the rows each ep rank sent for each of its experts.
+  struct MoeExchange {
+    int P = 1, El = 0, T = 1, t = 0;
+    bool replicated = false;
+    const int* received = nullptr;
+  };
+  MoeExchange moe_exchange(const BlockActivations& a) const;
   std::vector<int> moe_expert_offsets(const BlockActivations& a) const;
   double moe_flops(int N, int dispatched) const;
   kernels::GemmInput mlp_hidden(const BlockActivations& a) const;
@@ -363,10 +382,17 @@ class Gpt {
   // input gradients) [Nk,C], the experts' (or shared experts') hidden gradients, the
   // weights' gradients [N*k] and the router logits' [N,E].
   float *moe_rows_ = nullptr, *moe_dy_ = nullptr, *moe_dact_ = nullptr, *moe_dfch_ = nullptr;
-  float* moe_xchg_ = nullptr;  // [R,C] (ep > 1) rows as they arrive from an all-to-all
-  comm::Group* ep_ = nullptr;  // null when ep = 1
+  float* moe_xchg_ = nullptr;  // [R,C] (ep_ set) rows as they arrive from an all-to-all
+  // The group rows are dispatched over: the ep group when ep > 1, a group of one when the
+  // experts are replicated over tp without ep (each tp rank still takes its share), else null.
+  comm::Group* ep_ = nullptr;
+  std::unique_ptr<comm::Group> own_ep_;  // that group of one
   float *moe_dweight_ = nullptr, *moe_dlogits_ = nullptr;
-  int Fcel_ = 0, Fel_ = 0;  // one expert's first-projection rows and hidden width on this rank
+  int Fcel_ = 0, Fel_ = 0;  // one routed expert's first-projection rows and hidden width on this rank
+  int Fcsl_ = 0, Fsl_ = 0;  // one shared expert's (always split over tp)
+  // The tp ranks that hold each routed expert whole and share its rows: tp when the experts
+  // are replicated over tp, else 1.
+  int expert_replicas() const { return layout_.experts_replicated() ? tp_size_ : 1; }
   MoeTraining moe_training_;
   std::vector<MoeRouteStats> moe_stats_;
   std::vector<float> moe_bias_;

@@ -30,7 +30,8 @@ void Gpt::reset_moe_stats() {
 // Router, experts (the dispatched rows) and shared experts, 2 FLOPs per multiply-add.
 double Gpt::moe_flops(int N, int dispatched) const {
   const double C = config_.dim, S = config_.moe.shared_experts;
-  return 2.0 * N * C * config_.moe.experts + 2.0 * ((double)dispatched + S * N) * C * ((double)Fcel_ + Fel_);
+  return 2.0 * N * C * config_.moe.experts + 2.0 * (double)dispatched * C * ((double)Fcel_ + Fel_) +
+         2.0 * S * N * C * ((double)Fcsl_ + Fsl_);
 }
 
 // How many rows each ep rank sends for each of this rank's experts: an all-to-all of the
@@ -45,66 +46,96 @@ void Gpt::moe_count_received(BlockActivations& a) {
   for (int e = 0; e < E; e++) a.received[e] = (int)theirs[e];
 }
 
-// This rank's experts' rows, expert-major: expert j's rows are [offsets[j], offsets[j+1]),
-// from every source rank in rank order.
-std::vector<int> Gpt::moe_expert_offsets(const BlockActivations& a) const {
-  const int P = layout_.ep(), El = config_.moe.experts / P;
-  std::vector<int> off(El + 1, 0);
-  for (int j = 0; j < El; j++) {
-    off[j + 1] = off[j];
-    for (int q = 0; q < P; q++) off[j + 1] += a.received[q * El + j];
-  }
-  return off;
-}
-
 namespace {
 
 // The share of n rows that tp rank t of T carries over ep: [chunk_start(t), chunk_start(t+1)).
 int chunk_start(int n, int t, int T) { return (int)((int64_t)n * t / T); }
 
-// Rows in the exchange buffer, which holds, for each tp rank t in turn, its segment: for
-// each ep source q, the t-th share of the rows q sent for this rank's experts (their
-// counts in received[q * El + j]). Without tp (T = 1) that is the all-to-all's
-// source-major order.
+// Rows in the exchange buffer. It holds the segments of the tp ranks whose rows this rank's
+// experts compute on: every tp rank's when the experts are split over tp (each rank computes
+// its slice on every row), its own when they are replicated (each computes whole experts on
+// its share). Tp rank t's segment holds, for each ep source q, the t-th share of the rows q
+// sent for this rank's experts (their counts in received[q * El + j]). Without tp (T = 1)
+// that is the all-to-all's source-major order.
 struct ExchangeShape {
   std::vector<int> block;          // [P] rows each ep source sends for this rank's experts
-  std::vector<int> segment_start;  // [T + 1] where each tp rank's segment starts
+  std::vector<int> segment_start;  // [T + 1] where each tp rank's segment starts, all held
+  int first = 0, last = 1;         // the segments held: [first, last)
+  std::vector<int> held;           // [P * El] rows of each (source, expert) in them
+  // Where held segment t starts in the buffer.
+  int offset(int t) const { return segment_start[t] - segment_start[first]; }
 };
 
-ExchangeShape exchange_shape(const int* received, int P, int El, int T) {
+ExchangeShape exchange_shape(const int* received, int P, int El, int T, int t, bool replicated) {
   ExchangeShape x;
   x.block.assign(P, 0);
   for (int q = 0; q < P; q++)
     for (int j = 0; j < El; j++) x.block[q] += received[q * El + j];
   x.segment_start.assign(T + 1, 0);
-  for (int t = 0; t < T; t++) {
-    x.segment_start[t + 1] = x.segment_start[t];
-    for (int q = 0; q < P; q++) x.segment_start[t + 1] += chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T);
+  for (int r = 0; r < T; r++) {
+    x.segment_start[r + 1] = x.segment_start[r];
+    for (int q = 0; q < P; q++) x.segment_start[r + 1] += chunk_start(x.block[q], r + 1, T) - chunk_start(x.block[q], r, T);
+  }
+  x.first = replicated ? t : 0, x.last = replicated ? t + 1 : T;
+  x.held.assign((size_t)P * El, 0);
+  for (int q = 0; q < P; q++) {
+    const int lo = chunk_start(x.block[q], x.first, T), hi = chunk_start(x.block[q], x.last, T);
+    for (int j = 0, before = 0; j < El; before += received[q * El + j], j++)
+      x.held[q * El + j] = std::max(0, std::min(hi, before + received[q * El + j]) - std::max(lo, before));
   }
   return x;
 }
 
-// Where each exchange-buffer row goes among this rank's experts' rows, which are
-// expert-major: expert j's rows from every source in rank order.
+// Where each exchange-buffer row goes among the rows this rank's experts compute on, which
+// are expert-major: expert j's held rows from every source in rank order.
 std::vector<int> exchange_targets(const int* received, const ExchangeShape& x, int P, int El, int T) {
   std::vector<int> expert_at(P * El);
   int at = 0;
   for (int j = 0; j < El; j++)
-    for (int q = 0; q < P; q++) expert_at[q * El + j] = at, at += received[q * El + j];
+    for (int q = 0; q < P; q++) expert_at[q * El + j] = at, at += x.held[q * El + j];
   std::vector<int> target;
   target.reserve(at);
-  for (int t = 0; t < T; t++)
+  for (int t = x.first; t < x.last; t++)
     for (int q = 0; q < P; q++) {
-      int j = 0, before = 0;  // expert j's rows start at `before` in q's block
+      // Expert j's rows start at `before` in q's block, its held ones at max(before, lo).
+      const int lo = chunk_start(x.block[q], x.first, T);
+      int j = 0, before = 0;
       for (int p = chunk_start(x.block[q], t, T); p < chunk_start(x.block[q], t + 1, T); p++) {
         while (p >= before + received[q * El + j]) before += received[q * El + j], j++;
-        target.push_back(expert_at[q * El + j] + p - before);
+        target.push_back(expert_at[q * El + j] + p - std::max(before, lo));
       }
     }
   return target;
 }
 
 }  // namespace
+
+// The exchange of this rank's MoE layer: over the ep group with the tp shares when rows are
+// dispatched (ep_ set), else this rank's own routing with every row held.
+Gpt::MoeExchange Gpt::moe_exchange(const BlockActivations& a) const {
+  const int P = layout_.ep(), El = config_.moe.experts / P;
+  const bool dispatched = ep_ != nullptr;
+  return MoeExchange{P, El, dispatched ? tp_size_ : 1, dispatched ? tp_rank_ : 0,
+                     dispatched && layout_.experts_replicated(), a.received};
+}
+
+namespace {
+// The shape of a Gpt::MoeExchange (a generic lambda: the type is Gpt's own).
+const auto shape_of = [](const auto& e) { return exchange_shape(e.received, e.P, e.El, e.T, e.t, e.replicated); };
+}  // namespace
+
+// This rank's experts' rows, expert-major: expert j's rows are [offsets[j], offsets[j+1]),
+// the held rows from every source rank in rank order.
+std::vector<int> Gpt::moe_expert_offsets(const BlockActivations& a) const {
+  const MoeExchange e = moe_exchange(a);
+  const ExchangeShape x = shape_of(e);
+  std::vector<int> off(e.El + 1, 0);
+  for (int j = 0; j < e.El; j++) {
+    off[j + 1] = off[j];
+    for (int q = 0; q < e.P; q++) off[j + 1] += x.held[q * e.El + j];
+  }
+  return off;
+}
 
 // The tp group's part of a dispatch: every rank ends with every segment (reduce = false:
 // each sends its own to the others), or with its own segment summed over the group
@@ -131,9 +162,9 @@ void Gpt::moe_tp_exchange(float* staging, const std::vector<int>& segment_start,
 }
 
 Gpt::MoeDispatch Gpt::moe_to_experts_begin(const BlockActivations& a, const float* rows, float* pack) {
-  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim, me = ep_->rank();
-  const int T = tp_ ? tp_->size() : 1, t = tp_ ? tp_->rank() : 0;
-  const ExchangeShape x = exchange_shape(a.received, P, El, T);
+  const MoeExchange e = moe_exchange(a);
+  const int P = e.P, El = e.El, T = e.T, t = e.t, C = config_.dim, me = ep_->rank();
+  const ExchangeShape x = shape_of(e);
   std::vector<size_t> send(P), recv(P);
   MoeDispatch d;
   size_t packed = 0;
@@ -145,39 +176,42 @@ Gpt::MoeDispatch Gpt::moe_to_experts_begin(const BlockActivations& a, const floa
     recv[q] = (size_t)(chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T)) * C;
     if (q != me) d.sent += hi - lo, d.received += recv[q] / C;
   }
-  d.request = ep_->iall_to_allv(T > 1 ? pack : rows, send.data(), moe_xchg_ + (size_t)x.segment_start[t] * C,
-                                recv.data());
+  d.request = ep_->iall_to_allv(T > 1 ? pack : rows, send.data(), moe_xchg_ + (size_t)x.offset(t) * C, recv.data());
   return d;
 }
 
+// Split experts need every tp rank's segment (the tp group exchanges them); replicated
+// ones compute on this rank's own.
 void Gpt::moe_to_experts_end(const BlockActivations& a, MoeDispatch& d, float* out) {
-  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim, T = tp_ ? tp_->size() : 1;
+  const MoeExchange e = moe_exchange(a);
+  const int C = config_.dim;
   d.request->wait();
-  const ExchangeShape x = exchange_shape(a.received, P, El, T);
-  if (T > 1) moe_tp_exchange(moe_xchg_, x.segment_start, false, nullptr);
-  const std::vector<int> target = exchange_targets(a.received, x, P, El, T);
+  const ExchangeShape x = shape_of(e);
+  if (e.T > 1 && !e.replicated) moe_tp_exchange(moe_xchg_, x.segment_start, false, nullptr);
+  const std::vector<int> target = exchange_targets(a.received, x, e.P, e.El, e.T);
   for (size_t i = 0; i < target.size(); i++)
     std::memcpy(out + (size_t)target[i] * C, moe_xchg_ + i * C, sizeof(float) * C);
 }
 
-// Under tp the expert outputs are partial sums: each tp rank sums its share over the group
-// and returns only that, leaving the other rows of `out` zero. The combine's tp reduction
-// then completes every row (a sum over tp of shares is the whole).
+// Under tp each rank returns only its share of the rows, leaving the other rows of `out`
+// zero; the combine's tp reduction then completes every row (a sum over tp of shares is the
+// whole). Split experts' outputs are partial sums, so each rank first sums its share over
+// the tp group; replicated experts computed its share whole.
 void Gpt::moe_from_experts(const BlockActivations& a, float* rows, float* out) {
-  const int P = ep_->size(), El = config_.moe.experts / P, C = config_.dim;
-  const int T = tp_ ? tp_->size() : 1, t = tp_ ? tp_->rank() : 0;
-  const ExchangeShape x = exchange_shape(a.received, P, El, T);
+  const MoeExchange e = moe_exchange(a);
+  const int P = e.P, El = e.El, T = e.T, t = e.t, C = config_.dim;
+  const ExchangeShape x = shape_of(e);
   const std::vector<int> target = exchange_targets(a.received, x, P, El, T);
   for (size_t i = 0; i < target.size(); i++)
     std::memcpy(moe_xchg_ + i * C, rows + (size_t)target[i] * C, sizeof(float) * C);
-  if (T > 1) moe_tp_exchange(moe_xchg_, x.segment_start, true, rows);
+  if (T > 1 && !e.replicated) moe_tp_exchange(moe_xchg_, x.segment_start, true, rows);
   std::vector<size_t> send(P), recv(P);
   for (int q = 0; q < P; q++) {
     const int n = a.route.offsets[(q + 1) * El] - a.route.offsets[q * El];
     send[q] = (size_t)(chunk_start(x.block[q], t + 1, T) - chunk_start(x.block[q], t, T)) * C;
     recv[q] = (size_t)(chunk_start(n, t + 1, T) - chunk_start(n, t, T)) * C;
   }
-  ep_->all_to_allv(moe_xchg_ + (size_t)x.segment_start[t] * C, send.data(), T > 1 ? rows : out, recv.data());
+  ep_->all_to_allv(moe_xchg_ + (size_t)x.offset(t) * C, send.data(), T > 1 ? rows : out, recv.data());
   if (T == 1) return;
   const int M = a.route.offsets[config_.moe.experts];
   std::fill(out, out + (size_t)M * C, 0.0f);
@@ -218,11 +252,11 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   // The shared experts' output (weight 1) while the rows are on their way (DeepSeek-V3
   // overlaps its dispatch the same way); the combine adds the routed experts' to it.
   if (S > 0) {
-    k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcel_,
+    k::matmul_forward(a.shared_fch, x, gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), nullptr, N, C, S * Fcsl_,
                       precision_);
-    const k::GemmInput shared_hidden = activate(a.shared_fch, a.shared_act, N, S * Fel_);
+    const k::GemmInput shared_hidden = activate(a.shared_fch, a.shared_act, N, S * Fsl_);
     k::matmul_forward(partial_, shared_hidden, gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), nullptr, N,
-                      S * Fel_, C, precision_);
+                      S * Fsl_, C, precision_);
   } else {
     std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
   }
@@ -291,15 +325,15 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
   if (ep_) dispatch = moe_to_experts_begin(a, moe_dy_, moe_rows_);
   if (S > 0) {  // the shared experts' down projection, while dout is at hand
     k::matmul_backward(moe_dact_, weight_grad(u, gunit, layout_.layer(l, kSharedProjW)), nullptr, dout,
-                       hidden_input(a.shared_act), gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), N, S * Fel_,
+                       hidden_input(a.shared_act), gemm_weight(u, unit, layout_.layer(l, kSharedProjW)), N, S * Fsl_,
                        C, precision_);
-    activation_backward(moe_dfch_, a.shared_fch, moe_dact_, N, S * Fel_);
+    activation_backward(moe_dfch_, a.shared_fch, moe_dact_, N, S * Fsl_);
   }
   // The input again, every row (not stored): dout's buffer is free now.
   const float* x = gather_rows(a.ln2, gathered_);
   if (S > 0) {
     k::matmul_backward(partial_, weight_grad(u, gunit, layout_.layer(l, kSharedFcW)), nullptr, moe_dfch_, x,
-                       gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), N, C, S * Fcel_, precision_);
+                       gemm_weight(u, unit, layout_.layer(l, kSharedFcW)), N, C, S * Fcsl_, precision_);
   } else {
     std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
   }

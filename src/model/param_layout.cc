@@ -6,8 +6,9 @@
 
 namespace meshtrain::model {
 
-ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part, int ep, int ep_rank)
-    : untied_head_(!c.tied_head), tp_(tp), tp_rank_(tp_rank), ep_(ep), ep_rank_(ep_rank) {
+ParamLayout::ParamLayout(const GptConfig& c, int tp, int tp_rank, const ModelPart& part, int ep, int ep_rank,
+                         ExpertTp expert_tp)
+    : untied_head_(!c.tied_head), tp_(tp), tp_rank_(tp_rank), ep_(ep), ep_rank_(ep_rank), expert_tp_(expert_tp) {
   CHECK_MSG(ep >= 1 && 0 <= ep_rank && ep_rank < ep && (ep == 1 || c.moe.experts % ep == 0),
             "expert parallelism must divide the experts");
   first_expert_ = c.is_moe() ? ep_rank * (c.moe.experts / ep) : 0;
@@ -131,14 +132,15 @@ void ParamLayout::add_expert_units(const GptConfig& c, int l) {
   using S = TpSplit;
   const int64_t C = c.dim, Fe = c.expert_ffn();
   const bool swiglu = c.mlp == Mlp::kSwiGlu;
+  const S in = experts_replicated() ? S::kReplicated : S::kRows, out = experts_replicated() ? S::kReplicated : S::kCols;
   const std::string p = "model.layers." + std::to_string(l) + ".block_sparse_moe.experts.";
   for (int e = first_expert_; e < first_expert_ + c.moe.experts / ep_; e++) {
     const std::string ep = p + std::to_string(e) + ".";
     const int fc = (int)tensors_.size();
-    add(ep + "w1.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
-    if (swiglu) add(ep + "w3.weight", {Fe, C}, S::kRows, true, false, l, -1, true);
+    add(ep + "w1.weight", {Fe, C}, in, true, false, l, -1, true);
+    if (swiglu) add(ep + "w3.weight", {Fe, C}, in, true, false, l, -1, true);
     const int proj = (int)tensors_.size();
-    add(ep + "w2.weight", {C, Fe}, S::kCols, true, false, l, -1, true);
+    add(ep + "w2.weight", {C, Fe}, out, true, false, l, -1, true);
     for (int t = fc; t < (int)tensors_.size(); t++) tensors_[t].expert = e;
     unit_experts_[block_unit_[l]].push_back({fc, proj});  // (close_unit grows the vector)
     close_unit(moe_unit_id(c, l, e), fc);

@@ -24,6 +24,13 @@ enum class TpSplit {
   kKvHeadRows,
 };
 
+// Where an MoE layer's routed experts sit on the tensor-parallel group (Megatron's expert
+// tensor parallelism, 1 or tp): split like the dense MLP (kSplit, expert-tp = tp: each tp
+// rank computes its slice of every expert on every dispatched row), or whole on every tp
+// rank (kReplicated, expert-tp = 1: each computes the whole experts on its share of the
+// rows, and the copies' gradients are summed over tp). docs/moe.md.
+enum class ExpertTp { kSplit, kReplicated };
+
 struct ParamTensor {
   // Hugging Face's name: GPT-2's (e.g. "h.3.attn.c_attn.weight") or Llama's (e.g.
   // "model.layers.3.self_attn.q_proj.weight").
@@ -102,9 +109,14 @@ class ParamLayout {
   // layer indices; offsets are compact over what the part holds.
   // With expert parallelism over `ep` ranks, rank `ep_rank` holds E/ep of each MoE layer's
   // routed experts (is_whole_model() is then false).
+  // `expert_tp`: how the routed experts sit on the tp group (ExpertTp).
   explicit ParamLayout(const GptConfig& config, int tp = 1, int tp_rank = 0,
-                       const ModelPart& part = {}, int ep = 1, int ep_rank = 0);
+                       const ModelPart& part = {}, int ep = 1, int ep_rank = 0,
+                       ExpertTp expert_tp = ExpertTp::kSplit);
   int tp() const { return tp_; }
+  // The routed experts are whole on every tp rank (ExpertTp::kReplicated with tp > 1).
+  bool experts_replicated() const { return expert_tp_ == ExpertTp::kReplicated && tp_ > 1; }
+  ExpertTp expert_tp() const { return expert_tp_; }
   int tp_rank() const { return tp_rank_; }
   const std::vector<ParamTensor>& tensors() const { return tensors_; }
   size_t total() const { return total_; }
@@ -174,6 +186,7 @@ class ParamLayout {
   std::vector<std::vector<std::array<int, 2>>> unit_experts_;
   bool untied_head_ = false;
   int tp_ = 1, tp_rank_ = 0, ep_ = 1, ep_rank_ = 0, first_expert_ = 0;
+  ExpertTp expert_tp_ = ExpertTp::kSplit;
   bool whole_ = true;
   std::vector<ParamTensor> tensors_;
   std::vector<ParamUnit> units_;

@@ -172,10 +172,11 @@ void DataParallel::init_groups() {
     }
     if (stage == 0)
       g.buckets = std::make_unique<BucketAllReduce>(*g.reduce, layout_, spec.units, config_.bucket_mb,
-                                                    config_.overlap, full_gradient(), pool_);
+                                                    config_.overlap, full_gradient(), pool_, spec.replicas);
     else
       g.scatter = std::make_unique<ShardReduceScatter>(*g.reduce, shards_, stage >= 2 ? 1 : 0, config_.overlap,
-                                                       pool_, [this](int u, const float* r) { store_reduced(u, r); });
+                                                       pool_, [this](int u, const float* r) { store_reduced(u, r); },
+                                                       spec.replicas);
     groups_.push_back(std::move(g));
   }
   for (int u = 0; u < layout_.num_units(); u++) CHECK_MSG(group_of_unit_[u] >= 0, "a unit in no parameter group");

@@ -73,6 +73,12 @@ struct ParamGroup {
   // Ranks that hold other parameters of this group (expert parallelism: the ep group, each
   // rank other experts): the gradient norm sums the group's part over them. Null: none.
   comm::Group* distinct = nullptr;
+  // Ranks that hold the same parameters of this group and compute a part of their gradient
+  // each (experts replicated over tp: the tp group, each rank on its share of the rows): the
+  // parts are summed over them before the group's reduction. ZeRO still partitions over
+  // `reduce` only (each replica holds the same shard), and the gradient norm counts the
+  // copies once (their tensors are ParamTensor::tp_copy). Null: none.
+  comm::Group* replicas = nullptr;
 };
 
 struct DpConfig {

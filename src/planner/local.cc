@@ -268,6 +268,8 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");
+  if (l.whole_experts())
+    return Status::error("expert_tp 1: the local predictor does not model whole experts on tp ranks yet");
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
   if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");

@@ -82,13 +82,16 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
         for (auto [kind, v] : schedules)
           // (ZeRO stages differ only with dp > 1.)
           for (int ep : choices(space.ep, expert_parallel_sizes(model, dp)))
+          for (model::ExpertTp etp : choices(space.expert_tp, model.is_moe() && tp > 1
+                                                                  ? std::vector{model::ExpertTp::kSplit, model::ExpertTp::kReplicated}
+                                                                  : std::vector{model::ExpertTp::kSplit}))
           for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3}))
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
               for (Recompute r : choices(space.recompute, recompute_modes)) {
                 Layout l;
                 l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.global_batch = global_batch;
                 l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
-                l.ep = ep, l.moe_imbalance = space.moe_imbalance;
+                l.ep = ep, l.expert_tp = etp, l.moe_imbalance = space.moe_imbalance;
                 l.precision = precision;
                 l.attention = space.attention;
                 l.stage_layers = space.stage_layers;

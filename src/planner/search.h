@@ -15,6 +15,7 @@ namespace meshtrain::planner {
 struct SearchSpace {
   std::optional<int> tp, pp, dp, zero, micro_batch, virtual_stages, ep;
   double moe_imbalance = 1.0;  // not searched: Layout::moe_imbalance of every candidate
+  std::optional<model::ExpertTp> expert_tp;  // searched for MoE models at tp > 1
   std::optional<bool> sp;
   std::optional<Recompute> recompute;
   std::optional<parallel::pp::ScheduleKind> schedule;
@@ -38,7 +39,8 @@ struct Candidate {
 // can take 16 stages), micro-batches 1-16 (powers of two), interleaving with v chunks per
 // rank where the layers split evenly and the micro-batches are a multiple of pp (Megatron's
 // rule), ZeRO 0-3 (0-1 with pp > 1: the engine runs 2-3 under pipelines once per step, which the time model does not model yet; 0 alone without dp), sp with tp >
-// 1, expert parallelism (MoE) over every divisor of dp that divides the experts, and the recomputation modes (selective only with unfused attention: a fused kernel
+// 1, expert parallelism (MoE) over every divisor of dp that divides the experts, the
+// routed experts split over tp or whole on each tp rank (MoE, tp > 1), and the recomputation modes (selective only with unfused attention: a fused kernel
 // already recomputes its scores, so it equals none). GPipe is searched only when asked for
 // (1F1B has its bubble with less memory). Errors: no valid layout at all, naming why.
 // `predictor` ranks the layouts (layouts it rejects are skipped); tensor parallelism is

@@ -65,9 +65,9 @@ double block_params(const ModelShape& m, int t) {
   return matrices + biases + 2 * norm_params(m);
 }
 
-// The routed experts one GPU holds per (average) layer: E/ep of them, split over tp.
-double expert_params(const ModelShape& m, int t, int ep) {
-  return m.moe_fraction() * (m.experts / (double)ep) * m.expert_weights() / t;
+// The routed experts one GPU holds per (average) layer: E/ep of them, split over tp or whole.
+double expert_params(const ModelShape& m, const Layout& l) {
+  return m.moe_fraction() * (m.experts / (double)l.ep) * m.expert_weights() / (l.whole_experts() ? 1 : l.tp);
 }
 
 }  // namespace
@@ -105,7 +105,7 @@ double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, 
 double parameter_count(const ModelShape& m) {
   const double h = m.hidden, V = m.vocab;
   const double embeddings = V * h * (m.tied_head ? 1 : 2) + (m.rope ? 0 : (double)m.seq * h);
-  return m.layers * (block_params(m, 1) + expert_params(m, 1, 1)) + embeddings + norm_params(m);
+  return m.layers * (block_params(m, 1) + expert_params(m, Layout{})) + embeddings + norm_params(m);
 }
 
 double model_flops(const ModelShape& m, double B) {
@@ -158,6 +158,7 @@ Status validate(const ModelShape& m, const Layout& l) {
   if (l.ep < 1 || l.dp % l.ep != 0) return Status::error("ep (" + str(l.ep) + ") must divide dp (" + str(l.dp) + ")");
   if (l.ep > 1 && (!m.is_moe() || m.experts % l.ep != 0))
     return Status::error("ep (" + str(l.ep) + ") needs an MoE model whose experts it divides");
+  if (l.whole_experts() && !m.is_moe()) return Status::error("whole experts (expert_tp 1) need an MoE model");
   if (!(l.moe_imbalance >= 1)) return Status::error("moe_imbalance must be >= 1 (the most loaded expert over the mean)");
   if (m.is_moe() && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1 || m.expert_width() % l.tp != 0))
     return Status::error("the experts (" + str(m.experts) + ", top-" + str(m.top_k) + ", width " +
@@ -242,15 +243,17 @@ struct LayerTime {
 
 // An MoE layer's MLP forward GEMMs on one GPU: the router (b s x E x h), its E/ep experts
 // each on its share of the b s top_k assignments times the imbalance (the slowest expert
-// sets the pace), and the shared experts on every token.
+// sets the pace), and the shared experts on every token. Whole experts compute 1/tp of the
+// rows at the full width: the same FLOPs, in taller, wider GEMMs.
 template <typename Gemm>
 double moe_mlp_gemm(const ModelShape& m, const Layout& l, double bs, Gemm gemm) {
-  const double h = m.hidden, fe = m.expert_width() / (double)l.tp, mlp_in = m.swiglu ? 2 : 1;
+  const double h = m.hidden, fs = m.expert_width() / (double)l.tp, mlp_in = m.swiglu ? 2 : 1;
+  const double fe = l.whole_experts() ? m.expert_width() : fs, share = l.whole_experts() ? l.tp : 1;
   const double local = m.experts / (double)l.ep;
-  const double rows = std::max(1.0, bs * m.top_k * l.ep / m.experts * l.moe_imbalance);  // per expert
+  const double rows = std::max(1.0, bs * m.top_k * l.ep / m.experts * l.moe_imbalance / share);  // per expert
   const double experts = local * (gemm(rows, mlp_in * fe, h, 1) + gemm(rows, h, fe, 1));
   const double shared = m.shared_experts > 0
-                            ? gemm(bs, m.shared_experts * mlp_in * fe, h, 1) + gemm(bs, h, m.shared_experts * fe, 1)
+                            ? gemm(bs, m.shared_experts * mlp_in * fs, h, 1) + gemm(bs, h, m.shared_experts * fs, 1)
                             : 0;
   return gemm(bs, m.experts, h, 1) + experts + shared;
 }
@@ -313,11 +316,12 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
   // rank on the ep group's link; the tp group then gathers the received rows for its
   // expert slices, and sums their partial outputs before the way back (docs/moe.md).
+  // Whole experts compute on the rows each tp rank received: no tp part.
   if (m.is_moe() && l.ep > 1) {
     const double rows_bytes = bs * m.top_k * l.moe_imbalance * h * e;
     const double one = (ep_ring.n - 1) * ep_ring.latency +
                        (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
-    const double tp_part = t > 1 ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
+    const double tp_part = t > 1 && !l.whole_experts() ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
     lt.ep_f = lt.ep_b = fm * (2 * one + tp_part);
   }
   lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
@@ -362,7 +366,7 @@ StageParams stage_params(const ModelShape& m, const Layout& l) {
   const double h = m.hidden, t = l.tp, V = m.vocab;
   StageParams p;
   p.per_layer = block_params(m, l.tp);
-  p.per_layer_experts = expert_params(m, l.tp, l.ep);
+  p.per_layer_experts = expert_params(m, l);
   p.embedding = V * h / t + (m.rope ? 0 : (double)m.seq * h);
   const bool head_matrix = !m.tied_head || l.pp > 1;  // else the embedding serves as the head
   p.head = (head_matrix ? V * h / t : 0) + norm_params(m);
@@ -516,6 +520,13 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     if (l.zero == 1 || l.zero == 2) total += all_gather_s(bytes, edp_ring), exposed += all_gather_s(bytes, edp_ring);
     dp_total += total, dp_exposed += exposed;
   }
+  // Whole experts: each tp rank's gradient is its rows' part, summed over tp (blocking, as
+  // each bucket or unit is reduced: after every micro-batch where ZeRO 2-3 reduce per
+  // micro-batch) before the edp reduction. Exposed: the tp link has no compute to hide behind.
+  const double expert_tp_sum =
+      l.whole_experts() && first_experts > 0
+          ? (l.zero >= 2 && d > 1 && !once_per_step ? mb : 1) * all_reduce_s(first_experts * e, tp_ring)
+          : 0;
   // One link carries all of it: what does not fit in the pipeline's time cannot be hidden
   // behind it (ZeRO-3's gathers and the reduce-scatters share the data-parallel link).
   dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
@@ -526,7 +537,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
   const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
-  r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1));
+  r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1)) + expert_tp_sum;
   r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
@@ -549,7 +560,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.optimizer_s =
       (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / hbm;
 
-  r.step_s = r.pipeline_s + dp_tail + tied + r.optimizer_s;
+  r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s;
   r.tokens_per_s = l.global_batch * s / r.step_s;
   r.model_flops = model_flops(m, l.global_batch);
   r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.gpus()) / 1e12;

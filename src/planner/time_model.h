@@ -26,6 +26,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "model/param_layout.h"
 #include "model/recompute.h"
 #include "parallel/pp/schedule.h"
 #include "planner/cluster.h"
@@ -93,6 +94,11 @@ struct Layout {
   // Expert parallelism (MoE): ep consecutive dp ranks split the experts; the experts'
   // states are sharded over the dp / ep ranks that hold copies.
   int ep = 1;
+  // The routed experts on the tp group (--expert-tp): split like the dense MLP, or whole on
+  // every tp rank, each computing its 1/tp share of the rows (no tp exchange in the
+  // dispatch; the experts' gradients all-reduced over tp instead, their state not / tp).
+  model::ExpertTp expert_tp = model::ExpertTp::kSplit;
+  bool whole_experts() const { return expert_tp == model::ExpertTp::kReplicated && tp > 1; }
   // The most loaded expert's tokens over the mean (1: balanced): the experts' GEMMs wait
   // for it, and a rank's all-to-all carries its share.
   double moe_imbalance = 1.0;

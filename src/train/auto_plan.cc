@@ -61,6 +61,7 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   o->micro_batch = l.micro_batch, o->global_batch = rows, o->grad_accum = 0;
   o->schedule = parallel::pp::schedule_name(l.schedule), o->virtual_stages = l.virtual_stages;
   o->sp = l.sp, o->recompute = planner::recompute_name(l.recompute);
+  o->expert_tp = l.whole_experts() ? 1 : 0;
   int fitting = 0;
   for (const auto& c : all) fitting += c.prediction.fits();
   *summary = "plan auto: " + std::to_string(all.size()) + " layouts of " + std::to_string(ranks) + " ranks predicted, " +

@@ -38,6 +38,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"pp", o.pp},
           {"dp", o.dp},
           {"ep", o.ep},
+          {"expert_tp", o.expert_tp},
           {"schedule", o.schedule},
           {"virtual_stages", o.virtual_stages},
           {"stage_layers", o.stage_layers},
@@ -94,6 +95,19 @@ model::MoeTraining moe_training(const TrainOptions& o) {
   t.balance = o.moe_balance == "micro-batch" ? model::MoeBalance::kMicroBatch : model::MoeBalance::kSequence;
   t.bias_speed = o.moe_bias_speed;
   return t;
+}
+
+model::ExpertTp expert_tp(const TrainOptions& o) {
+  return o.expert_tp == 1 ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
+}
+
+Status check_expert_tp(const TrainOptions& o, const model::GptConfig& c, int tp) {
+  if (o.expert_tp == 0 || o.expert_tp == tp) return Status::ok();
+  if (o.expert_tp != 1)
+    return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or --tp (" + std::to_string(tp) +
+                         ", each split over them), got " + std::to_string(o.expert_tp));
+  if (!c.is_moe()) return Status::error("--expert-tp needs a Mixture-of-Experts model (--moe-experts)");
+  return Status::ok();
 }
 
 namespace {

@@ -44,6 +44,9 @@ struct TrainOptions {
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
   int ep = 1;  // expert parallelism, carved out of dp (MoE models)
+  // The routed experts' tensor parallelism (Megatron's expert-tp): tp, each expert split over
+  // the tp ranks like the dense MLP, or 1, each whole on every tp rank. 0: tp.
+  int expert_tp = 0;
   // "auto": the layout flags are chosen by the planner (train/auto_plan.h) for `ranks`
   // ranks (from a plain shell; under mpirun the world's size).
   std::string plan;
@@ -114,6 +117,9 @@ Status parse_offload(const TrainOptions& o, OffloadTiers* out);
 
 // The MoE layers' training settings from the flags (checked by resolve_model).
 model::MoeTraining moe_training(const TrainOptions& o);
+// --expert-tp as the layout's choice, and its check against the model and --tp.
+model::ExpertTp expert_tp(const TrainOptions& o);
+Status check_expert_tp(const TrainOptions& o, const model::GptConfig& c, int tp);
 
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);

@@ -320,10 +320,12 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
 
 // Expert parallelism: the routed experts' units reduce over the expert-data-parallel group
 // (and are sharded over it), and count once per ep rank in the gradient norm; the rest over
-// dp. Without it, one group of every unit.
+// dp. Experts replicated over tp also sum their tp copies' parts first. Without either, one
+// group of every unit.
 std::vector<parallel::ParamGroup> expert_groups(const model::ParamLayout& layout, comm::Mesh& mesh) {
-  if (mesh.shape().ep == 1) return {};
+  if (mesh.shape().ep == 1 && !layout.experts_replicated()) return {};
   parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &mesh.edp(), {}, &mesh.ep()};
+  if (layout.experts_replicated()) experts.replicas = &mesh.tp();
   for (int u = 0; u < layout.num_units(); u++) (layout.units()[u].expert >= 0 ? experts : dense).units.push_back(u);
   return {dense, experts};
 }
@@ -336,7 +338,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   comm::Group* tp = &run->mesh->tp();
   comm::Group* ep = &run->mesh->ep();
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero, storage),
-                                          tp, o.sp, run->part, ep);
+                                          tp, o.sp, run->part, ep, expert_tp(o));
   model::Recompute mode = model::Recompute::kNone;
   RETURN_IF_ERROR(model::parse_recompute(o.recompute, &mode));  // the flag was checked before any work
   run->gpt->set_recompute(mode, o.recompute_every);
@@ -370,7 +372,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
         &run->dp));
   } else if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
-    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, ep);
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, ep, expert_tp(o));
     RETURN_IF_ERROR(initial_weights(o, &full));
     run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
                                                        full.params(), tp);
@@ -447,6 +449,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
   RETURN_IF_ERROR(model::validate_ep(run->config, run->mesh_shape.ep));
+  RETURN_IF_ERROR(check_expert_tp(o, run->config, run->mesh_shape.tp));
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,

@@ -193,6 +193,19 @@ inline std::string step_dir(const std::string& run, int step) {
   return run + "/checkpoints/" + name;
 }
 
+// A copy of run `from` at `dir` as if it had stopped after `kept`'s checkpoint: `dropped`'s
+// checkpoint removed and metrics.jsonl cut to the training steps up to `kept`.
+inline void copy_interrupted_run(const std::string& from, const std::string& dir, int kept, int dropped) {
+  std::filesystem::copy(from, dir, std::filesystem::copy_options::recursive);
+  std::filesystem::remove_all(step_dir(dir, dropped));
+  std::string lines;
+  for (const auto& line : cli_test::lines_of(cli_test::read_file(dir + "/metrics.jsonl"))) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("val_loss") && j["step"] <= kept) lines += line + "\n";
+  }
+  cli_test::write_file(dir + "/metrics.jsonl", lines);
+}
+
 // The whole model's flat parameter buffer (tp = 1 layout) of a checkpoint of any writer
 // layout (dp, ZeRO shards, tp slices), through the single-process loader that reassembles
 // them.

@@ -426,14 +426,7 @@ TEST_F(DataParallel, CheckpointsAcrossLayouts) {
 
   // Two copies interrupted after step 5's checkpoint.
   for (const std::string& dir : {other, same}) {
-    fs::copy(full, dir, fs::copy_options::recursive);
-    fs::remove_all(step_dir(dir, 10));
-    std::string kept;
-    for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
-      json j = json::parse(line);
-      if (!j.contains("val_loss") && j["step"] <= 5) kept += line + "\n";
-    }
-    write_file(dir + "/metrics.jsonl", kept);
+    copy_interrupted_run(full, dir, 5, 10);
   }
   Job resumed_other, resumed_same;
   resumed_other.cmd = train(dp4 + " --out " + other + " --resume");

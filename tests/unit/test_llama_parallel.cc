@@ -148,14 +148,7 @@ TEST_F(LlamaParallel, ResumesAcrossLayoutsAndOffloads) {
   ASSERT_EQ(whole.steps.size(), 10u);
   for (const auto& [from, dir] : {std::pair{full, same}, {full, other}, {wide_full, wide}}) {
     // interrupted after step 5's checkpoint
-    fs::copy(from, dir, fs::copy_options::recursive);
-    fs::remove_all(step_dir(dir, 10));
-    std::string kept;
-    for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
-      const json j = json::parse(line);
-      if (!j.contains("val_loss") && j["step"] <= 5) kept += line + "\n";
-    }
-    write_file(dir + "/metrics.jsonl", kept);
+    copy_interrupted_run(from, dir, 5, 10);
   }
   Job resumed_same, resumed_other, resumed_wide, offloaded;
   resumed_same.cmd = train(pp2 + " --quiet --out " + same + " --resume"), resumed_same.ranks = 2;

@@ -421,6 +421,37 @@ TEST(MoeModel, ExpertParallelSizesAreChecked) {
   EXPECT_TRUE(half.holds_every_layer());
 }
 
+// --expert-tp: 1 or --tp, only for an MoE model. At 1 each tp rank holds every routed expert
+// whole (its tp ranks above 0 a copy, counted once), the shared experts and the dense parts
+// still split.
+TEST(MoeModel, ExpertTensorParallelIsCheckedAndLaidOut) {
+  train::TrainOptions o;
+  const model::GptConfig c = small_moe(1);
+  o.expert_tp = 3;
+  EXPECT_EQ(train::check_expert_tp(o, c, 2).message(),
+            "--expert-tp must be 1 (each expert whole on every tp rank) or --tp (2, each split over them), got 3");
+  o.expert_tp = 2;
+  EXPECT_TRUE(train::check_expert_tp(o, c, 2).is_ok());
+  EXPECT_EQ(train::expert_tp(o), model::ExpertTp::kSplit);
+  o.expert_tp = 1;
+  EXPECT_TRUE(train::check_expert_tp(o, c, 2).is_ok());
+  EXPECT_EQ(train::expert_tp(o), model::ExpertTp::kReplicated);
+  EXPECT_EQ(train::check_expert_tp(o, testing_util::small_gpt(2), 2).message(),
+            "--expert-tp needs a Mixture-of-Experts model (--moe-experts)");
+  EXPECT_TRUE(train::check_expert_tp(o, testing_util::small_gpt(2), 1).is_ok()) << "tp 1: the same layout";
+  const model::ParamLayout split(c, 2, 1), whole_experts(c, 2, 1, {}, 1, 0, model::ExpertTp::kReplicated);
+  EXPECT_FALSE(split.experts_replicated());
+  EXPECT_TRUE(whole_experts.experts_replicated());
+  const std::string expert = "model.layers.0.block_sparse_moe.experts.1.w2.weight";
+  const std::string shared = "model.layers.0.block_sparse_moe.shared_experts.down_proj.weight";
+  EXPECT_EQ(whole_experts.find(expert)->numel, 2 * split.find(expert)->numel);
+  EXPECT_TRUE(whole_experts.find(expert)->tp_copy);
+  EXPECT_FALSE(split.find(expert)->tp_copy);
+  EXPECT_EQ(whole_experts.find(shared)->numel, split.find(shared)->numel);
+  EXPECT_FALSE(whole_experts.find(shared)->tp_copy);
+  EXPECT_FALSE(model::ParamLayout(c, 2, 0, {}, 1, 0, model::ExpertTp::kReplicated).find(expert)->tp_copy);
+}
+
 TEST(MoeModel, LayoutNamesAndParameterCounts) {
   const model::GptConfig c = small_moe(1);
   const model::ParamLayout layout(c);

@@ -6,16 +6,20 @@
 // (balance loss, drops) must be the reference's.
 //   dropless: dp 2 at ZeRO 0, 1, 3; tp 2 (experts split like the MLP), with sp (the routing
 //   sees every row of the gathered sequence); pp 2 (1F1B, GPipe); tp 2 x dp 2; pp 2 x dp 2
-//   x ZeRO 1; full and selective recomputation;
+//   x ZeRO 1; experts whole on each tp rank (--expert-tp 1) at tp 2, tp 2 x dp 2 x ZeRO 3
+//   and pp 2 x tp 2; full and selective recomputation;
 //   capacity factor 1 (assignments dropped, checked), with its own one-rank reference: dp 2,
-//   tp 2 x sp, pp 2;
-//   bf16 against one-rank bf16 (within MixedPrecision's 1e-3 for layouts);
+//   tp 2 x sp (experts split and whole), pp 2;
+//   bf16 against one-rank bf16, experts split and whole (within MixedPrecision's 1e-3 for layouts);
 //   expert parallelism: ep 2 and 4 x dp x ZeRO 0, 1, 3 (ep 2 of dp 4: experts sharded over
-//   their expert-data-parallel pairs), ep x tp x sp, ep x pp, ep with full recomputation,
+//   their expert-data-parallel pairs), ep x tp x sp (experts split and whole), ep 2 of dp 4 x tp 2
+//   with whole experts (gradients summed over tp, then edp), ep x pp, ep with full recomputation,
 //   with capacity drops, in bf16 and fp16, and with aux-loss-free balancing (ep, ep x pp: the
 //   biases move, change the losses, and match); ep x ZeRO-3 with every state in files, bit-identical
 //   to memory; the all-to-all bytes against their formula (and halved per tp rank at
-//   tp 2); a checkpoint written at ep 4 resumed at ep 2 and on one rank.
+//   tp 2, split or whole experts alike), and whole experts' tp traffic: no row exchange, their
+//   gradients' all-reduce instead; a checkpoint written at ep 4 resumed at ep 2 and on one
+//   rank; one with whole experts resumed, and refused with split ones.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,6 +66,10 @@ const std::vector<Cell> kDropless = {
     {"--pp 2 --schedule gpipe", 2, 2, 4},
     {"--tp 2 --dp 2", 4, 4},
     {"--pp 2 --dp 2 --zero 1", 4, 2, 2},
+    // Experts whole on each tp rank, each computing its share of the rows.
+    {"--tp 2 --expert-tp 1", 2},
+    {"--tp 2 --dp 2 --zero 3 --expert-tp 1", 4, 4},
+    {"--pp 2 --tp 2 --expert-tp 1", 4, 2, 4},
     {"--dp 1 --recompute selective", 1},
     {"--dp 1 --recompute full", 1},
 };
@@ -70,6 +78,7 @@ const std::string kBias = " --moe-bias-speed 0.01";
 const std::vector<Cell> kWithDrops = {
     {"--dp 2 --zero 1", 2, 4},
     {"--tp 2 --sp", 2},
+    {"--tp 2 --sp --expert-tp 1", 2},
     {"--pp 2 --schedule 1f1b", 2, 2, 4},
 };
 
@@ -108,6 +117,23 @@ class MoeParallelTest : public MultiRankTest<MoeParallelTest> {
         std::printf("[ moe      ] %-60s loss |diff| <= %.3g, norm rel <= %.3g, weights <= %.3g (99.9%% %.3g)\n",
                     args.c_str(), margins.loss, margins.norm, dw, bulk);
     }
+  }  // Runs the first, checkpointing job of a resume test (ten steps, saving at step 5) and
+  // reads its metrics.
+  void run_saving(const std::string& cmd, int ranks, const std::string& out, Metrics* uninterrupted) {
+    Job first;
+    first.cmd = train(cmd + " --save-every 5 --keep-checkpoints 0 --quiet --out " + out), first.ranks = ranks;
+    run_jobs({&first}, dir_);
+    ASSERT_EQ(first.result.exit_code, 0) << describe(first.result);
+    *uninterrupted = read_metrics(out + "/metrics.jsonl");
+    ASSERT_EQ(uninterrupted->steps.size(), 10u);
+  }
+  // Steps 6-10 of a run resumed from step 5 against the uninterrupted run's.
+  static void expect_resumed_losses(const std::string& dir, const Metrics& uninterrupted) {
+    const Metrics m = read_metrics(dir + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 10u) << dir;
+    for (int s = 6; s <= 10; s++)
+      EXPECT_NEAR(m.steps[s - 1]["loss"].get<double>(), uninterrupted.steps[s - 1]["loss"].get<double>(), kLossTol)
+          << dir << " step " << s;
   }
 };
 using MoeParallel = MoeParallelTest;
@@ -137,7 +163,8 @@ TEST_F(MoeParallel, CapacityDropsMatchOneRank) {
 
 TEST_F(MoeParallel, Bf16LayoutsMatchOneRankBf16) {
   const std::string bf16 = " --precision bf16";
-  const std::vector<Cell> cells = {{"--dp 2 --zero 3", 2, 4}, {"--tp 2 --sp", 2}, {"--pp 2", 2, 2, 4}};
+  const std::vector<Cell> cells = {{"--dp 2 --zero 3", 2, 4}, {"--tp 2 --sp", 2}, {"--tp 2 --sp --expert-tp 1", 2},
+                                   {"--pp 2", 2, 2, 4}};
   std::vector<RunSpec> specs = {{kReference.args(bf16), 1}};
   for (const Cell& c : cells) specs.push_back({c.args(bf16), c.ranks});
   ensure(specs);
@@ -162,6 +189,8 @@ const std::vector<Cell> kExpertParallel = {
     {"--dp 4 --ep 2 --zero 0", 4, 2},
     {"--dp 4 --ep 2 --zero 3", 4, 2},
     {"--tp 2 --sp --dp 2 --ep 2", 4, 4},
+    {"--tp 2 --sp --dp 2 --ep 2 --expert-tp 1", 4, 4},
+    {"--tp 2 --dp 4 --ep 2 --zero 1 --expert-tp 1", 8, 2},
     {"--pp 2 --dp 2 --ep 2 --zero 1", 4, 2, 2},
     {"--dp 2 --ep 2 --recompute full", 2, 4},
 };
@@ -219,14 +248,31 @@ TEST_F(MoeParallel, ExpertParallelLayoutsMatchOneRank) {
 // gradient norm's one double summed over ep. Under tp 2 the same routing sends each tp
 // rank's half of the rows (rank 0: the first floor(n/2) of each block of n).
 TEST_F(MoeParallel, AllToAllBytesEqualTheirFormula) {
-  const Cell c{"--dp 2 --ep 2 --zero 0", 2, 4}, tp{"--tp 2 --sp --dp 2 --ep 2", 4, 4};
-  ensure({{c.args(), 2}, {tp.args(), 4}});
-  const Metrics m = metrics_of(c.args()), halves = metrics_of(tp.args());
+  const Cell c{"--dp 2 --ep 2 --zero 0", 2, 4}, tp{"--tp 2 --sp --dp 2 --ep 2", 4, 4},
+      whole{"--tp 2 --sp --dp 2 --ep 2 --expert-tp 1", 4, 4};
+  ensure({{c.args(), 2}, {tp.args(), 4}, {whole.args(), 4}});
+  const Metrics m = metrics_of(c.args()), halves = metrics_of(tp.args()), whole_experts = metrics_of(whole.args());
   ASSERT_EQ(m.steps.size(), (size_t)kSteps);
   ASSERT_EQ(halves.steps.size(), (size_t)kSteps);
-  const int64_t C = 64, E = 4, ep = 2, moe_layers = 2, micro_batches = 1;
+  ASSERT_EQ(whole_experts.steps.size(), (size_t)kSteps);
+  const int64_t C = 64, E = 4, ep = 2, moe_layers = 2, micro_batches = 1, Fe = 64;
   auto rows = [](const json& s, const char* key) { return s["moe"][key].get<int64_t>(); };
+  auto bytes = [](const json& s, const char* axis) { return s["comm"][axis]["bytes"].get<int64_t>(); };
+  // Whole experts' gradients (w1, w3, w2 of E/ep experts per MoE layer) summed over tp 2:
+  // a ring all-reduce sends 2 (tp - 1) / tp of them, all of them at tp 2.
+  const int64_t expert_grad_bytes = moe_layers * (E / ep) * 3 * C * Fe * 4;
   for (int i = 0; i < kSteps; i++) {
+    // The same shares cross ep whether the experts are split or whole.
+    EXPECT_EQ(bytes(whole_experts.steps[i], "ep"), bytes(halves.steps[i], "ep")) << "step " << i;
+    // Split experts exchange every row they compute on over tp, forward and backward (each
+    // rank its own share out, the others' partial sums back): 2 x C floats per row. Whole
+    // experts skip that, and all-reduce their gradients instead.
+    const int64_t exchanged = bytes(halves.steps[i], "tp") - bytes(whole_experts.steps[i], "tp") + expert_grad_bytes;
+    EXPECT_GT(exchanged, 0) << "step " << i;
+    EXPECT_EQ(exchanged % (2 * C * 4), 0) << "step " << i;
+    // Those rows include both tp ranks' shares of what the other ep rank sent.
+    EXPECT_GE(exchanged / (2 * C * 4), 2 * rows(halves.steps[i], "received_rows") - moe_layers * micro_batches)
+        << "step " << i;
     for (const json& s : {m.steps[i], halves.steps[i]}) {
       const int64_t sent = rows(s, "sent_rows"), received = rows(s, "received_rows");
       EXPECT_GT(sent, 0);
@@ -247,47 +293,55 @@ TEST_F(MoeParallel, AllToAllBytesEqualTheirFormula) {
 // routing biases of aux-loss-free balancing included.
 TEST_F(MoeParallel, CheckpointsLoadAcrossExpertParallelSizes) {
   // With aux-loss-free balancing, whose biases travel in the checkpoint's train_state.
-  const std::string base = " --micro-batch 2 --steps 10 --save-every 5 --keep-checkpoints 0" + kBias;
-  const std::string wide = "--dp 4 --ep 4" + base, narrow = "--dp 2 --ep 2 --micro-batch 4 --steps 10" + kBias,
+  const std::string wide = "--dp 4 --ep 4 --micro-batch 2 --steps 10" + kBias,
+                    narrow = "--dp 2 --ep 2 --micro-batch 4 --steps 10" + kBias,
                     one = "--dp 1 --micro-batch 8 --steps 10" + kBias;
   const std::string full = path("ep4"), to_ep2 = path("ep2"), to_one = path("one");
-  Job first;
-  first.cmd = train(wide + " --quiet --out " + full), first.ranks = 4;
-  run_jobs({&first}, dir_);
-  ASSERT_EQ(first.result.exit_code, 0) << describe(first.result);
-  const Metrics whole = read_metrics(full + "/metrics.jsonl");
-  ASSERT_EQ(whole.steps.size(), 10u);
+  Metrics whole;
+  run_saving(wide, 4, full, &whole);
+  if (HasFatalFailure()) return;
   const json index = json::parse(read_file(step_dir(full, 5) + "/index.json"));
   EXPECT_EQ(index["ep_size"], 4);
   EXPECT_EQ(index["train_state"]["moe_expert_bias"]["0"].size(), 4u) << "layer 0's four experts";
-  for (const std::string& dir : {to_ep2, to_one}) {
-    fs::copy(full, dir, fs::copy_options::recursive);
-    fs::remove_all(step_dir(dir, 10));
-    std::string kept;
-    for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
-      const json j = json::parse(line);
-      if (!j.contains("val_loss") && j["step"] <= 5) kept += line + "\n";
-    }
-    write_file(dir + "/metrics.jsonl", kept);
-  }
+  for (const std::string& dir : {to_ep2, to_one}) copy_interrupted_run(full, dir, 5, 10);
   Job a, b;
   a.cmd = train(narrow + " --quiet --out " + to_ep2 + " --resume"), a.ranks = 2;
   b.cmd = train(one + " --quiet --out " + to_one + " --resume"), b.ranks = 1;
   run_jobs({&a, &b}, dir_);
   for (const Job* j : {&a, &b}) ASSERT_EQ(j->result.exit_code, 0) << describe(j->result);
-  for (const std::string& dir : {to_ep2, to_one}) {
-    const Metrics m = read_metrics(dir + "/metrics.jsonl");
-    ASSERT_EQ(m.steps.size(), 10u) << dir;
-    for (int s = 6; s <= 10; s++)
-      EXPECT_NEAR(m.steps[s - 1]["loss"].get<double>(), whole.steps[s - 1]["loss"].get<double>(), kLossTol)
-          << dir << " step " << s;
-  }
+  for (const std::string& dir : {to_ep2, to_one}) expect_resumed_losses(dir, whole);
 }
 
-// Bad expert-parallel sizes are refused by name on every rank before any step.
+// A checkpoint of whole experts on each tp rank (each tp file holds every expert of its ep
+// rank) resumes at the same layout within the parity tolerance of the uninterrupted run, and
+// is refused by name, on every rank, by a run whose experts are split over tp.
+TEST_F(MoeParallel, WholeExpertCheckpointsResumeAndRefuseSplitOnes) {
+  const std::string layout = "--tp 2 --dp 2 --ep 2 --micro-batch 4 --steps 10";
+  const std::string full = path("whole"), resumed = path("resumed"), split = path("split");
+  Metrics uninterrupted;
+  run_saving(layout + " --expert-tp 1", 4, full, &uninterrupted);
+  if (HasFatalFailure()) return;
+  EXPECT_EQ(json::parse(read_file(step_dir(full, 5) + "/index.json"))["expert_tp"], 1);
+  for (const std::string& dir : {resumed, split}) copy_interrupted_run(full, dir, 5, 10);
+  Job same, changed;
+  same.cmd = train(layout + " --expert-tp 1 --quiet --out " + resumed + " --resume"), same.ranks = 4;
+  changed.cmd = train(layout + " --quiet --out " + split + " --resume"), changed.ranks = 4;
+  run_jobs({&same, &changed}, dir_);
+  ASSERT_EQ(same.result.exit_code, 0) << describe(same.result);
+  expect_resumed_losses(resumed, uninterrupted);
+  EXPECT_NE(changed.result.exit_code, 0);
+  EXPECT_FALSE(has_step_line(changed.result.out)) << describe(changed.result);
+  EXPECT_EQ(count_of(changed.result.err, "was written with --expert-tp 1; resuming it at --expert-tp 2 is not supported"),
+            4u)
+      << describe(changed.result);
+}
+
+// Bad expert-parallel (and expert-tp) sizes are refused by name on every rank before any step.
 TEST_F(MoeParallel, BadExpertParallelSizesAreRefused) {
   expect_all_rejected({{"--dp 2 --ep 4 --micro-batch 4", 2, {"--ep 4 must divide the data-parallel size dp = 2"}},
-                       {"--tp 2 --ep 2 --micro-batch 8", 2, {"--ep 2 must divide the data-parallel size dp = 1"}}},
+                       {"--tp 2 --ep 2 --micro-batch 8", 2, {"--ep 2 must divide the data-parallel size dp = 1"}},
+                       {"--tp 2 --expert-tp 3 --micro-batch 8", 2,
+                        {"--expert-tp must be 1 (each expert whole on every tp rank) or --tp (2, each split over them), got 3"}}},
                       true);
 }
 

@@ -768,14 +768,7 @@ TEST_F(Pipeline, CheckpointsUnderPp) {
   std::vector<Resume> resumes = {{2, path("pp2"), {}}, {1, path("pp1"), {}}, {4, path("pp4"), {}}};
   std::vector<Job*> jobs;
   for (Resume& r : resumes) {
-    fs::copy(full, r.dir, fs::copy_options::recursive);
-    fs::remove_all(step_dir(r.dir, 6));
-    std::string kept;
-    for (const auto& line : lines_of(read_file(r.dir + "/metrics.jsonl"))) {
-      json j = json::parse(line);
-      if (!j.contains("val_loss") && j["step"] <= 3) kept += line + "\n";
-    }
-    write_file(r.dir + "/metrics.jsonl", kept);
+    copy_interrupted_run(full, r.dir, 3, 6);
     std::string flags = kCheckpointRun;
     flags.replace(flags.find("--pp 2"), 6, "--pp " + std::to_string(r.pp));
     r.job.cmd = train(flags + " --out " + r.dir + " --resume");

@@ -112,7 +112,9 @@ TEST(PlannerMemory, EngineBuffersFollowTheAccounting) {
 
 // Mixture of Experts at ep 2 of dp 4 (ep rank 1): a rank holds its dense parameters plus
 // E/ep of the experts, and the tracker's state bytes equal the accounting to the byte with
-// the dense units sharded over dp and the experts over their expert-data-parallel pair.
+// the dense units sharded over dp and the experts over their expert-data-parallel pair. The
+// same at tp 2 (tp rank 1) with the experts whole on each tp rank (--expert-tp 1): each
+// expert unit is the whole expert, sharded over edp only, while the dense units are halves.
 TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
   model::GptConfig c;
   c.layers = 2, c.heads = 4, c.dim = 64, c.max_seq_len = 32, c.vocab = 1000;
@@ -120,21 +122,32 @@ TEST(PlannerMemory, AnExpertParallelRankHoldsItsShareOfTheExperts) {
   c.kv_heads = 2, c.moe.experts = 4, c.moe.top_k = 2, c.moe.every = 2, c.moe.expert_ffn = 48;
   const int ep = 2, n = 4;
   const int64_t expert = 3LL * c.dim * c.moe.expert_ffn;  // w1, w3, w2
-  comm::ShapeOnlyGroup dp_group(n, n - 1, "dp"), edp(n / ep, 1, "edp"), ep_group(ep, 1, "ep");
+  comm::ShapeOnlyGroup dp_group(n, n - 1, "dp"), edp(n / ep, 1, "edp"), ep_group(ep, 1, "ep"), tp_group(2, 1, "tp");
   using kernels::Precision;
+  for (bool whole : {false, true})
   for (Precision storage : {Precision::kFp32, Precision::kBf16})
     for (int zero = 0; zero <= 3; zero++) {
-      SCOPED_TRACE(testing::Message() << kernels::precision_name(storage) << " zero " << zero);
-      model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, nullptr, false, {}, &ep_group);
+      SCOPED_TRACE(testing::Message() << kernels::precision_name(storage) << " zero " << zero << (whole ? " tp 2, whole experts" : ""));
+      comm::Group* tp = whole ? &tp_group : nullptr;
+      const model::ExpertTp etp = whole ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
+      model::Gpt full(c, model::Gpt::LocalState::kParamsOnly, tp, false, {}, &ep_group, etp);
       full.init_weights(1);
+      const model::ParamLayout tp_slice(c, whole ? 2 : 1, whole ? 1 : 0);
       EXPECT_EQ((int64_t)full.layout().total(),
-                (int64_t)model::ParamLayout(c).total() - (int64_t)c.moe_layers() * (c.moe.experts - c.moe.experts / ep) * expert)
-          << "the whole model (its padded vocabulary) less the other rank's experts";
+                (int64_t)tp_slice.total() + (whole ? (int64_t)c.moe_layers() * c.moe.experts * expert / 2 : 0) -
+                    (int64_t)c.moe_layers() * (c.moe.experts - c.moe.experts / ep) * expert)
+          << "the rank's slice (its padded vocabulary) with whole experts, less the other ep rank's";
+      for (const auto& u : full.layout().units()) {
+        if (u.expert >= 0) {
+          EXPECT_EQ((int64_t)u.numel, expert) << "expert " << u.expert << " whole";
+        }
+      }
       const MemStats before = MemoryTracker::instance().stats();
       {
-        model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), nullptr, false, {}, &ep_group);
+        model::Gpt gpt(c, parallel::model_state_for_stage(zero, storage), tp, false, {}, &ep_group, etp);
         parallel::DpConfig cfg{zero, 25, true, storage};
         parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &edp, {}, &ep_group};
+        if (whole) experts.replicas = &tp_group;
         for (int u = 0; u < gpt.layout().num_units(); u++)
           (gpt.layout().units()[u].expert >= 0 ? experts : dense).units.push_back(u);
         cfg.groups = {dense, experts};

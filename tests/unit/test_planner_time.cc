@@ -536,6 +536,36 @@ TEST(PlannerTimeMoe, MixtralCountsAndExpertParallelDirections) {
   EXPECT_FALSE(predict(m, l, h100, &skewed).is_ok()) << "ep must divide dp and the experts";
 }
 
+// Whole experts on each tp rank (--expert-tp 1) against split ones, Mixtral at tp 2 x dp 8
+// x ep 8: each GPU holds its expert whole (the other half of its weights in 16-bit params,
+// ZeRO-1 leaves them unsharded), the dispatch loses its tp gather and sum, and the experts'
+// gradients are all-reduced over tp instead.
+TEST(PlannerTimeMoe, WholeExpertsTradeTpExchangeForMemory) {
+  model::GptConfig c;
+  int seq = 0;
+  ASSERT_TRUE(planning_config("mixtral-8x7b", &c, &seq).is_ok());
+  const ModelShape m = model_shape(c, seq);
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  Layout l;
+  l.tp = 2, l.dp = 8, l.ep = 8, l.micro_batch = 1, l.global_batch = 64, l.zero = 1;
+  Prediction split, whole;
+  ASSERT_TRUE(predict(m, l, h100, &split).is_ok());
+  l.expert_tp = model::ExpertTp::kReplicated;
+  ASSERT_TRUE(predict(m, l, h100, &whole).is_ok());
+  const double half_expert = 3.0 * c.dim * c.expert_ffn() / 2;  // w1, w3, w2 over tp 2
+  EXPECT_NEAR(whole.memory.params - split.memory.params, c.layers * half_expert * 2, 1e-6 * whole.memory.params);
+  EXPECT_LT(whole.ep.total(), split.ep.total()) << "no tp exchange of the dispatched rows";
+  EXPECT_GT(whole.tp.exposed, split.tp.exposed) << "the experts' gradient all-reduce over tp";
+  l.tp = 1;  // one tp rank: whole and split are the same layout
+  Prediction a, b;
+  ASSERT_TRUE(predict(m, l, h100, &a).is_ok());
+  l.expert_tp = model::ExpertTp::kSplit;
+  ASSERT_TRUE(predict(m, l, h100, &b).is_ok());
+  EXPECT_DOUBLE_EQ(a.step_s, b.step_s);
+  EXPECT_DOUBLE_EQ(a.memory.total(), b.memory.total());
+}
+
 // The time model against published MoE training throughputs (published_runs.h): Grok-1's
 // experts at ep 2 inside a node and ep 4 and 8 across nodes, within 20% of the tokens/s,
 // each layout fitting in 80 GB as it did.

@@ -521,14 +521,7 @@ TEST_F(TensorParallel, CheckpointsUnderTp) {
 
   // Two copies interrupted after step 5's checkpoint.
   for (const std::string& dir : {same, other}) {
-    fs::copy(full, dir, fs::copy_options::recursive);
-    fs::remove_all(step_dir(dir, 10));
-    std::string kept;
-    for (const auto& line : lines_of(read_file(dir + "/metrics.jsonl"))) {
-      json j = json::parse(line);
-      if (!j.contains("val_loss") && j["step"] <= 5) kept += line + "\n";
-    }
-    write_file(dir + "/metrics.jsonl", kept);
+    copy_interrupted_run(full, dir, 5, 10);
   }
   Job resumed_same, resumed_tp1;
   resumed_same.cmd = train(flags + " --out " + same + " --resume");

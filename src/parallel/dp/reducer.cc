@@ -20,8 +20,10 @@ void FullGradient::write(size_t offset, size_t n, const float* values) const {
 // ---------------------------------------------------------------- buckets
 
 BucketAllReduce::BucketAllReduce(comm::Group& group, const model::ParamLayout& layout, const std::vector<int>& units,
-                                 double bucket_mb, bool overlap, FullGradient grads, BufferPool<float>& pool)
-    : group_(group), overlap_(overlap), grads_(grads), pool_(pool) {
+                                 double bucket_mb, bool overlap, FullGradient grads, BufferPool<float>& pool,
+                                 comm::Group* replicas)
+    : group_(group), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), overlap_(overlap),
+      grads_(grads), pool_(pool) {
   CHECK_MSG(grads.fp32 || grads.half, "a bucketed all-reduce needs the full gradient");
   // Backward finishes units in descending index order (final norm, blocks L-1..0,
   // embeddings), and consecutive units in that order are adjacent in memory.
@@ -75,7 +77,8 @@ void BucketAllReduce::start(size_t b) {
   InFlight& s = state_[b];
   const size_t n = bk.end - bk.begin;
   s.started = true;
-  if (group_.size() == 1) return;  // one rank: the gradient is already the sum (16-bit: no round trip)
+  // One rank and no replicas: the gradient is already the sum (16-bit: no round trip).
+  if (group_.size() == 1 && !replicas_) return;
   float* data = grads_.fp32 ? grads_.fp32 + bk.begin : nullptr;
   if (grads_.is_half()) {
     // One fp32 copy in flight: finish the earlier buckets (their reductions ran during the
@@ -86,15 +89,19 @@ void BucketAllReduce::start(size_t b) {
     grads_.read(bk.begin, n, s.staging.data());
     data = s.staging.data();
   }
-  s.request = group_.iall_reduce(data, n, comm::ReduceOp::kSum);
-  if (!overlap_) complete(b);
+  // The replicas' parts first, blocking: every replica reaches this bucket at the same point
+  // of the same backward, so their group's collectives stay in one order.
+  if (replicas_) replicas_->all_reduce(data, n, comm::ReduceOp::kSum);
+  if (group_.size() > 1) s.request = group_.iall_reduce(data, n, comm::ReduceOp::kSum);
+  if (!overlap_ || !s.request) complete(b);
 }
 
 void BucketAllReduce::complete(size_t b) {
   InFlight& s = state_[b];
-  if (!s.request) return;
-  s.request->wait();
-  s.request.reset();
+  if (s.request) {
+    s.request->wait();
+    s.request.reset();
+  }
   if (s.staging.empty()) return;
   grads_.write(buckets_[b].begin, buckets_[b].end - buckets_[b].begin, s.staging.data());
   pool_.give(std::move(s.staging));
@@ -103,8 +110,8 @@ void BucketAllReduce::complete(size_t b) {
 // ---------------------------------------------------------------- reduce-scatter
 
 ShardReduceScatter::ShardReduceScatter(comm::Group& group, const ShardLayout& shards, int in_flight, bool overlap,
-                                       BufferPool<float>& pool, Sink sink)
-    : group_(group), shards_(shards), in_flight_(in_flight), overlap_(overlap), pool_(pool), sink_(std::move(sink)) {}
+                                       BufferPool<float>& pool, Sink sink, comm::Group* replicas)
+    : group_(group), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), shards_(shards), in_flight_(in_flight), overlap_(overlap), pool_(pool), sink_(std::move(sink)) {}
 
 Buffer<float> ShardReduceScatter::staging(int u) {
   return pool_.take(MemCategory::kComm, shards_.units()[u].padded, true);
@@ -118,6 +125,7 @@ void ShardReduceScatter::start(int u, Buffer<float>&& padded) {
   p.unit = u;
   p.send = std::move(padded);
   p.recv = pool_.take(MemCategory::kComm, s.shard, false);
+  if (replicas_) replicas_->all_reduce(p.send.data(), s.padded, comm::ReduceOp::kSum);  // as BucketAllReduce
   p.request = group_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
   pending_.push_back(std::move(p));
   // The older reductions retire now (theirs had this unit's backward to finish), so

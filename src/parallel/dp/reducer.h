@@ -35,9 +35,11 @@ class BucketAllReduce {
  public:
   // Buckets over `units` (the group's, ascending) of at least bucket_mb MiB, each a run of
   // units adjacent in the flat layout (a run's last bucket may be smaller). Without
-  // `overlap` no bucket starts before finish().
+  // `overlap` no bucket starts before finish(). `replicas`: ranks holding the same units
+  // with a part of their gradient each (experts replicated over tp), summed first (null: none).
   BucketAllReduce(comm::Group& group, const model::ParamLayout& layout, const std::vector<int>& units,
-                  double bucket_mb, bool overlap, FullGradient grads, BufferPool<float>& pool);
+                  double bucket_mb, bool overlap, FullGradient grads, BufferPool<float>& pool,
+                  comm::Group* replicas = nullptr);
   ~BucketAllReduce();  // waits for the buckets in flight (starts none)
 
   struct Bucket {
@@ -63,6 +65,7 @@ class BucketAllReduce {
   void complete(size_t b);
 
   comm::Group& group_;
+  comm::Group* replicas_;
   bool overlap_;
   FullGradient grads_;
   BufferPool<float>& pool_;
@@ -79,8 +82,9 @@ class ShardReduceScatter {
   using Sink = std::function<void(int u, const float* reduced)>;
   // `in_flight`: reductions left running after start() (the older ones retire first);
   // 0: no limit, every one retires in wait_all(). Without `overlap` each retires at once.
+  // `replicas`: as BucketAllReduce's, their sum taken before the reduce-scatter.
   ShardReduceScatter(comm::Group& group, const ShardLayout& shards, int in_flight, bool overlap,
-                     BufferPool<float>& pool, Sink sink);
+                     BufferPool<float>& pool, Sink sink, comm::Group* replicas = nullptr);
   ~ShardReduceScatter() { wait_all(); }
 
   // A zeroed buffer for unit u's whole gradient, padded (ShardLayout::padded).
@@ -101,6 +105,7 @@ class ShardReduceScatter {
   void retire(Pending& p);
 
   comm::Group& group_;
+  comm::Group* replicas_;
   const ShardLayout& shards_;
   int in_flight_;
   bool overlap_;
