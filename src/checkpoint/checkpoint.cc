@@ -13,7 +13,7 @@
 #include <tuple>
 #include <vector>
 
-#include "checkpoint/shard_reader.h"
+#include "checkpoint/tp_reslice.h"
 #include "core/check.h"
 #include "core/file_io.h"
 #include "core/memory.h"
@@ -279,18 +279,10 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   if (!model::same_model(saved, c))
     return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
                          ", but this run's model is " + model_json(c).dump());
-  const int saved_tp = index.tp_size;
-  if (saved_tp != layout.tp())
-    return Status::error(dir + " was written with --tp " + std::to_string(saved_tp) +
-                         "; resuming it at --tp " + std::to_string(layout.tp()) +
-                         " is not supported (export it and use --init-from to change tp)");
-  if (index.expert_layout() != (layout.experts_replicated() ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit))
-    return Status::error(dir + " was written with --expert-tp " + std::to_string(index.expert_tp) +
-                         "; resuming it at --expert-tp " + std::to_string(layout.experts_replicated() ? 1 : layout.tp()) +
-                         " is not supported (export it and use --init-from to change how experts sit on tp)");
-  // The index's unit table matches this model (parse_checkpoint_index compared it).
+  // The index's unit table matches this model (parse_checkpoint_index compared it); a
+  // checkpoint of another tp size or expert layout is re-sliced unit by unit.
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
-  ShardReader reader(dir, index, whole, layout.tp_rank());
+  TpResliceReader reader(dir, index, config, whole);
   Buffer<float> piece;  // sections filled through state.write
   for (int kind = 0; kind < kKinds; kind++) {
     float* base = section_base(state, kind);
@@ -321,25 +313,9 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
 Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step) {
   CheckpointIndex index;
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
-  const int tp = index.tp_size;
-  if (tp == 1) {
-    parallel::ShardLayout whole(gpt->layout(), 1, 0);
-    RankState st{gpt->params(), true, m, v, true, {}, {}};
-    return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
-  }
-  if (m || v) return Status::error(dir + ": optimizer state of a --tp > 1 checkpoint loads only at the same tp");
-  // Reassemble the whole model from each tensor-parallel slice.
-  for (int r = 0; r < tp; r++) {
-    model::ParamLayout slice(gpt->config(), tp, r, {}, 1, 0, index.expert_layout());
-    std::vector<float> local(slice.total());
-    parallel::ShardLayout shards(slice, 1, 0);
-    RankState st{local.data(), true, nullptr, nullptr, true, {}, {}};
-    RETURN_IF_ERROR(load_checkpoint(dir, slice, gpt->config(), shards, st, step));
-    for (size_t i = 0; i < slice.tensors().size(); i++)
-      model::local_to_global(slice.tensors()[i], tp, r, local.data() + slice.tensors()[i].offset,
-                             gpt->params() + gpt->layout().tensors()[i].offset);
-  }
-  return Status::ok();
+  parallel::ShardLayout whole(gpt->layout(), 1, 0);
+  RankState st{gpt->params(), true, m, v, true, {}, {}};
+  return load_checkpoint(dir, gpt->layout(), gpt->config(), whole, st, step);
 }
 
 }  // namespace meshtrain::checkpoint

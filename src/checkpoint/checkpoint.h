@@ -16,7 +16,8 @@
 // folder into place, so a crash never leaves a partial step_* folder. Because the index
 // records global offsets, a checkpoint written by N ranks at any ZeRO stage and pipeline
 // split loads into any other N, stage and split: a reader asks for ranges of units and gets
-// them from whichever shards hold them.
+// them from whichever shards hold them. A tensor-parallel slice other than the writers' is
+// reassembled from theirs and cut again (tp_reslice.h): any checkpoint resumes on any layout.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -75,14 +76,14 @@ Status checkpoint_model_config(const nlohmann::json& index, model::GptConfig* co
 
 // Fills `state` for a rank whose shards are `shards` (full parts get every element),
 // after verifying the model shape and the checksums of the shard files it reads. Any
-// data-parallel size, ZeRO stage and pipeline split; the tensor-parallel size must be the
-// writer's.
+// data-parallel size, ZeRO stage, pipeline split, expert-parallel size, tensor-parallel
+// size and expert-tp: a tp slice other than the writers' is re-sliced (tp_reslice.h).
 Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, int64_t* step);
 
 // Single-process convenience: the whole model's weights (reassembled from every tp slice)
-// into a tp = 1 model; moments (when m and v are given) only from tp = 1 checkpoints.
+// into a tp = 1 model, and its Adam moments when m and v are given.
 Status load_checkpoint(const std::string& dir, model::Gpt* gpt, float* m, float* v, int64_t* step);
 
 }  // namespace meshtrain::checkpoint

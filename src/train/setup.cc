@@ -214,6 +214,18 @@ json expert_bias_json(Run& run) {
   return layers;
 }
 
+// The layout a checkpoint was written at, as the resume line names it ("tp 2, pp 2, dp 2";
+// with experts "ep 2" and, when whole on each tp rank, "expert-tp 1").
+std::string writers_layout(const std::string& dir) {
+  checkpoint::CheckpointIndex index;
+  if (!checkpoint::read_checkpoint_index(dir, &index).is_ok()) return "";
+  std::string out = "tp " + std::to_string(index.tp_size) + ", pp " + std::to_string(index.pp_size) + ", dp " +
+                    std::to_string(index.dp_size);
+  if (index.ep_size > 1) out += ", ep " + std::to_string(index.ep_size);
+  if (index.expert_layout() == model::ExpertTp::kReplicated) out += ", expert-tp 1";
+  return out;
+}
+
 // A checkpoint without biases (saved with balancing off) starts them at zero.
 Status restore_expert_bias(const std::string& dir, Run* run) {
   json index;
@@ -398,6 +410,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   if (run->config.is_moe()) RETURN_IF_ERROR(restore_expert_bias(resume_dir, run));
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), rank_state(*run), &run->start_step));
+  run->resumed_layout = writers_layout(resume_dir);
   if (run->dp->half_storage()) run->dp->params_from_master();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +

@@ -120,7 +120,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                 run.peak_gflops);
     std::printf("machine: %s | %s | oneDNN ISA %s | %s\n", cpu_info().model.c_str(), cpu_info().flags().c_str(),
                 kernels::onednn_isa_name(), machine::mfu_basis(run.precision).c_str());
-    if (run.start_step > 0) std::printf("resumed at step %lld\n", (long long)run.start_step);
+    if (run.start_step > 0)
+      std::printf("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where it differs)\n",
+                  (long long)run.start_step, run.resumed_layout.c_str());
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
     const optim::ShardStore& store = run.dp->adamw().store();
     std::string in_files;

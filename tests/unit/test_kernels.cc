@@ -843,7 +843,9 @@ TEST(Fp16, PortableConversionsEqualF16c) {
 #if defined(__F16C__)
     ASSERT_EQ(std::bit_cast<uint32_t>(v), std::bit_cast<uint32_t>(hardware_fp16_value((uint16_t)h))) << h;
 #endif
-    if (!std::isnan(v)) ASSERT_EQ(fp16_bits_portable(v), (uint16_t)h) << "round trip of " << h;
+    if (!std::isnan(v)) {
+      ASSERT_EQ(fp16_bits_portable(v), (uint16_t)h) << "round trip of " << h;
+    }
   }
   std::mt19937 rng(61);
   std::vector<float> x;

@@ -171,15 +171,18 @@ TEST_P(TorchParity, StepZeroAndTenAdamWSteps) {
     gpt.forward(inputs.data(), targets.data(), sh.B, sh.T);
     gpt.backward(1.0f / (sh.G() * sh.T));
   }
-  if (pc.moe.capacity_factor > 0) EXPECT_GT(gpt.moe_stats()[0].dropped, 0) << "the capacity case must drop";
+  if (pc.moe.capacity_factor > 0) {
+    EXPECT_GT(gpt.moe_stats()[0].dropped, 0) << "the capacity case must drop";
+  }
   for (const auto& t : gpt.layout().tensors()) {
     auto g = read_in_engine_layout(ref, "grad." + t.name, t, V);
     EXPECT_LT(rel_error(gpt.grads() + t.offset, g), 1e-4) << "gradient of " << t.name;
   }
   // Padded vocabulary rows never receive gradient.
-  for (const auto& t : gpt.layout().tensors())
-    if (t.vocabulary_rows())
-      for (size_t i = (size_t)V * pc.config.dim; i < t.numel; i++) ASSERT_EQ(gpt.grads()[t.offset + i], 0.0f) << t.name;
+  for (const auto& t : gpt.layout().tensors()) {
+    if (!t.vocabulary_rows()) continue;
+    for (size_t i = (size_t)V * pc.config.dim; i < t.numel; i++) ASSERT_EQ(gpt.grads()[t.offset + i], 0.0f) << t.name;
+  }
 
   // Ten AdamW steps from the same initial weights.
   model::Gpt fresh(pc.config);

@@ -188,7 +188,9 @@ Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir,
     const bool files = where == Where::kFiles || where == Where::kAllFiles;
     config.files = {dir, r, files, files, true, read_ahead};
     parallel::DataParallel dp(gpt, *g, config, adamw(), full.params());
-    if (where == Where::kAllFiles) ASSERT_TRUE(dp.adamw().offload(dir, r, 3000, true).is_ok());
+    if (where == Where::kAllFiles) {
+      ASSERT_TRUE(dp.adamw().offload(dir, r, 3000, true).is_ok());
+    }
     std::unique_ptr<optim::DynamicLossScaler> scaler;
     if (storage == kernels::Precision::kFp16) scaler = std::make_unique<optim::DynamicLossScaler>(optim::LossScaleConfig{});
     for (int k = 0; k < kSteps; k++) {
