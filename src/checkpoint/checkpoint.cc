@@ -125,6 +125,15 @@ json units_json(const WriterLayout& shards) {
   return out;
 }
 
+// A failed save's error: what failed, and which checkpoint a --resume would now use.
+Status not_saved(int64_t step, const std::string& out_dir, const Status& why) {
+  std::string newest;
+  const Status found = find_latest_checkpoint(out_dir, &newest);
+  return Status::error("checkpoint of step " + std::to_string(step) + " not saved: " + why.message() +
+                       (found.is_ok() ? "; the newest complete checkpoint, " + newest + ", is intact"
+                                      : "; there is no earlier checkpoint"));
+}
+
 }  // namespace
 
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
@@ -160,7 +169,12 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
   double failed = written.is_ok() ? 0.0 : 1.0;
   dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
-  if (failed > 0) return written.is_ok() ? Status::error("checkpoint write failed on another rank") : written;
+  if (failed > 0) {
+    // The staged folder goes (a full disk gets its space back); the newest complete
+    // checkpoint was never touched.
+    if (dp.rank() == 0) fs::remove_all(tmp_dir, ec);
+    return not_saved(step, out_dir, written.is_ok() ? Status::error("the write failed on another rank") : written);
+  }
   const auto info = exchange_file_info(dp, bytes, checksum);
 
   Status result;
@@ -211,8 +225,9 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   }
   double failed_index = result.is_ok() ? 0.0 : 1.0;
   dp.all_reduce_f64(&failed_index, 1, comm::ReduceOp::kSum);
-  if (failed_index > 0 && result.is_ok()) return Status::error("rank 0 could not finish the checkpoint");
-  return result;
+  if (failed_index == 0) return Status::ok();
+  if (dp.rank() == 0) fs::remove_all(tmp_dir, ec);
+  return not_saved(step, out_dir, result.is_ok() ? Status::error("rank 0 could not finish the index") : result);
 }
 
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir) {

@@ -26,6 +26,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "cli_test_util.h"
+#include "multirank_test_util.h"
 #include "data/token_file.h"
 
 namespace meshtrain::test_cli {
@@ -225,6 +226,57 @@ TEST_F(Cli, ResumeIsBitwiseExact) {
     EXPECT_FALSE(fa.empty());
     EXPECT_TRUE(fa == fb) << file << " differs after resume";
   }
+}
+
+// A checkpoint resumes at another precision: its parameters are the fp32 master weights and
+// its moments fp32, so an fp32 run continues in bf16 or fp16 (a fresh loss scaler), and a
+// bf16 run in fp32. Steps 5-8 stay within the bf16 tracking tolerance of the fp32 run
+// (0.006, test_precision.cc's Bf16TracksFp32).
+TEST_F(Cli, ResumeAtAnotherPrecision) {
+  const std::string flags = kTiny + " --steps 8 --save-every 4 --keep-checkpoints 0 --quiet";
+  ASSERT_EQ(run(train(flags + " --out " + path("fp32"))).exit_code, 0);
+  ASSERT_EQ(run(train(flags + " --precision bf16 --out " + path("bf16"))).exit_code, 0);
+  const Metrics reference = read_metrics(path("fp32/metrics.jsonl"));
+  ASSERT_EQ(reference.steps.size(), 8u);
+  for (const auto& [from, to] : {std::pair{"fp32", "bf16"}, {"fp32", "fp16"}, {"bf16", "fp32"}}) {
+    SCOPED_TRACE(std::string(from) + " resumed at " + to);
+    const std::string dir = path(std::string(from) + "_to_" + to);
+    multirank_test::copy_interrupted_run(path(from), dir, 4, 8);
+    RunResult r = run(train(flags + " --precision " + to + " --out " + dir + " --resume"));
+    ASSERT_EQ(r.exit_code, 0) << describe(r);
+    const Metrics m = read_metrics(dir + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 8u);
+    for (int s = 5; s <= 8; s++)
+      EXPECT_NEAR(m.steps[s - 1]["loss"].get<double>(), reference.steps[s - 1]["loss"].get<double>(), 0.006)
+          << "step " << s;
+  }
+}
+
+// The disk filling up during a checkpoint save: the run's folder is on a 60 MiB tmpfs,
+// room for one checkpoint of the tiny model (~39 MB) but not two. The step-4 save fails
+// with the device's error, names the step-2 checkpoint as intact and frees its staged
+// folder; a --resume continues from step 2. Needs root (mount); skipped without it.
+TEST_F(Cli, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
+  const std::string disk = path("disk");
+  fs::create_directories(disk);
+  if (std::system(("mount -t tmpfs -o size=60m tmpfs " + disk + " 2>/dev/null").c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (not root?)";
+  struct Unmount {
+    std::string dir;
+    ~Unmount() { (void)std::system(("umount " + dir).c_str()); }
+  } unmount{disk};
+  const std::string flags = kTiny + " --save-every 2 --keep-checkpoints 1 --out " + disk + "/run";
+  const std::string intact = "the newest complete checkpoint, " + disk + "/run/checkpoints/step_00000002, is intact";
+  RunResult r = run(train(flags + " --steps 4 --quiet"));
+  expect_failure(r, {"checkpoint of step 4 not saved", "No space left on device", intact});
+  EXPECT_FALSE(fs::exists(disk + "/run/checkpoints/step_00000004.tmp")) << "the staged folder is removed";
+  // The disk is still too full for a second checkpoint: the resumed run trains step 3, and
+  // its final save fails the same way.
+  RunResult resumed = run(train(flags + " --steps 3 --resume"));
+  EXPECT_NE(resumed.out.find("resumed at step 2"), std::string::npos) << describe(resumed);
+  EXPECT_NE(resumed.out.find("step     3/3"), std::string::npos) << describe(resumed);
+  EXPECT_NE(resumed.err.find("checkpoint of step 3 not saved"), std::string::npos) << describe(resumed);
+  EXPECT_NE(resumed.err.find(intact), std::string::npos) << describe(resumed);
 }
 
 TEST_F(Cli, ResumeRejectsAnotherShapeAndAFinishedRun) {
