@@ -150,6 +150,15 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--debug-stall-rank", o->debug_stall_rank,
                   "Testing: this rank stops participating at --debug-stall-step");
   cmd->add_option("--debug-stall-step", o->debug_stall_step, "Testing: see --debug-stall-rank");
+  cmd->add_option("--on-nonfinite", o->on_nonfinite,
+                  "A step whose loss or gradient is not finite (fp32, bf16): stop before the update, naming "
+                  "the step and the units, or skip it (fp16 overflow: the loss scaler skips)")
+      ->check(CLI::IsMember({"stop", "skip"}))
+      ->capture_default_str();
+  cmd->add_option("--debug-nonfinite-step", o->debug_nonfinite_step,
+                  "Testing: a NaN in the gradient of --debug-nonfinite-unit at this step");
+  cmd->add_option("--debug-nonfinite-unit", o->debug_nonfinite_unit,
+                  "Testing: see --debug-nonfinite-step (a whole-model unit: 0 embeddings, then the blocks)");
   cmd->add_flag("--quiet", o->quiet, "No console output except errors");
   cmd->add_option("--plan", o->plan,
                   "auto: the planner chooses tp, pp, dp, zero, micro-batch, schedule, sp and recompute "
@@ -175,7 +184,8 @@ Command add_train_command(CLI::App& app) {
               if (ranks > 1) return relaunch_under_mpirun(ranks, o->threads);
             }
             o->resolved_config_toml = resolved_config_toml(
-                cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step"});
+                cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step", "debug-nonfinite-step",
+                      "debug-nonfinite-unit"});
             auto world = comm::init_world(nullptr, nullptr);
             Status s = Status::ok();
             if (!o->plan.empty()) {

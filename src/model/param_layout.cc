@@ -160,6 +160,18 @@ int moe_unit_id(const GptConfig& c, int l, int e) {
   return block_unit_id(c, l) + 1 + e;
 }
 
+std::string unit_name(const GptConfig& c, int id) {
+  if (id == 0) return "embeddings";
+  if (id == final_unit_id(c)) return c.tied_head ? "final norm" : "final norm and head";
+  for (int l = 0; l < c.layers; l++) {
+    const int block = block_unit_id(c, l);
+    if (id == block) return "block " + std::to_string(l);
+    if (c.is_moe_layer(l) && id > block && id <= block + c.moe.experts)
+      return "block " + std::to_string(l) + " expert " + std::to_string(id - block - 1);
+  }
+  return "unit " + std::to_string(id);
+}
+
 int final_unit_id(const GptConfig& c) { return 1 + c.layers + c.moe_layers() * (c.is_moe() ? c.moe.experts : 0); }
 
 // The tensors added since `first_tensor` form the next unit (contiguous by construction).

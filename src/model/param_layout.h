@@ -200,6 +200,8 @@ class ParamLayout {
 int block_unit_id(const GptConfig& c, int l);
 int moe_unit_id(const GptConfig& c, int l, int e);
 int final_unit_id(const GptConfig& c);
+// A unit's name for reports: "embeddings", "block 3", "block 0 expert 5", "final norm".
+std::string unit_name(const GptConfig& c, int id);
 
 // Copies between a whole tensor (global layout) and tensor-parallel rank r's part of it.
 void global_to_local(const ParamTensor& t, int tp, int tp_rank, const float* global, float* local);

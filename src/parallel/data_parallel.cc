@@ -1,6 +1,7 @@
 #include "parallel/data_parallel.h"
 
 #include <cmath>
+#include <limits>
 #include <cstring>
 #include <map>
 
@@ -347,6 +348,32 @@ double DataParallel::grad_norm() {
   if (tp_) tp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
   if (pp_) pp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
   return std::sqrt(total);
+}
+
+std::vector<double> DataParallel::nonfinite_units(int units) {
+  std::vector<double> flags(units, 0.0);
+  const auto& segments = adamw_->segments();
+  for (size_t i = 0; i < segments.size(); i++) {
+    const optim::AdamSegment& s = segments[i];
+    // A segment's sum of squares in double is finite exactly when its elements are.
+    const double squares = grads_in_file() ? files_->squares(i)
+                           : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
+                                          : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
+    if (!std::isfinite(squares)) flags[layout_.units()[s.unit].id] = 1.0;
+  }
+  return flags;
+}
+
+void DataParallel::poison_gradient(int id) {
+  if (grads_in_file()) return;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const optim::AdamSegment& s : adamw_->segments()) {
+    if (layout_.units()[s.unit].id != id || s.count == 0) continue;
+    if (half_)
+      kernels::to_half(config_.storage, &nan, half_grads() + s.grad_offset, 1);
+    else
+      reduced_fp32()[s.grad_offset] = nan;
+  }
 }
 
 void DataParallel::clip(double norm, float max_norm, double loss_scale) {

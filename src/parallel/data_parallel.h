@@ -188,6 +188,12 @@ class DataParallel : public model::ParamStore, public GradSync {
   // Global L2 norm of the reduced gradient over dp and tp, tp-replicated parameters
   // counted once.
   double grad_norm();
+  // For reports of a non-finite step (--on-nonfinite): per whole-model unit id (`units`
+  // entries), 1 when this rank's reduced gradient of it holds a NaN or an infinity.
+  std::vector<double> nonfinite_units(int units);
+  // Testing (--debug-nonfinite-step): a NaN in each of this rank's reduced gradient
+  // segments of whole-model unit `id` (none when the gradients are in files).
+  void poison_gradient(int id);
   // Clips on the global norm; with a loss scale S (norm then of the scaled gradients) the
   // gradients are also divided by S.
   void clip(double norm, float max_norm, double loss_scale = 1.0);

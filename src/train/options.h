@@ -84,6 +84,13 @@ struct TrainOptions {
   double comm_timeout = 300;  // seconds before a stuck collective aborts the job (0: never)
   // Testing aid: this rank stops participating at this step (watchdog test).
   int debug_stall_rank = -1, debug_stall_step = -1;
+  // A step whose loss or gradient norm is not finite (fp32, bf16; fp16 overflow is the loss
+  // scaler's): "stop" ends the run before the update, naming the step and the units;
+  // "skip" leaves the weights and moments as they were and goes on.
+  std::string on_nonfinite = "stop";
+  // Testing aid: at this step every rank's gradient of whole-model unit debug_nonfinite_unit
+  // gets a NaN (0: never).
+  int debug_nonfinite_step = 0, debug_nonfinite_unit = 1;
   int steps = 20;       // N
   uint64_t seed = 1337;
   int threads = 0;      // 0 = all cores

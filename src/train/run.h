@@ -37,6 +37,7 @@ struct Run {
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
   kernels::Precision precision = kernels::Precision::kFp32;
   std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only
+  NonfinitePolicy nonfinite;                         // without a scaler (train_step)
   std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
   int64_t start_step = 0;
   std::string resumed_layout;  // --resume: the checkpoint writers' layout, e.g. "tp 2, pp 2, dp 2"

@@ -58,6 +58,8 @@ Status check_options(const TrainOptions& o) {
   RETURN_IF_ERROR(positive("--micro-batch", o.micro_batch));
   if (o.grad_accum < 0) return Status::error("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   RETURN_IF_ERROR(positive("--steps", o.steps));
+  if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip")
+    return Status::error("--on-nonfinite must be stop or skip, got '" + o.on_nonfinite + "'");
   RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   if (o.global_batch < 0) return Status::error("--global-batch must be >= 1 (or 0: B*A*dp)");
   if (o.threads < 0) return Status::error("--threads must be >= 0");
@@ -199,6 +201,18 @@ Status restore_scaler(const std::string& dir, optim::DynamicLossScaler* scaler) 
   } catch (const std::exception& e) {
     return Status::error(dir + "/index.json: invalid loss scaler state: " + e.what());
   }
+  return Status::ok();
+}
+
+// Steps --on-nonfinite skip left out (AdamW's t counts the applied ones); none when absent.
+Status restore_nonfinite_skips(const std::string& dir, NonfinitePolicy* policy) {
+  json index;
+  RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
+  const json ts = index.value("train_state", json::object());
+  if (!ts.contains("nonfinite_skipped")) return Status::ok();
+  if (!ts["nonfinite_skipped"].is_number_integer() || ts["nonfinite_skipped"].get<int64_t>() < 0)
+    return Status::error(dir + "/index.json: train_state.nonfinite_skipped must be an integer >= 0");
+  policy->skipped = ts["nonfinite_skipped"].get<int64_t>();
   return Status::ok();
 }
 
@@ -407,6 +421,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(place_state(o, tiers, run));
   if (resume_dir.empty()) return Status::ok();
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
+  RETURN_IF_ERROR(restore_nonfinite_skips(resume_dir, &run->nonfinite));
   if (run->config.is_moe()) RETURN_IF_ERROR(restore_expert_bias(resume_dir, run));
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), rank_state(*run), &run->start_step));
@@ -463,6 +478,11 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
   RETURN_IF_ERROR(model::validate_ep(run->config, run->mesh_shape.ep));
   RETURN_IF_ERROR(check_expert_tp(o, run->config, run->mesh_shape.tp));
+  if (o.debug_nonfinite_step > 0 && (o.debug_nonfinite_unit < 0 || o.debug_nonfinite_unit > model::final_unit_id(run->config)))
+    return Status::error("--debug-nonfinite-unit must be a unit of the model, 0 to " +
+                         std::to_string(model::final_unit_id(run->config)) + ", got " +
+                         std::to_string(o.debug_nonfinite_unit));
+  run->nonfinite = {o.on_nonfinite == "skip", 0, &world, o.debug_nonfinite_step, o.debug_nonfinite_unit};
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
@@ -525,6 +545,7 @@ Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
   json train_state = json::object();
   if (run.scaler) train_state["loss_scaler"] = scaler_json(*run.scaler);
   if (run.gpt->moe_training().bias_speed > 0) train_state["moe_expert_bias"] = expert_bias_json(run);
+  if (run.nonfinite.skipped > 0) train_state["nonfinite_skipped"] = run.nonfinite.skipped;
   return checkpoint::save_checkpoint(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
                                      to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
                                      train_state);

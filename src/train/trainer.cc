@@ -8,6 +8,7 @@
 #include <optional>
 #include <thread>
 
+#include "checkpoint/checkpoint.h"
 #include "core/cpu_info.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
@@ -41,10 +42,36 @@ float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T
   return (float)(sum / n);
 }
 
+namespace {
+
+// What a non-finite step's report says: the loss and norm, and the units whose gradients
+// hold a NaN or an infinity on any rank (one all-reduce over the world).
+std::string describe_nonfinite(const model::GptConfig& c, parallel::DataParallel& dp, comm::Group& world,
+                               float loss, double norm) {
+  const int units = model::final_unit_id(c) + 1;
+  std::vector<double> flags = dp.nonfinite_units(units);
+  world.all_reduce_f64(flags.data(), flags.size(), comm::ReduceOp::kMax);
+  std::vector<std::string> names;
+  for (int u = 0; u < units; u++)
+    if (flags[u] > 0) names.push_back(model::unit_name(c, u));
+  char head[96];
+  std::snprintf(head, sizeof head, "the loss is %g and the gradient norm %g", (double)loss, norm);
+  std::string out = head;
+  if (names.empty()) return out + " (every unit's gradient is finite)";
+  out += "; not finite: the gradient of " + names[0];
+  constexpr size_t kNamed = 4;
+  for (size_t i = 1; i < std::min(names.size(), kNamed); i++) out += ", " + names[i];
+  if (names.size() > kNamed) out += " and " + std::to_string(names.size() - kNamed) + " more units";
+  return out;
+}
+
+}  // namespace
+
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
-                      parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler) {
+                      parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler,
+                      NonfinitePolicy* nonfinite) {
   const int B = shape.B, T = shape.T, G = shape.G();
   const double S = scaler ? scaler->scale() : 1.0;
   const float loss_scale = (float)(S / ((double)G * T));
@@ -81,16 +108,27 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   StepResult r;
   r.loss = (float)(loss_sum / ((double)G * T));
   trace::Tracer::Span span(trace::Lane::kCompute, "optimizer", trace::category::kOptimizer, {{"step", k + 1}});
+  if (nonfinite && k + 1 == nonfinite->debug_step) dp.poison_gradient(nonfinite->debug_unit);
   // The norm is reduced over every axis, so every rank reaches the same overflow verdict.
   const double norm = dp.grad_norm();
   r.grad_norm = norm / S;
   r.loss_scale = S;
   r.lr = optim::learning_rate(cfg, (int)k, total_steps);
-  const int64_t applied = k - (scaler ? scaler->skipped_steps() : 0);  // updates so far
+  const int64_t applied = k - (scaler ? scaler->skipped_steps() : nonfinite ? nonfinite->skipped : 0);  // updates so far
   if (scaler) {
     r.skipped = !std::isfinite(norm);
     r.status = scaler->update(r.skipped);
     if (r.skipped) return r;
+  } else if (nonfinite && !(std::isfinite(norm) && std::isfinite(r.loss))) {
+    r.skipped = true;
+    r.nonfinite = describe_nonfinite(gpt.config(), dp, *nonfinite->world, r.loss, norm);
+    if (!nonfinite->skip) {
+      r.status = Status::error("step " + std::to_string(k + 1) + ": " + r.nonfinite +
+                               "; stopped before the update (--on-nonfinite stop; skip would go on without it)");
+      return r;
+    }
+    nonfinite->skipped++;
+    return r;
   }
   dp.clip(norm, cfg.grad_clip, S);
   dp.optimizer_step(r.lr, (int)applied + 1);
@@ -154,7 +192,11 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       step_span.emplace(trace::Lane::kCompute, "step " + std::to_string(k + 1), trace::category::kStep,
                         json{{"step", k + 1}});
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, shape, k,
-                              o.steps, run.pipeline.get(), run.scaler.get());
+                              o.steps, run.pipeline.get(), run.scaler.get(),
+                              run.scaler ? nullptr : &run.nonfinite);
+    if (std::string newest; !r.status.is_ok() && !r.nonfinite.empty() && !o.out_dir.empty() &&
+                            checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok())
+      return Status::error(r.status.message() + "; the newest checkpoint is " + newest);
     RETURN_IF_ERROR(r.status);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     step_span.reset();
@@ -168,7 +210,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       progress.message("note: this step ran above the cached GEMM peak (measured on a busy machine?); "
                        "the peak was measured again and is now " + std::to_string((int)run.peak_gflops) +
                        " GFLOP/s");
-    if (!std::isfinite(r.loss))
+    if (!r.nonfinite.empty())
+      progress.message("step " + std::to_string(k + 1) + ": " + r.nonfinite + "; skipped (--on-nonfinite skip)");
+    if (!std::isfinite(r.loss) && r.nonfinite.empty())
       return Status::error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(k + 1) +
                            " (diverged; try a lower --lr)");
     res.losses.push_back(r.loss);
@@ -223,6 +267,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (run.scaler)
       record.update({{"loss_scale", r.loss_scale}, {"step_skipped", r.skipped},
                      {"skipped_steps", run.scaler->skipped_steps()}});
+    if (!r.nonfinite.empty())
+      record.update({{"step_skipped", true}, {"skipped_steps", run.nonfinite.skipped}, {"nonfinite", r.nonfinite}});
     metrics.write(record);
     std::string routing;  // the step line's MoE part
     if (moe.contains("moe")) {

@@ -32,8 +32,21 @@ struct StepResult {
   double grad_norm = 0;  // before clipping (of the unscaled gradients); inf/NaN on overflow
   float lr = 0;
   double loss_scale = 1;  // the scale this step's backward used
-  bool skipped = false;   // fp16 overflow: no update
-  Status status;          // the loss scaler gave up (stuck at its floor)
+  bool skipped = false;   // fp16 overflow, or a non-finite step skipped: no update
+  std::string nonfinite;  // a non-finite step: what was not finite and in which units
+  Status status;          // the loss scaler gave up (stuck at its floor), or --on-nonfinite stop
+};
+
+// --on-nonfinite, for runs without a loss scaler (fp32, bf16): a step whose loss or
+// gradient norm is not finite is reported with the units whose gradients are not, then
+// stops the run before the update or is skipped (no update; AdamW's t counts applied
+// steps). Every rank reaches the same verdict (the norm is reduced over every axis).
+struct NonfinitePolicy {
+  bool skip = false;
+  int64_t skipped = 0;     // steps skipped so far (kept in the checkpoint's train_state)
+  comm::Group* world = nullptr;  // locates the units (one all-reduce, on a non-finite step only)
+  int64_t debug_step = 0;  // testing: a NaN in the gradient of unit debug_unit at this step
+  int debug_unit = 1;
 };
 
 // One optimizer step k over the G rows of the global batch: this rank's A micro-batches
@@ -47,7 +60,7 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
                       parallel::pp::PipelineExecutor* pipeline = nullptr,
-                      optim::DynamicLossScaler* scaler = nullptr);
+                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr);
 
 // Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
 // file holds fewer).

@@ -279,6 +279,52 @@ TEST_F(Cli, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
   EXPECT_NE(resumed.err.find(intact), std::string::npos) << describe(resumed);
 }
 
+// --on-nonfinite stop: a NaN put into block 1's gradient at step 3 (--debug-nonfinite-step)
+// stops the run before that step's update, on both ranks of a dp 2 ZeRO-2 job, with a
+// message naming the step, the unit and the newest checkpoint (step 2's, which stays the
+// newest: nothing is saved after the report).
+TEST_F(Cli, NonFiniteGradientStopsNamingStepAndUnit) {
+  const std::string out = path("stop");
+  RunResult r = run(train(kTiny + " --dp 2 --zero 2 --steps 5 --save-every 2 --keep-checkpoints 0 "
+                                  "--debug-nonfinite-step 3 --debug-nonfinite-unit 2 --quiet --out " + out));
+  EXPECT_NE(r.exit_code, 0) << describe(r);
+  for (const std::string& part : std::vector<std::string>{"step 3: the loss is ", "not finite: the gradient of block 1",
+                                 "stopped before the update (--on-nonfinite stop",
+                                 "the newest checkpoint is " + out + "/checkpoints/step_00000002"})
+    EXPECT_EQ(multirank_test::count_of(r.err, part), 2u) << part << " once per rank\n" << describe(r);
+  EXPECT_FALSE(fs::exists(out + "/checkpoints/step_00000003"));
+  EXPECT_EQ(read_metrics(out + "/metrics.jsonl").steps.size(), 2u);
+}
+
+// --on-nonfinite skip: the step is reported (metrics.jsonl "nonfinite", "step_skipped") and
+// leaves the weights and moments alone. Steps 1-3 match the run without a NaN bit for bit
+// (step 3's forward ran before the NaN), step 4 differs (no update at step 3). The skipped
+// count goes into the checkpoint: resumed after step 4, steps 5-6 are bit for bit those of
+// the uninterrupted run (AdamW's t counts the applied steps only).
+TEST_F(Cli, NonFiniteStepsAreSkippedAndResumeExactly) {
+  const std::string flags = kTiny + " --steps 6 --save-every 4 --keep-checkpoints 0 --quiet";
+  const std::string nan = " --on-nonfinite skip --debug-nonfinite-step 3 --debug-nonfinite-unit 1";
+  ASSERT_EQ(run(train(flags + " --out " + path("plain"))).exit_code, 0);
+  RunResult skipped = run(train(flags + nan + " --out " + path("skip")));
+  ASSERT_EQ(skipped.exit_code, 0) << describe(skipped);
+  const Metrics plain = read_metrics(path("plain/metrics.jsonl")), skip = read_metrics(path("skip/metrics.jsonl"));
+  ASSERT_EQ(skip.steps.size(), 6u);
+  for (int s = 1; s <= 3; s++) EXPECT_EQ(skip.steps[s - 1]["loss"], plain.steps[s - 1]["loss"]) << "step " << s;
+  EXPECT_NE(skip.steps[3]["loss"], plain.steps[3]["loss"]) << "step 3's update was applied";
+  EXPECT_EQ(skip.steps[2]["step_skipped"], true);
+  EXPECT_NE(skip.steps[2]["nonfinite"].get<std::string>().find("the gradient of block 0"), std::string::npos)
+      << skip.steps[2].dump();
+  EXPECT_FALSE(skip.steps[3].contains("nonfinite"));
+  EXPECT_EQ(json::parse(read_file(path("skip/checkpoints/step_00000004/index.json")))["train_state"]["nonfinite_skipped"], 1);
+
+  multirank_test::copy_interrupted_run(path("skip"), path("resumed"), 4, 6);
+  RunResult resumed = run(train(flags + nan + " --out " + path("resumed") + " --resume"));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const Metrics again = read_metrics(path("resumed/metrics.jsonl"));
+  ASSERT_EQ(again.steps.size(), 6u);
+  for (int s = 5; s <= 6; s++) EXPECT_EQ(again.steps[s - 1]["loss"], skip.steps[s - 1]["loss"]) << "step " << s;
+}
+
 TEST_F(Cli, ResumeRejectsAnotherShapeAndAFinishedRun) {
   RunResult r = run(train(kTiny + " --steps 2 --quiet --out " + path("K")));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
