@@ -1,8 +1,8 @@
 #include "parallel/data_parallel.h"
 
 #include <cmath>
-#include <limits>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "core/check.h"
@@ -333,10 +333,7 @@ double DataParallel::grad_norm() {
     const optim::AdamSegment& s = segments[i];
     if (s.tp_copy) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
-    local[group_of_unit_[s.unit]] +=
-        grads_in_file() ? files_->squares(i)
-        : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
-                       : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
+    local[group_of_unit_[s.unit]] += segment_squares(i);
   }
   double total = 0;
   for (size_t g = 0; g < groups_.size(); g++) {
@@ -350,17 +347,19 @@ double DataParallel::grad_norm() {
   return std::sqrt(total);
 }
 
+double DataParallel::segment_squares(size_t i) {
+  const optim::AdamSegment& s = adamw_->segments()[i];
+  return grads_in_file() ? files_->squares(i)
+         : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
+                        : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
+}
+
 std::vector<double> DataParallel::nonfinite_units(int units) {
   std::vector<double> flags(units, 0.0);
   const auto& segments = adamw_->segments();
-  for (size_t i = 0; i < segments.size(); i++) {
-    const optim::AdamSegment& s = segments[i];
-    // A segment's sum of squares in double is finite exactly when its elements are.
-    const double squares = grads_in_file() ? files_->squares(i)
-                           : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
-                                          : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
-    if (!std::isfinite(squares)) flags[layout_.units()[s.unit].id] = 1.0;
-  }
+  // A segment's sum of squares in double is finite exactly when its elements are.
+  for (size_t i = 0; i < segments.size(); i++)
+    if (!std::isfinite(segment_squares(i))) flags[layout_.units()[segments[i].unit].id] = 1.0;
   return flags;
 }
 

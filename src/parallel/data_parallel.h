@@ -230,6 +230,9 @@ class DataParallel : public model::ParamStore, public GradSync {
   // Stage 3: the parameter and gradient shards are the store's arrays (fp32 or 16-bit).
   bool sharded_params() const { return config_.zero_stage == 3; }
   // 16-bit gradient words in memory: the store's shard (stage 3) or HalfStorage's.
+  // The sum of squares of this rank's reduced gradient in optimizer segment i (from the
+  // file's running sums when the gradients are in files).
+  double segment_squares(size_t i);
   uint16_t* half_grads() {
     return config_.zero_stage == 3 ? store().words(optim::kShardGrads) : half_->grads();
   }

@@ -122,12 +122,11 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   } else if (nonfinite && !(std::isfinite(norm) && std::isfinite(r.loss))) {
     r.skipped = true;
     r.nonfinite = describe_nonfinite(gpt.config(), dp, *nonfinite->world, r.loss, norm);
-    if (!nonfinite->skip) {
+    if (nonfinite->skip)
+      nonfinite->skipped++;
+    else
       r.status = Status::error("step " + std::to_string(k + 1) + ": " + r.nonfinite +
                                "; stopped before the update (--on-nonfinite stop; skip would go on without it)");
-      return r;
-    }
-    nonfinite->skipped++;
     return r;
   }
   dp.clip(norm, cfg.grad_clip, S);
