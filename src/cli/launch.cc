@@ -1,37 +1,56 @@
 #include "cli/launch.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
+#include <regex>
+#include <sstream>
 #include <thread>
+
+#include "checkpoint/checkpoint.h"
+#include "comm/group.h"
+#include "train/heartbeat.h"
 
 namespace meshtrain::cli {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
 std::vector<std::string>& args() {
   static std::vector<std::string> a;
   return a;
 }
-}  // namespace
 
-void set_original_args(int argc, char** argv) { args().assign(argv, argv + argc); }
+std::atomic<int> g_interrupt{0};  // the signal that asked the supervisor to stop (0: none)
+extern "C" void on_interrupt(int sig) { g_interrupt.store(sig); }
 
-int relaunch_under_mpirun(int ranks, int threads_per_rank) {
+std::vector<std::string> mpirun_command(const LaunchOptions& o, bool resume) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
-  if (threads_per_rank <= 0) threads_per_rank = std::max(1, cores / ranks);
+  const int threads = o.threads_per_rank > 0 ? o.threads_per_rank : std::max(1, cores / o.ranks);
   std::error_code ec;
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) self = args()[0];
-  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(ranks), "--bind-to", "none"};
+  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(o.ranks), "--bind-to", "none"};
   // Open MPI counts physical cores as slots; oversubscription is what we mean anyway.
   cmd.push_back("--oversubscribe");
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
-  cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(threads_per_rank)});
+  if (!o.hostfile.empty()) cmd.insert(cmd.end(), {"--hostfile", o.hostfile});
+  std::istringstream extra(o.mpirun_args);
+  for (std::string word; extra >> word;) cmd.push_back(word);
+  cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(threads)});
   cmd.insert(cmd.end(), {"-x", std::string("MESHTRAIN_STDOUT_TTY=") + (isatty(STDOUT_FILENO) ? "1" : "0")});
 #ifdef MESHTRAIN_SANITIZED
   // Open MPI 4.1 dlcloses its plugins in MPI_Finalize, so LeakSanitizer reports their
@@ -43,16 +62,226 @@ int relaunch_under_mpirun(int ranks, int threads_per_rank) {
 #endif
   cmd.push_back(self);
   cmd.insert(cmd.end(), args().begin() + 1, args().end());
-  std::fprintf(stderr, "meshtrain: starting %d ranks:", ranks);
-  for (const auto& c : cmd) std::fprintf(stderr, " %s", c.c_str());
-  std::fprintf(stderr, "\n");
-  std::vector<char*> argv;
-  for (auto& c : cmd) argv.push_back(c.data());
-  argv.push_back(nullptr);
-  ::execvp("mpirun", argv.data());
-  std::fprintf(stderr, "meshtrain: error: cannot start mpirun: %s (is Open MPI installed?)\n",
-               std::strerror(errno));
-  return 1;
+  if (resume && std::find(cmd.begin(), cmd.end(), "--resume") == cmd.end()) cmd.push_back("--resume");
+  return cmd;
+}
+
+struct Attempt {
+  int exit_code = 0;
+  bool ended_hung = false;  // a rank reported a failure and mpirun did not end: we ended it
+  bool never_started = false;  // some rank never beat within the start timeout: we ended it
+  std::string err;          // mpirun's stderr (the ranks' and its own), as copied through
+};
+
+// Whether every rank has beaten since `since` (unix seconds): the attempt has started.
+// Without a run folder there are no beats, and every attempt counts as started.
+bool all_ranks_started(const LaunchOptions& o, double since_age_s) {
+  if (o.out_dir.empty()) return true;
+  for (const train::RankBeat& b : train::read_heartbeats(o.out_dir, o.ranks))
+    if (!b.present || b.age_s > since_age_s) return false;
+  return true;
+}
+
+// How long an attempt may take to start every rank: a daemon that could not reach mpirun
+// (its host's link was down at launch) leaves mpirun waiting for it forever.
+double start_timeout_s(const LaunchOptions& o) { return std::max(60.0, o.comm_timeout); }
+
+// How long mpirun may go on after a rank's watchdog fired: it may be waiting for a daemon on
+// a host it cannot reach any more (a link down), which it would do for TCP's whole timeout.
+// A pause before a restart: a link that flapped, or a host that rebooted, gets a moment.
+constexpr double kRestartDelayS = 3;
+// Ordinarily MPI_Abort ends the job within a second of the first watchdog line.
+constexpr double kHungGraceS = 5;
+
+// Runs `cmd` with its stderr copied through this process (and kept for read_failure); ends
+// it when a rank reported a failure and it did not end within kHungGraceS, or when this
+// process is interrupted.
+Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o) {
+  Attempt a;
+  const auto launched = Clock::now();
+  bool started = false;
+  int fds[2];
+  if (pipe(fds) != 0) {
+    std::fprintf(stderr, "meshtrain: error: pipe: %s\n", std::strerror(errno));
+    a.exit_code = 1;
+    return a;
+  }
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]);
+    close(fds[1]);
+    std::vector<char*> argv;
+    for (const auto& c : cmd) argv.push_back(const_cast<char*>(c.c_str()));
+    argv.push_back(nullptr);
+    ::execvp("mpirun", argv.data());
+    std::fprintf(stderr, "meshtrain: error: cannot start mpirun: %s (is Open MPI installed?)\n", std::strerror(errno));
+    _exit(127);
+  }
+  close(fds[1]);
+  fcntl(fds[0], F_SETFL, O_NONBLOCK);
+  std::optional<Clock::time_point> hung_since, term_sent;
+  int status = 0;
+  bool exited = false, pipe_open = true;
+  char buf[4096];
+  for (;;) {
+    pollfd p = {fds[0], POLLIN, 0};
+    if (pipe_open && poll(&p, 1, 200) > 0) {
+      const ssize_t n = read(fds[0], buf, sizeof buf);
+      if (n > 0) {
+        (void)!write(STDERR_FILENO, buf, (size_t)n);
+        a.err.append(buf, (size_t)n);
+        if (!hung_since && a.err.find("comm timeout:") != std::string::npos) hung_since = Clock::now();
+        continue;
+      }
+      if (n == 0) pipe_open = false;
+    } else if (!pipe_open) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!exited && waitpid(pid, &status, WNOHANG) == pid) exited = true;
+    // After mpirun ended, what is left in the pipe is read; a daemon that kept it open
+    // does not keep us waiting.
+    if (exited) {
+      while (pipe_open) {
+        const ssize_t n = read(fds[0], buf, sizeof buf);
+        if (n <= 0) break;
+        (void)!write(STDERR_FILENO, buf, (size_t)n);
+        a.err.append(buf, (size_t)n);
+      }
+      break;
+    }
+    const bool interrupted = g_interrupt.load() != 0;
+    const bool hung = hung_since && std::chrono::duration<double>(Clock::now() - *hung_since).count() > kHungGraceS;
+    const double running_s = std::chrono::duration<double>(Clock::now() - launched).count();
+    started = started || all_ranks_started(o, running_s);
+    const bool stuck = !started && running_s > start_timeout_s(o);
+    if ((interrupted || hung || stuck) && !term_sent) {
+      a.ended_hung = (hung || stuck) && !interrupted;
+      a.never_started = stuck && !hung && !interrupted;
+      if (hung && !interrupted)
+        std::fprintf(stderr, "meshtrain: mpirun did not end %g s after a rank's watchdog fired; ending it\n",
+                     kHungGraceS);
+      if (a.never_started)
+        std::fprintf(stderr, "meshtrain: not every rank started within %g s (a host unreachable?); ending the job\n",
+                     start_timeout_s(o));
+      // A hung mpirun is killed outright: Open MPI 4.1's mpirun crashes in PMIx_Finalize when
+      // asked to stop while it waits for an unreachable daemon. Its daemons on reachable
+      // hosts lose their lifeline and end their ranks.
+      kill(pid, a.ended_hung ? SIGKILL : SIGTERM);
+      term_sent = Clock::now();
+    } else if (term_sent && std::chrono::duration<double>(Clock::now() - *term_sent).count() > 5) {
+      kill(pid, SIGKILL);
+    }
+  }
+  close(fds[0]);
+  a.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return a;
+}
+
+bool retryable(const Attempt& a, const FailureReport& f) {
+  return a.ended_hung || a.exit_code == comm::kExitCommFailure || a.exit_code > 128 || f.signal > 0;
+}
+
+// "rank 3 on host mt1 was killed by signal 9 (Killed) at step 5", from mpirun's words and
+// the rank's heartbeat.
+std::string describe_failure(const Attempt& a, const FailureReport& f, const LaunchOptions& o) {
+  std::string host = f.host;
+  int64_t step = -1;
+  if (f.rank >= 0 && !o.out_dir.empty()) {
+    const auto beats = train::read_heartbeats(o.out_dir, f.rank + 1);
+    if (beats[f.rank].present) {
+      if (host.empty()) host = beats[f.rank].host;
+      step = beats[f.rank].step;
+    }
+  }
+  std::string who = "rank " + std::to_string(f.rank) + (host.empty() ? "" : " on host " + host);
+  std::string at = step > 0 ? " (its last heartbeat was at step " + std::to_string(step) + ")" : "";
+  if (f.signal > 0 && f.rank >= 0)
+    return who + " was killed by signal " + std::to_string(f.signal) + " (" + f.signal_name + ")" + at;
+  if (a.never_started) return "not every rank started within " + std::to_string((int)start_timeout_s(o)) + " s";
+  if (!f.timeout.empty())
+    return (f.rank >= 0 ? who + "'s watchdog fired" + at + ": " : "") + f.timeout;
+  if (f.rank >= 0) return who + " failed" + at + " (exit code " + std::to_string(a.exit_code) + ")";
+  return "mpirun ended with exit code " + std::to_string(a.exit_code);
+}
+
+std::string newest_checkpoint(const std::string& out_dir) {
+  std::string dir;
+  if (out_dir.empty() || !checkpoint::find_latest_checkpoint(out_dir, &dir).is_ok()) return "";
+  return dir;
+}
+
+}  // namespace
+
+void set_original_args(int argc, char** argv) { args().assign(argv, argv + argc); }
+
+FailureReport read_failure(const std::string& text) {
+  FailureReport f;
+  std::smatch m;
+  // Open MPI: "mpirun noticed that process rank 3 with PID 6388 on node mt1 exited on
+  // signal 9 (Killed)." or "... on node mt1 exited with status 1" / "MPI_ABORT was invoked
+  // on rank 1"; Slurm: "srun: error: mt1: task 3: Killed".
+  static const std::regex signaled(R"(process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+) \(([^)]*)\))");
+  static const std::regex exited(R"(process rank (\d+) with PID \d+ on node (\S+) exited)");
+  static const std::regex aborted(R"(MPI_ABORT was invoked on rank (\d+))");
+  static const std::regex slurm(R"(srun: error: (\S+): task (\d+): (\w+))");
+  static const std::regex timeout(R"(\[rank (\d+)\] meshtrain: error: (comm timeout: [^\n]*))");
+  if (std::regex_search(text, m, signaled)) {
+    f.rank = std::stoi(m[1]);
+    f.host = m[2];
+    f.signal = std::stoi(m[3]);
+    f.signal_name = m[4];
+  } else if (std::regex_search(text, m, slurm)) {
+    f.host = m[1];
+    f.rank = std::stoi(m[2]);
+    if (m[3] == "Killed") f.signal = SIGKILL, f.signal_name = "Killed";
+  } else if (std::regex_search(text, m, timeout)) {
+    f.rank = std::stoi(m[1]);
+  } else if (std::regex_search(text, m, exited)) {
+    f.rank = std::stoi(m[1]);
+    f.host = m[2];
+  } else if (std::regex_search(text, m, aborted)) {
+    f.rank = std::stoi(m[1]);
+  }
+  if (std::regex_search(text, m, timeout)) f.timeout = m[2];
+  return f;
+}
+
+int supervise(const LaunchOptions& o) {
+  struct sigaction sa = {};
+  sa.sa_handler = on_interrupt;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  for (int attempt = 0;; attempt++) {
+    const std::string resume_from = attempt > 0 ? newest_checkpoint(o.out_dir) : "";
+    const std::vector<std::string> cmd = mpirun_command(o, !resume_from.empty());
+    if (attempt == 0) {
+      std::fprintf(stderr, "meshtrain: starting %d ranks:", o.ranks);
+      for (const auto& c : cmd) std::fprintf(stderr, " %s", c.c_str());
+      std::fprintf(stderr, "\n");
+    }
+    const Attempt a = run_attempt(cmd, o);
+    if (a.exit_code == 0) return 0;
+    if (g_interrupt.load() != 0) return a.exit_code;
+    const FailureReport f = read_failure(a.err);
+    // An error every rank reported itself (a bad flag, a non-finite loss, a full disk) is
+    // final, and its messages say all there is.
+    if (!retryable(a, f)) return a.exit_code;
+    const std::string newest = newest_checkpoint(o.out_dir);
+    const std::string where = newest.empty() ? "no checkpoint was saved" : "the newest complete checkpoint is " + newest;
+    std::fprintf(stderr, "meshtrain: error: the job failed: %s; %s\n", describe_failure(a, f, o).c_str(), where.c_str());
+    if (attempt >= o.max_restarts) {
+      std::fprintf(stderr, "meshtrain: %s%s\n",
+                   o.max_restarts > 0 ? ("no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); ").c_str() : "",
+                   newest.empty() ? "run it again to start over" : "run it again with --resume to continue");
+      return a.exit_code;
+    }
+    std::fprintf(stderr, "meshtrain: restart %d of %d in %g s, %s\n", attempt + 1, o.max_restarts, kRestartDelayS,
+                 newest.empty() ? "from step 0 (no checkpoint yet)" : ("from " + newest).c_str());
+    std::this_thread::sleep_for(std::chrono::duration<double>(kRestartDelayS));
+  }
 }
 
 }  // namespace meshtrain::cli

@@ -1,6 +1,9 @@
-// Starting a multi-rank job from a plain shell: meshtrain re-executes itself under mpirun
-// with the flags a new user should not need to know (root, oversubscription, one OpenMP
-// thread per rank when ranks outnumber cores).
+// Starting a multi-rank job from a plain shell, and watching it: meshtrain runs itself under
+// mpirun with the flags a new user should not need to know (root, oversubscription, one
+// OpenMP thread per rank when ranks outnumber cores), as mpirun's parent. Like torchrun's
+// elastic agent, that parent outlives a failed job: it names what failed (the rank, its
+// host, its step), the newest complete checkpoint, and with --max-restarts starts the job
+// again from that checkpoint.
 #pragma once
 #include <string>
 #include <vector>
@@ -10,8 +13,28 @@ namespace meshtrain::cli {
 // The command line this process was started with (set by main).
 void set_original_args(int argc, char** argv);
 
-// Replaces this process with `mpirun -n ranks ... <this program> <same args>`; returns
-// only on failure (with an exit code).
-int relaunch_under_mpirun(int ranks, int threads_per_rank);
+struct LaunchOptions {
+  int ranks = 1;
+  int threads_per_rank = 0;  // 0: cores / ranks
+  std::string hostfile;      // mpirun --hostfile (empty: every rank on this machine)
+  std::string mpirun_args;   // more mpirun flags, split at spaces (a launch agent, MCA settings)
+  int max_restarts = 0;      // restarts after a failure a restart may cure
+  std::string out_dir;       // the run folder: its checkpoints and heartbeats
+  double comm_timeout = 300; // how long the ranks wait before their watchdog fires
+};
+
+// Runs `mpirun -n ranks ... <this program> <same args>` (adding --resume to a restart) and
+// returns the job's exit code, after reporting and restarting failures as described above.
+int supervise(const LaunchOptions& options);
+
+// What a failed attempt's stderr says, as the supervisor reads it (exposed for tests).
+struct FailureReport {
+  int rank = -1;       // the rank the launcher saw fail, or the first to time out
+  std::string host;    // its host, when the launcher named it
+  int signal = 0;      // the signal that ended it (0: it exited)
+  std::string signal_name;
+  std::string timeout;  // the first watchdog line ("comm timeout: ..."), if any
+};
+FailureReport read_failure(const std::string& stderr_text);
 
 }  // namespace meshtrain::cli

@@ -1,3 +1,5 @@
+#include <filesystem>
+
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/launch.h"
@@ -30,6 +32,16 @@ Status fixed_layout_flags(CLI::App* cmd, const train::TrainOptions& o, planner::
     RETURN_IF_ERROR(planner::parse_recompute(o.recompute, &r));
     fixed->recompute = r;
   }
+  return Status::ok();
+}
+
+// The supervisor's flags, checked before anything starts.
+Status check_launch(const LaunchOptions& launch, const train::TrainOptions& o) {
+  if (launch.max_restarts < 0) return Status::error("--max-restarts must be >= 0");
+  if (launch.max_restarts > 0 && o.out_dir.empty())
+    return Status::error("--max-restarts needs --out: a restart resumes from the run folder's newest checkpoint");
+  if (!launch.hostfile.empty() && !std::filesystem::is_regular_file(launch.hostfile))
+    return Status::error("--hostfile " + launch.hostfile + ": no such file");
   return Status::ok();
 }
 
@@ -164,7 +176,18 @@ Command add_train_command(CLI::App& app) {
                   "auto: the planner chooses tp, pp, dp, zero, micro-batch, schedule, sp and recompute "
                   "(the fastest predicted layout that fits --memory-budget); layout flags given too are kept");
   cmd->add_option("--ranks", o->ranks, "Ranks for --plan auto when started from a plain shell");
-  return {cmd, [cmd, o, no_overlap] {
+  auto launch = std::make_shared<LaunchOptions>();
+  cmd->add_option("--hostfile", launch->hostfile,
+                  "From a plain shell: start the ranks on the hosts of this Open MPI hostfile (mpirun --hostfile); "
+                  "tp neighbours share a host");
+  cmd->add_option("--mpirun-args", launch->mpirun_args,
+                  "From a plain shell: more mpirun flags, e.g. a launch agent and the network to use "
+                  "(scripts/hosts.sh mpirun-args prints those of its hosts)");
+  cmd->add_option("--max-restarts", launch->max_restarts,
+                  "From a plain shell: after a failure a restart may cure (a rank lost, a link down, a stuck "
+                  "collective), start the job again from the newest checkpoint, up to K times (needs --out)")
+      ->capture_default_str();
+  return {cmd, [cmd, o, no_overlap, launch] {
             o->overlap = !*no_overlap;
             planner::SearchSpace fixed;
             if (!o->plan.empty()) {
@@ -181,7 +204,14 @@ Command add_train_command(CLI::App& app) {
                 if (Status s = train::choose_layout(&probe, o->ranks, fixed, &summary); !s.is_ok()) return fail(s);
                 ranks = o->ranks;
               }
-              if (ranks > 1) return relaunch_under_mpirun(ranks, o->threads);
+              if (Status s = check_launch(*launch, *o); !s.is_ok()) return fail(s);
+              if (ranks > 1 || launch->max_restarts > 0 || !launch->hostfile.empty()) {
+                launch->ranks = ranks;
+                launch->threads_per_rank = o->threads;
+                launch->out_dir = o->out_dir;
+                launch->comm_timeout = o->comm_timeout;
+                return supervise(*launch);
+              }
             }
             o->resolved_config_toml = resolved_config_toml(
                 cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step", "debug-nonfinite-step",

@@ -24,7 +24,12 @@ struct AxisStats {
   int64_t calls = 0;
   double wait_s = 0;   // time the caller spent blocked in collectives or wait()
   double busy_s = 0;   // time the communication itself took (may overlap compute)
+  // The best rate any one call of at least kRateMinBytes achieved (bytes over its busy
+  // time; 0: none so large). A call's busy time also holds the wait for late peers, so
+  // the best call is the one that measures the link rather than the skew between ranks.
+  double best_bytes_per_s = 0;
 };
+inline constexpr int64_t kRateMinBytes = 64 * 1024;  // smaller calls measure latency
 
 class Request {
  public:
@@ -100,10 +105,28 @@ bool launched_by_mpi();  // environment says this process is one rank of an MPI 
 
 // Watchdog: a collective or wait() that takes longer than `seconds` (0 = never) aborts
 // the whole job with "comm timeout: <op> on axis <axis> at step <step> on rank <rank>
-// did not finish within <s> s".
+// did not finish within <s> s", then what the timeout report (if set) says, with exit code
+// kExitCommFailure.
 void set_comm_timeout(double seconds);
 void set_current_step(int64_t step);  // for the watchdog message
-// Ends every rank of the job with exit code 1 after printing `message` on this rank.
-[[noreturn]] void abort_job(const std::string& message);
+int64_t current_step();
+// What this rank's compute thread is blocked in, for a flight recorder (train/heartbeat.h):
+// `op` is empty while it is not waiting for communication.
+struct WaitState {
+  std::string op, axis;
+  double waited_s = 0;  // so far
+};
+WaitState current_wait();
+// Called once by the watchdog before it ends the job; its text (the other ranks' states,
+// the newest checkpoint) follows the timeout message. Set it before training starts.
+void set_timeout_report(std::string (*report)());
+// Exit codes: a failure that a restart may cure (a lost rank, a link down, a stuck
+// collective) ends the job with kExitCommFailure (sysexits' EX_TEMPFAIL), which the
+// supervisor (--max-restarts) restarts; any other error exits 1 and is not retried.
+inline constexpr int kExitCommFailure = 75;
+// Ends every rank of the job with `exit_code` after printing `message` on this rank. If the
+// MPI library cannot end it (a peer's host is unreachable), this rank exits on its own
+// within a few seconds.
+[[noreturn]] void abort_job(const std::string& message, int exit_code = 1);
 
 }  // namespace meshtrain::comm

@@ -231,11 +231,12 @@ class MpiRequest final : public Request {
     if (!task_->finished.load(std::memory_order_acquire)) {
       const double timeout = detail::comm_timeout();
       auto is_done = [&] { return task_->finished.load(std::memory_order_acquire); };
+      detail::WaitScope waiting(task_->name, group_->axis());
       std::unique_lock<std::mutex> lk(task_->mu);
       if (timeout > 0) {
         if (!task_->cv.wait_for(lk, std::chrono::duration<double>(timeout), is_done)) {
           lk.unlock();
-          abort_job(detail::timeout_message(task_->name, group_->axis(), timeout));
+          detail::timeout_abort(task_->name, group_->axis(), timeout);
         }
       } else {
         task_->cv.wait(lk, is_done);
@@ -257,6 +258,8 @@ class MpiRequest final : public Request {
     if (!track_) return;
     group_->stats_.wait_s += wait_s;
     group_->stats_.busy_s += task_->busy_s;
+    if (task_->bytes >= kRateMinBytes && task_->busy_s > 0)
+      group_->stats_.best_bytes_per_s = std::max(group_->stats_.best_bytes_per_s, task_->bytes / task_->busy_s);
   }
 
   MpiGroup* group_;
@@ -506,13 +509,20 @@ void finalize() {
   if (mpi_running()) MPI_Finalize();
 }
 
-[[noreturn]] void abort_job(const std::string& message) {
-  detail::print_error(message);
+[[noreturn]] void abort_job(const std::string& message, int exit_code) {
+  if (!message.empty()) detail::print_error(message);
   if (mpi_running()) {
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);  // MPI_Abort does not return; this is for the compiler and for safety
+    // MPI_Abort asks the launcher to end every rank. When this rank's host cannot reach the
+    // launcher (a link down), the call may never return: this rank then ends on its own.
+    std::thread([exit_code] {
+      std::this_thread::sleep_for(std::chrono::seconds(5));
+      std::fflush(stderr);
+      std::_Exit(exit_code);
+    }).detach();
+    MPI_Abort(MPI_COMM_WORLD, exit_code);
+    std::_Exit(exit_code);  // MPI_Abort does not return; this is for the compiler and for safety
   }
-  std::exit(1);
+  std::exit(exit_code);
 }
 
 }  // namespace meshtrain::comm

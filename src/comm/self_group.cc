@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 
 #include "core/check.h"
@@ -19,6 +20,11 @@ namespace {
 std::atomic<double> g_comm_timeout{0.0};
 std::atomic<int64_t> g_current_step{-1};
 std::atomic<int> g_world_rank{-1};
+std::atomic<std::string (*)()> g_timeout_report{nullptr};
+// The compute thread's current wait (current_wait): set and cleared by WaitScope.
+std::mutex g_wait_mu;
+WaitState g_wait;
+std::chrono::steady_clock::time_point g_wait_since;
 
 // A request that was finished when it was made.
 class DoneRequest final : public Request {
@@ -172,6 +178,15 @@ std::unique_ptr<Group> SelfGroup::split(int color, int key, const std::string& a
 
 void set_comm_timeout(double seconds) { g_comm_timeout.store(seconds > 0 ? seconds : 0.0); }
 void set_current_step(int64_t step) { g_current_step.store(step); }
+int64_t current_step() { return g_current_step.load(); }
+void set_timeout_report(std::string (*report)()) { g_timeout_report.store(report); }
+
+WaitState current_wait() {
+  std::lock_guard<std::mutex> lk(g_wait_mu);
+  WaitState w = g_wait;
+  if (!w.op.empty()) w.waited_s = seconds_since(g_wait_since);
+  return w;
+}
 
 bool launched_by_mpi() {
   return env_present("OMPI_COMM_WORLD_SIZE") || env_present("PMI_SIZE") ||
@@ -194,6 +209,27 @@ void print_error(const std::string& message) {
     std::fprintf(stderr, "meshtrain: error: %s\n", message.c_str());
   }
   std::fflush(stderr);
+}
+
+WaitScope::WaitScope(const char* op, const std::string& axis) {
+  std::lock_guard<std::mutex> lk(g_wait_mu);
+  g_wait.op = op;
+  g_wait.axis = axis;
+  g_wait_since = std::chrono::steady_clock::now();
+}
+
+WaitScope::~WaitScope() {
+  std::lock_guard<std::mutex> lk(g_wait_mu);
+  g_wait.op.clear();
+  g_wait.axis.clear();
+}
+
+[[noreturn]] void timeout_abort(const char* op, const std::string& axis, double seconds) {
+  print_error(timeout_message(op, axis, seconds));
+  std::string (*report)() = g_timeout_report.exchange(nullptr);
+  std::string text = report ? report() : "";
+  if (!text.empty()) print_error(text);
+  abort_job("", kExitCommFailure);
 }
 
 std::string timeout_message(const char* op, const std::string& axis, double seconds) {
@@ -233,9 +269,9 @@ std::unique_ptr<Group> init_world(int* argc, char*** argv) {
 
 void finalize() {}
 
-[[noreturn]] void abort_job(const std::string& message) {
-  detail::print_error(message);
-  std::exit(1);
+[[noreturn]] void abort_job(const std::string& message, int exit_code) {
+  if (!message.empty()) detail::print_error(message);
+  std::exit(exit_code);
 }
 #endif
 

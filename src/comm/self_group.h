@@ -81,6 +81,17 @@ void print_error(const std::string& message);
 // The watchdog message: "comm timeout: <op> on axis <axis> at step <step> on rank <rank>
 // did not finish within <s> s".
 std::string timeout_message(const char* op, const std::string& axis, double seconds);
+// The watchdog's end: the timeout message, the timeout report, then abort_job with
+// kExitCommFailure.
+[[noreturn]] void timeout_abort(const char* op, const std::string& axis, double seconds);
+// While alive, current_wait() says the compute thread waits in `op` on `axis`.
+class WaitScope {
+ public:
+  WaitScope(const char* op, const std::string& axis);
+  ~WaitScope();
+  WaitScope(const WaitScope&) = delete;
+  WaitScope& operator=(const WaitScope&) = delete;
+};
 }  // namespace detail
 
 }  // namespace meshtrain::comm

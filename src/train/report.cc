@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "train/heartbeat.h"
 #include "train/run.h"
 #include "trace/trace.h"
 
@@ -136,8 +137,9 @@ void print_summary(Run& run, comm::Group& world, const json& pipeline) {
   std::printf("peak memory per rank (MiB): params, grads, optimizer state, activations + buffers, total\n");
   for (int r = 0; r < world.size(); r++) {
     const double* f = all.data() + (size_t)r * kFields;
-    std::printf("  rank %2d (tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f\n",
-                r, (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib);
+    std::printf("  rank %2d %s(tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f\n",
+                r, run.hosts.size() > 1 && run.hosts.front() != run.hosts.back() ? ("on " + run.hosts[r] + " ").c_str() : "",
+                (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib);
   }
   if (!run.pipeline) return;
   std::string split;
@@ -149,6 +151,61 @@ void print_summary(Run& run, comm::Group& world, const json& pipeline) {
               "schedule %.3f\n",
               parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(),
               run.shape.A, pipeline.value("bubble", 0.0), pipeline.value("bubble_theory", 0.0));
+}
+
+std::vector<std::string> gather_host_names(comm::Group& world) {
+  constexpr size_t kChars = 64;  // a longer name is cut: it only labels reports
+  std::vector<double> all((size_t)world.size() * kChars, 0.0);
+  const std::string mine = host_name().substr(0, kChars);
+  for (size_t i = 0; i < mine.size(); i++) all[(size_t)world.rank() * kChars + i] = (unsigned char)mine[i];
+  world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
+  std::vector<std::string> names(world.size());
+  for (int r = 0; r < world.size(); r++)
+    for (size_t i = 0; i < kChars && all[r * kChars + i] != 0; i++) names[r] += (char)all[r * kChars + i];
+  return names;
+}
+
+namespace {
+// The axes whose links straggler_json compares, in a fixed order every rank shares.
+constexpr const char* kLinkAxes[] = {"tp", "dp", "pp", "ep", "edp"};
+constexpr int kLinkFields = 1 + (int)std::size(kLinkAxes);  // compute, then the best rate per axis
+}  // namespace
+
+json straggler_json(Run& run, comm::Group& world, double step_s, double wait_s,
+                    const std::map<std::string, comm::AxisStats>& stats) {
+  const int n = world.size();
+  if (n < 2) return json::object();
+  std::vector<double> all((size_t)n * kLinkFields, 0.0);
+  double* mine = all.data() + (size_t)world.rank() * kLinkFields;
+  mine[0] = std::max(0.0, step_s - wait_s);
+  for (size_t a = 0; a < std::size(kLinkAxes); a++)
+    if (auto it = stats.find(kLinkAxes[a]); it != stats.end())
+      mine[1 + a] = it->second.best_bytes_per_s;
+  world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
+  if (!run.is_main) return json::object();
+  auto at = [&](int r, int f) { return all[(size_t)r * kLinkFields + f]; };
+  std::vector<double> compute(n);
+  for (int r = 0; r < n; r++) compute[r] = at(r, 0);
+  const int slowest = (int)(std::max_element(compute.begin(), compute.end()) - compute.begin());
+  std::vector<double> sorted = compute;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[n / 2];
+  json out = {{"straggler",
+               {{"rank", slowest}, {"host", run.hosts[slowest]}, {"compute_ms", compute[slowest] * 1e3},
+                {"behind_ms", (compute[slowest] - median) * 1e3}}}};
+  // The slowest link: the (rank, axis) whose best large call was the slowest.
+  struct Link { int rank; size_t axis; double gbit_s; };
+  std::vector<Link> links;
+  for (int r = 0; r < n; r++)
+    for (size_t a = 0; a < std::size(kLinkAxes); a++)
+      if (at(r, 1 + (int)a) > 0) links.push_back({r, a, at(r, 1 + (int)a) * 8 / 1e9});
+  if (links.empty()) return out;
+  std::sort(links.begin(), links.end(), [](const Link& x, const Link& y) { return x.gbit_s < y.gbit_s; });
+  const Link& worst = links.front();
+  out["slowest_link"] = {{"rank", worst.rank}, {"host", run.hosts[worst.rank]}, {"axis", kLinkAxes[worst.axis]},
+                         {"gbit_s", worst.gbit_s}, {"median_gbit_s", links[links.size() / 2].gbit_s},
+                         {"fastest_gbit_s", links.back().gbit_s}};
+  return out;
 }
 
 // Every rank writes FILE.rank<N>; world rank 0 merges them into FILE.

@@ -44,6 +44,7 @@ struct Run {
   double peak_gflops = 0;
   int threads = 1;
   bool is_main = true;  // world rank 0 prints and writes run files
+  std::vector<std::string> hosts;  // every world rank's host name
 };
 
 
@@ -79,6 +80,14 @@ MoeJobStats moe_job_stats(Run& run, comm::Group& world);
 nlohmann::json moe_json(Run& run, const MoeJobStats& stats);
 // Aux-loss-free balancing: every MoE layer's bias, moved by the job's loads of the step.
 void update_expert_biases(Run& run, const MoeJobStats& stats);
+// Collective over the world: every rank's host name (heartbeat.h's host_name()).
+std::vector<std::string> gather_host_names(comm::Group& world);
+// Collective over the world: the step's straggler, the rank the others waited for (the most
+// time not blocked in communication, "behind" the median by behind_ms), and its slowest
+// link: the (rank, axis) whose best large call (comm::AxisStats::best_bytes_per_s) was the
+// slowest, beside the median and fastest. World rank 0 gets the record; empty on one rank.
+nlohmann::json straggler_json(Run& run, comm::Group& world, double step_s, double wait_s,
+                              const std::map<std::string, comm::AxisStats>& stats);
 // Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
 void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);
 // Collective: every rank's trace, merged into `file` by world rank 0.

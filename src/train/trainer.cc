@@ -12,6 +12,7 @@
 #include "core/cpu_info.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
+#include "train/heartbeat.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run.h"
@@ -63,6 +64,34 @@ std::string describe_nonfinite(const model::GptConfig& c, parallel::DataParallel
   for (size_t i = 1; i < std::min(names.size(), kNamed); i++) out += ", " + names[i];
   if (names.size() > kNamed) out += " and " + std::to_string(names.size() - kNamed) + " more units";
   return out;
+}
+
+// The watchdog's report (comm::set_timeout_report): what every rank's heartbeat says, and
+// the checkpoint a resume would start from.
+struct WatchdogContext {
+  std::string out_dir;
+  int rank = 0, world = 1;
+  double stale_s = 0;
+};
+WatchdogContext g_watchdog;
+
+std::string watchdog_report() {
+  const WatchdogContext& w = g_watchdog;
+  std::string text = diagnose_ranks(read_heartbeats(w.out_dir, w.world), w.rank, w.stale_s);
+  std::string newest;
+  if (checkpoint::find_latest_checkpoint(w.out_dir, &newest).is_ok())
+    return text + "\nthe newest complete checkpoint is " + newest + " (--resume continues from it)";
+  return text + "\nno checkpoint was saved yet";
+}
+
+// Every rank of a run with an out folder beats (heartbeat.h), and a collective that times
+// out reports what the beats say.
+std::unique_ptr<Heartbeat> start_flight_recorder(const TrainOptions& o, comm::Group& world) {
+  if (o.out_dir.empty()) return nullptr;
+  const double interval = heartbeat_interval(o.comm_timeout);
+  g_watchdog = {o.out_dir, world.rank(), world.size(), stale_after(interval)};
+  comm::set_timeout_report(&watchdog_report);
+  return std::make_unique<Heartbeat>(o.out_dir, world.rank(), interval);
 }
 
 }  // namespace
@@ -136,8 +165,11 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
 
 Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result) {
   Run run;
+  // Beating from the start: a rank stuck in setup (loading a checkpoint) is seen too.
+  std::unique_ptr<Heartbeat> heartbeat = start_flight_recorder(options, world);
   RETURN_IF_ERROR(prepare(options, world, &run));
   const TrainOptions& o = run.opt;
+  run.hosts = gather_host_names(world);
   MetricsWriter metrics;
   if (run.is_main && !o.out_dir.empty())
     RETURN_IF_ERROR(metrics.open((fs::path(o.out_dir) / "metrics.jsonl").string(),
@@ -234,6 +266,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                    {"recompute_flops", run.gpt->flops().recompute},
                    {"recompute_fraction", run.gpt->flops().recompute / (run.gpt->flops().model / 3.0)}};
     record.update(pipeline);
+    record.update(straggler_json(run, world, s, wait_ms / 1e3, run.mesh->stats()));
     const MoeJobStats moe_stats = moe_job_stats(run, world);
     if (!r.skipped) update_expert_biases(run, moe_stats);  // for the next step's routing
     const json moe = moe_json(run, moe_stats);
@@ -296,6 +329,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
   }
   if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
   if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);
+  if (heartbeat) heartbeat->finish(true);
   return Status::ok();
 }
 

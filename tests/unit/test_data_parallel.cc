@@ -372,6 +372,11 @@ TEST_F(DataParallel, WatchdogNamesTheStall) {
   EXPECT_NE(all.find(" on axis dp at step 3 on rank 0 did not finish within 2 s"),
             std::string::npos)
       << describe(r);
+  // The heartbeats (train/heartbeat.h) name the rank at fault: alive, but not in the
+  // collective rank 0 waits in.
+  EXPECT_NE(all.find("at fault: rank 1 (host "), std::string::npos) << describe(r);
+  EXPECT_NE(all.find("alive but not in the collective the others wait in"), std::string::npos) << describe(r);
+  EXPECT_NE(all.find("no checkpoint was saved yet"), std::string::npos) << describe(r);
   // Steps 1 and 2 completed and were recorded; step 3 never was.
   Metrics m = read_metrics(out + "/metrics.jsonl");
   EXPECT_EQ(m.steps.size(), 2u) << read_file(out + "/metrics.jsonl");

@@ -1,0 +1,193 @@
+#include "train/heartbeat.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/group.h"
+#include "core/file_io.h"
+
+namespace meshtrain::train {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string beat_file(const std::string& dir, int rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.json", rank);
+  return (fs::path(dir) / name).string();
+}
+
+std::string seconds_text(double s) {
+  char t[32];
+  std::snprintf(t, sizeof t, "%.1f s", s);
+  return t;
+}
+
+// "0-1, 3": ranks in ascending order, runs collapsed.
+std::string rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::string out;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) j++;
+    out += (out.empty() ? "" : ", ") + std::to_string(ranks[i]);
+    if (j > i) out += "-" + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+// A rank's state in words, the key that groups ranks in diagnose_ranks.
+std::string state_text(const RankBeat& b, double stale_s) {
+  if (!b.present) return "no heartbeat file";
+  if (b.state == "finished") return "finished";
+  if (b.age_s > stale_s)
+    return "silent for " + seconds_text(b.age_s) + " (last seen at step " + std::to_string(b.step) +
+           "): dead, or its host is";
+  if (!b.op.empty())
+    return "waiting in " + b.op + " on " + b.axis + " at step " + std::to_string(b.step);
+  return "at step " + std::to_string(b.step) + ", not waiting for any collective";
+}
+
+}  // namespace
+
+std::string host_name() {
+  char name[256] = {0};
+  if (gethostname(name, sizeof name - 1) != 0) return "unknown";
+  return name;
+}
+
+std::string heartbeat_dir(const std::string& out_dir) { return (fs::path(out_dir) / "heartbeat").string(); }
+
+double heartbeat_interval(double comm_timeout_s) {
+  if (comm_timeout_s <= 0) return 5;
+  return std::clamp(comm_timeout_s / 10, 0.5, 5.0);
+}
+
+double stale_after(double interval_s) { return 3 * interval_s + 1; }
+
+Heartbeat::Heartbeat(const std::string& out_dir, int rank, double interval_s)
+    : path_(beat_file(heartbeat_dir(out_dir), rank)), rank_(rank), interval_s_(interval_s),
+      thread_([this] { loop(); }) {}
+
+Heartbeat::~Heartbeat() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  beat(done_ ? "finished" : "failed");
+}
+
+void Heartbeat::loop() {
+  std::error_code ec;
+  fs::create_directories(fs::path(path_).parent_path(), ec);
+  std::unique_lock<std::mutex> lk(mu_);
+  while (!stop_) {
+    lk.unlock();
+    beat("running");
+    lk.lock();
+    cv_.wait_for(lk, std::chrono::duration<double>(interval_s_), [&] { return stop_; });
+  }
+}
+
+// Written to a temporary name and renamed, so a reader never sees half a file.
+void Heartbeat::beat(const char* state) {
+  const comm::WaitState wait = comm::current_wait();
+  const json record = {{"rank", rank_},       {"host", host_name()},     {"pid", (int64_t)getpid()},
+                       {"state", state},      {"step", comm::current_step()}, {"op", wait.op},
+                       {"axis", wait.axis},   {"waited_s", wait.waited_s}, {"time", unix_now()}};
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << record.dump() << "\n";
+    if (!out) return;  // a full disk: the beat is skipped, the last one stays
+  }
+  std::error_code ec;
+  fs::rename(tmp, path_, ec);
+}
+
+std::vector<RankBeat> read_heartbeats(const std::string& out_dir, int world) {
+  std::vector<RankBeat> beats(world);
+  const double now = unix_now();
+  for (int r = 0; r < world; r++) {
+    RankBeat& b = beats[r];
+    b.rank = r;
+    std::string text;
+    if (!read_file(beat_file(heartbeat_dir(out_dir), r), &text).is_ok()) continue;
+    const json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("time") || !j["time"].is_number()) continue;
+    b.present = true;
+    b.host = j.value("host", "");
+    b.state = j.value("state", "");
+    b.pid = j.value("pid", (int64_t)0);
+    b.step = j.value("step", (int64_t)0);
+    b.op = j.value("op", "");
+    b.axis = j.value("axis", "");
+    b.waited_s = j.value("waited_s", 0.0);
+    b.age_s = std::max(0.0, now - j["time"].get<double>());
+  }
+  return beats;
+}
+
+std::string diagnose_ranks(const std::vector<RankBeat>& beats, int me, double stale_s) {
+  // Groups in order of first appearance: (state, host) -> ranks.
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  std::vector<int> stale, idle;
+  std::map<std::string, int> ops;
+  for (const RankBeat& b : beats) {
+    const std::string key = state_text(b, stale_s) + (b.host.empty() ? "" : " | " + b.host);
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+    if (it == groups.end()) groups.push_back({key, {b.rank}});
+    else it->second.push_back(b.rank);
+    if (b.present && !b.op.empty() && b.age_s <= stale_s) ops[b.op + " on " + b.axis]++;
+    if (b.rank == me) continue;
+    if (!b.present || (b.state != "finished" && b.age_s > stale_s)) stale.push_back(b.rank);
+    else if (b.state == "running" && b.op.empty()) idle.push_back(b.rank);
+  }
+  std::string out = "the ranks' last heartbeats:";
+  for (const auto& [key, ranks] : groups) {
+    const size_t bar = key.find(" | ");
+    const std::string state = key.substr(0, bar);
+    const std::string host = bar == std::string::npos ? "" : " on " + key.substr(bar + 3);
+    out += "\n  rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) + host + ": " + state;
+  }
+  auto hosts_of = [&](const std::vector<int>& ranks) {
+    std::string h;
+    for (int r : ranks)
+      if (!beats[r].host.empty() && h.find(beats[r].host) == std::string::npos)
+        h += (h.empty() ? "" : ", ") + beats[r].host;
+    return h.empty() ? std::string() : " (host " + h + ")";
+  };
+  if (!stale.empty())
+    out += "\nat fault: rank" + std::string(stale.size() > 1 ? "s " : " ") + rank_list(stale) + hosts_of(stale) +
+           ", whose heartbeat stopped: the process died or its host went down";
+  else if (!idle.empty())
+    out += "\nat fault: rank" + std::string(idle.size() > 1 ? "s " : " ") + rank_list(idle) + hosts_of(idle) +
+           ", alive but not in the collective the others wait in (stuck in computation, or a bug that "
+           "skipped the call)";
+  else
+    // A ring collective lets some ranks finish it and wait in the next one while their
+    // peers still wait for its last messages: different operations do not mean a mismatch.
+    out += "\nat fault: the network: every rank is alive and waiting for communication, so their messages do not "
+           "arrive (a link down or a partition between hosts" + std::string(ops.size() > 1 ? ", or collectives "
+           "called in a different order on different ranks" : "") + ")";
+  return out;
+}
+
+}  // namespace meshtrain::train
