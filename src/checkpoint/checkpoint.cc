@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <atomic>
 #include <map>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -134,100 +136,190 @@ Status not_saved(int64_t step, const std::string& out_dir, const Status& why) {
                                       : "; there is no earlier checkpoint"));
 }
 
+// Copies this rank's shard, in write_shard's order, into memory: the snapshot an
+// asynchronous save writes while training changes the state.
+Buffer<float> snapshot_shard(const RankState& state, const parallel::ShardLayout& shards) {
+  size_t elements = 0;
+  for (int u = 0; u < (int)shards.units().size(); u++) elements += shards.own_end(u) - shards.own_begin(u);
+  Buffer<float> out(MemCategory::kWorkspace, kKinds * elements);
+  float* at = out.data();
+  for (int kind = 0; kind < kKinds; kind++)
+    for (int u = 0; u < (int)shards.units().size(); u++) {
+      const size_t offset = owned_offset(state, shards, kind, u);
+      const size_t n = shards.own_end(u) - shards.own_begin(u);
+      if (const float* base = section_base(state, kind))
+        std::copy(base + offset, base + offset + n, at);
+      else
+        state.read(kind, offset, n, at);
+      at += n;
+    }
+  return out;
+}
+
 }  // namespace
+
+// A save between its start (every rank together) and its commit: the staged folder, what
+// every rank holds, this rank's write (done at once, or by `writer` from `snapshot`).
+struct PendingSave {
+  std::string out_dir;
+  int64_t step = 0;
+  int keep = 2;
+  fs::path root, tmp_dir, final_dir;
+  int tp_size = 1, pp_size = 1, stride = 0, n_units = 0;
+  std::vector<double> where;  // per world rank: tp, pp, dp rank, then a flag per unit
+  json index;                 // everything but "files"
+  Buffer<float> snapshot;
+  std::thread writer;
+  std::atomic<bool> written{false};
+  Status write_status;
+  uint64_t bytes = 0, checksum = 0;
+
+  ~PendingSave() {
+    if (writer.joinable()) writer.join();
+  }
+};
+
+void PendingSaveDeleter::operator()(PendingSave* p) const { delete p; }
+
+namespace {
+
+// Rank 0: the index (with every shard's size and checksum) into the staged folder, then the
+// folder into place; older checkpoints beyond `keep` go.
+Status write_index_and_rename(PendingSave& p, const std::vector<std::pair<uint64_t, uint64_t>>& info) {
+  std::map<std::tuple<int, int, int>, json> by_slice;  // by tp rank, then pp rank, then dp rank
+  for (size_t r = 0; r < info.size(); r++) {
+    const double* w = p.where.data() + r * p.stride;
+    const int t = (int)w[0], pr = (int)w[1], d = (int)w[2];
+    json units = json::array();
+    for (int u = 0; u < p.n_units; u++)
+      if (w[3 + u] > 0) units.push_back(u);
+    by_slice.emplace(std::tuple{t, pr, d}, json{{"name", shard_file_name(p.tp_size, t, p.pp_size, pr, d)},
+                                                {"tp", t}, {"pp", pr}, {"dp", d}, {"units", units},
+                                                {"bytes", info[r].first}, {"checksum", to_hex(info[r].second)}});
+  }
+  json files = json::array();
+  for (auto& [key, f] : by_slice) files.push_back(f);
+  json index = p.index;
+  index["files"] = files;
+  const std::string text = index.dump(1);
+  Status result = write_file_synced((p.tmp_dir / "index.json").string(), text.data(), text.size());
+  std::error_code ec;
+  if (result.is_ok()) {
+    fs::remove_all(p.final_dir, ec);
+    fs::rename(p.tmp_dir, p.final_dir, ec);
+    if (ec) result = Status::error("cannot move checkpoint into place at " + p.final_dir.string());
+  }
+  if (result.is_ok()) result = fsync_dir(p.root.string());
+  if (result.is_ok()) remove_old_checkpoints(p.root, p.keep);
+  return result;
+}
+
+}  // namespace
+
+Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
+                  const model::GptConfig& config, const parallel::ShardLayout& shards, const RankState& state,
+                  comm::Group& world, const json& run_config, int keep, int pp_size, int pp_rank,
+                  const json& train_state, bool async, PendingSavePtr* out) {
+  PendingSavePtr p(new PendingSave);
+  p->out_dir = out_dir, p->step = step, p->keep = keep, p->tp_size = layout.tp(), p->pp_size = pp_size;
+  p->root = fs::path(out_dir) / "checkpoints";
+  p->final_dir = p->root / step_dir_name(step);
+  p->tmp_dir = p->root / (step_dir_name(step) + ".tmp");
+  std::error_code ec;
+  if (world.rank() == 0) {
+    fs::create_directories(p->root, ec);
+    fs::remove_all(p->tmp_dir, ec);
+    fs::create_directories(p->tmp_dir, ec);
+  }
+  world.barrier();
+  if (!fs::is_directory(p->tmp_dir)) return Status::error("cannot create checkpoint directory " + p->tmp_dir.string());
+
+  // Which slice each world rank writes: (tp rank, pp rank, dp rank) and its units.
+  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
+  p->n_units = whole.num_units();
+  p->stride = 3 + p->n_units;
+  p->where.assign((size_t)world.size() * p->stride, 0.0);
+  double* mine = p->where.data() + (size_t)world.rank() * p->stride;
+  mine[0] = layout.tp_rank(), mine[1] = pp_rank, mine[2] = shards.rank();
+  for (const auto& u : layout.units()) mine[3 + u.id] = 1;
+  world.all_reduce_f64(p->where.data(), p->where.size(), comm::ReduceOp::kSum);
+  json tensors = json::array();
+  for (const auto& t : whole.tensors()) tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
+  p->index = {{"format", "meshtrain-checkpoint"},
+              {"version", kCheckpointFormatVersion},
+              {"step", step},
+              {"model", model_json(config)},
+              {"total_elements", whole.total()},
+              {"tensors", tensors},
+              {"tp_size", layout.tp()},
+              {"pp_size", pp_size},
+              {"dp_size", shards.world()},
+              {"ep_size", layout.ep()},
+              {"expert_tp", layout.experts_replicated() ? 1 : layout.tp()},
+              {"units", units_json(WriterLayout(whole, shards.world(), layout.ep()))},
+              {"shard_sections", {"params", "adam_m", "adam_v"}},
+              {"run_config", run_config},
+              {"train_state", train_state}};
+
+  const std::string path = (p->tmp_dir / shard_file_name(layout.tp(), layout.tp_rank(), pp_size, pp_rank, shards.rank())).string();
+  if (!async) {
+    p->write_status = write_shard(path, state, shards, &p->bytes, &p->checksum);
+    p->written = true;
+  } else {
+    p->snapshot = snapshot_shard(state, shards);
+    PendingSave* raw = p.get();
+    p->writer = std::thread([raw, path] {
+      const size_t n = raw->snapshot.size();
+      raw->bytes = (uint64_t)(n * sizeof(float));
+      raw->checksum = checksum64(raw->snapshot.data(), raw->bytes);
+      raw->write_status = write_file_synced(path, raw->snapshot.data(), raw->bytes);
+      raw->written.store(true, std::memory_order_release);
+    });
+  }
+  *out = std::move(p);
+  return Status::ok();
+}
+
+Status finish_save(PendingSavePtr* pending, comm::Group& world, bool wait, bool* finished) {
+  PendingSave& p = **pending;
+  // Every rank decides alike whether the save is ready to commit: all shards written.
+  double not_written = p.written.load(std::memory_order_acquire) ? 0.0 : 1.0;
+  if (wait && p.writer.joinable()) p.writer.join(), not_written = 0;
+  world.all_reduce_f64(&not_written, 1, comm::ReduceOp::kSum);
+  *finished = not_written == 0;
+  if (!*finished) return Status::ok();
+  if (p.writer.joinable()) p.writer.join();
+  p.snapshot.release();
+  const PendingSavePtr done = std::move(*pending);
+  std::error_code ec;
+  // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
+  double failed = p.write_status.is_ok() ? 0.0 : 1.0;
+  world.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
+  if (failed > 0) {
+    // The staged folder goes (a full disk gets its space back); the newest complete
+    // checkpoint was never touched.
+    if (world.rank() == 0) fs::remove_all(p.tmp_dir, ec);
+    return not_saved(p.step, p.out_dir,
+                     p.write_status.is_ok() ? Status::error("the write failed on another rank") : p.write_status);
+  }
+  const auto info = exchange_file_info(world, p.bytes, p.checksum);
+  Status result = world.rank() == 0 ? write_index_and_rename(p, info) : Status::ok();
+  double failed_index = result.is_ok() ? 0.0 : 1.0;
+  world.all_reduce_f64(&failed_index, 1, comm::ReduceOp::kSum);
+  if (failed_index == 0) return Status::ok();
+  if (world.rank() == 0) fs::remove_all(p.tmp_dir, ec);
+  return not_saved(p.step, p.out_dir, result.is_ok() ? Status::error("rank 0 could not finish the index") : result);
+}
 
 Status save_checkpoint(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                        const model::GptConfig& config, const parallel::ShardLayout& shards,
                        const RankState& state, comm::Group& world, const json& run_config,
                        int keep, int pp_size, int pp_rank, const json& train_state) {
-  comm::Group& dp = world;  // the collectives below span every rank of the job
-  const fs::path root = fs::path(out_dir) / "checkpoints";
-  const fs::path final_dir = root / step_dir_name(step);
-  const fs::path tmp_dir = root / (step_dir_name(step) + ".tmp");
-  std::error_code ec;
-  if (dp.rank() == 0) {
-    fs::create_directories(root, ec);
-    fs::remove_all(tmp_dir, ec);
-    fs::create_directories(tmp_dir, ec);
-  }
-  dp.barrier();
-  if (!fs::is_directory(tmp_dir))
-    return Status::error("cannot create checkpoint directory " + tmp_dir.string());
-
-  // Which slice each world rank wrote: (tp rank, pp rank, dp rank) and its units.
-  const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
-  const int n_units = whole.num_units();
-  const int stride = 3 + n_units;
-  std::vector<double> where((size_t)dp.size() * stride, 0.0);
-  double* mine = where.data() + (size_t)dp.rank() * stride;
-  mine[0] = layout.tp_rank(), mine[1] = pp_rank, mine[2] = shards.rank();
-  for (const auto& u : layout.units()) mine[3 + u.id] = 1;
-  dp.all_reduce_f64(where.data(), where.size(), comm::ReduceOp::kSum);
-  const std::string my_file = shard_file_name(layout.tp(), layout.tp_rank(), pp_size, pp_rank, shards.rank());
-  uint64_t bytes = 0, checksum = 0;
-  Status written = write_shard((tmp_dir / my_file).string(), state, shards, &bytes, &checksum);
-  // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
-  double failed = written.is_ok() ? 0.0 : 1.0;
-  dp.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
-  if (failed > 0) {
-    // The staged folder goes (a full disk gets its space back); the newest complete
-    // checkpoint was never touched.
-    if (dp.rank() == 0) fs::remove_all(tmp_dir, ec);
-    return not_saved(step, out_dir, written.is_ok() ? Status::error("the write failed on another rank") : written);
-  }
-  const auto info = exchange_file_info(dp, bytes, checksum);
-
-  Status result;
-  if (dp.rank() == 0) {
-    // Ordered by tp rank, then pp rank, then dp rank.
-    std::map<std::tuple<int, int, int>, json> by_slice;
-    for (int r = 0; r < dp.size(); r++) {
-      const double* w = where.data() + (size_t)r * stride;
-      const int t = (int)w[0], pr = (int)w[1], d = (int)w[2];
-      json units = json::array();
-      for (int u = 0; u < n_units; u++)
-        if (w[3 + u] > 0) units.push_back(u);
-      by_slice.emplace(std::tuple{t, pr, d},
-                       json{{"name", shard_file_name(layout.tp(), t, pp_size, pr, d)}, {"tp", t},
-                            {"pp", pr}, {"dp", d}, {"units", units}, {"bytes", info[r].first},
-                            {"checksum", to_hex(info[r].second)}});
-    }
-    json files = json::array();
-    for (auto& [key, f] : by_slice) files.push_back(f);
-    json tensors = json::array();
-    for (const auto& t : whole.tensors())
-      tensors.push_back({{"name", t.name}, {"shape", t.shape}, {"offset", t.offset}});
-    json index = {{"format", "meshtrain-checkpoint"},
-                  {"version", kCheckpointFormatVersion},
-                  {"step", step},
-                  {"model", model_json(config)},
-                  {"total_elements", whole.total()},
-                  {"tensors", tensors},
-                  {"tp_size", layout.tp()},
-                  {"pp_size", pp_size},
-                  {"dp_size", shards.world()},
-                  {"ep_size", layout.ep()},
-                  {"expert_tp", layout.experts_replicated() ? 1 : layout.tp()},
-                  {"units", units_json(WriterLayout(whole, shards.world(), layout.ep()))},
-                  {"shard_sections", {"params", "adam_m", "adam_v"}},
-                  {"files", files},
-                  {"run_config", run_config},
-                  {"train_state", train_state}};
-    const std::string text = index.dump(1);
-    result = write_file_synced((tmp_dir / "index.json").string(), text.data(), text.size());
-    if (result.is_ok()) {
-      fs::remove_all(final_dir, ec);
-      fs::rename(tmp_dir, final_dir, ec);
-      if (ec) result = Status::error("cannot move checkpoint into place at " + final_dir.string());
-    }
-    if (result.is_ok()) result = fsync_dir(root.string());
-    if (result.is_ok()) remove_old_checkpoints(root, keep);
-  }
-  double failed_index = result.is_ok() ? 0.0 : 1.0;
-  dp.all_reduce_f64(&failed_index, 1, comm::ReduceOp::kSum);
-  if (failed_index == 0) return Status::ok();
-  if (dp.rank() == 0) fs::remove_all(tmp_dir, ec);
-  return not_saved(step, out_dir, result.is_ok() ? Status::error("rank 0 could not finish the index") : result);
+  PendingSavePtr pending;
+  RETURN_IF_ERROR(begin_save(out_dir, step, layout, config, shards, state, world, run_config, keep, pp_size,
+                             pp_rank, train_state, /*async=*/false, &pending));
+  bool finished = false;
+  return finish_save(&pending, world, /*wait=*/true, &finished);
 }
 
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir) {

@@ -21,6 +21,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -61,6 +62,25 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
                        const RankState& state, comm::Group& world, const nlohmann::json& run_config,
                        int keep = 2, int pp_size = 1, int pp_rank = 0,
                        const nlohmann::json& train_state = nlohmann::json::object());
+
+// The same in two halves, for --async-save (as torch DCP's async save): begin_save is
+// collective; it stages the folder and writes this rank's shard at once, or with `async`
+// copies it into memory (a snapshot of the step's state, counted as workspace) and writes
+// it from a thread of its own while training goes on. finish_save is collective: every rank
+// learns whether all shards are written (with `wait`, after waiting for its own); when they
+// are, *finished is true and the save is committed (rank 0's index, the rename), or fails
+// on every rank as save_checkpoint would, and *pending is reset. A crash at any moment
+// leaves the newest committed checkpoint as it was: only the staged ".tmp" folder is partial.
+struct PendingSave;
+struct PendingSaveDeleter {
+  void operator()(PendingSave* p) const;  // waits for its writer thread
+};
+using PendingSavePtr = std::unique_ptr<PendingSave, PendingSaveDeleter>;
+Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
+                  const model::GptConfig& config, const parallel::ShardLayout& shards, const RankState& state,
+                  comm::Group& world, const nlohmann::json& run_config, int keep, int pp_size, int pp_rank,
+                  const nlohmann::json& train_state, bool async, PendingSavePtr* out);
+Status finish_save(PendingSavePtr* pending, comm::Group& world, bool wait, bool* finished);
 
 // Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);

@@ -67,6 +67,9 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "Newest checkpoints kept (0: all)")
       ->capture_default_str();
   cmd->add_flag("--resume", o->resume, "Continue from the newest checkpoint in --out");
+  cmd->add_flag("--async-save", o->async_save,
+                "Checkpoints (but the last) are copied into memory and written while training goes on; each is "
+                "committed at a later step, once every rank's shard is on disk");
   cmd->add_option("--global-batch", o->global_batch,
                   "Rows per optimizer step G for any layout (A = G/(B*dp) is derived); "
                   "default G = B*A*dp");

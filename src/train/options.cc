@@ -65,6 +65,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"bucket_mb", o.bucket_mb},
           {"overlap", o.overlap},
           {"comm_timeout", o.comm_timeout},
+          {"async_save", o.async_save},
           {"on_nonfinite", o.on_nonfinite},
           {"steps", o.steps},
           {"seed", o.seed},

@@ -103,6 +103,9 @@ struct TrainOptions {
   int save_every = 0;    // 0: no periodic checkpoints
   int keep_checkpoints = 2;
   bool resume = false;
+  // Checkpoints (but the last) are snapshotted into memory and written by a thread while
+  // training goes on; committed at a later step once every rank's shard is on disk.
+  bool async_save = false;
   double peak_gflops = 0;  // 0: measured (cached)
   bool quiet = false;
   // Written to OUT/config.toml when non-empty (the CLI's resolved flags).

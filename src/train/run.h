@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/checkpoint.h"
 #include "comm/mesh.h"
 #include "data/loader.h"
 #include "model/gpt.h"
@@ -45,6 +46,7 @@ struct Run {
   int threads = 1;
   bool is_main = true;  // world rank 0 prints and writes run files
   std::vector<std::string> hosts;  // every world rank's host name
+  checkpoint::PendingSavePtr pending_save;  // --async-save: a save still being written
 };
 
 
@@ -55,8 +57,13 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run);
 // Every rank reaches the same verdict: an error on any rank stops all of them, each with a
 // message, and none is left waiting in a collective.
 Status agree(comm::Group& world, const Status& mine);
-// Collective: the checkpoint of step `step` (model, optimizer and loss-scaler state).
-Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step);
+// Collective: the checkpoint of step `step` (model, optimizer and loss-scaler state); with
+// `async` begun (a snapshot of this rank's shard, written by a thread) and left pending in
+// run.pending_save for finish_run_save. A pending save is finished first.
+Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool async = false);
+// Collective: commits run.pending_save once every rank wrote its shard (with `wait`, after
+// waiting for its own); nothing to do without one.
+Status finish_run_save(Run& run, comm::Group& world, bool wait);
 
 // --- report.cc ---
 // Bytes and calls per axis for metrics.jsonl; wait/busy milliseconds summed over axes.

@@ -539,16 +539,23 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 }
 
 
-Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step) {
+Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool async) {
   const TrainOptions& o = run.opt;
   const checkpoint::RankState st = rank_state(run);
   json train_state = json::object();
   if (run.scaler) train_state["loss_scaler"] = scaler_json(*run.scaler);
   if (run.gpt->moe_training().bias_speed > 0) train_state["moe_expert_bias"] = expert_bias_json(run);
   if (run.nonfinite.skipped > 0) train_state["nonfinite_skipped"] = run.nonfinite.skipped;
-  return checkpoint::save_checkpoint(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st, world,
-                                     to_json(o), o.keep_checkpoints, run.mesh_shape.pp, run.mesh->pp_rank(),
-                                     train_state);
+  RETURN_IF_ERROR(checkpoint::begin_save(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st,
+                                         world, to_json(o), o.keep_checkpoints, run.mesh_shape.pp,
+                                         run.mesh->pp_rank(), train_state, async, &run.pending_save));
+  return async ? Status::ok() : finish_run_save(run, world, /*wait=*/true);
+}
+
+Status finish_run_save(Run& run, comm::Group& world, bool wait) {
+  if (!run.pending_save) return Status::ok();
+  bool finished = false;
+  return checkpoint::finish_save(&run.pending_save, world, wait, &finished);
 }
 
 }  // namespace meshtrain::train

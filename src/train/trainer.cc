@@ -323,10 +323,13 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       std::snprintf(line, sizeof line, "step %5lld | val loss %.4f", (long long)k + 1, val);
       progress.message(line);
     }
-    // The final step is always saved when there is a run folder (export/generate read it).
+    // The final step is always saved when there is a run folder (export/generate read it),
+    // and at once: the run's last checkpoint is complete when it returns.
     const bool save = !o.out_dir.empty() && ((o.save_every > 0 && (k + 1) % o.save_every == 0) || last);
-    if (save) RETURN_IF_ERROR(save_run_checkpoint(run, world, k + 1));
+    RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/save));
+    if (save) RETURN_IF_ERROR(save_run_checkpoint(run, world, k + 1, o.async_save && !last));
   }
+  RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/true));
   if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
   if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);
   if (heartbeat) heartbeat->finish(true);

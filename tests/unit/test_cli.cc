@@ -5,10 +5,12 @@
 // --help and tokenize. Every training run is a tiny model with a fixed peak and two
 // threads, so the file runs in well under a minute on two cores.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <bit>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +22,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -277,6 +280,49 @@ TEST_F(Cli, DiskFullDuringASaveKeepsThePreviousCheckpoint) {
   EXPECT_NE(resumed.out.find("step     3/3"), std::string::npos) << describe(resumed);
   EXPECT_NE(resumed.err.find("checkpoint of step 3 not saved"), std::string::npos) << describe(resumed);
   EXPECT_NE(resumed.err.find(intact), std::string::npos) << describe(resumed);
+}
+
+// --async-save: the checkpoints equal the synchronous ones byte for byte, and a job killed
+// with SIGKILL (every rank at once, as a machine that loses power) while a save is being
+// written leaves the newest committed checkpoint valid: --resume continues from it, bit for
+// bit as the uninterrupted run.
+TEST_F(Cli, AsyncSaveSurvivesAKillDuringTheWrite) {
+  const std::string flags = kTiny + " --dp 2 --zero 1 --steps 12 --save-every 1 --keep-checkpoints 0 --quiet";
+  RunResult sync = run(train(flags + " --out " + path("sync")));
+  ASSERT_EQ(sync.exit_code, 0) << describe(sync);
+  RunResult async = run(train(flags + " --async-save --out " + path("async")));
+  ASSERT_EQ(async.exit_code, 0) << describe(async);
+  for (const char* step : {"step_00000003", "step_00000012"})
+    for (const char* shard : {"/shard_00000.bin", "/shard_00001.bin"})
+      EXPECT_EQ(read_file(path("sync/checkpoints/") + step + shard), read_file(path("async/checkpoints/") + step + shard))
+          << step << shard;
+
+  const std::string out = path("killed");
+  std::thread job([&] { (void)run(train(flags + " --async-save --out " + out)); });
+  // Killed once a step-4-or-later save is staged (its shards being written or committed).
+  auto staged = [&] {
+    std::error_code ec;
+    for (int s = 4; s <= 11; s++) {
+      char name[40];
+      std::snprintf(name, sizeof name, "/checkpoints/step_%08d.tmp", s);
+      if (fs::exists(out + name, ec)) return true;
+    }
+    return false;
+  };
+  bool seen = false;
+  for (int i = 0; i < 3000 && !(seen = staged()); i++) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  for (int rank = 0; rank < 2; rank++) {
+    const json beat = json::parse(read_file(out + "/heartbeat/rank_0000" + std::to_string(rank) + ".json"), nullptr, false);
+    if (beat.is_object()) ::kill((pid_t)beat.value("pid", 0), SIGKILL);
+  }
+  job.join();
+  ASSERT_TRUE(seen) << "no save was staged";
+  RunResult resumed = run(train(flags + " --async-save --out " + out + " --resume"));
+  ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
+  const Metrics want = read_metrics(path("sync/metrics.jsonl")), got = read_metrics(out + "/metrics.jsonl");
+  ASSERT_EQ(got.steps.size(), want.steps.size()) << read_file(out + "/metrics.jsonl");
+  for (size_t i = 0; i < want.steps.size(); i++)
+    EXPECT_EQ(bits(got.steps[i]["loss"]), bits(want.steps[i]["loss"])) << "step " << i + 1;
 }
 
 // --on-nonfinite stop: a NaN put into block 1's gradient at step 3 (--debug-nonfinite-step)
