@@ -290,6 +290,8 @@ Status finish_save(PendingSavePtr* pending, comm::Group& world, bool wait, bool*
   if (!*finished) return Status::ok();
   if (p.writer.joinable()) p.writer.join();
   p.snapshot.release();
+  // Taken out of *pending (which is reset, the save being over either way) and freed on
+  // return; `p` refers to it until then.
   const PendingSavePtr done = std::move(*pending);
   std::error_code ec;
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).

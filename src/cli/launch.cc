@@ -86,12 +86,24 @@ bool all_ranks_started(const LaunchOptions& o, double since_age_s) {
 // (its host's link was down at launch) leaves mpirun waiting for it forever.
 double start_timeout_s(const LaunchOptions& o) { return std::max(60.0, o.comm_timeout); }
 
-// How long mpirun may go on after a rank's watchdog fired: it may be waiting for a daemon on
-// a host it cannot reach any more (a link down), which it would do for TCP's whole timeout.
 // A pause before a restart: a link that flapped, or a host that rebooted, gets a moment.
 constexpr double kRestartDelayS = 3;
+// How long mpirun may go on after a rank's watchdog fired: it may be waiting for a daemon on
+// a host it cannot reach any more (a link down), which it would do for TCP's whole timeout.
 // Ordinarily MPI_Abort ends the job within a second of the first watchdog line.
 constexpr double kHungGraceS = 5;
+
+// Copies what mpirun wrote to stderr through to ours, keeping it for read_failure. Returns
+// read()'s count: 0 at the end of the pipe, < 0 when nothing is there yet.
+ssize_t copy_through(int fd, std::string* kept) {
+  char buf[4096];
+  const ssize_t n = read(fd, buf, sizeof buf);
+  if (n > 0) {
+    (void)!write(STDERR_FILENO, buf, (size_t)n);
+    kept->append(buf, (size_t)n);
+  }
+  return n;
+}
 
 // Runs `cmd` with its stderr copied through this process (and kept for read_failure); ends
 // it when a rank reported a failure and it did not end within kHungGraceS, or when this
@@ -125,14 +137,11 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
   std::optional<Clock::time_point> hung_since, term_sent;
   int status = 0;
   bool exited = false, pipe_open = true;
-  char buf[4096];
   for (;;) {
     pollfd p = {fds[0], POLLIN, 0};
     if (pipe_open && poll(&p, 1, 200) > 0) {
-      const ssize_t n = read(fds[0], buf, sizeof buf);
+      const ssize_t n = copy_through(fds[0], &a.err);
       if (n > 0) {
-        (void)!write(STDERR_FILENO, buf, (size_t)n);
-        a.err.append(buf, (size_t)n);
         if (!hung_since && a.err.find("comm timeout:") != std::string::npos) hung_since = Clock::now();
         continue;
       }
@@ -144,11 +153,7 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
     // After mpirun ended, what is left in the pipe is read; a daemon that kept it open
     // does not keep us waiting.
     if (exited) {
-      while (pipe_open) {
-        const ssize_t n = read(fds[0], buf, sizeof buf);
-        if (n <= 0) break;
-        (void)!write(STDERR_FILENO, buf, (size_t)n);
-        a.err.append(buf, (size_t)n);
+      while (pipe_open && copy_through(fds[0], &a.err) > 0) {
       }
       break;
     }
@@ -254,8 +259,8 @@ int supervise(const LaunchOptions& o) {
   sa.sa_handler = on_interrupt;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  std::string resume_from;  // a restart's checkpoint ("": start as the user asked)
   for (int attempt = 0;; attempt++) {
-    const std::string resume_from = attempt > 0 ? newest_checkpoint(o.out_dir) : "";
     const std::vector<std::string> cmd = mpirun_command(o, !resume_from.empty());
     if (attempt == 0) {
       std::fprintf(stderr, "meshtrain: starting %d ranks:", o.ranks);
@@ -281,6 +286,7 @@ int supervise(const LaunchOptions& o) {
     std::fprintf(stderr, "meshtrain: restart %d of %d in %g s, %s\n", attempt + 1, o.max_restarts, kRestartDelayS,
                  newest.empty() ? "from step 0 (no checkpoint yet)" : ("from " + newest).c_str());
     std::this_thread::sleep_for(std::chrono::duration<double>(kRestartDelayS));
+    resume_from = newest;
   }
 }
 

@@ -146,27 +146,29 @@ std::vector<RankBeat> read_heartbeats(const std::string& out_dir, int world) {
 }
 
 std::string diagnose_ranks(const std::vector<RankBeat>& beats, int me, double stale_s) {
-  // Groups in order of first appearance: (state, host) -> ranks.
-  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  // Ranks in the same state on the same host, in order of first appearance.
+  struct SameState {
+    std::string state, host;
+    std::vector<int> ranks;
+  };
+  std::vector<SameState> groups;
   std::vector<int> stale, idle;
   std::map<std::string, int> ops;
   for (const RankBeat& b : beats) {
-    const std::string key = state_text(b, stale_s) + (b.host.empty() ? "" : " | " + b.host);
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
-    if (it == groups.end()) groups.push_back({key, {b.rank}});
-    else it->second.push_back(b.rank);
+    const std::string state = state_text(b, stale_s);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const SameState& g) { return g.state == state && g.host == b.host; });
+    if (it == groups.end()) groups.push_back({state, b.host, {b.rank}});
+    else it->ranks.push_back(b.rank);
     if (b.present && !b.op.empty() && b.age_s <= stale_s) ops[b.op + " on " + b.axis]++;
     if (b.rank == me) continue;
     if (!b.present || (b.state != "finished" && b.age_s > stale_s)) stale.push_back(b.rank);
     else if (b.state == "running" && b.op.empty()) idle.push_back(b.rank);
   }
   std::string out = "the ranks' last heartbeats:";
-  for (const auto& [key, ranks] : groups) {
-    const size_t bar = key.find(" | ");
-    const std::string state = key.substr(0, bar);
-    const std::string host = bar == std::string::npos ? "" : " on " + key.substr(bar + 3);
-    out += "\n  rank" + std::string(ranks.size() > 1 ? "s " : " ") + rank_list(ranks) + host + ": " + state;
-  }
+  for (const SameState& g : groups)
+    out += "\n  rank" + std::string(g.ranks.size() > 1 ? "s " : " ") + rank_list(g.ranks) +
+           (g.host.empty() ? "" : " on " + g.host) + ": " + g.state;
   auto hosts_of = [&](const std::vector<int>& ranks) {
     std::string h;
     for (int r : ranks)
