@@ -95,19 +95,24 @@ Heartbeat::~Heartbeat() {
 }
 
 void Heartbeat::loop() {
-  std::error_code ec;
-  fs::create_directories(fs::path(path_).parent_path(), ec);
   std::unique_lock<std::mutex> lk(mu_);
   while (!stop_) {
     lk.unlock();
-    beat("running");
+    // Until setup has made the run folder, look again soon: the first beat says the rank started.
+    const double next_s = beat("running") ? interval_s_ : std::min(interval_s_, 0.1);
     lk.lock();
-    cv_.wait_for(lk, std::chrono::duration<double>(interval_s_), [&] { return stop_; });
+    cv_.wait_for(lk, std::chrono::duration<double>(next_s), [&] { return stop_; });
   }
 }
 
 // Written to a temporary name and renamed, so a reader never sees half a file.
-void Heartbeat::beat(const char* state) {
+bool Heartbeat::beat(const char* state) {
+  // The run folder is made by setup once the flags are valid: a run that fails its checks
+  // leaves no folder behind, heartbeats included. Until then there is nothing to write.
+  const fs::path dir = fs::path(path_).parent_path();
+  std::error_code ec;
+  if (!fs::is_directory(dir.parent_path(), ec)) return false;
+  fs::create_directories(dir, ec);
   const comm::WaitState wait = comm::current_wait();
   const json record = {{"rank", rank_},       {"host", host_name()},     {"pid", (int64_t)getpid()},
                        {"state", state},      {"step", comm::current_step()}, {"op", wait.op},
@@ -116,10 +121,10 @@ void Heartbeat::beat(const char* state) {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << record.dump() << "\n";
-    if (!out) return;  // a full disk: the beat is skipped, the last one stays
+    if (!out) return true;  // a full disk: the beat is skipped, the last one stays
   }
-  std::error_code ec;
   fs::rename(tmp, path_, ec);
+  return true;
 }
 
 std::vector<RankBeat> read_heartbeats(const std::string& out_dir, int world) {

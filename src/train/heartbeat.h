@@ -35,7 +35,7 @@ class Heartbeat {
   Heartbeat& operator=(const Heartbeat&) = delete;
 
  private:
-  void beat(const char* state);
+  bool beat(const char* state);  // false: no run folder yet
   void loop();
 
   std::string path_;

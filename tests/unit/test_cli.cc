@@ -305,12 +305,15 @@ TEST_F(Cli, AsyncSaveSurvivesAKillDuringTheWrite) {
   };
   bool seen = false;
   for (int i = 0; i < 3000 && !(seen = staged()); i++) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  int killed = 0;
   for (int rank = 0; rank < 2; rank++) {
     const json beat = json::parse(read_file(out + "/heartbeat/rank_0000" + std::to_string(rank) + ".json"), nullptr, false);
-    if (beat.is_object()) ::kill((pid_t)beat.value("pid", 0), SIGKILL);
+    const int64_t pid = beat.is_object() ? beat.value("pid", (int64_t)0) : 0;
+    if (pid > 0 && ::kill((pid_t)pid, SIGKILL) == 0) killed++;  // never kill(0): our own process group
   }
   job.join();
   ASSERT_TRUE(seen) << "no save was staged";
+  ASSERT_EQ(killed, 2) << "the ranks' heartbeats named no live process";
   RunResult resumed = run(train(flags + " --async-save --out " + out + " --resume"));
   ASSERT_EQ(resumed.exit_code, 0) << describe(resumed);
   const Metrics want = read_metrics(path("async/metrics.jsonl")), got = read_metrics(out + "/metrics.jsonl");
