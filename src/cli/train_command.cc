@@ -75,6 +75,9 @@ Command add_train_command(CLI::App& app) {
                   "default G = B*A*dp");
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline-parallel stages")->capture_default_str();
+  cmd->add_option("--rank-order", o->rank_order,
+                  "Which axis varies fastest over the ranks, fastest first: tp-dp-pp keeps tp groups on one host "
+                  "(a hostfile's slots hold consecutive ranks; the default), dp-tp-pp puts dp groups there, ...");
   cmd->add_option("--ep", o->ep,
                   "Expert-parallel ranks (MoE): each MoE layer's experts split over ep of the dp ranks; "
                   "must divide dp and the experts")

@@ -9,7 +9,8 @@ namespace meshtrain::comm {
 
 std::string MeshShape::to_string() const {
   return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
-         (ep > 1 ? " ep=" + std::to_string(ep) : "");
+         (ep > 1 ? " ep=" + std::to_string(ep) : "") +
+         (order != kDefaultRankOrder ? " order=" + rank_order_name(order) : "");
 }
 
 Status resolve_expert_parallel(int ep, MeshShape* out) {
@@ -50,20 +51,54 @@ Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out) {
   return Status::ok();
 }
 
+namespace {
+const char* axis_name(MeshAxis axis) { return axis == MeshAxis::kTp ? "tp" : axis == MeshAxis::kDp ? "dp" : "pp"; }
+}  // namespace
+
+Status parse_rank_order(const std::string& text, RankOrder* out) {
+  RankOrder order;
+  size_t at = 0;
+  bool seen[3] = {false, false, false};
+  for (int i = 0; i < 3; i++) {
+    const size_t dash = text.find('-', at);
+    const std::string name = text.substr(at, dash == std::string::npos ? std::string::npos : dash - at);
+    const MeshAxis axis = name == "tp" ? MeshAxis::kTp : name == "dp" ? MeshAxis::kDp : MeshAxis::kPp;
+    if ((name != "tp" && name != "dp" && name != "pp") || seen[(int)axis] || (i < 2) == (dash == std::string::npos))
+      return Status::error("--rank-order must name tp, dp and pp once each, fastest-varying first, joined by '-' "
+                           "(e.g. tp-dp-pp, dp-tp-pp), got '" + text + "'");
+    seen[(int)axis] = true;
+    order[i] = axis;
+    at = dash + 1;
+  }
+  *out = order;
+  return Status::ok();
+}
+
+std::string rank_order_name(const RankOrder& order) {
+  return std::string(axis_name(order[0])) + "-" + axis_name(order[1]) + "-" + axis_name(order[2]);
+}
+
 MeshCoord Mesh::coordinates(int rank, const MeshShape& shape) {
   CHECK(shape.tp >= 1 && shape.pp >= 1 && shape.dp >= 1);
   CHECK(rank >= 0 && rank < shape.world());
   MeshCoord c;
-  c.tp = rank % shape.tp;
-  c.dp = (rank / shape.tp) % shape.dp;
-  c.pp = rank / (shape.tp * shape.dp);
+  int stride = 1;
+  for (MeshAxis axis : shape.order) {
+    c.at(axis) = (rank / stride) % shape.size(axis);
+    stride *= shape.size(axis);
+  }
   return c;
 }
 
 int Mesh::rank_of(const MeshCoord& c, const MeshShape& shape) {
   CHECK(c.tp >= 0 && c.tp < shape.tp && c.dp >= 0 && c.dp < shape.dp && c.pp >= 0 &&
         c.pp < shape.pp);
-  return c.tp + shape.tp * (c.dp + shape.dp * c.pp);
+  int rank = 0, stride = 1;
+  for (MeshAxis axis : shape.order) {
+    rank += c.at(axis) * stride;
+    stride *= shape.size(axis);
+  }
+  return rank;
 }
 
 namespace {

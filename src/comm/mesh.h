@@ -4,11 +4,15 @@
 // MoE layer's experts are split, and the expert-data-parallel group ("edp", dp / ep ranks
 // with the same ep_rank) holds the copies of the same experts, whose gradients it sums.
 //
-// Rank order: tp varies fastest, then dp, then pp (tp neighbours share a node):
+// Rank order (`order`, fastest first; Megatron's "tp-dp-pp" order string): by default tp
+// varies fastest, then dp, then pp, so that tp neighbours share a node:
 //   rank = tp_rank + tp · (dp_rank + dp · pp_rank)
-// The tp group of a rank holds the ranks with its (dp, pp) coordinates, ordered by tp_rank;
-// likewise dp (same tp, pp) and pp (same tp, dp). Axis names are "tp", "dp", "pp".
+// Another order ("dp-tp-pp": dp neighbours share a node) places the same groups on other
+// ranks; the groups and every result are the same. The tp group of a rank holds the ranks
+// with its (dp, pp) coordinates, ordered by tp_rank; likewise dp (same tp, pp) and pp (same
+// tp, dp). Axis names are "tp", "dp", "pp".
 #pragma once
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,16 +22,28 @@
 
 namespace meshtrain::comm {
 
+enum class MeshAxis { kTp, kDp, kPp };
+using RankOrder = std::array<MeshAxis, 3>;  // fastest-varying axis first
+inline constexpr RankOrder kDefaultRankOrder = {MeshAxis::kTp, MeshAxis::kDp, MeshAxis::kPp};
+
 struct MeshShape {
   int tp = 1, pp = 1, dp = 1;
   int ep = 1;  // divides dp
+  RankOrder order = kDefaultRankOrder;
   int edp() const { return dp / ep; }
   int world() const { return tp * pp * dp; }
+  int size(MeshAxis axis) const { return axis == MeshAxis::kTp ? tp : axis == MeshAxis::kDp ? dp : pp; }
   std::string to_string() const;  // "tp=2 pp=1 dp=2", with " ep=2" when ep > 1
 };
 
+// "tp-dp-pp", "dp-tp-pp", ...: each of tp, dp, pp once, fastest first.
+Status parse_rank_order(const std::string& text, RankOrder* out);
+std::string rank_order_name(const RankOrder& order);
+
 struct MeshCoord {
   int tp = 0, dp = 0, pp = 0;
+  int& at(MeshAxis axis) { return axis == MeshAxis::kTp ? tp : axis == MeshAxis::kDp ? dp : pp; }
+  int at(MeshAxis axis) const { return axis == MeshAxis::kTp ? tp : axis == MeshAxis::kDp ? dp : pp; }
 };
 
 // Resolves the mesh of `world` ranks from the requested axis sizes; dp = 0 derives dp as
@@ -55,7 +71,7 @@ class Mesh {
   int dp_rank() const { return coord_.dp; }
   int pp_rank() const { return coord_.pp; }
 
-  // Pure functions of the rank order above (0 <= rank < shape.world()).
+  // Pure functions of shape.order (0 <= rank < shape.world()).
   static MeshCoord coordinates(int rank, const MeshShape& shape);
   static int rank_of(const MeshCoord& coord, const MeshShape& shape);
 

@@ -66,6 +66,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"overlap", o.overlap},
           {"comm_timeout", o.comm_timeout},
           {"async_save", o.async_save},
+          {"rank_order", o.rank_order},
           {"on_nonfinite", o.on_nonfinite},
           {"steps", o.steps},
           {"seed", o.seed},

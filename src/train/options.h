@@ -44,6 +44,9 @@ struct TrainOptions {
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
   int ep = 1;  // expert parallelism, carved out of dp (MoE models)
+  // Which axis varies fastest over the world's ranks, then the next (comm/mesh.h): the
+  // default keeps tp neighbours on one host; dp-tp-pp puts dp neighbours there instead.
+  std::string rank_order = "tp-dp-pp";
   // The routed experts' tensor parallelism (Megatron's expert-tp): tp, each expert split over
   // the tp ranks like the dense MLP, or 1, each whole on every tp rank. 0: tp.
   int expert_tp = 0;

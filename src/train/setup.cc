@@ -123,6 +123,7 @@ Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
   RETURN_IF_ERROR(comm::resolve_expert_parallel(o.ep, &shape));
+  RETURN_IF_ERROR(comm::parse_rank_order(o.rank_order, &shape.order));
   run->mesh_shape = shape;
   BatchShape& b = run->shape;
   b.B = o.micro_batch;

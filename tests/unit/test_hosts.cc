@@ -165,6 +165,20 @@ TEST_F(Hosts, TwoHostJobFromAHostfileTrainsLikeOneRank) {
   }
 }
 
+// --rank-order dp-tp-pp puts the dp pairs inside the hosts and sends tp across the link:
+// the same groups on other ranks, so the same losses, bit for bit, as the default placement.
+TEST_F(Hosts, RankOrderPlacesDpInsideAHostWithTheSameLosses) {
+  const std::string out = path("dp_inside");
+  RunResult r = cli_test::run(train_on_hosts(kFlags + " --rank-order dp-tp-pp --out " + out));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  // The summary's placement: ranks 0 and 1 (the first host) are dp 0 and 1 of tp 0.
+  EXPECT_NE(r.out.find("rank  0 on " + kHost0 + " (tp 0 pp 0 dp 0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank  1 on " + kHost0 + " (tp 0 pp 0 dp 1)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank  2 on " + kHost1 + " (tp 1 pp 0 dp 0)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("order=dp-tp-pp"), std::string::npos) << r.out;
+  expect_bitwise_as_reference(out);
+}
+
 // A rank killed with SIGKILL mid-run: the job ends, naming the rank, its host and the newest
 // checkpoint; with --max-restarts 1 it starts again from that checkpoint and finishes with
 // losses bit for bit those of the uninterrupted run.

@@ -69,6 +69,33 @@ TEST(MeshCoordinates, TpFastestThenDpThenPp) {
   EXPECT_EQ(Mesh::coordinates(7, MeshShape{1, 8, 1}).pp, 7);
 }
 
+// --rank-order dp-tp-pp: dp varies fastest, so dp neighbours are consecutive ranks (and
+// share a host's slots); every order is a bijection of the same coordinates.
+TEST(MeshCoordinates, AnyRankOrder) {
+  MeshShape s{2, 3, 2};  // tp=2, pp=3, dp=2
+  ASSERT_TRUE(parse_rank_order("dp-tp-pp", &s.order).is_ok());
+  // Hand-written: rank = dp + 2·(tp + 2·pp).
+  for (int r = 0; r < 12; ++r) {
+    const MeshCoord c = Mesh::coordinates(r, s);
+    EXPECT_EQ(c.dp, r % 2) << r;
+    EXPECT_EQ(c.tp, (r / 2) % 2) << r;
+    EXPECT_EQ(c.pp, r / 4) << r;
+  }
+  EXPECT_EQ(s.to_string(), "tp=2 pp=3 dp=2 order=dp-tp-pp");
+  for (const char* order : {"tp-dp-pp", "dp-tp-pp", "pp-dp-tp", "pp-tp-dp", "tp-pp-dp", "dp-pp-tp"}) {
+    MeshShape shape{4, 2, 3};
+    ASSERT_TRUE(parse_rank_order(order, &shape.order).is_ok()) << order;
+    EXPECT_EQ(rank_order_name(shape.order), order);
+    for (int r = 0; r < shape.world(); ++r) EXPECT_EQ(Mesh::rank_of(Mesh::coordinates(r, shape), shape), r) << order;
+  }
+  RankOrder o;
+  for (const char* bad : {"", "tp", "tp-dp", "tp-dp-dp", "tp-dp-pp-", "tp-dp-pp-ep", "tp-dp-xp", "tp--dp"}) {
+    const Status st = parse_rank_order(bad, &o);
+    EXPECT_FALSE(st.is_ok()) << bad;
+    EXPECT_NE(st.message().find("--rank-order must name tp, dp and pp once each"), std::string::npos) << bad;
+  }
+}
+
 TEST(CommBytes, RingConvention) {
   // N = 4, n = 1000: all_reduce 2·1000·3/4 = 1500 elements.
   EXPECT_EQ(comm_bytes(CommOp::kAllReduce, 1000, 4, 4), 6000);
