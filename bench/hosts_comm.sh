@@ -17,7 +17,7 @@ trap '"$hosts" down --name $name; rm -rf "$dir"' EXIT
 echo "${name}0 slots=2" >"$dir/one_host"
 printf '%s0 slots=1\n%s1 slots=1\n' $name $name >"$dir/two_hosts"
 # shellcheck disable=SC2046
-run() { OMP_NUM_THREADS=1 mpirun --allow-run-as-root -n 2 --hostfile "$1" -x OMP_NUM_THREADS \
+run() { OMP_NUM_THREADS=1 mpirun --allow-run-as-root -n 2 --bind-to none --hostfile "$1" -x OMP_NUM_THREADS \
           $("$hosts" mpirun-args --name $name --net $net) "$root/build/meshtrain_bench_comm" "${@:2}"; }
 echo "== intra-host: 2 ranks on ${name}0 (shared memory)"
 run "$dir/one_host" "$@"

@@ -1,77 +1,170 @@
 #include "cli/cluster_file.h"
 
-#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <algorithm>
 #include <filesystem>
-#include <set>
-#include <sstream>
+#include <map>
+#include <string_view>
 #include <vector>
 
-#include "core/file_io.h"
+// toml++ (Debian's libtomlplusplus-dev), header-only: the whole TOML 1.0 grammar, nested
+// tables included, with line and column in its errors. Its internal assertions are off:
+// 3.3.0 asserts on a table header that starts with a dot ("[.x]", found by
+// fuzz_cluster_file) where its parser goes on to report the error itself (line 2, column 2:
+// "expected bare key starting character"), which is what a user should see.
+#define TOML_ASSERT(expr) static_cast<void>(0)
+#include <toml++/toml.h>
+
 
 namespace meshtrain::cli {
 
 namespace {
 
-// CLI11 2.1 strips a TOML string's quotes; older versions kept them, which this removes.
-std::string unquote(std::string v) {
-  if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front()) v = v.substr(1, v.size() - 2);
-  return v;
+// The nested tables and the field each of their keys sets (planner::cluster_fields() names).
+struct TableKey {
+  const char* table;  // dotted path of the table
+  const char* key;
+  const char* field;
+};
+constexpr TableKey kTableKeys[] = {
+    {"hosts", "count", "nodes"},
+    {"hosts", "ranks_per_host", "gpus_per_node"},
+    {"hosts", "nics_per_host", "nics_per_node"},
+    {"links.intra_host", "bandwidth_gbs", "intra_node_gbps"},
+    {"links.intra_host", "latency_us", "intra_node_latency_us"},
+    {"links.inter_host", "bandwidth_gbs", "inter_node_gbps"},
+    {"links.inter_host", "latency_us", "inter_node_latency_us"},
+    {"links.inter_host", "reduce_scatter_gbs", "inter_node_reduce_scatter_gbps"},
+    {"links.inter_host", "all_gather_gbs", "inter_node_all_gather_gbps"},
+};
+
+// One value the file sets: the field, its text, and where it was written ("memory_gb",
+// "[links.inter_host] latency_us").
+struct Item {
+  std::string field, value, written;
+};
+
+std::string number_text(double v) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
 }
+
+// A value as the field setter takes it: numbers as text, strings as they are; anything else
+// (booleans, arrays, tables, dates) is an error naming where it was written.
+Status value_text(const toml::node& node, const std::string& written, const std::string& path, std::string* out) {
+  if (auto v = node.value_exact<int64_t>()) return *out = std::to_string(*v), Status::ok();
+  if (auto v = node.value_exact<double>()) return *out = number_text(*v), Status::ok();
+  if (auto v = node.value_exact<std::string>()) return *out = *v, Status::ok();
+  return Status::error("key " + written + " in " + path + " takes one number or string");
+}
+
+std::string known_tables() {
+  std::string s;
+  for (const TableKey& k : kTableKeys)
+    if (s.find(std::string("[") + k.table + "]") == std::string::npos) s += (s.empty() ? "" : ", ") + std::string("[") + k.table + "]";
+  return s;
+}
+
+// Flattens the file into items: top-level keys as they are, the nested tables' keys to their
+// fields. Unknown tables and table keys are errors naming them.
+Status flatten(const toml::table& table, const std::string& prefix, const std::string& path, std::vector<Item>* out) {
+  for (const auto& [key_node, node] : table) {
+    const std::string key(key_node.str());
+    if (const toml::table* sub = node.as_table()) {
+      const std::string name = prefix.empty() ? key : prefix + "." + key;
+      bool known = false;
+      for (const TableKey& k : kTableKeys)
+        known |= name == k.table || std::string_view(k.table).starts_with(name + ".");
+      if (!known) return Status::error("cluster file " + path + ": unknown table [" + name + "] (known: " + known_tables() + ")");
+      RETURN_IF_ERROR(flatten(*sub, name, path, out));
+      continue;
+    }
+    Item item{key, "", key};
+    if (!prefix.empty()) {
+      const TableKey* found = nullptr;
+      std::string keys;
+      for (const TableKey& k : kTableKeys)
+        if (prefix == k.table) {
+          if (key == k.key) found = &k;
+          keys += (keys.empty() ? "" : ", ") + std::string(k.key);
+        }
+      item.written = "[" + prefix + "] " + key;
+      if (!found)
+        return Status::error("cluster file " + path + ": unknown key '" + key + "' in [" + prefix + "]" +
+                             (keys.empty() ? "" : " (known: " + keys + ")"));
+      item.field = found->field;
+    }
+    RETURN_IF_ERROR(value_text(node, "'" + item.written + "'", path, &item.value));
+    out->push_back(item);
+  }
+  return Status::ok();
+}
+
+// Cluster files are ASCII text: toml++ 3.3.0 reaches unreachable branches (undefined
+// behaviour) on some control characters (a NUL after a value) and on some non-ASCII code
+// points (its whitespace table), both found by fuzz_cluster_file, so both are refused here,
+// by line, before it sees them. TOML forbids the control characters anyway (tab excepted).
+Status check_characters(const std::string& text, const std::string& path) {
+  int line = 1;
+  for (unsigned char ch : text) {
+    if (ch == '\n') line++;
+    if ((ch < 0x20 && ch != '\t' && ch != '\n' && ch != '\r') || ch >= 0x7f) {
+      char code[8];
+      std::snprintf(code, sizeof code, "0x%02x", ch);
+      return Status::error("cluster file " + path + " (line " + std::to_string(line) + "): byte " + code +
+                           (ch >= 0x80 ? " is not ASCII (cluster files are ASCII text)" : " is a control character"));
+    }
+  }
+  return Status::ok();
+}
+
+Status no_local_base(const std::string& name, planner::Cluster* out) { return planner::cluster_preset(name, out); }
 
 }  // namespace
 
-Status load_cluster_file(const std::string& path, planner::Cluster* out) {
-  if (!std::filesystem::exists(path)) return Status::error("cluster file not found: " + path);
-  std::string text;
-  RETURN_IF_ERROR(read_file(path, &text));
-  return parse_cluster_toml(text, path, out);
-}
-
-Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out) {
-  std::vector<CLI::ConfigItem> items;
+Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out,
+                          const BaseLookup& lookup) {
+  RETURN_IF_ERROR(check_characters(text, path));
+  toml::table table;
   try {
-    std::istringstream in(text);
-    items = CLI::ConfigTOML().from_config(in);
-  } catch (const std::exception& e) {
-    return Status::error("cannot parse cluster file " + path + ": " + e.what());
+    table = toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    return Status::error("cannot parse cluster file " + path + " (line " + std::to_string(at.line) + ", column " +
+                         std::to_string(at.column) + "): " + std::string(e.description()));
   }
-  // The base preset first, whatever its position in the file.
+  std::vector<Item> items;
+  RETURN_IF_ERROR(flatten(table, "", path, &items));
+  std::map<std::string, std::string> written;  // field -> where it was set
+  for (const Item& item : items)
+    if (auto [it, fresh] = written.emplace(item.field, item.written); !fresh)
+      return Status::error(it->second == item.written
+                               ? "key '" + item.written + "' is set twice in " + path
+                               : "'" + item.field + "' is set twice in " + path + ": as '" + it->second + "' and as '" +
+                                     item.written + "'");
+  // The base first, whatever its position in the file.
   planner::Cluster c;
-  bool based = false;
-  std::set<std::string> seen;
-  for (const auto& item : items) {
-    if (item.name == "++" || item.name == "--") continue;  // section markers
-    if (!item.parents.empty())
-      return Status::error("cluster file " + path + ": sections are not used; put '" + item.name +
-                           "' at the top level");
-    if (!seen.insert(item.name).second) return Status::error("key '" + item.name + "' is set twice in " + path);
-    if (item.inputs.size() != 1 || item.inputs[0].empty())
-      return Status::error("key '" + item.name + "' in " + path + " takes one value");
-    if (item.name == "base") {
-      RETURN_IF_ERROR(planner::cluster_preset(unquote(item.inputs[0]), &c).with_context(path + ": 'base'"));
-      based = true;
-    }
+  const auto base = std::find_if(items.begin(), items.end(), [](const Item& i) { return i.field == "base"; });
+  if (base != items.end()) {
+    RETURN_IF_ERROR((lookup ? lookup : no_local_base)(base->value, &c).with_context(path + ": 'base'"));
+  } else {
+    c.name = std::filesystem::path(path).stem().string();
   }
-  if (!based) c.name = std::filesystem::path(path).stem().string();
-  for (const auto& item : items) {
-    if (item.name == "++" || item.name == "--" || item.name == "base") continue;
-    RETURN_IF_ERROR(planner::set_cluster_field(item.name, unquote(item.inputs[0]), path, &c));
+  for (const Item& item : items) {
+    if (item.field == "base") continue;
+    const std::string where = item.written == item.field ? path : path + " (" + item.written + ")";
+    RETURN_IF_ERROR(planner::set_cluster_field(item.field, item.value, where, &c));
   }
-  if (!based) {
+  if (base == items.end()) {
     std::string missing;
     for (const planner::ClusterField& f : planner::cluster_fields())
-      if (!seen.count(f.key)) missing += (missing.empty() ? "" : ", ") + std::string(f.key);
+      if (!f.optional && !written.count(f.key)) missing += (missing.empty() ? "" : ", ") + std::string(f.key);
     if (!missing.empty()) return Status::error("cluster file " + path + " has no 'base' preset and lacks: " + missing);
   }
   RETURN_IF_ERROR(planner::validate(c).with_context(path));
   *out = c;
   return Status::ok();
-}
-
-Status resolve_cluster(const std::string& preset_or_path, planner::Cluster* out) {
-  if (std::filesystem::exists(preset_or_path) || preset_or_path.ends_with(".toml"))
-    return load_cluster_file(preset_or_path, out);
-  return planner::cluster_preset(preset_or_path, out);
 }
 
 }  // namespace meshtrain::cli

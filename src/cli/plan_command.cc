@@ -40,6 +40,7 @@ struct PlanFlags {
   int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0;
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
+  std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
 };
 
 int memory_table(const PlanFlags& f) {
@@ -129,11 +130,26 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
     s->recompute = r;
   }
   RETURN_IF_ERROR(planner::parse_attention(f.attention, &s->attention));
+  if (!f.rank_order.empty()) {
+    comm::RankOrder order;
+    RETURN_IF_ERROR(comm::parse_rank_order(f.rank_order, &order).with_context("--rank-order"));
+    s->rank_orders = {order};
+  }
   if (!f.stage_layers.empty()) {
     if (!s->pp) return Status::error("--stage-layers needs --pp (the layers of each of its stages)");
     s->stage_layers = f.stage_layers;
   }
   return Status::ok();
+}
+
+std::vector<comm::RankOrder> all_rank_orders() {
+  using comm::MeshAxis;
+  comm::RankOrder order = {MeshAxis::kTp, MeshAxis::kDp, MeshAxis::kPp};
+  std::vector<comm::RankOrder> out;
+  std::sort(order.begin(), order.end());
+  do out.push_back(order);
+  while (std::next_permutation(order.begin(), order.end()));
+  return out;
 }
 
 // Layers per stage, runs of equal stages counted: "7,8(x14),7".
@@ -159,7 +175,9 @@ std::string layout_name(const Candidate& c) {
   std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, ep.c_str(), l.zero,
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
-  return even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
+  std::string name = even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
+  if (l.order != comm::kDefaultRankOrder) name += " order " + comm::rank_order_name(l.order);
+  return name;
 }
 
 // The model in words: its shape and the parts that are not GPT's.
@@ -180,7 +198,7 @@ json candidate_json(const Candidate& c) {
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
-            {"memory_rank", p.memory_rank}}},
+            {"memory_rank", p.memory_rank}, {"rank_order", comm::rank_order_name(l.order)}}},
           {"step_s", p.step_s},
           {"tokens_per_s", p.tokens_per_s},
           {"tflops_per_gpu", p.tflops_per_gpu},
@@ -246,21 +264,24 @@ void print_table(const model::GptConfig& config, const planner::ModelShape& m, c
                   c.over_bytes() / 1e9);
 }
 
-int run_plan(const PlanFlags& f) {
+int run_plan(PlanFlags f) {
   if (f.memory) return memory_table(f);
   planner::ModelShape m;
   model::GptConfig config;
   if (Status s = plan_model(f, &config, &m); !s.is_ok()) return fail(s);
   // "local": this machine, one rank per "GPU", predicted by the engine's own accounting and
-  // the local calibration (planner/local.h; fp32 runs only).
-  const bool local = f.cluster == "local";
+  // the local calibration (planner/local.h; fp32 runs only); a cluster file with base =
+  // "local" is this machine split into hosts (network namespaces, scripts/hosts.sh).
   planner::Cluster cluster;
-  if (local) {
+  if (f.cluster == "local") {
     cluster = planner::local_cluster(1);
     cluster.name = "local (1 thread per rank)";
   } else if (Status s = resolve_cluster(f.cluster, &cluster); !s.is_ok()) {
     return fail(s);
   }
+  const bool local = cluster.cores > 0;
+  // A cluster file that counts its hosts: all of their ranks, unless --gpus says otherwise.
+  if (f.gpus == 0 && cluster.nodes > 0) f.gpus = cluster.nodes * cluster.gpus_per_node;
   planner::Precision precision;
   const std::string precision_name = f.precision.empty() ? (local ? "fp32" : "bf16") : f.precision;
   if (Status s = planner::parse_precision(precision_name, &precision); !s.is_ok()) return fail(s);
@@ -271,6 +292,9 @@ int run_plan(const PlanFlags& f) {
   if (f.top < 1) return fail(Status::error("--top must be >= 1"));
   planner::SearchSpace space;
   if (Status s = search_space(f, &space); !s.is_ok()) return fail(s);
+  // Placement matters once the ranks span hosts: every rank order is tried (on GPU presets
+  // the default, tp inside a node, unless --rank-order fixes one).
+  if (local && space.rank_orders.empty() && f.gpus > cluster.gpus_per_node) space.rank_orders = all_rank_orders();
   std::vector<Candidate> all;
   Status searched;
   if (local) {
@@ -361,6 +385,9 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_flag("--sp", f->sp, "Sequence parallelism on (fixed)");
   cmd->add_flag("--no-sp", f->no_sp, "Sequence parallelism off (fixed)");
   cmd->add_option("--recompute", f->recompute, "none, selective or full (fixed)");
+  cmd->add_option("--rank-order", f->rank_order,
+                  "Rank order, fastest first, e.g. dp-tp-pp (fixed; default tp-dp-pp, every order searched on a "
+                  "local cluster file of several hosts)");
   cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
   cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
   cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");

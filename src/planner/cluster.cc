@@ -107,6 +107,7 @@ struct FieldSpec {
   bool whole;  // an integer field
   double (*get)(const Cluster&);
   void (*set)(Cluster*, double);
+  bool optional = false;  // doc.optional
 };
 
 #define FIELD(key, unit, help, scale, field)                                              \
@@ -115,6 +116,11 @@ struct FieldSpec {
         [](const Cluster& c) { return (double)c.field; },                                 \
         [](Cluster* c, double v) { c->field = static_cast<decltype(Cluster::field)>(v); } \
   }
+
+FieldSpec optional_field(FieldSpec s) {
+  s.optional = s.doc.optional = true;
+  return s;
+}
 
 const std::vector<FieldSpec>& specs() {
   // clang-format off
@@ -133,6 +139,10 @@ const std::vector<FieldSpec>& specs() {
       FIELD("hbm_efficiency", "", "achieved fraction of HBM bandwidth in memory-bound kernels", 1, hbm_efficiency),
       FIELD("link_efficiency", "", "achieved fraction of link bandwidth in collectives", 1, link_efficiency),
       FIELD("reserved_gb", "GB", "memory per GPU not available to the model", kGB, reserved_bytes),
+      optional_field(FIELD("nics_per_node", "", "NICs per node sharing the inter-node traffic (0: one per GPU)", 1, nics_per_node)),
+      optional_field(FIELD("nodes", "", "nodes (hosts) in the cluster (0: as many as a layout needs)", 1, nodes)),
+      optional_field(FIELD("inter_node_reduce_scatter_gbps", "GB/s", "inter-node reduce-scatter bus bandwidth, where it differs (0: inter_node_gbps)", kGB, inter.reduce_scatter_bandwidth)),
+      optional_field(FIELD("inter_node_all_gather_gbps", "GB/s", "inter-node all-gather bus bandwidth, where it differs (0: inter_node_gbps)", kGB, inter.all_gather_bandwidth)),
   };
   // clang-format on
   return s;
@@ -149,7 +159,7 @@ std::string num(double v) {
 Status check_field(const FieldSpec& s, double v) {
   const std::string key = s.doc.key;
   const bool fraction = key == "gemm_max_fraction" || key == "hbm_efficiency" || key == "link_efficiency";
-  const bool may_be_zero = key.ends_with("latency_us") || key == "reserved_gb";
+  const bool may_be_zero = key.ends_with("latency_us") || key == "reserved_gb" || s.optional;
   if (!std::isfinite(v) || v < 0 || (v == 0 && !may_be_zero))
     return Status::error("'" + key + "' must be " + (may_be_zero ? ">= 0" : "> 0") + ", got " + num(v / s.scale));
   if (fraction && v > 1) return Status::error("'" + key + "' is a fraction in (0, 1], got " + num(v));

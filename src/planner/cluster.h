@@ -27,6 +27,13 @@ inline double element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2;
 struct Link {
   double bandwidth = 0;
   double latency = 0;
+  // Measured bus bandwidths of reduce-scatter and all-gather where they differ from
+  // `bandwidth` (an all-reduce's; 0: the same). The local predictor uses them for the
+  // inter-host link, whose TCP transport runs the three collectives at different rates
+  // (bench/hosts_comm.sh); the GPU model's ring collectives run all three at `bandwidth`.
+  double reduce_scatter_bandwidth = 0, all_gather_bandwidth = 0;
+  double reduce_scatter() const { return reduce_scatter_bandwidth > 0 ? reduce_scatter_bandwidth : bandwidth; }
+  double all_gather() const { return all_gather_bandwidth > 0 ? all_gather_bandwidth : bandwidth; }
 };
 
 // Achievable fraction of peak for a GEMM (C[M,N] = A[M,K] B[K,N], any transposition) as a
@@ -47,8 +54,12 @@ struct Cluster {
   double memory_bytes = 0;   // HBM per GPU
   double hbm_bandwidth = 0;  // bytes/s per GPU
   int gpus_per_node = 8;
+  // NICs per node, each with `inter`'s bandwidth (DGX: one per GPU); the groups that cross
+  // nodes share them (planner/placement.h). 0: one per GPU.
+  int nics_per_node = 0;
+  int nodes = 0;  // nodes (hosts) in the cluster; 0: as many as a layout needs
   Link intra;  // inside a node (NVLink), per GPU, one direction
-  Link inter;  // between nodes (InfiniBand), per GPU (one NIC per GPU), one direction
+  Link inter;  // between nodes (InfiniBand), per NIC, one direction
   // Calibrated efficiencies (fractions of the nominal figures above).
   GemmEfficiency gemm;
   double hbm_efficiency = 0.6;   // memory-bound kernels (norms, softmax, dropout, optimizer)
@@ -74,6 +85,7 @@ struct ClusterField {
   const char* key;   // e.g. "peak_tflops_bf16"
   const char* unit;  // e.g. "TFLOP/s"
   const char* help;
+  bool optional = false;  // may be left out of a file without a base; 0 means "not given"
 };
 const std::vector<ClusterField>& cluster_fields();
 

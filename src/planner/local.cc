@@ -19,6 +19,7 @@
 #include "parallel/shard_layout.h"
 #include "planner/local_memory.h"
 #include "planner/memory.h"
+#include "planner/placement.h"
 #include "machine/peak.h"
 
 namespace meshtrain::planner {
@@ -85,6 +86,14 @@ constexpr double kLocalMemoryReserve = 1e9;  // OS, MPI and the runtime (an allo
 
 // ---- Time -----------------------------------------------------------------------------------
 
+// A group's view of the network: its size, and whether it crosses hosts (then each
+// collective goes over the inter-host link at the group's share of it, planner/placement.h).
+struct AxisLink {
+  int n = 1;
+  bool inter = false;
+  double share = 1;  // NICs' worth of the inter-host link this group gets
+};
+
 struct Costs {
   double peak = 0;  // FLOP/s of one rank
   GemmEfficiency gemm;
@@ -92,30 +101,52 @@ struct Costs {
   double per_element = 1;  // scale of the per-element costs: kMemoryBandwidth / bandwidth
   double latency = 0;
   double link = 1;  // link efficiency: the fraction of the benchmarks' bandwidth
+  // The inter-host link (measured bus bandwidths, per NIC) and whether its time counts:
+  // waiting on the wire is not CPU work, so the time-sharing account (wire = false) leaves
+  // it out and the step adds it back (predict_local).
+  Link inter;
+  bool wire = true;
 
   double gemm_s(double M, double N, double K) const {
     return M <= 0 || N <= 0 || K <= 0 ? 0 : 2 * M * N * K / (peak * gemm.at(M, N, K));
   }
   double bytes_s(double bytes) const { return bytes / bandwidth; }
-  // Collectives over a group of n, `bytes` the whole tensor (as time_model.cc counts
-  // them), of cached (activations) or cold (gradient and parameter buffers) data.
+  // Collectives over a group, `bytes` the whole tensor (as time_model.cc counts them), of
+  // cached (activations) or cold (gradient and parameter buffers) data. Inside a host: the
+  // shared-memory transport's measured bus bandwidths; across hosts: the link's.
   const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
-  double all_reduce_s(double bytes, int n, bool cold = false) const {
-    return n <= 1 ? 0 : 2.0 * (n - 1) * latency + 2.0 * (n - 1) / n * bytes / (bus(cold).all_reduce * link);
+  double over_wire(const AxisLink& g, double steps, double bus_bytes, double bus_bw) const {
+    return wire ? steps * inter.latency + bus_bytes / (bus_bw * g.share) : 0;
   }
-  double reduce_scatter_s(double bytes, int n, bool cold = false) const {
-    return n <= 1 ? 0 : (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).reduce_scatter * link);
+  double all_reduce_s(double bytes, const AxisLink& g, bool cold = false) const {
+    const int n = g.n;
+    if (n <= 1) return 0;
+    if (g.inter) return over_wire(g, 2.0 * (n - 1), 2.0 * (n - 1) / n * bytes, inter.bandwidth);
+    return 2.0 * (n - 1) * latency + 2.0 * (n - 1) / n * bytes / (bus(cold).all_reduce * link);
   }
-  double all_gather_s(double bytes, int n, bool cold = false) const {
-    return n <= 1 ? 0 : (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
+  double reduce_scatter_s(double bytes, const AxisLink& g, bool cold = false) const {
+    const int n = g.n;
+    if (n <= 1) return 0;
+    if (g.inter) return over_wire(g, n - 1, (double)(n - 1) / n * bytes, inter.reduce_scatter());
+    return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).reduce_scatter * link);
   }
-  double p2p_s(double bytes, bool cold = false) const { return latency + bytes / (bus(cold).all_gather * link); }
+  double all_gather_s(double bytes, const AxisLink& g, bool cold = false) const {
+    const int n = g.n;
+    if (n <= 1) return 0;
+    if (g.inter) return over_wire(g, n - 1, (double)(n - 1) / n * bytes, inter.all_gather());
+    return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
+  }
+  // Point-to-point at the all-gather's rate (two ranks' all-gather is one exchange).
+  double p2p_s(double bytes, const AxisLink& g, bool cold = false) const {
+    if (g.inter) return over_wire(g, 1, bytes, inter.all_gather());
+    return latency + bytes / (bus(cold).all_gather * link);
+  }
 };
 
 // One tp rank's shapes for a B x T micro-batch.
 struct Dims {
   double B, T, N, Nl, C, Cl, Fl, NHl, hs, vn;
-  int t;
+  AxisLink tp;
   bool sp;
 };
 
@@ -163,9 +194,9 @@ LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& 
   // sp); with sp, all-gathers before both column-parallel linears forward and four
   // backward, and the LayerNorm weight gradients all-reduced.
   const double act = N * C * 4;
-  const double reduce = d.sp ? k.reduce_scatter_s(act, d.t) : k.all_reduce_s(act, d.t);
-  lt.comm_f = 2 * reduce + (d.sp ? 2 * k.all_gather_s(act, d.t) : 0);
-  lt.comm_b = 2 * reduce + (d.sp ? 4 * k.all_gather_s(act, d.t) + 2 * k.all_reduce_s(2 * C * 4, d.t) : 0);
+  const double reduce = d.sp ? k.reduce_scatter_s(act, d.tp) : k.all_reduce_s(act, d.tp);
+  lt.comm_f = 2 * reduce + (d.sp ? 2 * k.all_gather_s(act, d.tp) : 0);
+  lt.comm_b = 2 * reduce + (d.sp ? 4 * k.all_gather_s(act, d.tp) + 2 * k.all_reduce_s(2 * C * 4, d.tp) : 0);
   switch (r) {
     case model::Recompute::kNone:
       break;
@@ -178,6 +209,163 @@ LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& 
       break;
   }
   return lt;
+}
+
+// What one step's time depends on besides the costs: the shapes, the stages and where each
+// axis's groups sit.
+struct StepContext {
+  const model::GptConfig* config = nullptr;
+  const Layout* layout = nullptr;
+  const std::vector<model::ModelPart>* parts = nullptr;
+  model::Recompute recompute = model::Recompute::kNone;
+  int m = 1;  // micro-batches
+  Dims dims;
+  AxisLink dp, pp, world;  // tp is dims.tp
+};
+
+AxisLink axis_link(int stride, int size, const Cluster& c) {
+  const GroupPlacement g = place_group(stride, size, c);
+  return {size, g.crosses_hosts, g.nic_share};
+}
+
+StepContext step_context(const model::GptConfig& config, const Layout& l, const Cluster& c, int T,
+                         const std::vector<model::ModelPart>& parts, model::Recompute recompute) {
+  StepContext x;
+  x.config = &config, x.layout = &l, x.parts = &parts, x.recompute = recompute;
+  const int t = l.tp, B = l.micro_batch;
+  x.m = l.global_batch / (B * l.dp);
+  Dims& dims = x.dims;
+  using comm::MeshAxis;
+  dims.tp = axis_link(axis_stride(l, MeshAxis::kTp), t, c);
+  x.dp = axis_link(axis_stride(l, MeshAxis::kDp), l.dp, c);
+  x.pp = axis_link(axis_stride(l, MeshAxis::kPp), l.pp, c);
+  x.world = axis_link(1, l.gpus(), c);
+  dims.B = B, dims.T = T, dims.N = (double)B * T, dims.sp = l.sp && t > 1;
+  dims.Nl = dims.sp ? dims.N / t : dims.N;
+  dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
+  dims.NHl = (double)config.heads / t, dims.hs = (double)config.dim / config.heads;
+  dims.vn = std::min(config.vocab, config.padded_vocab() / t);  // tp rank 0's real columns
+  return x;
+}
+
+// Every pipeline rank's time in one step (tp rank 0, dp rank 0), by one set of costs.
+struct StepTimes {
+  LocalLayerTime layer;
+  std::vector<double> busy, tail;  // per pipeline rank: its micro-batches' work; the step around them
+  double tf = 0, tb = 0;           // the slowest chunk's forward and backward
+  double extra_first = 0, extra_last = 0;  // embedding and head, per micro-batch
+  double dp_total = 0, tp_total = 0, pp_total = 0, opt_s = 0;
+};
+
+StepTimes step_times(const StepContext& x, const Costs& k) {
+  const model::GptConfig& config = *x.config;
+  const Layout& l = *x.layout;
+  const Dims& dims = x.dims;
+  const int t = l.tp, p = l.pp, d = l.dp, m = x.m;
+  StepTimes st;
+  st.busy.assign(p, 0), st.tail.assign(p, 0);
+  const LocalLayerTime lt = st.layer = local_layer_time(dims, x.recompute, k);
+
+  const double N = dims.N, Nl = dims.Nl, C = dims.C, act = N * C * 4;
+  const double reduce_rows = dims.sp ? k.reduce_scatter_s(act, dims.tp) : k.all_reduce_s(act, dims.tp);
+  const double gather_rows = dims.sp ? k.all_gather_s(act, dims.tp) : 0;
+  // Embedding (first stage): lookup and position add, its tp reduction; backward the
+  // scatter-add of its gradient.
+  const double emb_f = k.bytes_s(N * C * 12) + reduce_rows;
+  const double emb_b = k.bytes_s(N * C * 12) + gather_rows;
+  // Head (last stage): final LayerNorm, the tied head GEMM over this rank's vocabulary
+  // columns, the vocabulary-parallel cross-entropy (three all-reduces of N values);
+  // backward its two GEMMs, the input gradient's reduction, the LayerNorm backward.
+  const double head_f = k.bytes_s(Nl * C * 8) + gather_rows + k.gemm_s(N, dims.vn, C) +
+                        N * dims.vn * kCrossEntropyForwardS * k.per_element + 3 * k.all_reduce_s(N * 4, dims.tp);
+  const double head_b = N * dims.vn * kCrossEntropyBackwardS * k.per_element + k.gemm_s(N, C, dims.vn) +
+                        k.gemm_s(dims.vn, C, N) + reduce_rows + k.bytes_s(Nl * C * 4 + Nl * C * 16) +
+                        (dims.sp ? k.all_reduce_s(2 * C * 4, dims.tp) : 0);
+  st.extra_first = emb_f + emb_b, st.extra_last = head_f + head_b;
+  // Pipeline sends: the boundary tensor (Nl x C), gradients copied before they go.
+  const double send_f = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) : 0;
+  const double send_b = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) + k.bytes_s(Nl * C * 8) : 0;
+
+  // Data parallelism and ZeRO: inside a host the collectives and the copies around them are
+  // CPU work on the same cores as compute (Open MPI's shared-memory transport copies and
+  // reduces on them), so every byte counts; grad-norm reductions are latency.
+  for (int r = 0; r < p; r++) {
+    const model::ParamLayout layout(config, t, 0, (*x.parts)[r]);
+    const parallel::ShardLayout shards(layout, d, 0);
+    double layers = 0, f = 0, b = 0, extra = 0;
+    const auto& part = (*x.parts)[r];
+    const auto chunks = part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
+    for (const auto& ch : chunks) {
+      const double n = ch.end - ch.begin;
+      layers += n;
+      const double cf = n * lt.forward() + (ch.end < config.layers ? send_f : 0);
+      const double cb = n * lt.backward() + (ch.begin > 0 ? send_b : 0);
+      f += cf, b += cb;
+      st.tf = std::max(st.tf, cf), st.tb = std::max(st.tb, cb);
+      if (ch.begin == 0) extra += emb_f + emb_b;
+      if (ch.end == config.layers) extra += head_f + head_b;
+    }
+    st.busy[r] = m * (f + b + extra);
+    // Communication on this rank, for the per-axis account.
+    const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
+    double tp_s = m * layers * tp_layer;
+    for (const auto& ch : chunks) {
+      if (ch.begin == 0) tp_s += m * (reduce_rows + gather_rows);
+      if (ch.end == config.layers) tp_s += m * (2 * gather_rows + 3 * k.all_reduce_s(N * 4, dims.tp) + reduce_rows);
+    }
+    double pp_s = 0;
+    for (const auto& ch : chunks) pp_s += m * ((ch.end < config.layers ? send_f : 0) + (ch.begin > 0 ? send_b : 0));
+    // The step around the pipeline.
+    const double total = (double)layout.total();
+    double owned = 0, padded = 0;
+    for (int u = 0; u < layout.num_units(); u++) {
+      owned += (double)(shards.own_end(u) - shards.own_begin(u));
+      padded += (double)shards.units()[u].padded;
+    }
+    double dp_s = 0;
+    // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
+    // staging buffers that are zeroed as they are taken.
+    const bool once_per_step = p > 1 && l.zero >= 2;
+    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
+                              (once_per_step ? k.bytes_s(4 * padded) : 0);
+    if (d > 1) {
+      switch (l.zero) {
+        case 0:
+          dp_s = k.all_reduce_s(4 * total, x.dp, true);
+          break;
+        case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
+          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(4 * padded, x.dp, true);
+          break;
+        default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
+          double per_mb = k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(4 * padded, x.dp, true);
+          if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
+            const double gathers = once_per_step ? 1 : x.recompute == model::Recompute::kFull ? 3 : 2;
+            per_mb += gathers * k.all_gather_s(4 * padded, x.dp, true);
+          }
+          dp_s = (once_per_step ? 1 : m) * per_mb;
+        }
+      }
+      if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
+    }
+    // The tied embedding's gradients swapped between the first and last stage.
+    double tied = 0;
+    if (p > 1 && (r == 0 || r == p - 1) && !layout.has_untied_head()) {
+      const int E = layout.embedding_unit();
+      const double n = l.zero == 0 ? (double)layout.units()[E].numel
+                                   : (double)(shards.own_end(E) - shards.own_begin(E));
+      tied = k.p2p_s(4 * n, x.pp, true) + k.bytes_s(12 * n);
+      pp_s += tied;
+    }
+    // Optimizer: the global norm (fixed-order fp64 sum) and its reductions over the world,
+    // clipping (8 B), AdamW (28 B).
+    const double n_opt = l.zero == 0 ? total : owned;
+    const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) +
+                       3 * k.all_reduce_s(8, x.world.inter ? x.world : AxisLink{2});
+    st.tail[r] = zero_grads + dp_s + tied + opt;
+    if (r == 0) st.dp_total = dp_s, st.tp_total = tp_s, st.opt_s = opt;
+    st.pp_total = std::max(st.pp_total, pp_s);
+  }
+  return st;
 }
 
 }  // namespace
@@ -260,6 +448,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   const ModelShape shape = model_shape(config, T);
   RETURN_IF_ERROR(validate(shape, l));
   RETURN_IF_ERROR(validate(c));
+  RETURN_IF_ERROR(check_fits_nodes(l, c));
   RETURN_IF_ERROR(model::validate_tp(config, l.tp));
   if (l.precision != Precision::kFp32)
     return Status::error(std::string("precision ") + precision_name(l.precision) +
@@ -304,142 +493,48 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   k.per_element = kMemoryBandwidth / k.bandwidth;
   k.latency = c.intra.latency;
   k.link = c.link_efficiency;
-  Dims dims;
-  dims.B = B, dims.T = T, dims.N = (double)B * T, dims.t = t, dims.sp = l.sp && t > 1;
-  dims.Nl = dims.sp ? dims.N / t : dims.N;
-  dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
-  dims.NHl = (double)config.heads / t, dims.hs = (double)config.dim / config.heads;
-  dims.vn = std::min(config.vocab, config.padded_vocab() / t);  // tp rank 0's real columns
-  const LocalLayerTime lt = local_layer_time(dims, recompute, k);
+  k.inter = c.inter;
+  const StepContext ctx = step_context(config, l, c, T, parts, recompute);
+  // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
+  // time-share the cores while they compute, and all wait on the wire together (every
+  // collective that crosses hosts holds its group, and the step waits for its slowest).
+  const StepTimes full = step_times(ctx, k);
+  Costs cpu_only = k;
+  cpu_only.wire = false;
+  const StepTimes cpu_times = step_times(ctx, cpu_only);
+  const LocalLayerTime& lt = full.layer;
   pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
   pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
-
-  const double N = dims.N, Nl = dims.Nl, C = dims.C, act = N * C * 4;
-  const double reduce_rows = dims.sp ? k.reduce_scatter_s(act, t) : k.all_reduce_s(act, t);
-  const double gather_rows = dims.sp ? k.all_gather_s(act, t) : 0;
-  // Embedding (first stage): lookup and position add, its tp reduction; backward the
-  // scatter-add of its gradient.
-  const double emb_f = k.bytes_s(N * C * 12) + reduce_rows;
-  const double emb_b = k.bytes_s(N * C * 12) + gather_rows;
-  // Head (last stage): final LayerNorm, the tied head GEMM over this rank's vocabulary
-  // columns, the vocabulary-parallel cross-entropy (three all-reduces of N values);
-  // backward its two GEMMs, the input gradient's reduction, the LayerNorm backward.
-  const double head_f = k.bytes_s(Nl * C * 8) + gather_rows + k.gemm_s(N, dims.vn, C) +
-                        N * dims.vn * kCrossEntropyForwardS * k.per_element + 3 * k.all_reduce_s(N * 4, t);
-  const double head_b = N * dims.vn * kCrossEntropyBackwardS * k.per_element + k.gemm_s(N, C, dims.vn) +
-                        k.gemm_s(dims.vn, C, N) + reduce_rows + k.bytes_s(Nl * C * 4 + Nl * C * 16) +
-                        (dims.sp ? k.all_reduce_s(2 * C * 4, t) : 0);
-  // Pipeline sends: the boundary tensor (Nl x C), gradients copied before they go.
-  const double send_f = p > 1 ? k.p2p_s(Nl * C * 4) : 0;
-  const double send_b = p > 1 ? k.p2p_s(Nl * C * 4) + k.bytes_s(Nl * C * 8) : 0;
-
-  // Data parallelism and ZeRO: the collectives and the copies around them are CPU work on
-  // the same cores as compute (Open MPI's shared-memory transport copies and reduces on
-  // them), so every byte counts; grad-norm reductions are latency.
-  std::vector<double> busy(p), tail(p);
-  double dp_total = 0, tp_total = 0, pp_total = 0, opt_s = 0;
-  double tf = 0, tb = 0;
-  for (int r = 0; r < p; r++) {
-    const model::ParamLayout layout(config, t, 0, parts[r]);
-    const parallel::ShardLayout shards(layout, d, 0);
-    double layers = 0, f = 0, b = 0, extra = 0;
-    const auto chunks = parts[r].chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}}
-                                                : parts[r].chunks;
-    for (const auto& ch : chunks) {
-      const double n = ch.end - ch.begin;
-      layers += n;
-      const double cf = n * lt.forward() + (ch.end < config.layers ? send_f : 0);
-      const double cb = n * lt.backward() + (ch.begin > 0 ? send_b : 0);
-      f += cf, b += cb;
-      tf = std::max(tf, cf), tb = std::max(tb, cb);
-      if (ch.begin == 0) extra += emb_f + emb_b;
-      if (ch.end == config.layers) extra += head_f + head_b;
-    }
-    busy[r] = m * (f + b + extra);
-    // Communication on this rank, for the per-axis account.
-    const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
-    double tp_s = m * layers * tp_layer;
-    for (const auto& ch : chunks) {
-      if (ch.begin == 0) tp_s += m * (reduce_rows + gather_rows);
-      if (ch.end == config.layers) tp_s += m * (2 * gather_rows + 3 * k.all_reduce_s(N * 4, t) + reduce_rows);
-    }
-    double pp_s = 0;
-    for (const auto& ch : chunks) pp_s += m * ((ch.end < config.layers ? send_f : 0) + (ch.begin > 0 ? send_b : 0));
-    // The step around the pipeline.
-    const double total = (double)layout.total();
-    double owned = 0, padded = 0;
-    for (int u = 0; u < layout.num_units(); u++) {
-      owned += (double)(shards.own_end(u) - shards.own_begin(u));
-      padded += (double)shards.units()[u].padded;
-    }
-    double dp_s = 0;
-    // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
-    // staging buffers that are zeroed as they are taken.
-    const bool once_per_step = p > 1 && l.zero >= 2;
-    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
-                              (once_per_step ? k.bytes_s(4 * padded) : 0);
-    if (d > 1) {
-      switch (l.zero) {
-        case 0:
-          dp_s = k.all_reduce_s(4 * total, d, true);
-          break;
-        case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
-          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(4 * padded, d, true);
-          break;
-        default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
-          double per_mb = k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(4 * padded, d, true);
-          if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
-            const double gathers = once_per_step ? 1 : recompute == model::Recompute::kFull ? 3 : 2;
-            per_mb += gathers * k.all_gather_s(4 * padded, d, true);
-          }
-          dp_s = (once_per_step ? 1 : m) * per_mb;
-        }
-      }
-      if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, d, true) + k.bytes_s(12 * padded);
-    }
-    // The tied embedding's gradients swapped between the first and last stage.
-    double tied = 0;
-    if (p > 1 && (r == 0 || r == p - 1) && !layout.has_untied_head()) {
-      const int E = layout.embedding_unit();
-      const double n = l.zero == 0 ? (double)layout.units()[E].numel
-                                   : (double)(shards.own_end(E) - shards.own_begin(E));
-      tied = k.p2p_s(4 * n, true) + k.bytes_s(12 * n);
-      pp_s += tied;
-    }
-    // Optimizer: the global norm (fixed-order fp64 sum), clipping (8 B), AdamW (28 B).
-    const double n_opt = l.zero == 0 ? total : owned;
-    const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) + 3 * k.all_reduce_s(8, 2);
-    tail[r] = zero_grads + dp_s + tied + opt;
-    if (r == 0) dp_total = dp_s, tp_total = tp_s, opt_s = opt;
-    pp_total = std::max(pp_total, pp_s);
-  }
 
   // The pipeline at full speed, by the engine's schedule generator on the slowest chunk's
   // costs; the first and last stages' extra work lies on the critical path of every
   // micro-batch (as in predict()).
   pp::SimResult sim;
-  RETURN_IF_ERROR(pp::simulate(l.schedule, p, m, v, tf, tb, &sim));
-  const double extra_first = emb_f + emb_b, extra_last = head_f + head_b;
-  const double extra = p == 1 ? extra_first + extra_last : std::max(extra_first, extra_last);
+  RETURN_IF_ERROR(pp::simulate(l.schedule, p, m, v, full.tf, full.tb, &sim));
+  const double extra = p == 1 ? full.extra_first + full.extra_last : std::max(full.extra_first, full.extra_last);
   const double pipeline = sim.makespan + m * extra;
-  const double critical = pipeline + *std::max_element(tail.begin(), tail.end());
+  const double critical = pipeline + *std::max_element(full.tail.begin(), full.tail.end());
   // Time-sharing: the t x d ranks of every stage run at once; when all ranks' threads
-  // outnumber the cores, the step is at least all ranks' CPU work over the cores.
-  double cpu = 0;
-  for (int r = 0; r < p; r++) cpu += (double)t * d * (busy[r] + tail[r]);
+  // outnumber the cores, the step is at least all ranks' CPU work over the cores, plus the
+  // time every rank waits on the inter-host wire.
+  double cpu = 0, wire = 0;
+  for (int r = 0; r < p; r++) {
+    cpu += (double)t * d * (cpu_times.busy[r] + cpu_times.tail[r]);
+    wire = std::max(wire, full.busy[r] + full.tail[r] - cpu_times.busy[r] - cpu_times.tail[r]);
+  }
   const int cores = c.cores > 0 ? c.cores : l.gpus() * run.threads;
-  const double shared = cpu * run.threads / cores;
+  const double shared = cpu * run.threads / cores + wire;
   pr.step_s = std::max(critical, shared);
   const double slow = pr.step_s / critical;  // time-sharing stretch of every part
 
   double busy_sum = 0;
-  for (double b : busy) busy_sum += b;
+  for (double b : full.busy) busy_sum += b;
   pr.pipeline_s = pipeline * slow;
   pr.bubble = std::max(0.0, 1 - busy_sum / (p * pipeline));
-  pr.optimizer_s = opt_s * slow;
-  pr.tp = {0, tp_total * slow};
-  pr.pp = {0, pp_total * slow};
-  pr.dp = {0, dp_total * slow};
+  pr.optimizer_s = full.opt_s * slow;
+  pr.tp = {0, full.tp_total * slow};
+  pr.pp = {0, full.pp_total * slow};
+  pr.dp = {0, full.dp_total * slow};
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
   pr.model_flops = model_flops(shape, l.global_batch);
   pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.gpus()) / 1e12;

@@ -37,6 +37,24 @@ std::vector<int> expert_parallel_sizes(const ModelShape& m, int dp) {
   return out;
 }
 
+// The orders among `orders` that place a tp x pp x dp mesh differently: the axes of size
+// above 1, in order, tell them apart.
+std::vector<comm::RankOrder> distinct_orders(const std::vector<comm::RankOrder>& orders, int tp, int pp, int dp) {
+  if (orders.empty()) return {comm::kDefaultRankOrder};
+  const comm::MeshShape shape{.tp = tp, .pp = pp, .dp = dp};
+  std::vector<comm::RankOrder> out;
+  std::vector<std::vector<comm::MeshAxis>> seen;
+  for (const comm::RankOrder& order : orders) {
+    std::vector<comm::MeshAxis> key;
+    for (comm::MeshAxis a : order)
+      if (shape.size(a) > 1) key.push_back(a);
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) continue;
+    seen.push_back(key);
+    out.push_back(order);
+  }
+  return out;
+}
+
 }  // namespace
 
 Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
@@ -87,8 +105,10 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
                                                                   : std::vector{model::ExpertTp::kSplit}))
           for (int zero : choices(space.zero, dp == 1 ? std::vector<int>{0} : std::vector<int>{0, 1, 2, 3}))
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
-              for (Recompute r : choices(space.recompute, recompute_modes)) {
+              for (Recompute r : choices(space.recompute, recompute_modes))
+              for (const comm::RankOrder& order : distinct_orders(space.rank_orders, tp, pp, dp)) {
                 Layout l;
+                l.order = order;
                 l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.global_batch = global_batch;
                 l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
                 l.ep = ep, l.expert_tp = etp, l.moe_imbalance = space.moe_imbalance;

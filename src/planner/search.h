@@ -23,6 +23,10 @@ struct SearchSpace {
   // empty: each layout's balanced split).
   Attention attention = Attention::kFused;
   std::vector<int> stage_layers;
+  // Rank orders to try (placement on a cluster of several hosts, planner/placement.h);
+  // orders that place a layout's groups alike (they differ only in axes of size 1) are
+  // tried once. Empty: the default, tp-dp-pp.
+  std::vector<comm::RankOrder> rank_orders;
 };
 
 struct Candidate {

@@ -5,6 +5,7 @@
 
 #include "parallel/pp/stages.h"
 #include "planner/memory.h"
+#include "planner/placement.h"
 
 namespace meshtrain::planner {
 
@@ -182,8 +183,8 @@ Status validate(const ModelShape& m, const Layout& l) {
 
 namespace {
 
-// A ring's view of the network for one group (docs/planning.md, "Links"): ranks ordered tp,
-// dp, pp from fastest; a group of stride `stride` and `size` members.
+// A ring's view of the network for one group (docs/planning.md, "Links"): a group of
+// `size` members `stride` ranks apart (planner/placement.h).
 struct Ring {
   int n = 1;
   double bandwidth = 0;  // bytes/s each rank gets, after link efficiency
@@ -194,18 +195,17 @@ struct Ring {
 Ring ring_for(int stride, int size, const Cluster& c) {
   Ring r;
   r.n = size;
-  const int node = c.gpus_per_node;
-  if ((long long)stride * size <= node) {
+  const GroupPlacement g = place_group(stride, size, c);
+  if (!g.crosses_hosts) {
     r.bandwidth = c.intra.bandwidth * c.link_efficiency;
     r.latency = c.intra.latency;
     return r;
   }
-  // Crossing nodes: each node's k members of the group drive k NICs at once (one per GPU,
-  // rail-optimised DGX networking); NCCL runs several rings so a ring's node-boundary hops
-  // share all k NICs while its in-node hops use NVLink. Per-rank bandwidth is k NICs' worth,
-  // capped by NVLink.
-  const int k = std::clamp(node / std::max(stride, 1), 1, size);
-  r.bandwidth = std::min(c.intra.bandwidth, k * c.inter.bandwidth) * c.link_efficiency;
+  // Crossing nodes: each node's k members of the group drive its share of the NICs at once
+  // (rail-optimised DGX networking: k NICs); NCCL runs several rings so a ring's
+  // node-boundary hops share them while its in-node hops use NVLink. Per-rank bandwidth is
+  // that share, capped by NVLink.
+  r.bandwidth = std::min(c.intra.bandwidth, g.nic_share * c.inter.bandwidth) * c.link_efficiency;
   r.latency = c.inter.latency;
   r.inter_node = true;
   return r;
@@ -378,6 +378,7 @@ StageParams stage_params(const ModelShape& m, const Layout& l) {
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out) {
   RETURN_IF_ERROR(validate(m, l));
   RETURN_IF_ERROR(validate(c));
+  RETURN_IF_ERROR(check_fits_nodes(l, c));
   *out = Prediction();
   Prediction& r = *out;
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, S = p * v;
@@ -387,9 +388,13 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
   const double bsh = b * s * h;
 
-  const Ring tp_ring = ring_for(1, t, c), dp_ring = ring_for(t, d, c), pp_ring = ring_for(t * d, p, c);
-  // ep: consecutive dp ranks (stride tp); edp: the copies of one rank's experts (stride tp ep).
-  const Ring ep_ring = ring_for(t, l.ep, c), edp_ring = ring_for(t * l.ep, d / l.ep, c);
+  using comm::MeshAxis;
+  const int tp_stride = axis_stride(l, MeshAxis::kTp), dp_stride = axis_stride(l, MeshAxis::kDp);
+  const int pp_stride = axis_stride(l, MeshAxis::kPp);
+  const Ring tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, d, c);
+  const Ring pp_ring = ring_for(pp_stride, p, c);
+  // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
+  const Ring ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, d / l.ep, c);
   const LayerTime lt = layer_time(m, l, c, tp_ring, ep_ring);
   r.layer_forward = {lt.gemm_f, lt.mem_f, lt.comm_f, 0};
   r.layer_backward = {lt.gemm_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
@@ -541,7 +546,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
-  const double tied = p > 1 && m.tied_head ? all_reduce_s(V * h / t * e, ring_for((p - 1) * t * d, 2, c)) : 0;
+  const double tied = p > 1 && m.tied_head ? all_reduce_s(V * h / t * e, ring_for((p - 1) * pp_stride, 2, c)) : 0;
   r.pp.exposed = 2 * mb * v * send + tied;
 
   // Optimizer step on this GPU's shard, as passes over memory (Megatron's mixed-precision

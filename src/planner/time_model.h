@@ -14,9 +14,10 @@
 //           generator) with each stage's own cost;
 //   step  = pipeline + exposed data-parallel reduction + optimizer step.
 //
-// Rank order (Megatron's, and the engine's mesh): tp varies fastest, then dp, then pp. A
-// group of stride k and size n sits in one node when k n <= GPUs per node; otherwise it
-// crosses nodes (see docs/planning.md for the bandwidth such a ring gets).
+// Rank order (Megatron's, and the engine's mesh; Layout::order, `--rank-order`): by default
+// tp varies fastest, then dp, then pp. A group of stride k and size n sits in one node when
+// k n <= GPUs per node; otherwise it crosses nodes (planner/placement.h; docs/planning.md
+// for the bandwidth such a ring gets).
 //
 // predict() allocates a few vectors of p x v entries and inside pp::simulate; a layout
 // search may call it thousands of times.
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/mesh.h"
 #include "core/status.h"
 #include "model/config.h"
 #include "model/param_layout.h"
@@ -121,6 +123,9 @@ struct Layout {
   // the head on the last (pp::split_layers), even where the layers divide evenly and the
   // edges are cheap. Llama 3 405B: 126 layers on 16 stages as 7, fourteen of 8, 7.
   std::vector<int> stage_layers;
+  // The mesh's rank order, fastest-varying axis first (`--rank-order`): which groups share
+  // a node (planner/placement.h).
+  comm::RankOrder order = comm::kDefaultRankOrder;
   int gpus() const { return tp * pp * dp; }
 };
 

@@ -70,6 +70,11 @@ def handmade(corpus, train_bin):
           "hbm_gbps = 2039\ngpus_per_node = 8\nintra_node_gbps = 300\nintra_node_latency_us = 2\n"
           "inter_node_gbps = 25\ninter_node_latency_us = 5\ngemm_max_fraction = 0.78\n"
           "gemm_half_dim = 64\nhbm_efficiency = 0.6\nlink_efficiency = 0.7\nreserved_gb = 2\n")
+    write(os.path.join(corpus, "fuzz_cluster_file", "tables.toml"),
+          'name = "two-hosts"\nbase = "h100-80g"\n[hosts]\ncount = 2\nranks_per_host = 2\nnics_per_host = 1\n'
+          "[links.intra_host]\nbandwidth_gbs = 5.3\nlatency_us = 3.5\n"
+          "[links.inter_host]\nbandwidth_gbs = 0.064\nlatency_us = 12\nreduce_scatter_gbs = 0.04\n"
+          "all_gather_gbs = 0.067\n")
     write(os.path.join(corpus, "fuzz_config_toml", "kinds.toml"),
           '# one key of each kind\nmodel = "tiny"\nprecision = "bf16"\nquiet = true\n'
           "stage_layers = [1, 1]\nseed = 18446744073709551615\nzero = 2\nbucket-mb = 12.5\n"

@@ -358,7 +358,10 @@ TEST_F(BadFiles, ClusterFileWithANegativeBandwidthIsNamed) {
   write_file(toml, "base = \"a100-80g\"\nhbm_efficiency = 1.5\n");
   expect_cli_error("plan --cluster " + toml, {toml, "'hbm_efficiency'", "fraction"});
   write_file(toml, "base = \"a100-80g\"\nmemory_gb = 40\nhbm_gbps = 9\nmemory_gb = 80\n");
-  expect_cli_error("plan --cluster " + toml, {toml, "'memory_gb'", "twice"});
+  // toml++ refuses a key defined twice itself, naming the line.
+  expect_cli_error("plan --cluster " + toml, {toml, "line 4", "redefine", "'memory_gb'"});
+  write_file(toml, "base = \"a100-80g\"\ninter_node_gbps = 5\n[links.inter_host]\nbandwidth_gbs = 6\n");
+  expect_cli_error("plan --cluster " + toml, {toml, "'inter_node_gbps' is set twice", "[links.inter_host] bandwidth_gbs"});
 }
 
 // ---- Tokenizer files -------------------------------------------------------------------

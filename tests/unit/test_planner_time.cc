@@ -358,7 +358,7 @@ TEST(PlannerTimeCluster, FieldErrorsNameTheKey) {
   EXPECT_EQ(message("gpus_per_node", "4.5"), "'gpus_per_node' in x.toml must be a whole number, got '4.5'");
   EXPECT_EQ(message("link_efficiency", "1.5"), "x.toml: 'link_efficiency' is a fraction in (0, 1], got 1.5");
   EXPECT_EQ(message("peak_tflops_bf16", "0"), "x.toml: 'peak_tflops_bf16' must be > 0, got 0");
-  EXPECT_EQ(cluster_fields().size(), 14u);
+  EXPECT_EQ(cluster_fields().size(), 18u);  // 14, and the optional nics, nodes and two inter-node rates
   c.reserved_bytes = 100e9;
   EXPECT_NE(validate(c).message().find("'reserved_gb'"), std::string::npos);
 }

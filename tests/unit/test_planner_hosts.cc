@@ -1,0 +1,207 @@
+// The planner on clusters of several hosts: where each axis's groups sit under a rank order
+// (planner/placement.h), the cluster files' hosts and links tables (cli/cluster_file.h, read
+// with toml++), and what placement does to the predicted step, on GPU nodes (the time
+// model) and on this machine split into hosts (the local predictor). No runs: the measured
+// side is bench/hosts_layouts.sh, which prints the predictions next to the runs.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "cli/cluster_file.h"
+#include "model/config.h"
+#include "planner/cluster.h"
+#include "planner/local.h"
+#include "planner/placement.h"
+#include "planner/time_model.h"
+
+namespace meshtrain::planner::test_planner_hosts {
+namespace {
+
+using comm::MeshAxis;
+
+comm::RankOrder order(const std::string& text) {
+  comm::RankOrder o;
+  EXPECT_TRUE(comm::parse_rank_order(text, &o).is_ok()) << text;
+  return o;
+}
+
+Layout layout(int tp, int pp, int dp, const std::string& rank_order) {
+  Layout l;
+  l.tp = tp, l.pp = pp, l.dp = dp, l.order = order(rank_order);
+  return l;
+}
+
+// Two hosts of two ranks with one NIC each: the namespaces of scripts/hosts.sh.
+Cluster two_by_two() {
+  Cluster c;
+  EXPECT_TRUE(cluster_preset("a100-80g", &c).is_ok());
+  c.gpus_per_node = 2, c.nics_per_node = 1, c.nodes = 2;
+  return c;
+}
+
+TEST(PlannerPlacement, StridesFollowTheRankOrder) {
+  const Layout def = layout(2, 3, 4, "tp-dp-pp");
+  EXPECT_EQ(axis_stride(def, MeshAxis::kTp), 1);
+  EXPECT_EQ(axis_stride(def, MeshAxis::kDp), 2);
+  EXPECT_EQ(axis_stride(def, MeshAxis::kPp), 8);
+  const Layout dp_first = layout(2, 3, 4, "dp-pp-tp");
+  EXPECT_EQ(axis_stride(dp_first, MeshAxis::kDp), 1);
+  EXPECT_EQ(axis_stride(dp_first, MeshAxis::kPp), 4);
+  EXPECT_EQ(axis_stride(dp_first, MeshAxis::kTp), 12);
+}
+
+TEST(PlannerPlacement, GroupsCrossHostsAndShareTheirLinks) {
+  const Cluster c = two_by_two();
+  // tp2 dp2, tp first: tp stays in a host; both dp groups cross, sharing each host's NIC.
+  GroupPlacement tp = place_group(1, 2, c), dp = place_group(2, 2, c);
+  EXPECT_FALSE(tp.crosses_hosts);
+  EXPECT_TRUE(dp.crosses_hosts);
+  EXPECT_EQ(dp.members_per_host, 1);
+  EXPECT_DOUBLE_EQ(dp.nic_share, 0.5);
+  // dp4 over both hosts: one ring, leaving each host once, has the NIC to itself.
+  const GroupPlacement dp4 = place_group(1, 4, c);
+  EXPECT_TRUE(dp4.crosses_hosts);
+  EXPECT_EQ(dp4.members_per_host, 2);
+  EXPECT_DOUBLE_EQ(dp4.nic_share, 1.0);
+  // A DGX node (8 GPUs, 8 NICs): a group with one member per node gets one NIC, one with
+  // four members per node four (the GPU time model's rail-optimised rings).
+  Cluster dgx;
+  ASSERT_TRUE(cluster_preset("h100-80g", &dgx).is_ok());
+  EXPECT_DOUBLE_EQ(place_group(8, 4, dgx).nic_share, 1.0);
+  EXPECT_DOUBLE_EQ(place_group(2, 16, dgx).nic_share, 4.0);
+  EXPECT_FALSE(place_group(1, 8, dgx).crosses_hosts);
+}
+
+TEST(PlannerPlacement, LayoutsLargerThanTheClusterAreRefused) {
+  const Cluster c = two_by_two();
+  EXPECT_TRUE(check_fits_nodes(layout(2, 1, 2, "tp-dp-pp"), c).is_ok());
+  const Status s = check_fits_nodes(layout(2, 1, 4, "tp-dp-pp"), c);
+  ASSERT_FALSE(s.is_ok());
+  EXPECT_NE(s.message().find("needs 8 ranks"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("2 nodes x 2 = 4"), std::string::npos) << s.message();
+}
+
+// The GPU time model: Megatron's rule, tp inside a node, holds for a large model: putting the
+// tp groups across nodes (dp-tp-pp) makes the step slower, and only the tp time changes.
+TEST(PlannerPlacement, TensorParallelismAcrossNodesIsSlowerOnGpus) {
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  ModelShape m;
+  m.layers = 32, m.hidden = 4096, m.heads = 32, m.seq = 4096, m.vocab = 32000;
+  Layout inside = layout(8, 1, 8, "tp-dp-pp");
+  inside.micro_batch = 1, inside.global_batch = 64;
+  Layout across = inside;
+  across.order = order("dp-tp-pp");
+  Prediction a, b;
+  ASSERT_TRUE(predict(m, inside, h100, &a).is_ok());
+  ASSERT_TRUE(predict(m, across, h100, &b).is_ok());
+  EXPECT_GT(b.step_s, a.step_s * 1.2);
+  EXPECT_GT(b.tp.total(), a.tp.total() * 2);
+  EXPECT_EQ(b.memory.total(), a.memory.total());
+}
+
+// The local predictor on two hosts: the bench model of bench/hosts_layouts.sh (a tied
+// 50257-row embedding, width 128), whose dp bytes are 6x its tp bytes. On one host the two
+// orders predict the same step; over a slow link the axis that crosses it pays for its
+// bytes there, so tp across the link beats tp inside a host, as measured.
+TEST(PlannerPlacement, LocalPredictorChargesTheAxisThatCrossesTheLink) {
+  model::GptConfig config;
+  config.layers = 4, config.dim = 128, config.heads = 4, config.max_seq_len = 64, config.vocab = 50257;
+  LocalRun run;
+  Cluster one_host = local_cluster(1, 100, 100);
+  Cluster hosts = one_host;
+  hosts.gpus_per_node = 2, hosts.nics_per_node = 1, hosts.nodes = 2;
+  hosts.inter = {0.064e9, 12e-6, 0.040e9, 0.067e9};  // bench/hosts_comm.sh at 1 Gbit/s
+  Layout inside = layout(2, 1, 2, "tp-dp-pp");
+  inside.micro_batch = 4, inside.global_batch = 8, inside.precision = Precision::kFp32;
+  Layout across = inside;
+  across.order = order("dp-tp-pp");
+  Prediction p_inside, p_across, q_inside, q_across;
+  ASSERT_TRUE(predict_local(config, inside, run, one_host, &q_inside).is_ok());
+  ASSERT_TRUE(predict_local(config, across, run, one_host, &q_across).is_ok());
+  EXPECT_DOUBLE_EQ(q_inside.step_s, q_across.step_s);
+  ASSERT_TRUE(predict_local(config, inside, run, hosts, &p_inside).is_ok());
+  ASSERT_TRUE(predict_local(config, across, run, hosts, &p_across).is_ok());
+  EXPECT_LT(p_across.step_s, p_inside.step_s);
+  EXPECT_GT(p_inside.step_s, q_inside.step_s);  // the link costs time
+  // 14.5 MB of dp gradients through half a 0.064 GB/s NIC is at least 0.45 s.
+  EXPECT_GT(p_inside.dp.total(), 0.45);
+  EXPECT_LT(p_across.dp.total(), 0.1);
+}
+
+// ---- Cluster files: toml++ tables -------------------------------------------------------
+
+Status parse(const std::string& text, Cluster* c) { return cli::parse_cluster_toml(text, "c.toml", c); }
+
+TEST(ClusterFile, HostsAndLinksTablesSetTheirFields) {
+  Cluster c;
+  const Status s = parse(R"(base = "a100-80g"
+name = "two-racks"
+[hosts]
+count = 16
+ranks_per_host = 4
+nics_per_host = 2
+[links.intra_host]
+bandwidth_gbs = 100
+latency_us = 3
+[links.inter_host]
+bandwidth_gbs = 12.5
+latency_us = 7.5
+reduce_scatter_gbs = 10
+all_gather_gbs = 11
+)",
+                         &c);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_EQ(c.name, "two-racks");
+  EXPECT_EQ(c.nodes, 16);
+  EXPECT_EQ(c.gpus_per_node, 4);
+  EXPECT_EQ(c.nics_per_node, 2);
+  EXPECT_DOUBLE_EQ(c.intra.bandwidth, 100e9);
+  EXPECT_DOUBLE_EQ(c.intra.latency, 3e-6);
+  EXPECT_DOUBLE_EQ(c.inter.bandwidth, 12.5e9);
+  EXPECT_DOUBLE_EQ(c.inter.latency, 7.5e-6);
+  EXPECT_DOUBLE_EQ(c.inter.reduce_scatter(), 10e9);
+  EXPECT_DOUBLE_EQ(c.inter.all_gather(), 11e9);
+  EXPECT_DOUBLE_EQ(c.peak_flops_16, 312e12);  // the rest from the base
+}
+
+TEST(ClusterFile, ErrorsNameTheTableAndKey) {
+  Cluster c;
+  auto error = [&](const std::string& text) { return parse(text, &c).message(); };
+  auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos;
+  };
+  std::string m = error("base = \"a100-80g\"\n[host]\ncount = 2\n");
+  EXPECT_TRUE(has(m, "unknown table [host]") && has(m, "[hosts]")) << m;
+  m = error("base = \"a100-80g\"\n[hosts]\nranks = 2\n");
+  EXPECT_TRUE(has(m, "unknown key 'ranks' in [hosts]") && has(m, "ranks_per_host")) << m;
+  m = error("base = \"a100-80g\"\ngpus_per_node = 4\n[hosts]\nranks_per_host = 2\n");
+  EXPECT_TRUE(has(m, "'gpus_per_node' is set twice") && has(m, "[hosts] ranks_per_host")) << m;
+  m = error("base = \"a100-80g\"\n[links.inter_host]\nbandwidth_gbs = -1\n");
+  EXPECT_TRUE(has(m, "'inter_node_gbps'") && has(m, "[links.inter_host] bandwidth_gbs") && has(m, "> 0")) << m;
+  m = error("base = \"a100-80g\"\n[hosts]\ncount = [2]\n");
+  EXPECT_TRUE(has(m, "'[hosts] count'") && has(m, "one number")) << m;
+  m = error("base = \"a100-80g\"\nmemory_gb = \n");
+  EXPECT_TRUE(has(m, "cannot parse") && has(m, "line 2")) << m;
+  m = error("base = \"local\"\n");  // the parser alone knows only the presets
+  EXPECT_TRUE(has(m, "unknown cluster preset 'local'")) << m;
+  // Without a base, the optional fields (hosts, NICs, per-collective rates) may be left out.
+  m = error("peak_tflops_bf16 = 1\n");
+  EXPECT_TRUE(has(m, "lacks") && !has(m, "nics_per_node") && !has(m, "nodes")) << m;
+}
+
+TEST(ClusterFile, LocalBaseIsThisMachine) {
+  Cluster c;
+  const Status s = cli::parse_cluster_toml("base = \"local\"\n[hosts]\nranks_per_host = 2\n", "c.toml", &c,
+                                           [](const std::string& name, Cluster* out) {
+                                             if (name != "local") return cluster_preset(name, out);
+                                             *out = local_cluster(1, 100, 100);
+                                             return Status::ok();
+                                           });
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_GT(c.cores, 0);  // what makes `plan` use the local predictor
+  EXPECT_EQ(c.gpus_per_node, 2);
+}
+
+}  // namespace
+}  // namespace meshtrain::planner::test_planner_hosts
