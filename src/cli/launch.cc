@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <regex>
 #include <sstream>
@@ -21,6 +22,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/group.h"
+#include "core/file_io.h"
 #include "train/heartbeat.h"
 
 namespace meshtrain::cli {
@@ -37,7 +39,7 @@ std::vector<std::string>& args() {
 std::atomic<int> g_interrupt{0};  // the signal that asked the supervisor to stop (0: none)
 extern "C" void on_interrupt(int sig) { g_interrupt.store(sig); }
 
-std::vector<std::string> mpirun_command(const LaunchOptions& o, bool resume) {
+std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vector<std::string>& rank_args, bool resume) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
   const int threads = o.threads_per_rank > 0 ? o.threads_per_rank : std::max(1, cores / o.ranks);
   std::error_code ec;
@@ -61,7 +63,7 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, bool resume) {
   cmd.insert(cmd.end(), {"-x", std::string("ASAN_OPTIONS=") + (asan ? asan : "") + ":detect_leaks=0"});
 #endif
   cmd.push_back(self);
-  cmd.insert(cmd.end(), args().begin() + 1, args().end());
+  cmd.insert(cmd.end(), rank_args.begin(), rank_args.end());
   if (resume && std::find(cmd.begin(), cmd.end(), "--resume") == cmd.end()) cmd.push_back("--resume");
   return cmd;
 }
@@ -212,13 +214,77 @@ std::string describe_failure(const Attempt& a, const FailureReport& f, const Lau
   return "mpirun ended with exit code " + std::to_string(a.exit_code);
 }
 
+// The host of the rank that failed: mpirun's words, else its last heartbeat.
+std::string failed_host(const FailureReport& f, const LaunchOptions& o) {
+  if (!f.host.empty() || f.rank < 0 || o.out_dir.empty()) return f.host;
+  const auto beats = train::read_heartbeats(o.out_dir, f.rank + 1);
+  return beats[f.rank].present ? beats[f.rank].host : "";
+}
+
 std::string newest_checkpoint(const std::string& out_dir) {
   std::string dir;
   if (out_dir.empty() || !checkpoint::find_latest_checkpoint(out_dir, &dir).is_ok()) return "";
   return dir;
 }
 
+// `args` without the flags in `names` and their values ("--dp 2" and "--dp=2").
+std::vector<std::string> without_flags(const std::vector<std::string>& args, const std::vector<std::string>& names) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); i++) {
+    bool drop = false;
+    for (const std::string& n : names) {
+      if (args[i] == n) drop = true, i++;  // and its value
+      else if (args[i].starts_with(n + "=")) drop = true;
+      if (drop) break;
+    }
+    if (!drop) out.push_back(args[i]);
+  }
+  return out;
+}
+
 }  // namespace
+
+Status elastic_shape(const LaunchOptions& o, const std::string& failed_host, const std::string& new_hostfile,
+                     ElasticShape* out) {
+  std::ifstream in(o.hostfile);
+  if (!in) return Status::error("cannot read the hostfile " + o.hostfile);
+  std::string kept;
+  int slots = 0;
+  bool found = false;
+  static const std::regex slots_re(R"(\bslots\s*=\s*(\d+))");
+  for (std::string line; std::getline(in, line);) {
+    const std::string text = line.substr(0, line.find('#'));
+    std::istringstream words(text);
+    std::string host;
+    if (!(words >> host)) continue;
+    if (host == failed_host) {
+      found = true;
+      continue;
+    }
+    std::smatch m;
+    if (!std::regex_search(text, m, slots_re))
+      return Status::error("hostfile " + o.hostfile + ": host " + host + " has no slots=N (an elastic restart counts them)");
+    slots += std::stoi(m[1]);
+    kept += line + "\n";
+  }
+  if (!found) return Status::error("hostfile " + o.hostfile + " does not name host " + failed_host);
+  int dp = std::min(o.dp, slots / std::max(1, o.model_parallel));
+  while (dp >= 1 && o.global_batch % (o.micro_batch * dp) != 0) dp--;
+  if (dp < 1)
+    return Status::error("the hosts left hold " + std::to_string(slots) + " slots, not one replica of " +
+                         std::to_string(o.model_parallel) + " ranks (tp x pp) whose dp divides the global batch " +
+                         std::to_string(o.global_batch));
+  RETURN_IF_ERROR(write_file_synced(new_hostfile, kept.data(), kept.size()));
+  out->dp = dp;
+  out->ranks = dp * o.model_parallel;
+  out->grad_accum = o.global_batch / (o.micro_batch * dp);
+  out->hostfile = new_hostfile;
+  const int old_accum = o.global_batch / (o.micro_batch * o.dp);
+  out->summary = "without host " + failed_host + ": dp " + std::to_string(o.dp) + " -> " + std::to_string(dp) +
+                 ", grad-accum " + std::to_string(old_accum) + " -> " + std::to_string(out->grad_accum) +
+                 " (global batch " + std::to_string(o.global_batch) + ")";
+  return Status::ok();
+}
 
 void set_original_args(int argc, char** argv) { args().assign(argv, argv + argc); }
 
@@ -254,14 +320,16 @@ FailureReport read_failure(const std::string& text) {
   return f;
 }
 
-int supervise(const LaunchOptions& o) {
+int supervise(const LaunchOptions& options) {
   struct sigaction sa = {};
   sa.sa_handler = on_interrupt;
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  LaunchOptions o = options;  // an elastic restart shrinks the job
+  std::vector<std::string> rank_args(args().begin() + 1, args().end());
   std::string resume_from;  // a restart's checkpoint ("": start as the user asked)
   for (int attempt = 0;; attempt++) {
-    const std::vector<std::string> cmd = mpirun_command(o, !resume_from.empty());
+    const std::vector<std::string> cmd = mpirun_command(o, rank_args, !resume_from.empty());
     if (attempt == 0) {
       std::fprintf(stderr, "meshtrain: starting %d ranks:", o.ranks);
       for (const auto& c : cmd) std::fprintf(stderr, " %s", c.c_str());
@@ -283,8 +351,27 @@ int supervise(const LaunchOptions& o) {
                    newest.empty() ? "run it again to start over" : "run it again with --resume to continue");
       return a.exit_code;
     }
-    std::fprintf(stderr, "meshtrain: restart %d of %d in %g s, %s\n", attempt + 1, o.max_restarts, kRestartDelayS,
-                 newest.empty() ? "from step 0 (no checkpoint yet)" : ("from " + newest).c_str());
+    std::string elastic;
+    if (o.elastic) {
+      ElasticShape e;
+      const std::string host = failed_host(f, o);
+      const std::string file = o.out_dir + "/hostfile.restart" + std::to_string(attempt + 1);
+      if (host.empty()) {
+        elastic = "; elastic: no host to leave out (the failure names none), so on the same hosts";
+      } else if (Status s = elastic_shape(o, host, file, &e); !s.is_ok()) {
+        std::fprintf(stderr, "meshtrain: error: an elastic restart is not possible: %s\n", s.message().c_str());
+        return a.exit_code;
+      } else {
+        elastic = "; elastic: " + e.summary;
+        o.ranks = e.ranks, o.dp = e.dp, o.hostfile = e.hostfile;
+        rank_args = without_flags(rank_args, {"--dp", "--grad-accum", "--global-batch", "--hostfile"});
+        // Both batch flags, consistent, so that a config file's grad_accum cannot conflict.
+        rank_args.insert(rank_args.end(), {"--dp", std::to_string(e.dp), "--grad-accum", std::to_string(e.grad_accum),
+                                           "--global-batch", std::to_string(o.global_batch), "--hostfile", e.hostfile});
+      }
+    }
+    std::fprintf(stderr, "meshtrain: restart %d of %d in %g s, %s%s\n", attempt + 1, o.max_restarts, kRestartDelayS,
+                 newest.empty() ? "from step 0 (no checkpoint yet)" : ("from " + newest).c_str(), elastic.c_str());
     std::this_thread::sleep_for(std::chrono::duration<double>(kRestartDelayS));
     resume_from = newest;
   }

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "core/status.h"
+
 namespace meshtrain::cli {
 
 // The command line this process was started with (set by main).
@@ -21,7 +23,28 @@ struct LaunchOptions {
   int max_restarts = 0;      // restarts after a failure a restart may cure
   std::string out_dir;       // the run folder: its checkpoints and heartbeats
   double comm_timeout = 300; // how long the ranks wait before their watchdog fires
+  // --elastic: a restart leaves out the host of the rank that failed and runs on fewer
+  // data-parallel ranks, with the same global batch (more gradient accumulation).
+  bool elastic = false;
+  int model_parallel = 1;  // tp x pp: the ranks of one model replica
+  int dp = 1;
+  int micro_batch = 1;
+  int global_batch = 1;    // rows per step: micro-batch x grad-accum x dp
 };
+
+// An elastic restart's job: `ranks` ranks of `dp` replicas on `hostfile`, the grad-accum
+// that keeps the global batch.
+struct ElasticShape {
+  int ranks = 0, dp = 0, grad_accum = 0;
+  std::string hostfile;
+  std::string summary;  // "without host mt1: dp 2 -> 1, grad-accum 1 -> 2 (global batch 4)"
+};
+// The shape of an elastic restart without `failed_host`, whose hostfile (o.hostfile less
+// that host's lines) is written to `new_hostfile`: the most dp ranks the other hosts' slots
+// hold that divide the global batch into whole micro-batches, at most o.dp. Errors: a host
+// the hostfile does not name, lines without slots=N, no slots left for one replica.
+Status elastic_shape(const LaunchOptions& o, const std::string& failed_host, const std::string& new_hostfile,
+                     ElasticShape* out);
 
 // Runs `mpirun -n ranks ... <this program> <same args>` (adding --resume to a restart) and
 // returns the job's exit code, after reporting and restarting failures as described above.

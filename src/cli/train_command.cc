@@ -42,6 +42,11 @@ Status check_launch(const LaunchOptions& launch, const train::TrainOptions& o) {
     return Status::error("--max-restarts needs --out: a restart resumes from the run folder's newest checkpoint");
   if (!launch.hostfile.empty() && !std::filesystem::is_regular_file(launch.hostfile))
     return Status::error("--hostfile " + launch.hostfile + ": no such file");
+  if (launch.elastic) {
+    if (launch.max_restarts < 1) return Status::error("--elastic needs --max-restarts K >= 1: it shapes the restarts");
+    if (launch.hostfile.empty()) return Status::error("--elastic needs --hostfile: the hosts a restart may leave out");
+    if (!o.plan.empty()) return Status::error("--elastic does not combine with --plan auto yet: give the layout");
+  }
   return Status::ok();
 }
 
@@ -193,6 +198,10 @@ Command add_train_command(CLI::App& app) {
                   "From a plain shell: after a failure a restart may cure (a rank lost, a link down, a stuck "
                   "collective), start the job again from the newest checkpoint, up to K times (needs --out)")
       ->capture_default_str();
+  cmd->add_flag("--elastic", launch->elastic,
+                "With --max-restarts and --hostfile: a restart leaves out the failed rank's host and runs on fewer "
+                "data-parallel ranks, keeping the global batch (more gradient accumulation), as torchrun's elastic "
+                "agent does");
   return {cmd, [cmd, o, no_overlap, launch] {
             o->overlap = !*no_overlap;
             planner::SearchSpace fixed;
@@ -216,6 +225,11 @@ Command add_train_command(CLI::App& app) {
                 launch->threads_per_rank = o->threads;
                 launch->out_dir = o->out_dir;
                 launch->comm_timeout = o->comm_timeout;
+                launch->model_parallel = o->tp * o->pp;
+                launch->dp = ranks / launch->model_parallel;
+                launch->micro_batch = o->micro_batch;
+                launch->global_batch = o->global_batch > 0 ? o->global_batch
+                                                           : o->micro_batch * std::max(1, o->grad_accum) * launch->dp;
                 return supervise(*launch);
               }
             }

@@ -200,6 +200,35 @@ TEST_F(Hosts, KilledRankIsNamedAndTheRestartResumesBitwise) {
   expect_bitwise_as_reference(out);
 }
 
+// --elastic: after rank 3 on the second host is killed, the restart leaves that host out and
+// runs tp 2 on the first host alone (dp 2 -> 1, grad-accum 1 -> 2): the same global batch, so
+// the losses stay those of the uninterrupted run within the parity tolerance (the gradient
+// sums are added in another order, so not bit for bit).
+TEST_F(Hosts, ElasticRestartLeavesTheHostOutAndKeepsTheLosses) {
+  const cli_test::Metrics& want = reference();
+  const std::string out = path("elastic");
+  Background job(train_on_hosts(kFlags + " --quiet --max-restarts 1 --elastic --comm-timeout 20 --out " + out),
+                 path("job"));
+  ASSERT_TRUE(wait_for([&] { return steps_done(out) >= 5; }, 120)) << read_file(job.err);
+  const int64_t pid = pid_of_rank(out, 3);
+  ASSERT_GT(pid, 0);
+  ::kill((pid_t)pid, SIGKILL);
+  RunResult r = job.join();
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.err.find("elastic: without host " + kHost1 + ": dp 2 -> 1, grad-accum 1 -> 2 (global batch 4)"),
+            std::string::npos)
+      << describe(r);
+  EXPECT_EQ(read_file(out + "/hostfile.restart1"), kHost0 + " slots=2\n");
+  const cli_test::Metrics got = read_metrics(out + "/metrics.jsonl");
+  ASSERT_EQ(got.steps.size(), want.steps.size());
+  for (size_t i = 0; i < want.steps.size(); i++)
+    EXPECT_NEAR(got.steps[i]["loss"].get<double>(), want.steps[i]["loss"].get<double>(), 1e-5) << "step " << i + 1;
+  // The restarted job ran on the first host only.
+  const json beat = json::parse(read_file(out + "/heartbeat/rank_00001.json"));
+  EXPECT_EQ(beat["host"], kHost0);
+  EXPECT_EQ(beat["state"], "finished");
+}
+
 // The inter-host link taken down mid-collective: every rank's watchdog fires within
 // --comm-timeout, the reachable ranks name the network as the fault (every rank alive and
 // waiting) and the newest checkpoint, and the supervisor ends the job. Once the link is
