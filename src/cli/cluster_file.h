@@ -40,8 +40,9 @@ namespace meshtrain::cli {
 Status load_cluster_file(const std::string& path, planner::Cluster* out);
 // A `base` name to the cluster it starts from.
 using BaseLookup = std::function<Status(const std::string& name, planner::Cluster* out)>;
-// The presets, and "local": this machine (planner::local_cluster, one thread per rank; its
-// GEMM peak measured once and cached).
+// The presets, and "local": this machine (planner::measure_local_cluster, one thread per
+// rank: its GEMM peak and efficiency, memory bandwidth and cross-entropy measured now, in
+// about a second).
 Status base_cluster(const std::string& name, planner::Cluster* out);
 // The same for the file's text; `path` names it in messages and gives the default name.
 // `lookup` resolves `base` (empty: the presets only, not "local").

@@ -17,7 +17,7 @@ Status load_cluster_file(const std::string& path, planner::Cluster* out) {
 
 Status base_cluster(const std::string& name, planner::Cluster* out) {
   if (name != "local") return planner::cluster_preset(name, out);
-  *out = planner::local_cluster(1);
+  *out = planner::measure_local_cluster(1);
   out->name = "local";
   return Status::ok();
 }

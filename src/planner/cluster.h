@@ -71,6 +71,10 @@ struct Cluster {
   // ranks whose threads outnumber them time-share the cores. 0: each GPU is its own device.
   // Not a cluster-file key.
   int cores = 0;
+  // A CPU machine's cross-entropy kernels as measured now (planner::measure_local_cluster),
+  // seconds per logit at the rank's threads; 0: the local predictor's built-in calibration.
+  // Not cluster-file keys.
+  double cross_entropy_forward_s = 0, cross_entropy_backward_s = 0;
 
   double peak_flops(Precision p) const { return p == Precision::kFp32 ? peak_flops_32 : peak_flops_16; }
 };

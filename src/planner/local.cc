@@ -106,6 +106,7 @@ struct Costs {
   // it out and the step adds it back (predict_local).
   Link inter;
   bool wire = true;
+  double ce_forward = 0, ce_backward = 0;  // seconds per logit
 
   double gemm_s(double M, double N, double K) const {
     return M <= 0 || N <= 0 || K <= 0 ? 0 : 2 * M * N * K / (peak * gemm.at(M, N, K));
@@ -277,8 +278,8 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
   // columns, the vocabulary-parallel cross-entropy (three all-reduces of N values);
   // backward its two GEMMs, the input gradient's reduction, the LayerNorm backward.
   const double head_f = k.bytes_s(Nl * C * 8) + gather_rows + k.gemm_s(N, dims.vn, C) +
-                        N * dims.vn * kCrossEntropyForwardS * k.per_element + 3 * k.all_reduce_s(N * 4, dims.tp);
-  const double head_b = N * dims.vn * kCrossEntropyBackwardS * k.per_element + k.gemm_s(N, C, dims.vn) +
+                        N * dims.vn * k.ce_forward + 3 * k.all_reduce_s(N * 4, dims.tp);
+  const double head_b = N * dims.vn * k.ce_backward + k.gemm_s(N, C, dims.vn) +
                         k.gemm_s(dims.vn, C, N) + reduce_rows + k.bytes_s(Nl * C * 4 + Nl * C * 16) +
                         (dims.sp ? k.all_reduce_s(2 * C * 4, dims.tp) : 0);
   st.extra_first = emb_f + emb_b, st.extra_last = head_f + head_b;
@@ -437,6 +438,27 @@ Cluster measure_local_cluster(int threads_per_rank) {
     if (rep > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   c.hbm_bandwidth = 8.0 * n / median_s(times) * std::min(threads, c.cores);
+  // The cross-entropy over a GPT-2 vocabulary: 64 rows of 50304 logits (12.9 MB, the
+  // reused a and out buffers), forward and backward. Its cost per logit varies 3-4x between
+  // machines (2.0 and 1.0 ns on the AMX Xeon of the built-in constants, 0.46 and 0.34 ns on an
+  // AMD EPYC), more than memory bandwidth explains.
+  const int rows = 64, vocab = 50304;
+  std::vector<float> lse(rows), target_logit(rows);
+  std::vector<int> targets(rows);
+  for (int r = 0; r < rows; r++) targets[r] = (r * 7919) % vocab;
+  std::vector<double> forward, backward;
+  for (int rep = 0; rep < 4; rep++) {
+    const auto t0 = Clock::now();
+    kernels::crossentropy_forward(lse.data(), target_logit.data(), a.data(), targets.data(), rows, vocab, vocab, 0);
+    const auto t1 = Clock::now();
+    kernels::crossentropy_backward(out.data(), a.data(), lse.data(), targets.data(), 1.0f / rows, rows, vocab, vocab, 0);
+    const auto t2 = Clock::now();
+    if (rep == 0) continue;
+    forward.push_back(std::chrono::duration<double>(t1 - t0).count());
+    backward.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  c.cross_entropy_forward_s = median_s(forward) / ((double)rows * vocab);
+  c.cross_entropy_backward_s = median_s(backward) / ((double)rows * vocab);
   return c;
 }
 
@@ -494,6 +516,8 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   k.latency = c.intra.latency;
   k.link = c.link_efficiency;
   k.inter = c.inter;
+  k.ce_forward = c.cross_entropy_forward_s > 0 ? c.cross_entropy_forward_s : kCrossEntropyForwardS * k.per_element;
+  k.ce_backward = c.cross_entropy_backward_s > 0 ? c.cross_entropy_backward_s : kCrossEntropyBackwardS * k.per_element;
   const StepContext ctx = step_context(config, l, c, T, parts, recompute);
   // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
   // time-share the cores while they compute, and all wait on the wire together (every
