@@ -4,12 +4,14 @@
 # Prints each layout's median step time (steps 3..N of metrics.jsonl), the planner's
 # prediction on the cluster file CLUSTER (`meshtrain plan`, the local predictor with the
 # file's hosts and links) and their ratio, its bytes per step on each axis, then both
-# rankings. Usage: bench/hosts_layouts.sh [RATE (1gbit)] [STEPS (8)] [CLUSTER
-# (configs/clusters/netns-2x2-1gbit.toml, whose links were measured at 1 Gbit/s by
-# bench/hosts_comm.sh)]. Needs root.
+# rankings. Each layout runs REPEATS times and counts with the median of its runs' medians
+# (the range beside it): four ranks busy-polling on two cores while the kernel shapes their
+# traffic make single runs vary by up to 2x. Usage: bench/hosts_layouts.sh [RATE (1gbit)]
+# [STEPS (8)] [CLUSTER (configs/clusters/netns-2x2-1gbit.toml, whose links were measured at
+# 1 Gbit/s by bench/hosts_comm.sh)] [REPEATS (3)]. Needs root.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rate="${1:-1gbit}" steps="${2:-8}" cluster="${3:-$root/configs/clusters/netns-2x2-1gbit.toml}"
+rate="${1:-1gbit}" steps="${2:-8}" cluster="${3:-$root/configs/clusters/netns-2x2-1gbit.toml}" repeats="${4:-3}"
 hosts="$root/scripts/hosts.sh"
 name=mtl net=10.231.5
 "$hosts" up 2 --rate "$rate" --name $name --net $net >/dev/null
@@ -20,26 +22,37 @@ trap '"$hosts" down --name $name; rm -rf "$dir"' EXIT
 model="--model tiny --layers 4 --dim 128 --heads 4 --seq-len 64 --micro-batch 4 --vocab 50257"
 echo "rate $rate, $model, 4 ranks on ${name}0, ${name}1 (2 slots each)"
 echo "predicted on $cluster"
-printf '%-44s %10s %10s %6s  %s\n' layout step_ms predicted ratio "bytes per step and rank, by axis"
+printf '%-44s %10s %15s %10s %6s  %s\n' layout step_ms "runs' range" predicted ratio "bytes per step and rank, by axis"
 plan_model="--model tiny --layers 4 --dim 128 --heads 4 --seq-len 64 --vocab 50257 --micro-batch 4 --recompute none"
 : >"$dir/results"
 run() {  # run LABEL "PLAN FLAGS" TRAIN FLAGS...
   local label="$1" plan="$2"; shift 2
   # shellcheck disable=SC2086
   "$root/build/meshtrain" plan --cluster "$cluster" $plan_model $plan --top 1 --json >"$dir/plan.json"
-  "$root/build/meshtrain" train --data "$root/data/brown" $model --steps "$steps" --threads 1 --quiet \
-    --out "$dir/run" --hostfile "$dir/hosts.txt" --mpirun-args "$("$hosts" mpirun-args --name $name --net $net)" \
-    "$@" 2>/dev/null
-  python3 - "$dir/run/metrics.jsonl" "$label" "$dir/plan.json" "$dir/results" <<'PY'
+  : >"$dir/medians"
+  for ((i = 0; i < repeats; i++)); do
+    "$root/build/meshtrain" train --data "$root/data/brown" $model --steps "$steps" --threads 1 --quiet \
+      --out "$dir/run" --hostfile "$dir/hosts.txt" --mpirun-args "$("$hosts" mpirun-args --name $name --net $net)" \
+      "$@" 2>/dev/null
+    python3 - "$dir/run/metrics.jsonl" >>"$dir/medians" <<'PY'
 import json, statistics, sys
 steps = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-ms = statistics.median(s["step_ms"] for s in steps[2:])
-pred = json.load(open(sys.argv[3]))["layouts"][0]["step_s"] * 1e3
+print(statistics.median(s["step_ms"] for s in steps[2:]))
 comm = ", ".join(f"{a} {v['bytes']/1e6:.1f} MB" for a, v in steps[-1]["comm"].items() if a != "world")
-print(f"{sys.argv[2]:<44} {ms:10.1f} {pred:10.1f} {pred / ms:6.2f}  {comm}")
+open(sys.argv[1] + ".comm", "w").write(comm)
+PY
+    cp "$dir/run/metrics.jsonl.comm" "$dir/comm"
+    rm -rf "$dir/run"
+  done
+  python3 - "$dir/medians" "$label" "$dir/plan.json" "$dir/results" "$dir/comm" <<'PY'
+import json, statistics, sys
+runs = [float(l) for l in open(sys.argv[1])]
+ms = statistics.median(runs)
+pred = json.load(open(sys.argv[3]))["layouts"][0]["step_s"] * 1e3
+spread = f"{min(runs):.0f}-{max(runs):.0f}"
+print(f"{sys.argv[2]:<44} {ms:10.1f} {spread:>15} {pred:10.1f} {pred / ms:6.2f}  {open(sys.argv[5]).read()}")
 open(sys.argv[4], "a").write(f"{sys.argv[2]}\t{ms}\t{pred}\n")
 PY
-  rm -rf "$dir/run"
 }
 tpdp="--tp 2 --pp 1 --dp 2 --global-batch 8" ppdp="--tp 1 --pp 2 --dp 2 --global-batch 32 --zero 0 --schedule 1f1b"
 run "tp2 dp2, tp inside a host (tp-dp-pp)" "$tpdp --rank-order tp-dp-pp" --tp 2 --dp 2

@@ -116,30 +116,34 @@ struct Costs {
   // cached (activations) or cold (gradient and parameter buffers) data. Inside a host: the
   // shared-memory transport's measured bus bandwidths; across hosts: the link's.
   const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
-  double over_wire(const AxisLink& g, double steps, double bus_bytes, double bus_bw) const {
-    return wire ? steps * inter.latency + bus_bytes / (bus_bw * g.share) : 0;
+  // Across hosts the latency is charged once per collective, not per ring step: on this
+  // machine's hosts (more ranks than cores, every rank busy-polling) a small collective
+  // waits for its peers to be scheduled, 9-10 ms for 2 or 4 ranks alike
+  // (bench/hosts_comm.sh, every slot), where the wire itself takes 22 us.
+  double over_wire(const AxisLink& g, double bus_bytes, double bus_bw) const {
+    return wire ? inter.latency + bus_bytes / (bus_bw * g.share) : 0;
   }
   double all_reduce_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, 2.0 * (n - 1), 2.0 * (n - 1) / n * bytes, inter.bandwidth);
+    if (g.inter) return over_wire(g, 2.0 * (n - 1) / n * bytes, inter.bandwidth);
     return 2.0 * (n - 1) * latency + 2.0 * (n - 1) / n * bytes / (bus(cold).all_reduce * link);
   }
   double reduce_scatter_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, n - 1, (double)(n - 1) / n * bytes, inter.reduce_scatter());
+    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.reduce_scatter());
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).reduce_scatter * link);
   }
   double all_gather_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, n - 1, (double)(n - 1) / n * bytes, inter.all_gather());
+    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.all_gather());
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
   }
   // Point-to-point at the all-gather's rate (two ranks' all-gather is one exchange).
   double p2p_s(double bytes, const AxisLink& g, bool cold = false) const {
-    if (g.inter) return over_wire(g, 1, bytes, inter.all_gather());
+    if (g.inter) return over_wire(g, bytes, inter.all_gather());
     return latency + bytes / (bus(cold).all_gather * link);
   }
 };

@@ -42,7 +42,10 @@ namespace fs = std::filesystem;
 const std::string kShape =
     "--model llama-tiny --layers 4 --seq-len 32 --moe-experts 4 --moe-top-k 2 --moe-ffn-dim 64 --moe-every 2 "
     "--moe-shared-experts 1 --moe-z-loss 0.001";
-constexpr int kSteps = 20;
+// 12 steps (20 until 2026-12-04): the suite ran 323 s of the test command's 40 minutes; the
+// router's choices, drops and biases move within the first steps, and the tolerances below
+// are unchanged.
+constexpr int kSteps = 12;
 constexpr double kLossTol = 1e-5, kNormRelTol = 1e-5, kWeightTol = 3e-5, kWeightBulkTol = 1e-6;
 
 struct Cell {
