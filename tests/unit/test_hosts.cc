@@ -116,6 +116,18 @@ class Hosts : public cli_test::CliTest {
     return beat.is_object() ? beat.value("pid", (int64_t)0) : 0;
   }
 
+  // A restartable job of `flags` into `out` whose rank 3 (on the second host) gets SIGKILL
+  // once 5 steps are done; what the job and its restart ended with.
+  RunResult kill_rank_3_mid_run(const std::string& flags, const std::string& out) {
+    Background job(train_on_hosts(kFlags + " --quiet --max-restarts 1 --comm-timeout 20 " + flags + " --out " + out),
+                   path("job"));
+    const bool running = wait_for([&] { return steps_done(out) >= 5; }, 120);
+    const int64_t pid = running ? pid_of_rank(out, 3) : 0;
+    EXPECT_GT(pid, 0) << "rank 3 never reached step 5: " << read_file(job.err);
+    if (pid > 0) ::kill((pid_t)pid, SIGKILL);
+    return job.join();
+  }
+
   // The uninterrupted run every fault test compares against (made once).
   const cli_test::Metrics& reference() {
     if (reference_.steps.empty()) {
@@ -185,12 +197,7 @@ TEST_F(Hosts, RankOrderPlacesDpInsideAHostWithTheSameLosses) {
 TEST_F(Hosts, KilledRankIsNamedAndTheRestartResumesBitwise) {
   reference();
   const std::string out = path("killed");
-  Background job(train_on_hosts(kFlags + " --quiet --max-restarts 1 --comm-timeout 20 --out " + out), path("job"));
-  ASSERT_TRUE(wait_for([&] { return steps_done(out) >= 5; }, 120)) << read_file(job.err);
-  const int64_t pid = pid_of_rank(out, 3);
-  ASSERT_GT(pid, 0);
-  ::kill((pid_t)pid, SIGKILL);
-  RunResult r = job.join();
+  RunResult r = kill_rank_3_mid_run("", out);
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.err.find("the job failed: rank 3 on host " + kHost1 + " was killed by signal 9"), std::string::npos)
       << describe(r);
@@ -207,13 +214,7 @@ TEST_F(Hosts, KilledRankIsNamedAndTheRestartResumesBitwise) {
 TEST_F(Hosts, ElasticRestartLeavesTheHostOutAndKeepsTheLosses) {
   const cli_test::Metrics& want = reference();
   const std::string out = path("elastic");
-  Background job(train_on_hosts(kFlags + " --quiet --max-restarts 1 --elastic --comm-timeout 20 --out " + out),
-                 path("job"));
-  ASSERT_TRUE(wait_for([&] { return steps_done(out) >= 5; }, 120)) << read_file(job.err);
-  const int64_t pid = pid_of_rank(out, 3);
-  ASSERT_GT(pid, 0);
-  ::kill((pid_t)pid, SIGKILL);
-  RunResult r = job.join();
+  RunResult r = kill_rank_3_mid_run("--elastic", out);
   EXPECT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_NE(r.err.find("elastic: without host " + kHost1 + ": dp 2 -> 1, grad-accum 1 -> 2 (global batch 4)"),
             std::string::npos)
