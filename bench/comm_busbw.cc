@@ -7,6 +7,11 @@
 //   busbw  = algbw · 2(N−1)/N for all_reduce, · (N−1)/N for reduce_scatter and all_gather
 // Flags: --min-bytes B (4096) --max-bytes B (64 MiB) --factor F (4) --warmup W (3)
 //        --iters I (0: as many as fit ~0.25 s per size, 5..1000)
+//        --groups G (1): split the ranks into G groups, which run their collectives at the
+//        same time (each group's N is the world's / G), by rank mod G, or with --blocks 1 in
+//        blocks of consecutive ranks. On 2 hosts of 2 ranks, G=2 gives two pairs across the
+//        link sharing each host's NIC (tp2·dp2's dp groups with tp inside a host), and with
+//        --blocks 1 a pair inside each host (its tp groups), every slot busy.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -28,7 +33,7 @@ double now_s() {
 
 struct Args {
   size_t min_bytes = 4096, max_bytes = size_t{64} << 20;
-  int factor = 4, warmup = 3, iters = 0;
+  int factor = 4, warmup = 3, iters = 0, groups = 1, blocks = 0;
 };
 
 bool parse(int argc, char** argv, Args* a) {
@@ -46,10 +51,14 @@ bool parse(int argc, char** argv, Args* a) {
       a->warmup = std::atoi(v);
     else if (k == "--iters")
       a->iters = std::atoi(v);
+    else if (k == "--groups")
+      a->groups = std::atoi(v);
+    else if (k == "--blocks")
+      a->blocks = std::atoi(v);
     else
       return false;
   }
-  return a->min_bytes >= 4 && a->max_bytes >= a->min_bytes && a->factor >= 2;
+  return a->min_bytes >= 4 && a->max_bytes >= a->min_bytes && a->factor >= 2 && a->groups >= 1;
 }
 
 enum class Op { kAllReduce, kReduceScatter, kAllGather };
@@ -76,20 +85,28 @@ void run_once(Group& g, Op op, size_t bytes, std::vector<float>& a, std::vector<
 int main(int argc, char** argv) {
   std::unique_ptr<Group> world = meshtrain::comm::init_world(&argc, &argv);
   Args args;
-  if (!parse(argc, argv, &args)) {
+  if (!parse(argc, argv, &args) || world->size() % args.groups != 0) {
     if (world->rank() == 0)
       std::fprintf(stderr, "usage: see the comment at the top of bench/comm_busbw.cc\n");
     world.reset();
     meshtrain::comm::finalize();
     return 2;
   }
-  const int N = world->size();
+  // The collectives run on `group` (the world, or this rank's share of it); timing is
+  // aligned and reduced over the world, so concurrent groups are timed together.
+  std::unique_ptr<Group> split;
+  const int per_group = world->size() / args.groups;
+  const int color = args.blocks ? world->rank() / per_group : world->rank() % args.groups;
+  if (args.groups > 1) split = world->split(color, world->rank(), "bench");
+  Group& group = split ? *split : *world;
+  const int N = group.size();
   std::vector<float> a(args.max_bytes / sizeof(float), 1.f), b(args.max_bytes / sizeof(float), 0.f);
 
   if (world->rank() == 0) {
     std::printf(
-        "# meshtrain comm bus bandwidth: %d ranks, float32, times are the slowest rank's mean\n",
-        N);
+        "# meshtrain comm bus bandwidth: %d ranks in each of %d concurrent groups, float32, times are the slowest "
+        "rank's mean\n",
+        N, args.groups);
   }
   const struct {
     Op op;
@@ -108,13 +125,13 @@ int main(int argc, char** argv) {
     for (size_t bytes = args.min_bytes; bytes <= args.max_bytes; bytes *= args.factor) {
       // Whole blocks per rank.
       const size_t size = bytes / (sizeof(float) * N) * sizeof(float) * N;
-      for (int w = 0; w < args.warmup; ++w) run_once(*world, o.op, size, a, b);
+      for (int w = 0; w < args.warmup; ++w) run_once(group, o.op, size, a, b);
       // Same iteration count on every rank: rank 0's estimate from one timed call.
       double iters = args.iters;
       if (iters <= 0) {
         world->barrier();
         const double t0 = now_s();
-        run_once(*world, o.op, size, a, b);
+        run_once(group, o.op, size, a, b);
         double one = now_s() - t0;
         world->all_reduce_f64(&one, 1, ReduceOp::kMax);
         iters = std::clamp(0.25 / std::max(one, 1e-7), 5.0, 1000.0);
@@ -122,7 +139,7 @@ int main(int argc, char** argv) {
       const int n_iters = static_cast<int>(iters);
       world->barrier();
       const double t0 = now_s();
-      for (int i = 0; i < n_iters; ++i) run_once(*world, o.op, size, a, b);
+      for (int i = 0; i < n_iters; ++i) run_once(group, o.op, size, a, b);
       double t = (now_s() - t0) / n_iters;
       world->all_reduce_f64(&t, 1, ReduceOp::kMax);
       if (world->rank() == 0) {
@@ -133,6 +150,7 @@ int main(int argc, char** argv) {
       }
     }
   }
+  split.reset();
   world.reset();
   meshtrain::comm::finalize();
   return 0;

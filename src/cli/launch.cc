@@ -92,8 +92,9 @@ double start_timeout_s(const LaunchOptions& o) { return std::max(60.0, o.comm_ti
 constexpr double kRestartDelayS = 3;
 // How long mpirun may go on after a rank's watchdog fired: it may be waiting for a daemon on
 // a host it cannot reach any more (a link down), which it would do for TCP's whole timeout.
-// Ordinarily MPI_Abort ends the job within a second of the first watchdog line.
-constexpr double kHungGraceS = 5;
+// Ordinarily MPI_Abort ends the job within a second of the first watchdog line; 2 s keeps
+// the job's end close to --comm-timeout (the watchdog fires at it).
+constexpr double kHungGraceS = 2;
 
 // Copies what mpirun wrote to stderr through to ours, keeping it for read_failure. Returns
 // read()'s count: 0 at the end of the pipe, < 0 when nothing is there yet.

@@ -117,9 +117,9 @@ struct Costs {
   // shared-memory transport's measured bus bandwidths; across hosts: the link's.
   const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
   // Across hosts the latency is charged once per collective, not per ring step: on this
-  // machine's hosts (more ranks than cores, every rank busy-polling) a small collective
-  // waits for its peers to be scheduled, 9-10 ms for 2 or 4 ranks alike
-  // (bench/hosts_comm.sh, every slot), where the wire itself takes 22 us.
+  // machine's hosts (more ranks than cores) a small collective waits for its peers to be
+  // scheduled, about 100 us for 2 or 4 ranks alike (bench/hosts_comm.sh, every slot busy),
+  // where the wire itself takes 31 us.
   double over_wire(const AxisLink& g, double bus_bytes, double bus_bw) const {
     return wire ? inter.latency + bus_bytes / (bus_bw * g.share) : 0;
   }
