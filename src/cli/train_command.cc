@@ -61,6 +61,27 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--data", o->data_dir, "Folder with train.bin and val.bin (from `meshtrain prep`)")
       ->capture_default_str();
   cmd->add_option("--steps", o->steps, "Optimizer steps N")->capture_default_str();
+  cmd->add_option("--lr-unit", o->lr_unit,
+                  "What the LR schedule counts: steps, or tokens (warmup over --warmup-steps full-length steps' "
+                  "tokens, the cosine over the run's tokens; with --curriculum, short steps advance it less)")
+      ->capture_default_str();
+  cmd->add_option("--curriculum", o->curriculum.kind,
+                  "Curriculum learning: none, or seqlen (sequence-length warmup: early steps train on the first "
+                  "tokens of each row, lengthening to --seq-len)")
+      ->capture_default_str();
+  cmd->add_option("--curriculum-start", o->curriculum.start, "seqlen: the first steps' row length")
+      ->capture_default_str();
+  cmd->add_option("--curriculum-steps", o->curriculum.steps,
+                  "seqlen: steps until rows are --seq-len long (linear, root)");
+  cmd->add_option("--curriculum-schedule", o->curriculum.schedule,
+                  "seqlen: linear, root ((k/N)^(1/r)) or discrete (--curriculum-discrete)")
+      ->capture_default_str();
+  cmd->add_option("--curriculum-step", o->curriculum.step, "seqlen: lengths are multiples of this")
+      ->capture_default_str();
+  cmd->add_option("--curriculum-root", o->curriculum.root, "seqlen, root schedule: r")->capture_default_str();
+  cmd->add_option("--curriculum-discrete", o->curriculum.discrete,
+                  "seqlen, discrete schedule: LENGTH:STEPS pairs, e.g. 64:100,128:200 (64 for the first 100 "
+                  "steps, 128 until step 200, then --seq-len)");
   cmd->add_option("--out", o->out_dir,
                   "Run folder: metrics.jsonl, config.toml, config.json, checkpoints/ (default: none)");
   cmd->add_option("--eval-every", o->eval_every, "Validation loss every K steps (0: only at the end)")

@@ -40,14 +40,16 @@ int64_t TokenLoader::window_start(int64_t step, int G, int T) const {
   return (step % windows(G, T)) * (int64_t)G * T;
 }
 
-void TokenLoader::fill(int64_t step, int G, int T, int row0, int rows, int* inputs,
+void TokenLoader::fill(int64_t step, int G, int T, int row0, int rows, int length, int* inputs,
                        int* targets) const {
   CHECK(row0 >= 0 && row0 + rows <= G);
+  CHECK(length >= 1 && length <= T);
   const int64_t start = window_start(step, G, T) + (int64_t)row0 * T;
-  for (int64_t i = 0; i < (int64_t)rows * T; i++) {
-    inputs[i] = tokens_[start + i];
-    targets[i] = tokens_[start + i + 1];
-  }
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t i = 0; i < length; i++) {
+      inputs[r * length + i] = tokens_[start + r * T + i];
+      targets[r * length + i] = tokens_[start + r * T + i + 1];
+    }
 }
 
 }  // namespace meshtrain::data

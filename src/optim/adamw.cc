@@ -14,6 +14,13 @@ float learning_rate(const AdamWConfig& c, int step, int total_steps) {
   return (float)(c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress)));
 }
 
+float learning_rate_by_tokens(const AdamWConfig& c, double before, double now, double warmup, double total) {
+  if (before < warmup) return (float)(c.lr * std::min(1.0, (before + now) / warmup));
+  const double span = std::max(now, total - warmup);
+  const double progress = std::min(1.0, (before - warmup) / span);
+  return (float)(c.min_lr + 0.5 * (c.lr - c.min_lr) * (1.0 + std::cos(M_PI * progress)));
+}
+
 double grad_norm(const float* grads, size_t n) { return std::sqrt(sum_of_squares(grads, n)); }
 
 namespace {

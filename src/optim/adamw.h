@@ -27,6 +27,11 @@ struct AdamWConfig {
 
 // lr * (s+1)/W during warmup, then cosine from lr down to min_lr at step N.
 float learning_rate(const AdamWConfig& c, int step, int total_steps);
+// The same schedule over tokens (Megatron's --lr-warmup-tokens/--lr-decay-tokens, which
+// DeepSpeed's curriculum tutorial advises with a sequence-length curriculum): `before`
+// tokens trained before this step, `now` in it; warmup over `warmup` tokens, the cosine
+// ending at `total`. With every step the same length it equals learning_rate up to rounding.
+float learning_rate_by_tokens(const AdamWConfig& c, double before, double now, double warmup, double total);
 
 // L2 norm of the whole gradient, accumulated in double in a fixed order (the same result
 // for any thread count, which bitwise-exact resume relies on).

@@ -11,6 +11,7 @@
 #include "model/moe_routing.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
+#include "train/curriculum.h"
 
 namespace meshtrain::train {
 
@@ -99,6 +100,11 @@ struct TrainOptions {
   int threads = 0;      // 0 = all cores
 
   optim::AdamWConfig adamw;
+  // The learning-rate schedule's unit: "steps" (warmup and cosine over steps) or "tokens"
+  // (warmup over --warmup-steps full-length steps' tokens, the cosine over the run's tokens:
+  // with a curriculum, short early steps advance it less).
+  std::string lr_unit = "steps";
+  CurriculumOptions curriculum;  // sequence-length warmup (train/curriculum.h)
 
   std::string out_dir;   // metrics.jsonl, config.json, checkpoints/ (empty: no files)
   int eval_every = 0;    // 0: only at the end (when val.bin exists)

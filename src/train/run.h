@@ -17,6 +17,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/executor.h"
+#include "train/curriculum.h"
 #include "train/options.h"
 #include "train/trainer.h"
 
@@ -26,6 +27,7 @@ struct Run {
   TrainOptions opt;
   model::GptConfig config;
   BatchShape shape;
+  Curriculum curriculum;  // each step's row length (off: T)
   comm::MeshShape mesh_shape;
   std::unique_ptr<comm::Mesh> mesh;
   data::TokenLoader train_data, val_data;

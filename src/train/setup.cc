@@ -90,6 +90,8 @@ Status check_options(const TrainOptions& o) {
   const auto& a = o.adamw;
   if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
   if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
+  if (o.lr_unit != "steps" && o.lr_unit != "tokens")
+    return Status::error("--lr-unit must be steps or tokens, got '" + o.lr_unit + "'");
   if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
     return Status::error("--beta1 and --beta2 must be in [0, 1)");
   if (!(a.eps > 0)) return Status::error("--eps must be > 0");
@@ -496,6 +498,13 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
     return Status::error("--sp needs micro-batch x seq-len (" +
                          std::to_string(run->shape.B * run->shape.T) + " tokens) divisible by --tp " +
                          std::to_string(run->mesh_shape.tp));
+  RETURN_IF_ERROR(Curriculum::make(o.curriculum, run->shape.T, &run->curriculum));
+  if (o.sp)
+    for (int L : run->curriculum.lengths())
+      if ((run->shape.B * L) % run->mesh_shape.tp != 0)
+        return Status::error("--sp needs micro-batch x every curriculum length divisible by --tp " +
+                             std::to_string(run->mesh_shape.tp) + "; length " + std::to_string(L) + " gives " +
+                             std::to_string(run->shape.B * L) + " tokens (choose --curriculum-step a multiple of it)");
   if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
   if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
 

@@ -98,31 +98,32 @@ std::unique_ptr<Heartbeat> start_flight_recorder(const TrainOptions& o, comm::Gr
 
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
-                      const BatchShape& shape, int64_t k, int total_steps,
+                      const BatchShape& shape, int64_t k, float lr,
                       parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler,
                       NonfinitePolicy* nonfinite) {
-  const int B = shape.B, T = shape.T, G = shape.G();
+  // T places the rows (the data windows and the dropout positions); L is what is trained.
+  const int B = shape.B, T = shape.T, L = shape.length(), G = shape.G();
   const double S = scaler ? scaler->scale() : 1.0;
-  const float loss_scale = (float)(S / ((double)G * T));
+  const float loss_scale = (float)(S / ((double)G * L));
   // Micro-batch a of this rank: rows first_row + a*B of the step's global batch.
   auto row = [&](int a) { return shape.first_row() + a * B; };
   dp.begin_step(shape.A);
   double loss_sum = 0;  // sum of token losses over this rank's rows
   if (pipeline) {
     parallel::pp::MicroBatches mbs{
-        [&](int a, int* inputs, int* targets) { data.fill(k, G, T, row(a), B, inputs, targets); },
+        [&](int a, int* inputs, int* targets) { data.fill(k, G, T, row(a), B, L, inputs, targets); },
         [&](int a) { return (int64_t)row(a) * T; }};
-    loss_sum = pipeline->train_step(shape.A, B, T, k, mbs, loss_scale, dp);
+    loss_sum = pipeline->train_step(shape.A, B, L, k, mbs, loss_scale, dp);
   } else {
-    std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
+    std::vector<int> inputs((size_t)B * L), targets((size_t)B * L);
     for (int a = 0; a < shape.A; a++) {
-      data.fill(k, G, T, row(a), B, inputs.data(), targets.data());
+      data.fill(k, G, T, row(a), B, L, inputs.data(), targets.data());
       gpt.set_batch_position(k, (int64_t)row(a) * T);
       const json where = {{"step", k + 1}, {"mb", a}, {"chunk", 0}};
       {
         trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(true, a, 0, 1),
                                  trace::category::kForward, where);
-        loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, T) * B * T;
+        loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, L) * B * L;
       }
       {
         trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(false, a, 0, 1),
@@ -135,14 +136,14 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   dp.finish_reductions();
   dp_group.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
   StepResult r;
-  r.loss = (float)(loss_sum / ((double)G * T));
+  r.loss = (float)(loss_sum / ((double)G * L));
   trace::Tracer::Span span(trace::Lane::kCompute, "optimizer", trace::category::kOptimizer, {{"step", k + 1}});
   if (nonfinite && k + 1 == nonfinite->debug_step) dp.poison_gradient(nonfinite->debug_unit);
   // The norm is reduced over every axis, so every rank reaches the same overflow verdict.
   const double norm = dp.grad_norm();
   r.grad_norm = norm / S;
   r.loss_scale = S;
-  r.lr = optim::learning_rate(cfg, (int)k, total_steps);
+  r.lr = lr;
   const int64_t applied = k - (scaler ? scaler->skipped_steps() : nonfinite ? nonfinite->skipped : 0);  // updates so far
   if (scaler) {
     r.skipped = !std::isfinite(norm);
@@ -163,6 +164,15 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   return r;
 }
 
+StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
+                      const optim::AdamWConfig& cfg, const data::TokenLoader& data,
+                      const BatchShape& shape, int64_t k, int total_steps,
+                      parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler,
+                      NonfinitePolicy* nonfinite) {
+  return train_step(gpt, dp, dp_group, cfg, data, shape, k, optim::learning_rate(cfg, (int)k, total_steps), pipeline,
+                    scaler, nonfinite);
+}
+
 Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result) {
   Run run;
   // Beating from the start: a rank stuck in setup (loading a checkpoint) is seen too.
@@ -176,8 +186,11 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                                  o.resume ? run.start_step : -1));
 
   const BatchShape& shape = run.shape;
-  const double flops_per_token = run.gpt->flops_per_token(shape.T);
-  const int64_t tokens_per_step = (int64_t)shape.G() * shape.T;
+  const Curriculum& curriculum = run.curriculum;
+  // Tokens trained so far and in the whole run (rows cut short by a curriculum count as
+  // their length): the metrics' "tokens" and, with --lr-unit tokens, the LR schedule's clock.
+  int64_t tokens_done = curriculum.tokens_before(run.start_step, shape.G());
+  const int64_t tokens_total = curriculum.tokens_before(o.steps, shape.G());
   const bool quiet = o.quiet || !run.is_main;
   if (!quiet) {
     std::printf("model: %s | %d layers, %d heads, dim %d, vocab %d, %.2fM parameters | T=%d B=%d A=%d "
@@ -204,6 +217,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (!in_files.empty())
       std::printf("in files under %s: %s (%s)\n", o.offload_dir.c_str(), in_files.c_str(),
                   direct ? "O_DIRECT" : "through the page cache");
+    if (curriculum.on())
+      std::printf("curriculum: %s; LR schedule by %s\n", curriculum.describe().c_str(), o.lr_unit.c_str());
   }
   Progress progress(run.start_step, o.steps, quiet);
   TrainResult local;
@@ -222,9 +237,17 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (trace::Tracer::instance().enabled())
       step_span.emplace(trace::Lane::kCompute, "step " + std::to_string(k + 1), trace::category::kStep,
                         json{{"step", k + 1}});
-    StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, shape, k,
-                              o.steps, run.pipeline.get(), run.scaler.get(),
-                              run.scaler ? nullptr : &run.nonfinite);
+    BatchShape step_shape = shape;
+    step_shape.L = curriculum.length(k);
+    const int64_t tokens_per_step = (int64_t)shape.G() * step_shape.L;
+    const float lr = o.lr_unit == "tokens"
+                         ? optim::learning_rate_by_tokens(o.adamw, (double)tokens_done, (double)tokens_per_step,
+                                                          (double)o.adamw.warmup_steps * shape.G() * shape.T,
+                                                          (double)tokens_total)
+                         : optim::learning_rate(o.adamw, (int)k, o.steps);
+    StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, step_shape, k, lr,
+                              run.pipeline.get(), run.scaler.get(), run.scaler ? nullptr : &run.nonfinite);
+    tokens_done += tokens_per_step;
     if (std::string newest; !r.status.is_ok() && !r.nonfinite.empty() && !o.out_dir.empty() &&
                             checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok())
       return Status::error(r.status.message() + "; the newest checkpoint is " + newest);
@@ -235,6 +258,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     // MFU per rank: the step's model FLOPs spread over every rank's peak. A rank that beat
     // its peak shows the peak stale; it is measured again and raised (machine/peak.h).
     bool peak_raised = false;
+    const double flops_per_token = run.gpt->flops_per_token(step_shape.L);  // at this step's length
     const double mfu = machine::honest_mfu(tok_s * flops_per_token / world_size / 1e9, &run.peak_gflops,
                                            run.threads, run.precision, o.peak_gflops <= 0, &peak_raised);
     if (peak_raised && !quiet)
@@ -254,7 +278,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     json comm = comm_json(run.mesh->stats(), &wait_ms, &busy_ms);
     const double hidden = busy_ms > 0 ? std::clamp(1.0 - wait_ms / busy_ms, 0.0, 1.0) : 0.0;
     json record = {{"step", k + 1}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                   {"tokens", (k + 1) * tokens_per_step}, {"step_ms", s * 1e3},
+                   {"tokens", tokens_done}, {"seq_len", step_shape.L}, {"step_ms", s * 1e3},
                    {"tokens_per_s", tok_s}, {"mfu", mfu}, {"peak_gflops", run.peak_gflops},
                    {"mem", memory_json(MemoryTracker::instance().stats())},
                    {"peak_rss", peak_rss_bytes()}, {"comm", comm},
@@ -302,13 +326,14 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (!r.nonfinite.empty())
       record.update({{"step_skipped", true}, {"skipped_steps", run.nonfinite.skipped}, {"nonfinite", r.nonfinite}});
     metrics.write(record);
-    std::string routing;  // the step line's MoE part
+    std::string routing;  // the step line's MoE part, and a curriculum's length
+    if (curriculum.on()) routing = " | T " + std::to_string(step_shape.L);
     if (moe.contains("moe")) {
       char text[96];
       const json& m = moe["moe"];
       std::snprintf(text, sizeof text, " | aux %.4f | experts cv %.2f | drop %.1f%%", m["aux_loss"].get<double>(),
                     m["tokens_per_expert"]["cv"].get<double>(), 100 * m["dropped_fraction"].get<double>());
-      routing = text;
+      routing += text;
     }
     progress.step(k, r.loss, r.lr, r.grad_norm, s, tok_s, mfu, routing);
 
@@ -318,7 +343,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       float val = evaluate_loss(*run.gpt, run.val_data, shape.B, shape.T, o.eval_batches,
                                 run.pipeline.get());
       res.final_val_loss = val;
-      metrics.write({{"step", k + 1}, {"val_loss", val}, {"tokens", (k + 1) * tokens_per_step}});
+      metrics.write({{"step", k + 1}, {"val_loss", val}, {"tokens", tokens_done}});
       char line[96];
       std::snprintf(line, sizeof line, "step %5lld | val loss %.4f", (long long)k + 1, val);
       progress.message(line);

@@ -23,12 +23,16 @@ struct TrainResult {
 struct BatchShape {
   int B = 1, A = 1, T = 1;  // micro-batch rows, micro-batches per step, sequence length
   int dp = 1, dp_rank = 0;  // data-parallel ranks share the global batch
+  // This step's row length when a curriculum cuts rows short (train/curriculum.h): the
+  // first L tokens of each T-token window; 0: T.
+  int L = 0;
+  int length() const { return L > 0 ? L : T; }
   int G() const { return B * A * dp; }
   int first_row() const { return dp_rank * B * A; }  // this rank's rows of the global batch
 };
 
 struct StepResult {
-  float loss = 0;  // mean over the G*T tokens of the step
+  float loss = 0;  // mean over the G*L tokens of the step
   double grad_norm = 0;  // before clipping (of the unscaled gradients); inf/NaN on overflow
   float lr = 0;
   double loss_scale = 1;  // the scale this step's backward used
@@ -50,12 +54,19 @@ struct NonfinitePolicy {
 };
 
 // One optimizer step k over the G rows of the global batch: this rank's A micro-batches
-// of B rows, gradients accumulated and reduced by `dp`, clipped on the global norm, AdamW
-// at the scheduled LR. The loss is the mean over all G*T tokens (reduced over dp, and over
+// of B rows of shape.length() tokens, gradients accumulated and reduced by `dp`, clipped on
+// the global norm, AdamW at learning rate `lr` (the caller's schedule: by steps,
+// optim::learning_rate, or by tokens). The loss is the mean over all G*L tokens (reduced over dp, and over
 // the pipeline when `pipeline` runs the micro-batches through this rank's stages).
 // With a loss `scaler` (fp16) the backward runs on the loss times its scale, the gradients
 // are unscaled while clipping, and a step whose gradients overflowed anywhere is skipped
 // (AdamW's step count t counts applied steps only, as torch's GradScaler leaves it).
+StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
+                      const optim::AdamWConfig& cfg, const data::TokenLoader& data,
+                      const BatchShape& shape, int64_t k, float lr,
+                      parallel::pp::PipelineExecutor* pipeline = nullptr,
+                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr);
+// The same at the schedule by steps of a `total_steps`-step run (optim::learning_rate).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
