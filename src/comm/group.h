@@ -52,11 +52,14 @@ class Group {
   virtual RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) = 0;
   // send[n] -> recv[size()*n] ordered by rank. send may equal recv + rank()*n (in place).
   virtual RequestPtr iall_gather(const float* send, float* recv, size_t n) = 0;
-  // The same for 16-bit words (half-precision parameters): a bit-exact copy.
+  // The same for 16-bit words (half-precision parameters) and bytes (compressed payloads:
+  // packed sign bits, int8 blocks): a bit-exact copy.
   virtual RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) = 0;
+  virtual RequestPtr iall_gather(const uint8_t* send, uint8_t* recv, size_t n) = 0;
   virtual RequestPtr ibroadcast(float* buf, size_t n, int root) = 0;
   // send[size()*n] -> recv[size()*n]: block j of send goes to rank j.
   virtual RequestPtr iall_to_all(const float* send, float* recv, size_t n) = 0;
+  virtual RequestPtr iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) = 0;  // bytes, bit-exact
   // Blocks of varying size (MoE token dispatch): send_counts[j] floats go to rank j, the
   // blocks packed in rank order in send; recv_counts[j] come from rank j, packed in rank
   // order into recv. recv_counts[j] must equal rank j's send_counts[rank()] (an all_to_all
@@ -77,6 +80,8 @@ class Group {
   void all_gather(const float* send, float* recv, size_t n) { iall_gather(send, recv, n)->wait(); }
   void broadcast(float* buf, size_t n, int root) { ibroadcast(buf, n, root)->wait(); }
   void all_to_all(const float* send, float* recv, size_t n) { iall_to_all(send, recv, n)->wait(); }
+  void all_to_all(const uint8_t* send, uint8_t* recv, size_t n) { iall_to_all(send, recv, n)->wait(); }
+  void all_gather(const uint8_t* send, uint8_t* recv, size_t n) { iall_gather(send, recv, n)->wait(); }
   void all_to_allv(const float* send, const size_t* send_counts, float* recv, const size_t* recv_counts) {
     iall_to_allv(send, send_counts, recv, recv_counts)->wait();
   }

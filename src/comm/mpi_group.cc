@@ -359,6 +359,10 @@ RequestPtr MpiGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t n)
   return all_gather_of(send, recv, n, MPI_UINT16_T);
 }
 
+RequestPtr MpiGroup::iall_gather(const uint8_t* send, uint8_t* recv, size_t n) {
+  return all_gather_of(send, recv, n, MPI_UINT8_T);
+}
+
 RequestPtr MpiGroup::ibroadcast(float* buf, size_t n, int root) {
   CHECK_MSG(root >= 0 && root < size_, "broadcast root out of range");
   MPI_Comm comm = comm_;
@@ -374,7 +378,8 @@ RequestPtr MpiGroup::ibroadcast(float* buf, size_t n, int root) {
                 CommOp::kBroadcast, n, sizeof(float));
 }
 
-RequestPtr MpiGroup::iall_to_all(const float* send, float* recv, size_t n) {
+template <typename T>
+RequestPtr MpiGroup::all_to_all_of(const T* send, T* recv, size_t n, MPI_Datatype type) {
   to_count(n * static_cast<size_t>(size_), "all_to_all larger than 2^31 elements");
   MPI_Comm comm = comm_;
   const int block = static_cast<int>(n);
@@ -382,13 +387,20 @@ RequestPtr MpiGroup::iall_to_all(const float* send, float* recv, size_t n) {
   return submit(collective("all_to_all",
                            [=] {
                              if (in_place) {
-                               MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, block,
-                                            MPI_FLOAT, comm);
+                               MPI_Alltoall(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, block, type, comm);
                              } else {
-                               MPI_Alltoall(send, block, MPI_FLOAT, recv, block, MPI_FLOAT, comm);
+                               MPI_Alltoall(send, block, type, recv, block, type, comm);
                              }
                            }),
-                CommOp::kAllToAll, n, sizeof(float));
+                CommOp::kAllToAll, n, sizeof(T));
+}
+
+RequestPtr MpiGroup::iall_to_all(const float* send, float* recv, size_t n) {
+  return all_to_all_of(send, recv, n, MPI_FLOAT);
+}
+
+RequestPtr MpiGroup::iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) {
+  return all_to_all_of(send, recv, n, MPI_UINT8_T);
 }
 
 RequestPtr MpiGroup::iall_to_allv(const float* send, const size_t* send_counts, float* recv,

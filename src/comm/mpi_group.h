@@ -66,9 +66,11 @@ class MpiGroup final : public Group {
   RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) override;
   RequestPtr iall_gather(const float* send, float* recv, size_t n) override;
   RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override;
+  RequestPtr iall_gather(const uint8_t* send, uint8_t* recv, size_t n) override;
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;
   // send == recv is allowed (MPI_IN_PLACE).
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) override;
   RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
                           const size_t* recv_counts) override;
   // 0 <= tag <= 32767 (the smallest MPI_TAG_UB the standard allows); peer may be rank().
@@ -88,6 +90,8 @@ class MpiGroup final : public Group {
   std::shared_ptr<CommTask> collective(const char* name, std::function<void()> body);
   template <typename T>
   RequestPtr all_gather_of(const T* send, T* recv, size_t n, MPI_Datatype type);
+  template <typename T>
+  RequestPtr all_to_all_of(const T* send, T* recv, size_t n, MPI_Datatype type);
 
   MPI_Comm comm_;
   int rank_;

@@ -132,6 +132,12 @@ RequestPtr SelfGroup::iall_gather(const uint16_t* send, uint16_t* recv, size_t n
   });
 }
 
+RequestPtr SelfGroup::iall_gather(const uint8_t* send, uint8_t* recv, size_t n) {
+  return run(CommOp::kAllGather, n, 1, [&] {
+    if (n > 0 && send != recv) std::memmove(recv, send, n);
+  });
+}
+
 RequestPtr SelfGroup::ibroadcast(float* buf, size_t n, int root) {
   CHECK_MSG(root == 0, "broadcast root out of range for a single-rank group");
   return run(CommOp::kBroadcast, n, sizeof(float), [] {});
@@ -140,6 +146,12 @@ RequestPtr SelfGroup::ibroadcast(float* buf, size_t n, int root) {
 RequestPtr SelfGroup::iall_to_all(const float* send, float* recv, size_t n) {
   return run(CommOp::kAllToAll, n, sizeof(float), [&] {
     if (n > 0 && send != recv) std::memmove(recv, send, n * sizeof(float));
+  });
+}
+
+RequestPtr SelfGroup::iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) {
+  return run(CommOp::kAllToAll, n, 1, [&] {
+    if (n > 0 && send != recv) std::memmove(recv, send, n);
   });
 }
 

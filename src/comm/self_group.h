@@ -52,8 +52,10 @@ class SelfGroup final : public Group {
   RequestPtr ireduce_scatter(const float* send, float* recv, size_t n, ReduceOp op) override;
   RequestPtr iall_gather(const float* send, float* recv, size_t n) override;
   RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override;
+  RequestPtr iall_gather(const uint8_t* send, uint8_t* recv, size_t n) override;
   RequestPtr ibroadcast(float* buf, size_t n, int root) override;  // root must be 0
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override;
+  RequestPtr iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) override;
   RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
                           const size_t* recv_counts) override;
   RequestPtr isend(const float* buf, size_t n, int peer, int tag) override;  // CHECK-fails

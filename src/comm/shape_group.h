@@ -16,8 +16,10 @@ class ShapeOnlyGroup final : public Group {
   RequestPtr ireduce_scatter(const float*, float*, size_t, ReduceOp) override { return fail(); }
   RequestPtr iall_gather(const float*, float*, size_t) override { return fail(); }
   RequestPtr iall_gather(const uint16_t*, uint16_t*, size_t) override { return fail(); }
+  RequestPtr iall_gather(const uint8_t*, uint8_t*, size_t) override { return fail(); }
   RequestPtr ibroadcast(float*, size_t, int) override { return fail(); }
   RequestPtr iall_to_all(const float*, float*, size_t) override { return fail(); }
+  RequestPtr iall_to_all(const uint8_t*, uint8_t*, size_t) override { return fail(); }
   RequestPtr iall_to_allv(const float*, const size_t*, float*, const size_t*) override { return fail(); }
   RequestPtr isend(const float*, size_t, int, int) override { return fail(); }
   RequestPtr irecv(float*, size_t, int, int) override { return fail(); }

@@ -75,6 +75,7 @@ class ThreadGroup final : public Group {
   RequestPtr iall_gather(const uint16_t* send, uint16_t* recv, size_t n) override {
     return gather(send, recv, n, sizeof(uint16_t));
   }
+  RequestPtr iall_gather(const uint8_t* send, uint8_t* recv, size_t n) override { return gather(send, recv, n, 1); }
   RequestPtr ibroadcast(float* buf, size_t n, int root) override {
     CHECK_MSG(root >= 0 && root < size(), "broadcast root out of range");
     return collective(CommOp::kBroadcast, buf, rank_ == root ? n * sizeof(float) : 0, root, n, sizeof(float),
@@ -83,11 +84,9 @@ class ThreadGroup final : public Group {
                       });
   }
   RequestPtr iall_to_all(const float* send, float* recv, size_t n) override {
-    return collective(CommOp::kAllToAll, send, size() * n * sizeof(float), 0, n, sizeof(float), [=, this](const Call& c) {
-      for (int r = 0; r < size(); r++)
-        std::memcpy(recv + (size_t)r * n, c.inputs[r].data() + (size_t)rank_ * n * sizeof(float), n * sizeof(float));
-    });
+    return exchange(send, recv, n, sizeof(float));
   }
+  RequestPtr iall_to_all(const uint8_t* send, uint8_t* recv, size_t n) override { return exchange(send, recv, n, 1); }
   // Each rank posts its counts then its data; a receiver finds its block in sender r's data
   // after r's blocks for the ranks before it.
   RequestPtr iall_to_allv(const float* send, const size_t* send_counts, float* recv,
@@ -184,6 +183,14 @@ class ThreadGroup final : public Group {
   RequestPtr gather(const void* send, void* recv, size_t n, size_t elem) {
     return collective(CommOp::kAllGather, send, n * elem, 0, n, elem, [=, this](const Call& c) {
       for (int r = 0; r < size(); r++) std::memcpy((char*)recv + (size_t)r * n * elem, c.inputs[r].data(), n * elem);
+    });
+  }
+
+  // Block rank() of every rank's send[size() * n] into recv, in rank order.
+  RequestPtr exchange(const void* send, void* recv, size_t n, size_t elem) {
+    return collective(CommOp::kAllToAll, send, size() * n * elem, 0, n, elem, [=, this](const Call& c) {
+      for (int r = 0; r < size(); r++)
+        std::memcpy((char*)recv + (size_t)r * n * elem, c.inputs[r].data() + (size_t)rank_ * n * elem, n * elem);
     });
   }
 

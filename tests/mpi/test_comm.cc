@@ -175,6 +175,25 @@ TEST(AllToAll, OutOfPlaceAndInPlace) {
   }
 }
 
+// Byte payloads (compressed blocks: packed signs, int8) travel bit for bit, every byte value
+// included, and count one byte per element.
+TEST(Bytes, AllToAllAndAllGather) {
+  Group& w = test_world();
+  const int N = w.size(), R = w.rank();
+  auto code = [](int from, int to, size_t i) { return static_cast<uint8_t>(from * 71 + to * 13 + i); };
+  const size_t n = 300;  // every byte value appears
+  std::vector<uint8_t> send(n * N), recv(n * N, 0);
+  for (int j = 0; j < N; ++j)
+    for (size_t i = 0; i < n; ++i) send[j * n + i] = code(R, j, i);
+  w.reset_stats();
+  w.all_to_all(send.data(), recv.data(), n);
+  for (size_t k = 0; k < n * N; ++k) ASSERT_EQ(recv[k], code(static_cast<int>(k / n), R, k % n)) << k;
+  EXPECT_EQ(w.stats().bytes, (int64_t)((N - 1) * n));
+  std::vector<uint8_t> gathered(n * N, 0);
+  w.all_gather(send.data(), gathered.data(), n);
+  for (size_t k = 0; k < n * N; ++k) ASSERT_EQ(gathered[k], code(static_cast<int>(k / n), 0, k % n)) << k;
+}
+
 // Rank r sends (r + j) % 3 elements to rank j (some blocks empty), each coding (from, to, i).
 TEST(AllToAllV, VariableBlocksAndTheirBytes) {
   Group& w = test_world();

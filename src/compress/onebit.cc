@@ -1,0 +1,74 @@
+#include "compress/onebit.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/check.h"
+#include "optim/adamw.h"
+
+namespace meshtrain::compress {
+
+void compress_onebit(const float* x, float* error, size_t n, uint8_t* block) {
+  // error becomes v = x + error, the values compressed; then what the block leaves out.
+  if (x) {
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+    for (size_t i = 0; i < n; i++) error[i] += x[i];
+  }
+  const float scale = n == 0 ? 0.f : (float)std::sqrt(optim::sum_of_squares(error, n) / (double)n);
+  std::memcpy(block, &scale, sizeof scale);
+  uint8_t* signs = block + sizeof scale;
+  const size_t bytes = sign_bytes(n);
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (size_t b = 0; b < bytes; b++) {
+    uint8_t bits = 0;
+    const size_t end = std::min(n, 8 * b + 8);
+    for (size_t i = 8 * b; i < end; i++) {
+      const bool positive = error[i] >= 0.f;
+      bits |= (uint8_t)(positive ? 1u : 0u) << (i % 8);
+      error[i] -= positive ? scale : -scale;
+    }
+    signs[b] = bits;
+  }
+}
+
+void decompress_onebit(const uint8_t* block, size_t n, float* out, bool accumulate) {
+  float scale;
+  std::memcpy(&scale, block, sizeof scale);
+  const uint8_t* signs = block + sizeof scale;
+#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+  for (size_t i = 0; i < n; i++) {
+    const float v = (signs[i / 8] >> (i % 8)) & 1u ? scale : -scale;
+    out[i] = accumulate ? out[i] + v : v;
+  }
+}
+
+OneBitAllReduce::OneBitAllReduce(comm::Group& group, size_t chunk) : group_(group), chunk_(chunk) {
+  const size_t N = (size_t)group.size(), block = onebit_block_bytes(chunk);
+  send_.resize(N * block);
+  recv_.resize(N * block);
+  mean_.resize(chunk);
+}
+
+void OneBitAllReduce::run(const float* x, float* worker_error, float* server_error, float* out) {
+  const int N = group_.size();
+  const size_t block = onebit_block_bytes(chunk_);
+  // 1. Worker: chunk j of x + error, compressed, goes to rank j.
+  for (int j = 0; j < N; j++)
+    compress_onebit(x + (size_t)j * chunk_, worker_error + (size_t)j * chunk_, chunk_, send_.data() + j * block);
+  group_.all_to_all(send_.data(), recv_.data(), block);
+  // 2. Server: the mean of this rank's chunk over the workers (summed in rank order), plus
+  // the server error, compressed once more and sent to everyone.
+  for (int r = 0; r < N; r++) decompress_onebit(recv_.data() + r * block, chunk_, mean_.data(), r > 0);
+  const float inv = 1.0f / (float)N;
+  for (size_t i = 0; i < chunk_; i++) mean_[i] *= inv;
+  uint8_t* mine = send_.data() + (size_t)group_.rank() * block;
+  compress_onebit(mean_.data(), server_error, chunk_, mine);
+  group_.all_gather(mine, recv_.data(), block);
+  for (int j = 0; j < N; j++) decompress_onebit(recv_.data() + j * block, chunk_, out + (size_t)j * chunk_);
+}
+
+int64_t OneBitAllReduce::wire_bytes(int ranks, size_t chunk) {
+  return 2 * (int64_t)(ranks - 1) * (int64_t)onebit_block_bytes(chunk);
+}
+
+}  // namespace meshtrain::compress
