@@ -255,12 +255,22 @@ void Gpt::ensure_activations(int B, int T) {
   Nl_ = (int)Nl;
   inventory_ = activation_inventory(config_, B, T, tp_size_, sp_, layout_.ep(), moe_training_.capacity_factor,
                                     layout_.expert_tp());
-  sets_.clear();  // laid out again on first use
+  const bool reuse = within_reserve();
+  if (reuse) {
+    // Every tensor grows with T at a fixed B: the reserved shape's sizes hold this one's.
+    reserved_ = activation_inventory(config_, reserved_B_, reserved_T_, tp_size_, sp_, layout_.ep(),
+                                     moe_training_.capacity_factor, layout_.expert_tp());
+    for (auto& s : sets_) s->chunk = -1;  // kept, laid out again on next use
+  } else {
+    sets_.clear();  // laid out again on first use
+  }
   set_ = nullptr;
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
   // the gradients of one block's intermediates in backward.
-  shared_.allocate(MemCategory::kActivations,
-                   inventory_.recompute_scratch(recompute_) + inventory_.gradient_scratch);
+  const size_t shared = inventory_.recompute_scratch(recompute_) + inventory_.gradient_scratch;
+  const size_t capacity =
+      reuse ? std::max<size_t>(shared, reserved_.recompute_scratch(recompute_) + reserved_.gradient_scratch) : shared;
+  if (shared_.size() != capacity) shared_.allocate(MemCategory::kActivations, capacity);
   float* cursor = shared_.data();
   auto take = [&](size_t n) {
     float* p = cursor;
@@ -289,16 +299,21 @@ void Gpt::ensure_activations(int B, int T) {
     moe_dweight_ = take(N * k), moe_dlogits_ = take(N * E);
     if (recompute_ == Recompute::kSelective) moe_scratch_.atty = scratch_.atty, moe_scratch_.att_lse = scratch_.att_lse;
   }
-  CHECK(cursor == shared_.data() + shared_.size());
+  CHECK(cursor <= shared_.data() + shared_.size());
 }
 
 // One micro-batch's set for chunk c: its input, its blocks, and the head's tensors.
-size_t Gpt::set_floats(int c) const {
-  int64_t n = inventory_.set_input;
+size_t Gpt::set_floats(int c, const ActivationInventory& inventory) const {
+  int64_t n = inventory.set_input;
   for (int l = chunks_[c].begin; l < chunks_[c].end; l++)
-    n += inventory_.block(recompute_of(l), config_.is_moe_layer(l));
-  if (is_last_stage(c)) n += inventory_.head;
+    n += inventory.block(recompute_of(l), config_.is_moe_layer(l));
+  if (is_last_stage(c)) n += inventory.head;
   return (size_t)n;
+}
+
+size_t Gpt::set_capacity(int c) const {
+  const size_t here = set_floats(c, inventory_);
+  return within_reserve() ? std::max(here, set_floats(c, reserved_)) : here;
 }
 
 template <typename Take>
@@ -329,7 +344,7 @@ void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_
 
 void Gpt::layout_set(int c, ActivationSet& s) {
   const size_t N = (size_t)B_ * T_, C = config_.dim, Nl = Nl_;
-  if (s.data.size() != set_floats(c)) s.data.allocate(MemCategory::kActivations, set_floats(c));
+  if (s.data.size() != set_capacity(c)) s.data.allocate(MemCategory::kActivations, set_capacity(c));
   s.chunk = c;
   float* cursor = s.data.data();
   auto take = [&](size_t n) {
@@ -362,7 +377,7 @@ void Gpt::layout_set(int c, ActivationSet& s) {
     s.logits = take(N * Vl_);
     s.lse = take(N), s.target_logit = take(N), s.losses = take(N);
   }
-  CHECK(cursor == s.data.data() + s.data.size());
+  CHECK(cursor <= s.data.data() + s.data.size());
 }
 
 // Sets of the same size serve any chunk (interleaved chunks of equal layer counts share one
@@ -371,7 +386,7 @@ Gpt::ActivationSet& Gpt::open_set(int c, int mb) {
   ActivationSet* free_set = nullptr;
   for (auto& s : sets_) {
     if (s->micro_batch == mb && s->chunk == c) return *s;  // forward again without backward (evaluation)
-    if (s->micro_batch < 0 && !free_set && s->data.size() == set_floats(c)) free_set = s.get();
+    if (s->micro_batch < 0 && !free_set && s->data.size() == set_capacity(c)) free_set = s.get();
   }
   if (!free_set) {
     sets_.push_back(std::make_unique<ActivationSet>());
@@ -398,7 +413,7 @@ int Gpt::sets_in_flight() const {
   return n;
 }
 
-int64_t Gpt::activation_set_bytes(int c) const { return (int64_t)(set_floats(c) * sizeof(float)); }
+int64_t Gpt::activation_set_bytes(int c) const { return (int64_t)(set_capacity(c) * sizeof(float)); }
 
 size_t Gpt::boundary_elements(int B, int T) const {
   return (size_t)B * T / (sp_ ? tp_size_ : 1) * config_.dim;

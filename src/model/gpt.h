@@ -152,6 +152,11 @@ class Gpt {
   // (the per-block inventory plus the head's) plus the recomputation scratch, without the
   // backward pass's gradient scratch; the tracker's "activations" peak includes all three.
   int64_t stored_activation_bytes(int B, int T);
+  // Sizes the activation memory for B x T once: forwards with B rows of up to T tokens (a
+  // sequence-length curriculum's short steps, evaluations) lay their tensors out in it
+  // instead of allocating anew at each length, whose first touch costs more than the step
+  // (0.2-0.7 s per new length on the Brown runs of docs/curriculum.md). 0: none.
+  void reserve_activations(int B, int T) { reserved_B_ = B, reserved_T_ = T, B_ = T_ = 0; }
   // Bytes of one micro-batch's stored set for chunk c, and of the scratch shared by all
   // sets (recomputation and backward). Sets of equal size are one pool, so the activation
   // peak = sum over set sizes of (most sets of that size alive at once) x size + shared.
@@ -248,7 +253,11 @@ class Gpt {
     int64_t step = 0, first_token_row = 0;  // dropout position
   };
   void ensure_activations(int B, int T);
-  size_t set_floats(int c) const;
+  size_t set_floats(int c, const ActivationInventory& inventory) const;
+  // What a set for chunk c holds: set_floats at this length, or at the reserved one when
+  // this length fits in it (reserve_activations).
+  size_t set_capacity(int c) const;
+  bool within_reserve() const { return reserved_B_ == B_ && T_ <= reserved_T_; }
   template <typename Take>
   void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output, bool moe) const;
   ActivationSet& open_set(int c, int mb);  // a set for (c, mb): reused or new
@@ -354,6 +363,8 @@ class Gpt {
   std::vector<ModelPart::Chunk> chunks_;
   int B_ = 0, T_ = 0;
   ActivationInventory inventory_;  // for B_ x T_ (activation_inventory)
+  int reserved_B_ = 0, reserved_T_ = 0;  // reserve_activations
+  ActivationInventory reserved_;         // for the reserved shape, while within_reserve()
   std::vector<std::unique_ptr<ActivationSet>> sets_;  // a pool, laid out per use (open_set)
   ActivationSet* set_ = nullptr;  // the set the running forward/backward uses
   // Scratch shared by every set: recomputed tensors, the gradients of activations reused

@@ -374,6 +374,8 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
   run->gpt->set_moe_training(moe_training(o));
+  // Activations for the run's B x T, laid out again in place for shorter curriculum steps.
+  run->gpt->reserve_activations(run->shape.B, run->shape.T);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
   dpc.groups = expert_groups(run->gpt->layout(), *run->mesh);
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
