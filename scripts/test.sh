@@ -63,8 +63,9 @@ multi_rank='^(Hosts|DataParallel|TensorParallel|LlamaParallel|MoeParallel|Pipeli
 # here under the sanitizers), --plan auto's two-rank run and the offload suite's CLI
 # runs (140 s).
 multi_rank="${multi_rank%)}|PlannerSearch\.PublishedLayouts|PlanAuto\.RunsTheChosenLayout"
-# The asynchronous-save test's three two-rank runs (42 s under the sanitizers).
-multi_rank="$multi_rank|Cli\.AsyncSaveSurvivesAKillDuringTheWrite"
+# The asynchronous-save test's three two-rank runs (42 s under the sanitizers), and the
+# curriculum's dp 2 and pp 2 runs.
+multi_rank="$multi_rank|Cli\.AsyncSaveSurvivesAKillDuringTheWrite|CurriculumCli\.DpAndPpLayoutsTrainLikeOneRank"
 multi_rank="$multi_rank|Offload\.(OffloadedTrainingIsBitIdentical|Bf16MasterWeightsStreamToo|ResumeAfterACrash|MemoryBudgetOffloadsAndStaysUnder"
 # ZeRO-Infinity's CLI runs too (70 s natively); its in-process test (the I/O thread, the
 # shard buffers, every rank count) runs here.

@@ -260,7 +260,9 @@ void Gpt::ensure_activations(int B, int T) {
     // Every tensor grows with T at a fixed B: the reserved shape's sizes hold this one's.
     reserved_ = activation_inventory(config_, reserved_B_, reserved_T_, tp_size_, sp_, layout_.ep(),
                                      moe_training_.capacity_factor, layout_.expert_tp());
-    for (auto& s : sets_) s->chunk = -1;  // kept, laid out again on next use
+    // Kept, free and laid out again on next use (as sets_.clear() below leaves none: no
+    // backward spans a change of shape).
+    for (auto& s : sets_) s->chunk = -1, s->micro_batch = -1;
   } else {
     sets_.clear();  // laid out again on first use
   }

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 #include <string>
@@ -13,7 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "core/memory.h"
 #include "data/loader.h"
+#include "model/gpt.h"
 #include "multirank_test_util.h"
 #include "optim/adamw.h"
 #include "train/curriculum.h"
@@ -152,6 +155,45 @@ TEST(Curriculum, ShortRowIsTheFirstTokensOfItsWindow) {
         EXPECT_EQ(tg[r * L + i], full_tg[r * T + i]);
       }
     EXPECT_EQ(in[0], (int)(loader.window_start(step, G, T) + T)) << "row 1 starts one row of T into the window";
+  }
+}
+
+// Activations reserved for the full length serve shorter rows in place: no more activation
+// memory after the first forward (an evaluation between steps included), and forward and
+// backward after a change of length give what a model without the reservation gives, bit
+// for bit.
+TEST(Curriculum, ReservedActivationsServeShorterRows) {
+  model::GptConfig c;
+  c.layers = 2, c.heads = 2, c.dim = 32, c.max_seq_len = 32, c.vocab = 97;
+  std::vector<int> inputs(2 * 32), targets(2 * 32);
+  for (size_t i = 0; i < inputs.size(); i++) inputs[i] = (int)(i * 7 % 97), targets[i] = (int)(i * 11 % 97);
+  const std::vector<int> lengths = {8, 32, 16, 8, 24};
+  // Each length's loss and gradient, from a fresh model's forward and backward.
+  auto run = [&](bool reserve, std::vector<float>* losses, std::vector<std::vector<float>>* grads) {
+    model::Gpt gpt(c);
+    gpt.init_weights(5);
+    if (reserve) gpt.reserve_activations(2, 32);
+    const int64_t before = MemoryTracker::instance().stats().current[(int)MemCategory::kActivations];
+    int64_t after_first = -1;
+    for (int T : lengths) {
+      gpt.zero_grads();
+      losses->push_back(gpt.forward(inputs.data(), targets.data(), 2, T));
+      gpt.backward(1.0f);
+      grads->emplace_back(gpt.grads(), gpt.grads() + gpt.num_elements());
+      if (T == 16) gpt.forward(inputs.data(), targets.data(), 2, 32);  // an evaluation: no backward
+      const int64_t held = MemoryTracker::instance().stats().current[(int)MemCategory::kActivations] - before;
+      if (after_first < 0) after_first = held;
+      if (reserve) EXPECT_EQ(held, after_first) << "allocated again at T = " << T;
+    }
+  };
+  std::vector<float> reserved_loss, plain_loss;
+  std::vector<std::vector<float>> reserved_grads, plain_grads;
+  run(true, &reserved_loss, &reserved_grads);
+  run(false, &plain_loss, &plain_grads);
+  for (size_t i = 0; i < lengths.size(); i++) {
+    SCOPED_TRACE("T = " + std::to_string(lengths[i]));
+    EXPECT_EQ(reserved_loss[i], plain_loss[i]);
+    EXPECT_TRUE(reserved_grads[i] == plain_grads[i]);
   }
 }
 
