@@ -1,7 +1,8 @@
 // Communication compression (src/compress/): the 1-bit block against a hand-worked example
 // and its invariants, error feedback's telescoping sum, and the two-stage compressed
 // all-reduce of 1-bit Adam on thread ranks against a plain re-statement of the algorithm,
-// with its wire bytes against the formula.
+// with its wire bytes against the formula; PowerSGD's orthonormalisation, its exactness on
+// gradients of rank r, a plain restatement of one step, and its bytes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +11,10 @@
 #include <random>
 #include <vector>
 
+#include "comm/self_group.h"
 #include "comm/thread_group.h"
 #include "compress/onebit.h"
+#include "compress/powersgd.h"
 
 namespace meshtrain {
 namespace {
@@ -182,6 +185,158 @@ TEST(OneBitAllReduce, ByteCollectivesCopyExactly) {
         EXPECT_EQ(a2a[r][s * 5 + i], (uint8_t)(s * 50 + r * 5 + i));
         EXPECT_EQ(ag[r][s * 5 + i], (uint8_t)(s * 50 + i));
       }
+}
+
+// ---- PowerSGD --------------------------------------------------------------------------
+
+TEST(PowerSgd, OrthonormalizeKeepsTheColumnSpan) {
+  const int rows = 7, cols = 3;
+  std::vector<float> a = random_values(rows * cols, 5), q = a;
+  compress::orthonormalize_columns(q.data(), rows, cols);
+  for (int i = 0; i < cols; i++)
+    for (int j = 0; j < cols; j++) {
+      double dot = 0;
+      for (int r = 0; r < rows; r++) dot += (double)q[r * cols + i] * q[r * cols + j];
+      EXPECT_NEAR(dot, i == j ? 1.0 : 0.0, 1e-5) << i << "," << j;
+    }
+  // Gram-Schmidt: column j of A lies in the span of Q's first j + 1 columns (Qᵀ A is upper
+  // triangular), so the span of every leading set of columns is kept.
+  for (int i = 0; i < cols; i++)
+    for (int j = 0; j < i; j++) {
+      double dot = 0;
+      for (int r = 0; r < rows; r++) dot += (double)q[r * cols + i] * a[r * cols + j];
+      EXPECT_NEAR(dot, 0.0, 1e-4) << "Q column " << i << " against A column " << j;
+    }
+}
+
+// Per-rank gradients sharing one column space of dimension r: one power iteration finds it,
+// so the compressed mean is the exact mean, and the errors (M_i - mean) sum to zero.
+TEST(PowerSgd, GradientsOfRankRAreAveragedExactly) {
+  const int N = 3, n = 24, m = 16, r = 2;
+  const std::vector<float> U = random_values(n * r, 40);
+  std::vector<std::vector<float>> grads(N, std::vector<float>(n * m + 5)), errors(N, std::vector<float>(n * m + 5, 0.f));
+  for (int w = 0; w < N; w++) {
+    const std::vector<float> V = random_values(m * r, 50 + w);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < m; j++) {
+        float x = 0;
+        for (int k = 0; k < r; k++) x += U[i * r + k] * V[j * r + k];
+        grads[w][i * m + j] = x;
+      }
+    for (int k = 0; k < 5; k++) grads[w][n * m + k] = (float)(w * 10 + k);  // a vector: sent exactly
+  }
+  std::vector<float> mean(n * m + 5, 0.f);
+  for (int w = 0; w < N; w++)
+    for (size_t i = 0; i < mean.size(); i++) mean[i] += grads[w][i] / N;
+  comm::ThreadWorld world(N);
+  std::vector<int64_t> bytes(N), predicted(N);
+  comm::run_ranks(N, [&](int w) {
+    std::unique_ptr<comm::Group> g = world.group(w, "dp");
+    compress::PowerSgd psgd(*g, grads[w].size(), {{0, n, m}}, r, 7);
+    EXPECT_EQ(psgd.compressed().size(), 1u);
+    EXPECT_EQ(psgd.exact_elements(), 5u);
+    psgd.reduce(grads[w].data(), errors[w].data());
+    bytes[w] = g->stats().bytes, predicted[w] = psgd.wire_bytes();
+  });
+  for (int w = 0; w < N; w++) {
+    for (size_t i = 0; i < mean.size(); i++) ASSERT_NEAR(grads[w][i], mean[i], 1e-4) << "rank " << w << " element " << i;
+    EXPECT_EQ(bytes[w], predicted[w]);
+  }
+  for (size_t i = 0; i < mean.size(); i++) {
+    double sum = 0;
+    for (int w = 0; w < N; w++) sum += errors[w][i];
+    EXPECT_NEAR(sum, 0.0, 1e-4) << i;
+  }
+  // The bytes: all-reduces of n r (P), m r (Q) and 5 (the vector) floats, each 2 (N-1)/N.
+  auto ar = [&](int64_t k) { return (int64_t)std::llround(2.0 * (N - 1) * k / N) * 4; };
+  EXPECT_EQ(predicted[0], ar(n * r) + ar(m * r) + ar(5));
+}
+
+// One step written out plainly (naive loops, the same Gram-Schmidt), on random gradients with
+// a non-zero error: the engine's result and errors agree to float rounding. A matrix too
+// small to save anything (r (n + m) >= n m) is sent exactly.
+TEST(PowerSgd, MatchesAPlainRestatementOfOneStep) {
+  const int N = 2, r = 3;
+  const std::vector<compress::MatrixBlock> blocks = {{0, 12, 10}, {120, 4, 2}, {128, 9, 20}};
+  const size_t size = 128 + 180 + 3;
+  std::vector<std::vector<float>> grads(N), errors(N);
+  for (int w = 0; w < N; w++) grads[w] = random_values(size, 60 + w), errors[w] = random_values(size, 70 + w);
+  for (int w = 0; w < N; w++)  // elements sent exactly keep no error
+    for (size_t i = 0; i < size; i++)
+      if ((i >= 120 && i < 128) || i >= 308) errors[w][i] = 0;
+  // The reference, with the engine's first Q (read from a PowerSgd made with the same seed).
+  comm::SelfGroup self("x");
+  compress::PowerSgd probe(self, size, blocks, r, 11);
+  ASSERT_EQ(probe.compressed().size(), 2u) << "the 4 x 2 block is sent exactly";
+  std::vector<float> q0 = probe.q_memory();
+  auto matmul = [](const std::vector<double>& A, int n, int k, const std::vector<double>& B, int m, bool ta) {
+    // ta: A is k x n, used transposed. Result n x m.
+    std::vector<double> C((size_t)n * m, 0.0);
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < m; j++)
+        for (int l = 0; l < k; l++) C[i * m + j] += (ta ? A[l * n + i] : A[i * k + l]) * B[l * m + j];
+    return C;
+  };
+  auto gram_schmidt = [](std::vector<double>& a, int rows, int cols) {
+    for (int i = 0; i < cols; i++) {
+      double norm = 0;
+      for (int x = 0; x < rows; x++) norm += a[x * cols + i] * a[x * cols + i];
+      for (int x = 0; x < rows; x++) a[x * cols + i] /= std::sqrt(norm);
+      for (int j = i + 1; j < cols; j++) {
+        double dot = 0;
+        for (int x = 0; x < rows; x++) dot += a[x * cols + i] * a[x * cols + j];
+        for (int x = 0; x < rows; x++) a[x * cols + j] -= dot * a[x * cols + i];
+      }
+    }
+  };
+  std::vector<std::vector<double>> want(N, std::vector<double>(size)), want_error(N, std::vector<double>(size, 0.0));
+  size_t q_at = 0;
+  for (const compress::MatrixBlock& b : {blocks[0], blocks[2]}) {
+    const int n = b.rows, m = b.cols;
+    std::vector<std::vector<double>> M(N, std::vector<double>((size_t)n * m));
+    for (int w = 0; w < N; w++)
+      for (int k = 0; k < n * m; k++) M[w][k] = (double)grads[w][b.offset + k] + errors[w][b.offset + k];
+    std::vector<double> Q(q0.begin() + q_at, q0.begin() + q_at + (size_t)m * r);
+    q_at += (size_t)m * r;
+    gram_schmidt(Q, m, r);
+    std::vector<double> P((size_t)n * r, 0.0);
+    for (int w = 0; w < N; w++) {
+      const std::vector<double> Pw = matmul(M[w], n, m, Q, r, false);
+      for (size_t k = 0; k < P.size(); k++) P[k] += Pw[k];
+    }
+    gram_schmidt(P, n, r);
+    std::vector<double> Qm((size_t)m * r, 0.0);
+    for (int w = 0; w < N; w++) {
+      const std::vector<double> Qw = matmul(M[w], m, n, P, r, true);
+      for (size_t k = 0; k < Qm.size(); k++) Qm[k] += Qw[k] / N;
+    }
+    for (int i = 0; i < n; i++)
+      for (int j = 0; j < m; j++) {
+        double x = 0;
+        for (int k = 0; k < r; k++) x += P[i * r + k] * Qm[j * r + k];
+        for (int w = 0; w < N; w++) {
+          want[w][b.offset + i * m + j] = x;
+          want_error[w][b.offset + i * m + j] = M[w][i * m + j] - x;
+        }
+      }
+  }
+  for (size_t i = 0; i < size; i++) {
+    if ((i >= blocks[0].offset && i < 120) || (i >= 128 && i < 308)) continue;
+    double mean = 0;
+    for (int w = 0; w < N; w++) mean += (double)grads[w][i] / N;
+    for (int w = 0; w < N; w++) want[w][i] = mean;
+  }
+  comm::ThreadWorld world(N);
+  comm::run_ranks(N, [&](int w) {
+    std::unique_ptr<comm::Group> g = world.group(w, "dp");
+    compress::PowerSgd psgd(*g, size, blocks, r, 11);
+    psgd.reduce(grads[w].data(), errors[w].data());
+  });
+  for (int w = 0; w < N; w++)
+    for (size_t i = 0; i < size; i++) {
+      ASSERT_NEAR(grads[w][i], want[w][i], 1e-4 * (1 + std::fabs(want[w][i]))) << "rank " << w << " element " << i;
+      ASSERT_NEAR(errors[w][i], want_error[w][i], 1e-4 * (1 + std::fabs(want_error[w][i]))) << "error, rank " << w << " element " << i;
+    }
 }
 
 }  // namespace
