@@ -42,7 +42,19 @@ Status parse_discrete_curriculum(const std::string& text, std::vector<std::pair<
 Status Curriculum::make(const CurriculumOptions& o, int T, Curriculum* out) {
   *out = Curriculum();
   out->T_ = T;
-  if (o.kind == "none") return Status::ok();
+  if (o.kind == "none") {
+    // A schedule flag without the curriculum would be ignored: say so instead.
+    const CurriculumOptions d;
+    const char* set = o.start != d.start ? "--curriculum-start"
+                      : o.steps != d.steps ? "--curriculum-steps"
+                      : o.schedule != d.schedule ? "--curriculum-schedule"
+                      : o.step != d.step ? "--curriculum-step"
+                      : o.root != d.root ? "--curriculum-root"
+                      : !o.discrete.empty() ? "--curriculum-discrete"
+                                            : nullptr;
+    if (set) return bad(std::string(set) + " needs --curriculum seqlen (without it there is no curriculum to shape)");
+    return Status::ok();
+  }
   if (o.kind != "seqlen") return bad("--curriculum must be none or seqlen, got '" + o.kind + "'");
   Curriculum c;
   c.on_ = true;

@@ -120,6 +120,11 @@ TEST(Curriculum, ErrorsNameTheFlag) {
   EXPECT_NE(error(o, 128).find("length 256 is longer than --seq-len 128"), std::string::npos);
   o = base, o.discrete = "64:10";
   EXPECT_NE(error(o, 128).find("needs --curriculum-schedule discrete"), std::string::npos);
+  // A schedule flag without --curriculum seqlen is not silently ignored.
+  o = base, o.kind = "none";
+  EXPECT_NE(error(o, 128).find("--curriculum-steps needs --curriculum seqlen"), std::string::npos);
+  o = CurriculumOptions{}, o.schedule = "root";
+  EXPECT_NE(error(o, 128).find("--curriculum-schedule needs --curriculum seqlen"), std::string::npos);
 }
 
 // With every step the same length, the schedule by tokens is the schedule by steps.
