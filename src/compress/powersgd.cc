@@ -84,17 +84,16 @@ void PowerSgd::reduce(float* buffer, float* error) {
   const float inv = 1.0f / (float)N;
   for (float& x : q_) x *= inv;
   // M' = P Qᵀ, the mean at rank r; the error keeps what it leaves out of this rank's M.
-  std::vector<float> approx;
   for (size_t i = 0; i < compressed_.size(); i++) {
     const MatrixBlock& m = compressed_[i];
     const int r = std::min({rank_, m.rows, m.cols});
     const size_t n = (size_t)m.rows * m.cols;
-    approx.resize(n);
+    approx_.resize(std::max(approx_.size(), n));
     kernels::gemm(false, true, m.rows, m.cols, r, 1.f, p_.data() + p_at_[i], r, q_.data() + q_at_[i], r, 0.f,
-                  approx.data(), m.cols);
+                  approx_.data(), m.cols);
     float* M = buffer + m.offset;
     float* e = error + m.offset;
-    for (size_t k = 0; k < n; k++) e[k] = M[k] - approx[k], M[k] = approx[k];
+    for (size_t k = 0; k < n; k++) e[k] = M[k] - approx_[k], M[k] = approx_[k];
   }
   at = 0;
   for (const auto& [b, e] : exact_) {

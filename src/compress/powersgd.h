@@ -58,6 +58,7 @@ class PowerSgd {
   size_t exact_count_ = 0;
   std::vector<size_t> p_at_, q_at_;  // each block's offset in p_ and q_
   std::vector<float> p_, q_, exact_values_;
+  std::vector<float> approx_;  // one block's P Qᵀ, reused across calls
 };
 
 // Gram-Schmidt on the columns of a row-major rows x cols matrix, in place (as torch's

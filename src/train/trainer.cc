@@ -164,6 +164,19 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   return r;
 }
 
+namespace {
+
+// Step k's learning rate: by steps, or with --lr-unit tokens by the tokens trained before it
+// (`done`) and in it (`now`), the warmup lasting warmup_steps full-length steps' tokens.
+float step_learning_rate(const TrainOptions& o, const BatchShape& shape, int64_t k, int64_t done, int64_t now,
+                         int64_t total) {
+  if (o.lr_unit != "tokens") return optim::learning_rate(o.adamw, (int)k, o.steps);
+  const double warmup = (double)o.adamw.warmup_steps * shape.G() * shape.T;
+  return optim::learning_rate_by_tokens(o.adamw, (double)done, (double)now, warmup, (double)total);
+}
+
+}  // namespace
+
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
@@ -240,11 +253,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     BatchShape step_shape = shape;
     step_shape.L = curriculum.length(k);
     const int64_t tokens_per_step = (int64_t)shape.G() * step_shape.L;
-    const float lr = o.lr_unit == "tokens"
-                         ? optim::learning_rate_by_tokens(o.adamw, (double)tokens_done, (double)tokens_per_step,
-                                                          (double)o.adamw.warmup_steps * shape.G() * shape.T,
-                                                          (double)tokens_total)
-                         : optim::learning_rate(o.adamw, (int)k, o.steps);
+    const float lr = step_learning_rate(o, shape, k, tokens_done, tokens_per_step, tokens_total);
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, step_shape, k, lr,
                               run.pipeline.get(), run.scaler.get(), run.scaler ? nullptr : &run.nonfinite);
     tokens_done += tokens_per_step;
