@@ -290,6 +290,10 @@ TEST_F(CurriculumCli, BadFlagsFailBeforeTraining) {
       {"--curriculum-start 64 is longer than --seq-len 32"});
   cli_test::expect_failure(cli_test::run(train(kTiny + " --lr-unit epochs --steps 2")),
                            {"--lr-unit must be steps or tokens"});
+}
+
+// A two-rank job (tp 2), so the sanitizer stage leaves it to the native one.
+TEST_F(CurriculumCli, SpLengthsAreCheckedBeforeTraining) {
   // Sequence parallelism needs every length's tokens to split over tp: B=1, lengths 3, 15, 32.
   cli_test::expect_failure(
       cli_test::run(train("--model tiny --seq-len 32 --micro-batch 1 --tp 2 --sp --curriculum seqlen "
