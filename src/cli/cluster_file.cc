@@ -66,9 +66,44 @@ std::string known_tables() {
   return s;
 }
 
+// The inter-host link's rates by message size, an array of tables:
+//   [[links.inter_host.by_size]]
+//   bytes = 262144
+//   all_reduce_gbs = 0.109
+//   reduce_scatter_gbs = 0.076   # optional (0 or absent: all_reduce_gbs)
+//   all_gather_gbs = 0.074       # optional
+// Each entry's keys are checked here; the curve's order and ranges by planner::validate().
+Status read_rate_curve(const toml::array& entries, const std::string& path, std::vector<planner::LinkRate>* out) {
+  const std::string where = "cluster file " + path + ": [[links.inter_host.by_size]]";
+  for (size_t i = 0; i < entries.size(); i++) {
+    const toml::table* entry = entries[i].as_table();
+    const std::string at = where + " entry " + std::to_string(i + 1);
+    if (!entry) return Status::error(at + " is not a table");
+    planner::LinkRate rate;
+    for (const auto& [key_node, node] : *entry) {
+      const std::string key(key_node.str());
+      double* field = key == "bytes"                ? &rate.bytes
+                      : key == "all_reduce_gbs"     ? &rate.all_reduce
+                      : key == "reduce_scatter_gbs" ? &rate.reduce_scatter
+                      : key == "all_gather_gbs"     ? &rate.all_gather
+                                                    : nullptr;
+      if (!field)
+        return Status::error(at + ": unknown key '" + key + "' (known: bytes, all_reduce_gbs, reduce_scatter_gbs, all_gather_gbs)");
+      const auto v = node.value<double>();  // integers too
+      if (!v) return Status::error(at + ": '" + key + "' takes a number");
+      *field = key == "bytes" ? *v : *v * 1e9;
+    }
+    if (rate.bytes == 0 || rate.all_reduce == 0) return Status::error(at + " needs 'bytes' and 'all_reduce_gbs'");
+    out->push_back(rate);
+  }
+  return Status::ok();
+}
+
 // Flattens the file into items: top-level keys as they are, the nested tables' keys to their
-// fields. Unknown tables and table keys are errors naming them.
-Status flatten(const toml::table& table, const std::string& prefix, const std::string& path, std::vector<Item>* out) {
+// fields (the inter-host rate curve into `curve`). Unknown tables and table keys are errors
+// naming them.
+Status flatten(const toml::table& table, const std::string& prefix, const std::string& path, std::vector<Item>* out,
+               std::vector<planner::LinkRate>* curve) {
   for (const auto& [key_node, node] : table) {
     const std::string key(key_node.str());
     if (const toml::table* sub = node.as_table()) {
@@ -77,7 +112,13 @@ Status flatten(const toml::table& table, const std::string& prefix, const std::s
       for (const TableKey& k : kTableKeys)
         known |= name == k.table || std::string_view(k.table).starts_with(name + ".");
       if (!known) return Status::error("cluster file " + path + ": unknown table [" + name + "] (known: " + known_tables() + ")");
-      RETURN_IF_ERROR(flatten(*sub, name, path, out));
+      RETURN_IF_ERROR(flatten(*sub, name, path, out, curve));
+      continue;
+    }
+    if (prefix == "links.inter_host" && key == "by_size") {
+      const toml::array* entries = node.as_array();
+      if (!entries) return Status::error("cluster file " + path + ": [links.inter_host] by_size must be an array of tables ([[links.inter_host.by_size]])");
+      RETURN_IF_ERROR(read_rate_curve(*entries, path, curve));
       continue;
     }
     Item item{key, "", key};
@@ -89,6 +130,7 @@ Status flatten(const toml::table& table, const std::string& prefix, const std::s
           if (key == k.key) found = &k;
           keys += (keys.empty() ? "" : ", ") + std::string(k.key);
         }
+      if (prefix == "links.inter_host") keys += ", by_size";
       item.written = "[" + prefix + "] " + key;
       if (!found)
         return Status::error("cluster file " + path + ": unknown key '" + key + "' in [" + prefix + "]" +
@@ -135,7 +177,8 @@ Status parse_cluster_toml(const std::string& text, const std::string& path, plan
                          std::to_string(at.column) + "): " + std::string(e.description()));
   }
   std::vector<Item> items;
-  RETURN_IF_ERROR(flatten(table, "", path, &items));
+  std::vector<planner::LinkRate> curve;
+  RETURN_IF_ERROR(flatten(table, "", path, &items, &curve));
   std::map<std::string, std::string> written;  // field -> where it was set
   for (const Item& item : items)
     if (auto [it, fresh] = written.emplace(item.field, item.written); !fresh)
@@ -162,6 +205,7 @@ Status parse_cluster_toml(const std::string& text, const std::string& path, plan
       if (!f.optional && !written.count(f.key)) missing += (missing.empty() ? "" : ", ") + std::string(f.key);
     if (!missing.empty()) return Status::error("cluster file " + path + " has no 'base' preset and lacks: " + missing);
   }
+  if (!curve.empty()) c.inter.by_size = curve;
   RETURN_IF_ERROR(planner::validate(c).with_context(path));
   *out = c;
   return Status::ok();

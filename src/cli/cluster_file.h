@@ -20,6 +20,11 @@
 //   latency_us = 5          # inter_node_latency_us
 //   reduce_scatter_gbs = 12 # inter_node_reduce_scatter_gbps, where it differs
 //   all_gather_gbs = 12     # inter_node_all_gather_gbps, where it differs
+//   [[links.inter_host.by_size]]  # optional, repeated: rates by message size (ascending),
+//   bytes = 262144                # interpolated in log(size) by the local predictor
+//   all_reduce_gbs = 0.109
+//   reduce_scatter_gbs = 0.076    # optional (absent: all_reduce_gbs)
+//   all_gather_gbs = 0.074        # optional
 //
 // A field set twice (also once flat and once in a table) is an error.
 #pragma once

@@ -219,8 +219,57 @@ Status set_cluster_field(const std::string& key, const std::string& value, const
   return Status::ok();
 }
 
+namespace {
+
+double fixed_rate(const Link& l, Link::Collective c) {
+  switch (c) {
+    case Link::Collective::kReduceScatter: return l.reduce_scatter();
+    case Link::Collective::kAllGather: return l.all_gather();
+    default: return l.bandwidth;
+  }
+}
+
+double point_rate(const LinkRate& p, Link::Collective c) {
+  const double r = c == Link::Collective::kReduceScatter ? p.reduce_scatter
+                   : c == Link::Collective::kAllGather   ? p.all_gather
+                                                         : 0;
+  return r > 0 ? r : p.all_reduce;
+}
+
+Status check_rate_curve(const std::vector<LinkRate>& curve) {
+  for (size_t i = 0; i < curve.size(); i++) {
+    const LinkRate& p = curve[i];
+    const std::string at = "[[links.inter_host.by_size]] entry " + std::to_string(i + 1);
+    if (!std::isfinite(p.bytes) || p.bytes < 1)
+      return Status::error(at + ": 'bytes' must be a message size of at least 1, got " + num(p.bytes));
+    if (i > 0 && p.bytes <= curve[i - 1].bytes)
+      return Status::error(at + ": sizes must be ascending, but " + num(p.bytes) + " follows " + num(curve[i - 1].bytes));
+    if (!std::isfinite(p.all_reduce) || p.all_reduce <= 0)
+      return Status::error(at + ": 'all_reduce_gbs' must be > 0, got " + num(p.all_reduce / kGB));
+    for (double r : {p.reduce_scatter, p.all_gather})
+      if (!std::isfinite(r) || r < 0)
+        return Status::error(at + ": 'reduce_scatter_gbs' and 'all_gather_gbs' must be >= 0 (0: all_reduce_gbs), got " +
+                             num(r / kGB));
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+double Link::rate(Collective c, double message_bytes) const {
+  if (by_size.empty()) return fixed_rate(*this, c);
+  if (message_bytes <= by_size.front().bytes) return point_rate(by_size.front(), c);
+  if (message_bytes >= by_size.back().bytes) return point_rate(by_size.back(), c);
+  size_t i = 1;
+  while (by_size[i].bytes < message_bytes) i++;
+  const LinkRate &a = by_size[i - 1], &b = by_size[i];
+  const double f = std::log(message_bytes / a.bytes) / std::log(b.bytes / a.bytes);
+  return point_rate(a, c) + f * (point_rate(b, c) - point_rate(a, c));
+}
+
 Status validate(const Cluster& c) {
   for (const FieldSpec& s : specs()) RETURN_IF_ERROR(check_field(s, s.get(c)));
+  RETURN_IF_ERROR(check_rate_curve(c.inter.by_size));
   if (c.reserved_bytes >= c.memory_bytes)
     return Status::error("'reserved_gb' (" + num(c.reserved_bytes / kGB) + ") must be below 'memory_gb' (" +
                          num(c.memory_bytes / kGB) + ")");

@@ -22,6 +22,15 @@ using kernels::precision_name;
 // Bytes of one element of activations, gradients and messages in this precision.
 inline double element_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 
+// A link's measured bus bandwidths (bytes/s) at one message size (bytes): a point of the
+// rate curve of a link whose rate depends on the size (a TCP link that small messages cross
+// at the wire's rate and large ones at half of it, bench/hosts_comm.sh). 0: not measured
+// (the all-reduce's rate at this size).
+struct LinkRate {
+  double bytes = 0;
+  double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+};
+
 // A link as one GPU sees it: bandwidth in bytes/s in one direction, latency (the alpha of an
 // alpha-beta model) in seconds per message step.
 struct Link {
@@ -34,6 +43,12 @@ struct Link {
   double reduce_scatter_bandwidth = 0, all_gather_bandwidth = 0;
   double reduce_scatter() const { return reduce_scatter_bandwidth > 0 ? reduce_scatter_bandwidth : bandwidth; }
   double all_gather() const { return all_gather_bandwidth > 0 ? all_gather_bandwidth : bandwidth; }
+  // Rates by message size, sizes ascending (empty: the fixed rates above at every size).
+  // Between two points a rate is interpolated in log(size); outside them it is the nearest
+  // point's. Used by the local predictor for the inter-host link.
+  std::vector<LinkRate> by_size;
+  enum class Collective { kAllReduce, kReduceScatter, kAllGather };
+  double rate(Collective c, double message_bytes) const;
 };
 
 // Achievable fraction of peak for a GEMM (C[M,N] = A[M,K] B[K,N], any transposition) as a

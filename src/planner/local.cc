@@ -114,7 +114,8 @@ struct Costs {
   double bytes_s(double bytes) const { return bytes / bandwidth; }
   // Collectives over a group, `bytes` the whole tensor (as time_model.cc counts them), of
   // cached (activations) or cold (gradient and parameter buffers) data. Inside a host: the
-  // shared-memory transport's measured bus bandwidths; across hosts: the link's.
+  // shared-memory transport's measured bus bandwidths; across hosts: the link's, at the
+  // tensor's size where the cluster file gives rates by size (as bench_comm's sizes count).
   const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
   // Across hosts the latency is charged once per collective, not per ring step: on this
   // machine's hosts (more ranks than cores) a small collective waits for its peers to be
@@ -126,24 +127,28 @@ struct Costs {
   double all_reduce_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, 2.0 * (n - 1) / n * bytes, inter.bandwidth);
+    if (g.inter) return over_wire(g, 2.0 * (n - 1) / n * bytes, inter.rate(Link::Collective::kAllReduce, bytes));
     return 2.0 * (n - 1) * latency + 2.0 * (n - 1) / n * bytes / (bus(cold).all_reduce * link);
   }
   double reduce_scatter_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.reduce_scatter());
+    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.rate(Link::Collective::kReduceScatter, bytes));
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).reduce_scatter * link);
   }
   double all_gather_s(double bytes, const AxisLink& g, bool cold = false) const {
     const int n = g.n;
     if (n <= 1) return 0;
-    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.all_gather());
+    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.rate(Link::Collective::kAllGather, bytes));
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
   }
-  // Point-to-point at the all-gather's rate (two ranks' all-gather is one exchange).
+  // Point-to-point at the all-gather's rate (two ranks' all-gather of 2x the bytes is one
+  // exchange of `bytes` each way, as the tied embedding's swap is). Across hosts that is the
+  // cluster file's all-gather figure, which netns-2x2-1gbit.toml takes from a group of 4:
+  // a pair's rate (its all-reduce figure) predicts pp2 dp2 with pp across the link 10%
+  // fast, and ranks it ahead of dp across, against the runs (bench/README.md).
   double p2p_s(double bytes, const AxisLink& g, bool cold = false) const {
-    if (g.inter) return over_wire(g, bytes, inter.all_gather());
+    if (g.inter) return over_wire(g, bytes, inter.rate(Link::Collective::kAllGather, 2 * bytes));
     return latency + bytes / (bus(cold).all_gather * link);
   }
 };

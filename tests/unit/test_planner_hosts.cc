@@ -127,6 +127,36 @@ TEST(PlannerPlacement, LocalPredictorChargesTheAxisThatCrossesTheLink) {
   // 14.5 MB of dp gradients through half a 0.064 GB/s NIC is at least 0.45 s.
   EXPECT_GT(p_inside.dp.total(), 0.45);
   EXPECT_LT(p_across.dp.total(), 0.1);
+
+  // With rates by size (small messages at twice the 16 MiB rate, as TCP moves them), tp's
+  // 131 KB activations cross faster; dp's 14.5 MB gradient, near the curve's top, barely
+  // changes.
+  Cluster curved = hosts;
+  curved.inter.by_size = {{16384, 0.128e9, 0.080e9, 0.134e9}, {16777216, 0.064e9, 0.040e9, 0.067e9}};
+  Prediction c_inside, c_across;
+  ASSERT_TRUE(predict_local(config, inside, run, curved, &c_inside).is_ok());
+  ASSERT_TRUE(predict_local(config, across, run, curved, &c_across).is_ok());
+  EXPECT_LT(c_across.tp.total(), 0.8 * p_across.tp.total());
+  EXPECT_LT(c_across.step_s, p_across.step_s);
+  EXPECT_NEAR(c_inside.dp.total(), p_inside.dp.total(), 0.05 * p_inside.dp.total());
+}
+
+// A rate curve: the points' rates at their sizes, log-size interpolation between them, the
+// nearest point's outside, and the all-reduce's rate where a collective has none.
+TEST(PlannerPlacement, LinkRatesInterpolateInLogSize) {
+  Link l{0.064e9, 1e-4, 0.035e9, 0};
+  using C = Link::Collective;
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllReduce, 1 << 20), 0.064e9);  // no curve: the fixed rates
+  EXPECT_DOUBLE_EQ(l.rate(C::kReduceScatter, 1 << 20), 0.035e9);
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllGather, 1 << 20), 0.064e9);
+  l.by_size = {{1024, 0.12e9, 0.09e9, 0}, {1 << 20, 0.06e9, 0.03e9, 0.05e9}};
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllReduce, 1024), 0.12e9);
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllReduce, 10), 0.12e9);
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllReduce, 1 << 30), 0.06e9);
+  EXPECT_NEAR(l.rate(C::kAllReduce, 32768), 0.09e9, 1e-3 * 0.09e9);  // halfway in log(size)
+  EXPECT_NEAR(l.rate(C::kReduceScatter, 32768), 0.06e9, 1e-3 * 0.06e9);
+  EXPECT_DOUBLE_EQ(l.rate(C::kAllGather, 1024), 0.12e9);  // not given: the all-reduce's
+  EXPECT_NEAR(l.rate(C::kAllGather, 32768), 0.085e9, 1e-3 * 0.085e9);
 }
 
 // ---- Cluster files: toml++ tables -------------------------------------------------------
@@ -188,6 +218,48 @@ TEST(ClusterFile, ErrorsNameTheTableAndKey) {
   // Without a base, the optional fields (hosts, NICs, per-collective rates) may be left out.
   m = error("peak_tflops_bf16 = 1\n");
   EXPECT_TRUE(has(m, "lacks") && !has(m, "nics_per_node") && !has(m, "nodes")) << m;
+}
+
+TEST(ClusterFile, InterHostRatesBySize) {
+  Cluster c;
+  const std::string head = "base = \"a100-80g\"\n[links.inter_host]\nbandwidth_gbs = 0.064\n";
+  const Status s = parse(head + R"(
+[[links.inter_host.by_size]]
+bytes = 65536
+all_reduce_gbs = 0.119
+all_gather_gbs = 0.088
+[[links.inter_host.by_size]]
+bytes = 16777216
+all_reduce_gbs = 0.064
+reduce_scatter_gbs = 0.035
+all_gather_gbs = 0.047
+)",
+                         &c);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  ASSERT_EQ(c.inter.by_size.size(), 2u);
+  EXPECT_DOUBLE_EQ(c.inter.by_size[0].bytes, 65536);
+  EXPECT_DOUBLE_EQ(c.inter.by_size[0].all_reduce, 0.119e9);
+  EXPECT_DOUBLE_EQ(c.inter.by_size[0].reduce_scatter, 0);  // left out: the all-reduce's
+  EXPECT_DOUBLE_EQ(c.inter.by_size[1].reduce_scatter, 0.035e9);
+  EXPECT_DOUBLE_EQ(c.inter.rate(Link::Collective::kAllGather, 1 << 24), 0.047e9);
+
+  auto error = [&](const std::string& entries) { return parse(head + entries, &c).message(); };
+  auto has = [](const std::string& message, const std::string& part) {
+    return message.find(part) != std::string::npos;
+  };
+  const std::string a = "[[links.inter_host.by_size]]\nbytes = 4096\nall_reduce_gbs = 0.1\n";
+  std::string m = error(a + "[[links.inter_host.by_size]]\nbytes = 1024\nall_reduce_gbs = 0.1\n");
+  EXPECT_TRUE(has(m, "entry 2") && has(m, "ascending")) << m;
+  m = error("[[links.inter_host.by_size]]\nbytes = 4096\nallreduce_gbs = 0.1\n");
+  EXPECT_TRUE(has(m, "entry 1") && has(m, "unknown key 'allreduce_gbs'") && has(m, "all_reduce_gbs")) << m;
+  m = error("[[links.inter_host.by_size]]\nbytes = 4096\n");
+  EXPECT_TRUE(has(m, "needs 'bytes' and 'all_reduce_gbs'")) << m;
+  m = error("[[links.inter_host.by_size]]\nbytes = 4096\nall_reduce_gbs = -0.1\n");
+  EXPECT_TRUE(has(m, "'all_reduce_gbs' must be > 0")) << m;
+  m = error("[[links.inter_host.by_size]]\nbytes = \"big\"\nall_reduce_gbs = 0.1\n");
+  EXPECT_TRUE(has(m, "'bytes' takes a number")) << m;
+  m = error("by_size = 3\n");
+  EXPECT_TRUE(has(m, "array of tables")) << m;
 }
 
 TEST(ClusterFile, LocalBaseIsThisMachine) {
