@@ -64,8 +64,10 @@ multi_rank='^(Hosts|DataParallel|TensorParallel|LlamaParallel|MoeParallel|Pipeli
 # runs (140 s).
 multi_rank="${multi_rank%)}|PlannerSearch\.PublishedLayouts|PlanAuto\.RunsTheChosenLayout"
 # The asynchronous-save test's three two-rank runs (42 s under the sanitizers), and the
-# curriculum's two-rank runs (dp 2 and pp 2; tp 2 with sp).
+# curriculum's two-rank runs (dp 2 and pp 2; tp 2 with sp), and compression's multi-rank
+# runs (its refusals run here).
 multi_rank="$multi_rank|Cli\.AsyncSaveSurvivesAKillDuringTheWrite|CurriculumCli\.(DpAndPpLayoutsTrainLikeOneRank|SpLengthsAreCheckedBeforeTraining)"
+multi_rank="$multi_rank|CompressCli\.PowerSgd"
 multi_rank="$multi_rank|Offload\.(OffloadedTrainingIsBitIdentical|Bf16MasterWeightsStreamToo|ResumeAfterACrash|MemoryBudgetOffloadsAndStaysUnder"
 # ZeRO-Infinity's CLI runs too (70 s natively); its in-process test (the I/O thread, the
 # shard buffers, every rank count) runs here.

@@ -185,6 +185,14 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--bucket-mb", o->bucket_mb, "Gradient all-reduce bucket size (ZeRO 0)")
       ->capture_default_str();
+  cmd->add_option("--compress", o->compress,
+                  "Gradient compression of the data-parallel reduction: none, powersgd (rank-r "
+                  "approximation of each matrix with error feedback; ZeRO 0, fp32)")
+      ->capture_default_str();
+  cmd->add_option("--compress-start", o->compress_start,
+                  "Steps reduced plainly before compression starts (PowerSGD's start_iter)")
+      ->capture_default_str();
+  cmd->add_option("--powersgd-rank", o->powersgd_rank, "PowerSGD's rank r")->capture_default_str();
   auto no_overlap = std::make_shared<bool>(false);
   cmd->add_flag("--no-overlap", *no_overlap,
                 "Reduce gradients after backward instead of during it (to measure what overlap hides)");

@@ -51,8 +51,9 @@ PowerSgd::PowerSgd(comm::Group& group, size_t size, std::vector<MatrixBlock> mat
   for (float& x : q_) x = normal(rng);
 }
 
-void PowerSgd::reduce(float* buffer, float* error) {
+void PowerSgd::reduce(float* buffer, float* error, Result result) {
   const int N = group_.size();
+  const float out_scale = result == Result::kSum ? (float)N : 1.0f;
   // The exact part: one plain all-reduce, then the mean.
   size_t at = 0;
   for (const auto& [b, e] : exact_) {
@@ -93,11 +94,12 @@ void PowerSgd::reduce(float* buffer, float* error) {
                   approx_.data(), m.cols);
     float* M = buffer + m.offset;
     float* e = error + m.offset;
-    for (size_t k = 0; k < n; k++) e[k] = M[k] - approx_[k], M[k] = approx_[k];
+    for (size_t k = 0; k < n; k++) e[k] = M[k] - approx_[k], M[k] = out_scale * approx_[k];
   }
   at = 0;
+  const float exact_scale = result == Result::kSum ? 1.0f : inv;
   for (const auto& [b, e] : exact_) {
-    for (size_t k = b; k < e; k++) buffer[k] = exact_values_[at + k - b] * inv;
+    for (size_t k = b; k < e; k++) buffer[k] = exact_values_[at + k - b] * exact_scale;
     at += e - b;
   }
 }

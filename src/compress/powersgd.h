@@ -36,9 +36,11 @@ class PowerSgd {
   PowerSgd(comm::Group& group, size_t size, std::vector<MatrixBlock> matrices, int rank, uint64_t seed);
 
   // buffer: this rank's gradient in, the group's mean out (the compressed blocks at rank r,
-  // the rest exact). error: size floats, this rank's, updated on the compressed blocks
-  // (zero elsewhere).
-  void reduce(float* buffer, float* error);
+  // the rest exact), or with kSum the group's sum (N times the mean: the engine's gradients
+  // are sums over ranks; the error and the warm start are the same either way). error: size
+  // floats, this rank's, updated on the compressed blocks (zero elsewhere).
+  enum class Result { kMean, kSum };
+  void reduce(float* buffer, float* error, Result result = Result::kMean);
 
   // The blocks compressed, and the elements all-reduced exactly.
   const std::vector<MatrixBlock>& compressed() const { return compressed_; }

@@ -181,6 +181,10 @@ void DataParallel::init_groups() {
     groups_.push_back(std::move(g));
   }
   for (int u = 0; u < layout_.num_units(); u++) CHECK_MSG(group_of_unit_[u] >= 0, "a unit in no parameter group");
+  if (config_.compression.kind != Compression::Kind::kNone) {
+    CHECK_MSG(stage == 0 && !half_ && groups_.size() == 1, "compression needs ZeRO 0, fp32 storage and one group");
+    compressed_ = std::make_unique<CompressedReduction>(*groups_[0].reduce, layout_, config_.compression);
+  }
 }
 
 Status DataParallel::move_shard_to_file(optim::ShardArray a, const std::string& dir, int rank, bool direct) {
@@ -247,6 +251,8 @@ void DataParallel::begin_step(int micro_batches) {
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
   released_.assign(layout_.num_units(), 0);
+  compressing_ = compressed_ && compressed_->active(step_);
+  if (compressing_) return;  // reduced once, after backward (finish_reductions)
   for (GroupParts& g : groups_)
     if (g.buckets) g.buckets->begin_step();
 }
@@ -254,8 +260,9 @@ void DataParallel::begin_step(int micro_batches) {
 void DataParallel::end_micro_batch() { wait_reductions(); }
 
 void DataParallel::finish_reductions() {
+  if (compressing_) compressed_->reduce(full_grads());
   for (GroupParts& g : groups_)
-    if (g.buckets) g.buckets->finish();
+    if (g.buckets && !compressing_) g.buckets->finish();
   wait_reductions();
   if (grads_in_file()) files_->fill_unwritten();  // a unit no backward reached has a zero gradient
   if (tied_peer_ >= 0) sum_tied_embedding();
@@ -611,7 +618,7 @@ void DataParallel::release_grads(int u) {
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
   if (stage == 1) g.scatter->start_from(u, full_gradient());
-  else g.buckets->unit_final(u);
+  else if (!compressing_) g.buckets->unit_final(u);
 }
 
 }  // namespace meshtrain::parallel

@@ -53,6 +53,7 @@
 #include "comm/group.h"
 #include "model/gpt.h"
 #include "optim/adamw.h"
+#include "parallel/dp/compressed_reduce.h"
 #include "parallel/dp/file_shards.h"
 #include "parallel/dp/grad_sync.h"
 #include "parallel/dp/half_storage.h"
@@ -114,6 +115,9 @@ struct DpConfig {
   bool align_shards = false;
   // Every unit in exactly one group; empty: one group, "dp", of every unit.
   std::vector<ParamGroup> groups;
+  // Gradient compression of the reduction (parallel/dp/compressed_reduce.h): stage 0, fp32
+  // storage, one group.
+  Compression compression;
 };
 
 // Unit u's initial parameters in the model's local layout, written to `out` (the unit's
@@ -182,6 +186,11 @@ class DataParallel : public model::ParamStore, public GradSync {
   void set_pipeline(comm::Group* pp, int tied_peer);
 
   // --- one optimizer step (GradSync, then the update) ---
+  // The 0-based index of the step that begin_step starts next (compression's schedule).
+  void set_step(int64_t k) { step_ = k; }
+  // The compressor (null without --compress), and whether this step goes through it.
+  CompressedReduction* compression() { return compressed_.get(); }
+  bool compressing() const { return compressing_; }
   void begin_step(int micro_batches) override;  // zeroes gradients
   void end_micro_batch() override;              // waits for the reductions started so far
   void finish_reductions() override;            // after the last backward: every reduction done
@@ -300,6 +309,9 @@ class DataParallel : public model::ParamStore, public GradSync {
   std::unique_ptr<UnitsInUse> in_use_;
   std::vector<GroupParts> groups_;  // after the pool: their reducers return buffers to it
   std::vector<int> group_of_unit_;
+  std::unique_ptr<CompressedReduction> compressed_;
+  int64_t step_ = 0;
+  bool compressing_ = false;  // this step's gradient goes through compressed_
 };
 
 }  // namespace meshtrain::parallel

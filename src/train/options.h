@@ -84,6 +84,12 @@ struct TrainOptions {
   // end, "use" at every forward and backward use, "auto" step under pipelines, else use.
   std::string zero3_gather = "auto";
   double bucket_mb = 25;      // stage-0 gradient bucket size
+  // Gradient compression of the data-parallel reduction (docs/compression.md): "none" or
+  // "powersgd" (rank powersgd_rank, from step compress_start on; the steps before it reduce
+  // plainly, as torch's start_powerSGD_iter).
+  std::string compress = "none";
+  int compress_start = 0;
+  int powersgd_rank = 4;
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)
   double comm_timeout = 300;  // seconds before a stuck collective aborts the job (0: never)
   // Testing aid: this rank stops participating at this step (watchdog test).

@@ -50,6 +50,25 @@ Status check_offload_dir(const std::string& dir) {
   return Status::ok();
 }
 
+// --compress and its settings: the combinations the compressed reduction supports
+// (parallel/dp/compressed_reduce.h), refused by name otherwise.
+Status check_compression(const TrainOptions& o) {
+  parallel::Compression::Kind kind;
+  RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &kind));
+  if (o.compress_start < 0) return Status::error("--compress-start must be >= 0");
+  if (o.powersgd_rank < 1) return Status::error("--powersgd-rank must be >= 1");
+  if (kind == parallel::Compression::Kind::kNone) {
+    if (o.compress_start != 0 || o.powersgd_rank != 4)
+      return Status::error("--compress-start and --powersgd-rank need --compress powersgd");
+    return Status::ok();
+  }
+  const std::string name = "--compress " + o.compress;
+  if (o.zero != 0) return Status::error(name + " runs with --zero 0 (its bucket all-reduce), got --zero " + std::to_string(o.zero));
+  if (o.precision != "fp32")
+    return Status::error(name + " needs --precision fp32 (fp32 gradients), got " + o.precision);
+  return Status::ok();
+}
+
 Status check_options(const TrainOptions& o) {
   auto positive = [](const char* flag, int v) -> Status {
     if (v < 1) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
@@ -69,6 +88,7 @@ Status check_options(const TrainOptions& o) {
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
   if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
   if (!(o.bucket_mb > 0)) return Status::error("--bucket-mb must be > 0");
+  RETURN_IF_ERROR(check_compression(o));
   if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
     return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
@@ -378,6 +398,12 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   run->gpt->reserve_activations(run->shape.B, run->shape.T);
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
   dpc.groups = expert_groups(run->gpt->layout(), *run->mesh);
+  RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &dpc.compression.kind));
+  if (dpc.compression.kind != parallel::Compression::Kind::kNone && dpc.groups.size() > 1)
+    return Status::error("--compress " + o.compress + " does not run with MoE experts yet (their parameter groups)");
+  dpc.compression.start_step = o.compress_start;
+  dpc.compression.rank = o.powersgd_rank;
+  dpc.compression.seed = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 0x5057;  // the first Q: the same on every rank
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.

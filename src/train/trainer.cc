@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "checkpoint/checkpoint.h"
+#include "comm/self_group.h"
 #include "core/cpu_info.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
@@ -107,6 +108,7 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   const float loss_scale = (float)(S / ((double)G * L));
   // Micro-batch a of this rank: rows first_row + a*B of the step's global batch.
   auto row = [&](int a) { return shape.first_row() + a * B; };
+  dp.set_step(k);
   dp.begin_step(shape.A);
   double loss_sum = 0;  // sum of token losses over this rank's rows
   if (pipeline) {
@@ -218,6 +220,16 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     if (run.start_step > 0)
       std::printf("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where it differs)\n",
                   (long long)run.start_step, run.resumed_layout.c_str());
+    if (const parallel::CompressedReduction* c = run.dp->compression()) {
+      std::printf("compression: powersgd rank %d from step %lld: %zu matrices at rank r, %zu elements exact, "
+                  "%.2f MB per rank and step (the plain all-reduce: %.2f MB)\n",
+                  o.powersgd_rank, (long long)o.compress_start + 1, c->powersgd().compressed().size(),
+                  c->powersgd().exact_elements(), c->wire_bytes() / 1e6,
+                  comm::comm_bytes(comm::CommOp::kAllReduce, run.gpt->layout().total(), run.mesh->dp().size(), 4) / 1e6);
+      if (run.start_step > o.compress_start)
+        std::printf("compression: the error feedback and PowerSGD's warm start restart from zero on resume "
+                    "(checkpoints do not hold them yet)\n");
+    }
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
     const optim::ShardStore& store = run.dp->adamw().store();
     std::string in_files;

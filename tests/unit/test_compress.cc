@@ -230,6 +230,8 @@ TEST(PowerSgd, GradientsOfRankRAreAveragedExactly) {
     for (size_t i = 0; i < mean.size(); i++) mean[i] += grads[w][i] / N;
   comm::ThreadWorld world(N);
   std::vector<int64_t> bytes(N), predicted(N);
+  // The same inputs summed (the engine's convention): N times the mean, the same errors.
+  std::vector<std::vector<float>> sums = grads, sum_errors = errors;
   comm::run_ranks(N, [&](int w) {
     std::unique_ptr<comm::Group> g = world.group(w, "dp");
     compress::PowerSgd psgd(*g, grads[w].size(), {{0, n, m}}, r, 7);
@@ -237,10 +239,16 @@ TEST(PowerSgd, GradientsOfRankRAreAveragedExactly) {
     EXPECT_EQ(psgd.exact_elements(), 5u);
     psgd.reduce(grads[w].data(), errors[w].data());
     bytes[w] = g->stats().bytes, predicted[w] = psgd.wire_bytes();
+    compress::PowerSgd summing(*g, sums[w].size(), {{0, n, m}}, r, 7);
+    summing.reduce(sums[w].data(), sum_errors[w].data(), compress::PowerSgd::Result::kSum);
   });
   for (int w = 0; w < N; w++) {
     for (size_t i = 0; i < mean.size(); i++) ASSERT_NEAR(grads[w][i], mean[i], 1e-4) << "rank " << w << " element " << i;
     EXPECT_EQ(bytes[w], predicted[w]);
+    for (size_t i = 0; i < mean.size(); i++) {
+      ASSERT_NEAR(sums[w][i], N * grads[w][i], 1e-5 * (1 + std::fabs(N * grads[w][i]))) << "rank " << w << " element " << i;
+      ASSERT_EQ(sum_errors[w][i], errors[w][i]) << "rank " << w << " element " << i;
+    }
   }
   for (size_t i = 0; i < mean.size(); i++) {
     double sum = 0;
