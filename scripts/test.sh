@@ -67,7 +67,7 @@ multi_rank="${multi_rank%)}|PlannerSearch\.PublishedLayouts|PlanAuto\.RunsTheCho
 # curriculum's two-rank runs (dp 2 and pp 2; tp 2 with sp), and compression's multi-rank
 # runs (its refusals run here).
 multi_rank="$multi_rank|Cli\.AsyncSaveSurvivesAKillDuringTheWrite|CurriculumCli\.(DpAndPpLayoutsTrainLikeOneRank|SpLengthsAreCheckedBeforeTraining)"
-multi_rank="$multi_rank|CompressCli\.PowerSgd"
+multi_rank="$multi_rank|CompressCli\.(PowerSgd|OneBitAdam|BothTrain)"
 multi_rank="$multi_rank|Offload\.(OffloadedTrainingIsBitIdentical|Bf16MasterWeightsStreamToo|ResumeAfterACrash|MemoryBudgetOffloadsAndStaysUnder"
 # ZeRO-Infinity's CLI runs too (70 s natively); its in-process test (the I/O thread, the
 # shard buffers, every rank count) runs here.

@@ -172,6 +172,7 @@ struct PendingSave {
   std::thread writer;
   std::atomic<bool> written{false};
   Status write_status;
+  Status rank_arrays_status;  // rank_WWWWW.bin, written before begin_save returns
   uint64_t bytes = 0, checksum = 0;
 
   ~PendingSave() {
@@ -215,6 +216,59 @@ Status write_index_and_rename(PendingSave& p, const std::vector<std::pair<uint64
 }
 
 }  // namespace
+
+namespace {
+
+// rank_WWWWW.bin: a header (magic, element count, checksum of the floats), then the arrays
+// back to back.
+constexpr uint64_t kRankArraysMagic = 0x3130594152524b52ull;  // "RKRRAY01"
+
+std::string rank_arrays_name(int world_rank) {
+  char name[32];
+  std::snprintf(name, sizeof name, "rank_%05d.bin", world_rank);
+  return name;
+}
+
+Status write_rank_arrays(const fs::path& dir, int world_rank, const std::vector<std::pair<const float*, size_t>>& arrays) {
+  size_t n = 0;
+  for (const auto& a : arrays) n += a.second;
+  std::vector<uint64_t> blob(3 + (n * sizeof(float) + 7) / 8, 0);
+  float* values = reinterpret_cast<float*>(blob.data() + 3);
+  for (const auto& [data, count] : arrays) values = std::copy(data, data + count, values);
+  blob[0] = kRankArraysMagic, blob[1] = n, blob[2] = checksum64(blob.data() + 3, n * sizeof(float));
+  return write_file_synced((dir / rank_arrays_name(world_rank)).string(), blob.data(), 24 + n * sizeof(float));
+}
+
+}  // namespace
+
+Status load_rank_arrays(const std::string& dir, int world_rank, const std::vector<std::pair<float*, size_t>>& arrays,
+                        bool* loaded) {
+  *loaded = false;
+  const std::string path = (fs::path(dir) / rank_arrays_name(world_rank)).string();
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::ok();
+  size_t n = 0;
+  for (const auto& a : arrays) n += a.second;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (ec || size != 24 + n * sizeof(float))
+    return Status::error(path + ": " + std::to_string(ec ? 0 : size) + " bytes, this rank's state takes " +
+                         std::to_string(24 + n * sizeof(float)) + " (written by another layout or model?)");
+  std::vector<uint64_t> blob(3 + (n * sizeof(float) + 7) / 8, 0);
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return Status::error("cannot open " + path);
+  const size_t got = std::fread(blob.data(), 1, 24 + n * sizeof(float), f);
+  std::fclose(f);
+  if (got != 24 + n * sizeof(float) || blob[0] != kRankArraysMagic || blob[1] != n ||
+      blob[2] != checksum64(blob.data() + 3, n * sizeof(float)))
+    return Status::error(path + " is damaged (header or checksum)");
+  const float* values = reinterpret_cast<const float*>(blob.data() + 3);
+  for (const auto& [data, count] : arrays) {
+    std::copy(values, values + count, data);
+    values += count;
+  }
+  *loaded = true;
+  return Status::ok();
+}
 
 Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLayout& layout,
                   const model::GptConfig& config, const parallel::ShardLayout& shards, const RankState& state,
@@ -261,6 +315,7 @@ Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLa
               {"run_config", run_config},
               {"train_state", train_state}};
 
+  if (!state.rank_arrays.empty()) p->rank_arrays_status = write_rank_arrays(p->tmp_dir, world.rank(), state.rank_arrays);
   const std::string path = (p->tmp_dir / shard_file_name(layout.tp(), layout.tp_rank(), pp_size, pp_rank, shards.rank())).string();
   if (!async) {
     p->write_status = write_shard(path, state, shards, &p->bytes, &p->checksum);
@@ -295,14 +350,14 @@ Status finish_save(PendingSavePtr* pending, comm::Group& world, bool wait, bool*
   const PendingSavePtr done = std::move(*pending);
   std::error_code ec;
   // A failed write on any rank fails the checkpoint on every rank (no one waits forever).
-  double failed = p.write_status.is_ok() ? 0.0 : 1.0;
+  const Status& mine = !p.write_status.is_ok() ? p.write_status : p.rank_arrays_status;
+  double failed = mine.is_ok() ? 0.0 : 1.0;
   world.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);
   if (failed > 0) {
     // The staged folder goes (a full disk gets its space back); the newest complete
     // checkpoint was never touched.
     if (world.rank() == 0) fs::remove_all(p.tmp_dir, ec);
-    return not_saved(p.step, p.out_dir,
-                     p.write_status.is_ok() ? Status::error("the write failed on another rank") : p.write_status);
+    return not_saved(p.step, p.out_dir, mine.is_ok() ? Status::error("the write failed on another rank") : mine);
   }
   const auto info = exchange_file_info(world, p.bytes, p.checksum);
   Status result = world.rank() == 0 ? write_index_and_rename(p, info) : Status::ok();

@@ -23,6 +23,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -49,7 +51,17 @@ struct RankState {
   // Loading: the same for filling such a section in pieces. A null section with neither is
   // not wanted (loading weights only).
   std::function<void(int kind, size_t offset, size_t count, const float* src)> write;
+  // Saving: state of this rank alone that no other layout can use (a compressor's error
+  // feedback), written as rank_WWWWW.bin (the world rank) beside the shards; read back with
+  // load_rank_arrays.
+  std::vector<std::pair<const float*, size_t>> rank_arrays = {};
 };
+
+// Reads back what world rank `world_rank` saved as RankState::rank_arrays into `arrays`
+// (the same sizes, in order). *loaded is false, with OK, when the checkpoint holds no such
+// file (written without it); a file of other sizes or a bad checksum is an error naming it.
+Status load_rank_arrays(const std::string& dir, int world_rank, const std::vector<std::pair<float*, size_t>>& arrays,
+                        bool* loaded);
 
 // Where a rank sits: its tensor-parallel slice (layout.tp(), layout.tp_rank()), its
 // pipeline stages (the units of `layout`, on pipeline rank pp_rank of pp_size) and its

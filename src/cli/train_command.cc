@@ -187,10 +187,12 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--compress", o->compress,
                   "Gradient compression of the data-parallel reduction: none, powersgd (rank-r "
-                  "approximation of each matrix with error feedback; ZeRO 0, fp32)")
+                  "approximation of each matrix with error feedback; ZeRO 0, fp32), onebit-adam (1-bit Adam: "
+                  "after --compress-start plain steps the variance is frozen and the momentum exchanged as "
+                  "signs; ZeRO 0-1, fp32)")
       ->capture_default_str();
   cmd->add_option("--compress-start", o->compress_start,
-                  "Steps reduced plainly before compression starts (PowerSGD's start_iter)")
+                  "Steps reduced plainly before compression starts (PowerSGD's start_iter, 1-bit Adam's freeze_step)")
       ->capture_default_str();
   cmd->add_option("--powersgd-rank", o->powersgd_rank, "PowerSGD's rank r")->capture_default_str();
   auto no_overlap = std::make_shared<bool>(false);

@@ -14,7 +14,8 @@
 //   2. rank j averages the N blocks it received, adds its server error, compresses the
 //      result and sends it to every rank (an all-gather of one block each).
 // Every rank decompresses the same N blocks, so all end with the same buffer. Each rank
-// sends 2 (N-1) blocks of c/8 + 4 bytes: about 1/32 of an fp32 all-reduce's 2 (N-1) c x 4.
+// sends 2 (N-1) blocks of c/8 + 4 bytes: about 1/32 of an fp32 all-reduce's 2 (N-1) c x 4
+// (with a scale per b elements, c/8 + 4 ceil(c/b)).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -36,12 +37,22 @@ void compress_onebit(const float* x, float* error, size_t n, uint8_t* block);
 // out[i] = the block's value of element i (+= with accumulate).
 void decompress_onebit(const uint8_t* block, size_t n, float* out, bool accumulate = false);
 
+// A chunk of n values compressed in pieces of `scale_block` values (a multiple of 8; 0: one
+// piece), each with its own scale: the pieces' blocks back to back. Finer scales follow the
+// values' magnitude where it varies (a norm's gains beside a weight matrix) for 4 bytes per
+// piece.
+size_t onebit_chunk_bytes(size_t n, size_t scale_block);
+void compress_onebit_chunk(const float* x, float* error, size_t n, size_t scale_block, uint8_t* out);
+void decompress_onebit_chunk(const uint8_t* in, size_t n, size_t scale_block, float* out, bool accumulate = false);
+
 class OneBitAllReduce {
  public:
-  // Buffers of group.size() chunks of `chunk` elements each.
-  OneBitAllReduce(comm::Group& group, size_t chunk);
+  // Buffers of group.size() chunks of `chunk` elements each, each chunk compressed with one
+  // scale per `scale_block` elements (0: one per chunk).
+  OneBitAllReduce(comm::Group& group, size_t chunk, size_t scale_block = 0);
 
   size_t chunk() const { return chunk_; }
+  size_t scale_block() const { return scale_block_; }
   size_t size() const { return chunk_ * (size_t)group_.size(); }
 
   // out = the compressed mean over the group of every rank's x (size() elements each).
@@ -51,11 +62,16 @@ class OneBitAllReduce {
 
   // What one run sends from each rank, in bytes: the all-to-all's N-1 blocks and the
   // all-gather's block to each of N-1 ranks (the comm layer counts the same).
-  static int64_t wire_bytes(int ranks, size_t chunk);
+  static int64_t wire_bytes(int ranks, size_t chunk, size_t scale_block = 0);
+
+  // After run(): the N blocks every rank received from the all-gather (block j: chunk j of
+  // `out`, compressed; onebit_block_bytes(chunk()) bytes each). Decompressed they are `out`,
+  // so 1-bit Adam keeps its momentum as these blocks between steps.
+  const uint8_t* gathered(int j) const { return recv_.data() + (size_t)j * onebit_chunk_bytes(chunk_, scale_block_); }
 
  private:
   comm::Group& group_;
-  size_t chunk_;
+  size_t chunk_, scale_block_;
   std::vector<uint8_t> send_, recv_;
   std::vector<float> mean_;
 };

@@ -212,6 +212,20 @@ void AdamW::step(float* params, const float* grads, float lr, int t) {
   });
 }
 
+void AdamW::step_preconditioned(float* params, float lr, int t) {
+  CHECK_MSG(!store_.any_in_file(state_mask()), "1-bit Adam's update needs the moments in memory");
+  const Coefficients c = coefficients(lr, t);
+  for (const AdamSegment& s : segments_) {
+    const float decay = s.decay ? c.decay : 1.0f;
+    float* p = params + s.param_offset;
+    const float* u = store_.data(kMomentM) + s.state_offset;
+    over_blocks(s.count, [&](size_t b, size_t e) {
+#pragma omp simd
+      for (size_t i = b; i < e; i++) p[i] = p[i] * decay - c.step_size * u[i];
+    });
+  }
+}
+
 void AdamW::init_master(const float* params) {
   CHECK_MSG(master_ && !store_.in_file(kMasterWeights), "init_master: no in-memory master weights");
   for (const AdamSegment& s : segments_)

@@ -95,6 +95,11 @@ class AdamW {
         bool master_weights = false, const StateFiles* files = nullptr);
   // One update with step number t (1-based, for bias correction) at learning rate lr.
   void step(float* params, const float* grads, float lr, int t);
+  // 1-bit Adam's compressed phase (Tang et al. 2021; parallel/dp/onebit_adam.h): m holds
+  // this step's momentum already divided by the frozen denominator (u = m / d, averaged over
+  // the ranks by the caller) and v is not touched; the update is step()'s otherwise:
+  // p = p (1 - lr wd) - lr / (1 - β1^t) u. In memory only (setup refuses offload).
+  void step_preconditioned(float* params, float lr, int t);
 
   // --- mixed precision (master_weights) ---
   // Sets the fp32 master weights from fp32 parameters addressed like step()'s.

@@ -181,9 +181,18 @@ void DataParallel::init_groups() {
     groups_.push_back(std::move(g));
   }
   for (int u = 0; u < layout_.num_units(); u++) CHECK_MSG(group_of_unit_[u] >= 0, "a unit in no parameter group");
-  if (config_.compression.kind != Compression::Kind::kNone) {
-    CHECK_MSG(stage == 0 && !half_ && groups_.size() == 1, "compression needs ZeRO 0, fp32 storage and one group");
-    compressed_ = std::make_unique<CompressedReduction>(*groups_[0].reduce, layout_, config_.compression);
+  switch (config_.compression.kind) {
+    case Compression::Kind::kPowerSgd:
+      CHECK_MSG(stage == 0 && !half_ && groups_.size() == 1, "PowerSGD needs ZeRO 0, fp32 storage and one group");
+      compressed_ = std::make_unique<CompressedReduction>(*groups_[0].reduce, layout_, config_.compression);
+      break;
+    case Compression::Kind::kOneBitAdam:
+      CHECK_MSG(stage <= 1 && !half_ && groups_.size() == 1 && config_.compression.start_step >= 1,
+                "1-bit Adam needs ZeRO 0-1, fp32 storage, one group and a freeze step >= 1");
+      onebit_ = std::make_unique<OneBitAdam>(*groups_[0].reduce, layout_, adamw_config_.beta1,
+                                             config_.compression.scale_block);
+      break;
+    default: break;
   }
 }
 
@@ -251,7 +260,7 @@ void DataParallel::begin_step(int micro_batches) {
   micro_batches_ = micro_batches;
   grad_coef_ = 1.0f;
   released_.assign(layout_.num_units(), 0);
-  compressing_ = compressed_ && compressed_->active(step_);
+  compressing_ = (compressed_ || onebit_) && step_ >= config_.compression.start_step;
   if (compressing_) return;  // reduced once, after backward (finish_reductions)
   for (GroupParts& g : groups_)
     if (g.buckets) g.buckets->begin_step();
@@ -260,7 +269,7 @@ void DataParallel::begin_step(int micro_batches) {
 void DataParallel::end_micro_batch() { wait_reductions(); }
 
 void DataParallel::finish_reductions() {
-  if (compressing_) compressed_->reduce(full_grads());
+  if (compressing_ && compressed_) compressed_->reduce(full_grads());
   for (GroupParts& g : groups_)
     if (g.buckets && !compressing_) g.buckets->finish();
   wait_reductions();
@@ -290,7 +299,11 @@ size_t DataParallel::reduced_range(int u, size_t* n) const {
 // Both hold the same shard of the unit (same dp rank, same per-unit partition).
 void DataParallel::sum_tied_embedding() {
   size_t n = 0;
-  const size_t offset = reduced_range(layout_.embedding_unit(), &n);
+  size_t offset = reduced_range(layout_.embedding_unit(), &n);
+  if (onebit_phase()) {  // not reduced over dp: the local gradient of the whole unit
+    offset = layout_.units()[layout_.embedding_unit()].offset;
+    n = layout_.units()[layout_.embedding_unit()].numel;
+  }
   Buffer<float> widened, theirs(MemCategory::kComm, n);
   Buffer<uint16_t> words;  // 16-bit gradients read from their file
   float* mine = nullptr;
@@ -327,6 +340,7 @@ void DataParallel::sum_tied_embedding() {
 }
 
 double DataParallel::grad_norm() {
+  if (onebit_phase()) return onebit_grad_norm();
   // The optimizer's segments are exactly this rank's reduced gradient elements. Stage 0
   // ranks all hold the whole gradient, stages 1-3 a shard each; elements several tp ranks
   // hold (replicated tensors, replicated key/value heads) count on one of them only.
@@ -352,6 +366,44 @@ double DataParallel::grad_norm() {
   if (tp_) tp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
   if (pp_) pp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
   return std::sqrt(total);
+}
+
+std::vector<std::pair<float*, size_t>> DataParallel::compressor_state() {
+  if (compressed_) return {{compressed_->error(), compressed_->error_size()}, {compressed_->q_memory().data(), compressed_->q_memory().size()}};
+  if (onebit_) return {{onebit_->worker_error().data(), onebit_->worker_error().size()}, {onebit_->server_error().data(), onebit_->server_error().size()}};
+  return {};
+}
+
+// 1-bit Adam's compressed phase: no rank has the summed gradient, only its part g_i. The
+// norm of the sum is estimated as sqrt(N sum_i |g_i|^2): exact when the parts agree, and
+// never below the true norm (Cauchy-Schwarz), so clipping on it is conservative. One scalar
+// all-reduce over dp; tp and pp as grad_norm().
+double DataParallel::onebit_grad_norm() {
+  const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
+  double local = 0;
+  for (const model::ParamTensor& t : layout_.tensors()) {
+    if (t.tp_copy || (skip_embedding && t.unit == layout_.embedding_unit())) continue;
+    local += optim::sum_of_squares(full_grads() + t.offset, t.numel);
+  }
+  comm::Group& dp = *groups_[0].reduce;
+  dp.all_reduce_f64(&local, 1, comm::ReduceOp::kSum);
+  double total = local * dp.size();
+  if (tp_) tp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
+  if (pp_) pp_->all_reduce_f64(&total, 1, comm::ReduceOp::kSum);
+  return std::sqrt(total);
+}
+
+// The tied embedding's two copies (first and last stage) each exchanged their momentum over
+// their own dp group, with their own compression errors: the first stage's averaged
+// momentum replaces the last's, so both copies take the same update and stay equal.
+void DataParallel::sync_tied_momentum() {
+  const int E = layout_.embedding_unit();
+  const size_t offset = config_.zero_stage == 0 ? layout_.units()[E].offset : shards_.units()[E].local_offset;
+  const size_t n = config_.zero_stage == 0 ? layout_.units()[E].numel : shards_.own_end(E) - shards_.own_begin(E);
+  constexpr int kTiedMomentumTag = 8;
+  float* m = adamw_->m() + offset;
+  if (pp_->rank() < tied_peer_) pp_->isend(m, n, tied_peer_, kTiedMomentumTag)->wait();
+  else pp_->irecv(m, n, tied_peer_, kTiedMomentumTag)->wait();
 }
 
 double DataParallel::segment_squares(size_t i) {
@@ -383,9 +435,10 @@ void DataParallel::poison_gradient(int id) {
 }
 
 void DataParallel::clip(double norm, float max_norm, double loss_scale) {
-  if (half_ || sharded_params()) {
+  if (half_ || sharded_params() || onebit_phase()) {
     // Applied by the update: the 16-bit gradients are not re-rounded, and ZeRO-3's may be
-    // in a file (the same multiplication, on the way to AdamW).
+    // in a file (the same multiplication, on the way to AdamW); 1-bit Adam's local gradient
+    // is multiplied as it enters the momentum.
     grad_coef_ = optim::clip_coefficient(norm, max_norm, loss_scale);
   } else if (config_.zero_stage == 0) {
     optim::clip_grads(full_grads(), layout_.total(), norm, max_norm, loss_scale);
@@ -416,6 +469,19 @@ void DataParallel::optimizer_step(float lr, int t) {
     return;
   }
   float* params = full_params();
+  if (onebit_phase()) {
+    if (!onebit_->started()) {
+      // At the freeze m is Adam's; a run resumed later in the phase saved u in its place.
+      const float bias2_sqrt = std::sqrt(1.0f - std::pow(adamw_config_.beta2, (float)config_.compression.start_step));
+      onebit_->start_from(adamw_->m(), adamw_->v(), stage == 0, bias2_sqrt, adamw_config_.eps,
+                          step_ > config_.compression.start_step);
+    }
+    onebit_->exchange(full_grads(), grad_coef_, adamw_->m(), stage == 0);
+    if (tied_peer_ >= 0) sync_tied_momentum();
+    adamw_->step_preconditioned(params, lr, t);
+    gather_updated_params(params);
+    return;
+  }
   const float* grads = stage == 2 ? grad_shard_.data() : full_grads();
   adamw_->step(params, grads, lr, t);
   gather_updated_params(params);
@@ -617,8 +683,9 @@ void DataParallel::release_grads(int u) {
     pool_.give(std::move(grad_staging_[u]));
   }
   if (++released_[u] < micro_batches_) return;  // stages 0-1 accumulate until the last
+  if (compressing_) return;  // reduced after backward (PowerSGD), or not at all (1-bit Adam)
   if (stage == 1) g.scatter->start_from(u, full_gradient());
-  else if (!compressing_) g.buckets->unit_final(u);
+  else g.buckets->unit_final(u);
 }
 
 }  // namespace meshtrain::parallel

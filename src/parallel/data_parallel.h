@@ -55,6 +55,7 @@
 #include "optim/adamw.h"
 #include "parallel/dp/compressed_reduce.h"
 #include "parallel/dp/file_shards.h"
+#include "parallel/dp/onebit_adam.h"
 #include "parallel/dp/grad_sync.h"
 #include "parallel/dp/half_storage.h"
 #include "parallel/dp/reducer.h"
@@ -115,8 +116,8 @@ struct DpConfig {
   bool align_shards = false;
   // Every unit in exactly one group; empty: one group, "dp", of every unit.
   std::vector<ParamGroup> groups;
-  // Gradient compression of the reduction (parallel/dp/compressed_reduce.h): stage 0, fp32
-  // storage, one group.
+  // Gradient compression of the reduction (parallel/dp/compressed_reduce.h): PowerSGD at
+  // stage 0, 1-bit Adam (parallel/dp/onebit_adam.h) at stages 0-1; fp32 storage, one group.
   Compression compression;
 };
 
@@ -190,6 +191,10 @@ class DataParallel : public model::ParamStore, public GradSync {
   void set_step(int64_t k) { step_ = k; }
   // The compressor (null without --compress), and whether this step goes through it.
   CompressedReduction* compression() { return compressed_.get(); }
+  OneBitAdam* onebit_adam() { return onebit_.get(); }
+  // The compressor's per-rank state (checkpoints: valid at the same layout only): PowerSGD's
+  // error and warm-start Q, 1-bit Adam's worker and server errors. Empty without one.
+  std::vector<std::pair<float*, size_t>> compressor_state();
   bool compressing() const { return compressing_; }
   void begin_step(int micro_batches) override;  // zeroes gradients
   void end_micro_batch() override;              // waits for the reductions started so far
@@ -310,6 +315,12 @@ class DataParallel : public model::ParamStore, public GradSync {
   std::vector<GroupParts> groups_;  // after the pool: their reducers return buffers to it
   std::vector<int> group_of_unit_;
   std::unique_ptr<CompressedReduction> compressed_;
+  std::unique_ptr<OneBitAdam> onebit_;
+  // 1-bit Adam's compressed phase: the gradient is not reduced; the norm is estimated from
+  // the ranks' local norms, and the momentum exchanged (optimizer_step).
+  bool onebit_phase() const { return compressing_ && onebit_; }
+  double onebit_grad_norm();
+  void sync_tied_momentum();
   int64_t step_ = 0;
   bool compressing_ = false;  // this step's gradient goes through compressed_
 };

@@ -46,7 +46,7 @@ struct Link {
   // Rates by message size, sizes ascending (empty: the fixed rates above at every size).
   // Between two points a rate is interpolated in log(size); outside them it is the nearest
   // point's. Used by the local predictor for the inter-host link.
-  std::vector<LinkRate> by_size;
+  std::vector<LinkRate> by_size = {};
   enum class Collective { kAllReduce, kReduceScatter, kAllGather };
   double rate(Collective c, double message_bytes) const;
 };

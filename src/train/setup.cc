@@ -53,19 +53,31 @@ Status check_offload_dir(const std::string& dir) {
 // --compress and its settings: the combinations the compressed reduction supports
 // (parallel/dp/compressed_reduce.h), refused by name otherwise.
 Status check_compression(const TrainOptions& o) {
-  parallel::Compression::Kind kind;
+  using Kind = parallel::Compression::Kind;
+  Kind kind;
   RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &kind));
   if (o.compress_start < 0) return Status::error("--compress-start must be >= 0");
   if (o.powersgd_rank < 1) return Status::error("--powersgd-rank must be >= 1");
-  if (kind == parallel::Compression::Kind::kNone) {
-    if (o.compress_start != 0 || o.powersgd_rank != 4)
-      return Status::error("--compress-start and --powersgd-rank need --compress powersgd");
-    return Status::ok();
-  }
+  if (kind == Kind::kNone && o.compress_start != 0)
+    return Status::error("--compress-start needs --compress powersgd or onebit-adam");
+  if (kind != Kind::kPowerSgd && o.powersgd_rank != 4) return Status::error("--powersgd-rank needs --compress powersgd");
+  if (kind == Kind::kNone) return Status::ok();
   const std::string name = "--compress " + o.compress;
-  if (o.zero != 0) return Status::error(name + " runs with --zero 0 (its bucket all-reduce), got --zero " + std::to_string(o.zero));
+  const int max_zero = kind == Kind::kPowerSgd ? 0 : 1;
+  if (o.zero > max_zero)
+    return Status::error(name + " runs with --zero " + (max_zero == 0 ? "0 (its bucket all-reduce)" : "0 or 1") +
+                         ", got --zero " + std::to_string(o.zero));
   if (o.precision != "fp32")
     return Status::error(name + " needs --precision fp32 (fp32 gradients), got " + o.precision);
+  if (kind == Kind::kOneBitAdam) {
+    if (o.compress_start < 1)
+      return Status::error("--compress onebit-adam needs --compress-start >= 1: plain Adam steps estimate the "
+                           "variance before it is frozen (Tang et al. suggest 15-25% of the run)");
+    OffloadTiers tiers;
+    RETURN_IF_ERROR(parse_offload(o, &tiers));
+    if (tiers.any() || o.memory_budget_gb > 0)
+      return Status::error("--compress onebit-adam keeps the optimizer state in memory: drop --offload and --memory-budget");
+  }
   return Status::ok();
 }
 
@@ -263,6 +275,32 @@ std::string writers_layout(const std::string& dir) {
   return out;
 }
 
+// The compressor's per-rank state (error feedback, PowerSGD's warm start) comes back at the
+// layout that wrote it; at another it cannot be re-sliced and restarts from zero (the
+// startup line says which). 1-bit Adam's compressed phase keeps u = m / d in the
+// optimizer's m (parallel/dp/onebit_adam.h): such a checkpoint resumes only with the same
+// --compress onebit-adam --compress-start, and a plain one not inside that phase.
+Status restore_compressor(const std::string& dir, const TrainOptions& o, Run* run) {
+  json index;
+  RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
+  const json ts = index.value("train_state", json::object());
+  const bool saved_u = ts.contains("onebit_adam_freeze");
+  const bool want_u = o.compress == "onebit-adam" && run->start_step > o.compress_start;
+  if (saved_u && (!want_u || ts["onebit_adam_freeze"] != o.compress_start))
+    return Status::error(dir + " was written in 1-bit Adam's compressed phase (variance frozen after step " +
+                         ts["onebit_adam_freeze"].dump() + "): resume it with --compress onebit-adam --compress-start " +
+                         ts["onebit_adam_freeze"].dump());
+  if (want_u && !saved_u)
+    return Status::error(dir + " is at step " + std::to_string(run->start_step) +
+                         ", past --compress-start " + std::to_string(o.compress_start) +
+                         ", but was not written by 1-bit Adam's compressed phase (its moments are Adam's)");
+  std::vector<std::pair<float*, size_t>> arrays = run->dp->compressor_state();
+  const comm::MeshShape& m = run->mesh_shape;
+  const std::string here = "tp " + std::to_string(m.tp) + ", pp " + std::to_string(m.pp) + ", dp " + std::to_string(m.dp);
+  if (arrays.empty() || run->resumed_layout != here) return Status::ok();
+  return checkpoint::load_rank_arrays(dir, run->mesh->world().rank(), arrays, &run->compressor_restored);
+}
+
 // A checkpoint without biases (saved with balancing off) starts them at zero.
 Status restore_expert_bias(const std::string& dir, Run* run) {
   json index;
@@ -457,6 +495,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), rank_state(*run), &run->start_step));
   run->resumed_layout = writers_layout(resume_dir);
+  RETURN_IF_ERROR(restore_compressor(resume_dir, o, run));
   if (run->dp->half_storage()) run->dp->params_from_master();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
@@ -579,11 +618,13 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
 
 Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool async) {
   const TrainOptions& o = run.opt;
-  const checkpoint::RankState st = rank_state(run);
   json train_state = json::object();
   if (run.scaler) train_state["loss_scaler"] = scaler_json(*run.scaler);
   if (run.gpt->moe_training().bias_speed > 0) train_state["moe_expert_bias"] = expert_bias_json(run);
   if (run.nonfinite.skipped > 0) train_state["nonfinite_skipped"] = run.nonfinite.skipped;
+  if (run.dp->onebit_adam() && step > o.compress_start) train_state["onebit_adam_freeze"] = o.compress_start;
+  checkpoint::RankState st = rank_state(run);
+  for (const auto& [data, n] : run.dp->compressor_state()) st.rank_arrays.push_back({data, n});
   RETURN_IF_ERROR(checkpoint::begin_save(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st,
                                          world, to_json(o), o.keep_checkpoints, run.mesh_shape.pp,
                                          run.mesh->pp_rank(), train_state, async, &run.pending_save));

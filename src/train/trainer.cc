@@ -226,10 +226,19 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                   o.powersgd_rank, (long long)o.compress_start + 1, c->powersgd().compressed().size(),
                   c->powersgd().exact_elements(), c->wire_bytes() / 1e6,
                   comm::comm_bytes(comm::CommOp::kAllReduce, run.gpt->layout().total(), run.mesh->dp().size(), 4) / 1e6);
-      if (run.start_step > o.compress_start)
-        std::printf("compression: the error feedback and PowerSGD's warm start restart from zero on resume "
-                    "(checkpoints do not hold them yet)\n");
     }
+    if (const parallel::OneBitAdam* c = run.dp->onebit_adam()) {
+      const int64_t plain = comm::comm_bytes(comm::CommOp::kAllReduce, run.gpt->layout().total(), run.mesh->dp().size(), 4);
+      std::printf("compression: 1-bit Adam, variance frozen after step %d: momentum as signs and one scale per "
+                  "%zu elements, in chunks of %zu, %.3f MB per rank and step (the plain all-reduce: %.2f MB)%s\n",
+                  o.compress_start, c->scale_block(), c->chunk(), c->wire_bytes() / 1e6, plain / 1e6,
+                  o.zero == 1 ? ", plus ZeRO-1's parameter all-gather" : "");
+    }
+    if (run.start_step > 0 && (run.dp->compression() || run.dp->onebit_adam()))
+      std::printf("compression: %s\n", run.compressor_restored
+                                            ? "error feedback (and PowerSGD's warm start) restored from the checkpoint"
+                                            : "error feedback (and PowerSGD's warm start) restart from zero: the "
+                                              "checkpoint holds none for this layout");
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
     const optim::ShardStore& store = run.dp->adamw().store();
     std::string in_files;

@@ -142,6 +142,29 @@ TEST(OneBitAllReduce, MatchesTheTwoStagesAndCountsItsBytes) {
   EXPECT_DOUBLE_EQ(compress::OneBitAllReduce::wire_bytes(N, chunk) / fp32, 1.0 / 32 + 1.0 / chunk);
 }
 
+// A chunk in scale blocks: each block of b values decompresses to ±(its own RMS), as a
+// block compressed alone would; the bytes are the blocks' back to back.
+TEST(OneBitAllReduce, ScaleBlocksFollowTheMagnitudeOfEachBlock) {
+  const size_t n = 1000, b = 256;  // 3 full blocks and one of 232
+  std::vector<float> x = random_values(n, 3);
+  for (size_t i = 0; i < 256; i++) x[i] *= 100.0f;  // the first block 100x the others
+  std::vector<float> error(n, 0.f), alone_error(n, 0.f), out(n), alone(n);
+  std::vector<uint8_t> chunk(compress::onebit_chunk_bytes(n, b));
+  EXPECT_EQ(chunk.size(), 3 * (4 + 32) + (4 + 29));
+  EXPECT_EQ(compress::OneBitAllReduce::wire_bytes(2, n, b), 2 * (int64_t)chunk.size());
+  compress::compress_onebit_chunk(x.data(), error.data(), n, b, chunk.data());
+  compress::decompress_onebit_chunk(chunk.data(), n, b, out.data());
+  for (size_t at = 0; at < n; at += b) {
+    const size_t k = std::min(b, n - at);
+    std::vector<uint8_t> block(compress::onebit_block_bytes(k));
+    compress::compress_onebit(x.data() + at, alone_error.data() + at, k, block.data());
+    compress::decompress_onebit(block.data(), k, alone.data() + at);
+  }
+  EXPECT_EQ(out, alone);
+  EXPECT_EQ(error, alone_error);
+  EXPECT_GT(std::fabs(out[0]), 50 * std::fabs(out[n - 1]));  // each block keeps its own scale
+}
+
 // With error feedback the compressed mean is right on average: over T rounds of the same
 // inputs, the mean of the outputs approaches the true mean as 1/T.
 TEST(OneBitAllReduce, ErrorFeedbackConvergesToTheMean) {

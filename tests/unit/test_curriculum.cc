@@ -62,7 +62,9 @@ TEST(Curriculum, LinearAndRootFollowTheFormula) {
   EXPECT_EQ(make(o, 256).length(1), 64) << "64 + 1.92, rounded down to a multiple of 8";
   o.schedule = "root", o.root = 2;
   EXPECT_EQ(make(o, 256).length(25), 160);
-  EXPECT_GT(make(o, 256).length(5), make(CurriculumOptions{"seqlen", 64, 100}, 256).length(5))
+  CurriculumOptions linear;
+  linear.kind = "seqlen", linear.start = 64, linear.steps = 100;
+  EXPECT_GT(make(o, 256).length(5), make(linear, 256).length(5))
       << "the root schedule lengthens faster early";
 }
 
@@ -188,7 +190,9 @@ TEST(Curriculum, ReservedActivationsServeShorterRows) {
       if (T == 16) gpt.forward(inputs.data(), targets.data(), 2, 32);  // an evaluation: no backward
       const int64_t held = MemoryTracker::instance().stats().current[(int)MemCategory::kActivations] - before;
       if (after_first < 0) after_first = held;
-      if (reserve) EXPECT_EQ(held, after_first) << "allocated again at T = " << T;
+      if (reserve) {
+        EXPECT_EQ(held, after_first) << "allocated again at T = " << T;
+      }
     }
   };
   std::vector<float> reserved_loss, plain_loss;

@@ -10,11 +10,16 @@ namespace meshtrain::parallel {
 Status parse_compression_kind(const std::string& name, Compression::Kind* out) {
   if (name == "none") return *out = Compression::Kind::kNone, Status::ok();
   if (name == "powersgd") return *out = Compression::Kind::kPowerSgd, Status::ok();
-  return Status::error("--compress must be none or powersgd, got '" + name + "'");
+  if (name == "onebit-adam") return *out = Compression::Kind::kOneBitAdam, Status::ok();
+  return Status::error("--compress must be none, powersgd or onebit-adam, got '" + name + "'");
 }
 
 const char* compression_name(Compression::Kind kind) {
-  return kind == Compression::Kind::kPowerSgd ? "powersgd" : "none";
+  switch (kind) {
+    case Compression::Kind::kPowerSgd: return "powersgd";
+    case Compression::Kind::kOneBitAdam: return "onebit-adam";
+    default: return "none";
+  }
 }
 
 namespace {

@@ -24,14 +24,17 @@
 namespace meshtrain::parallel {
 
 struct Compression {
-  enum class Kind { kNone, kPowerSgd };
+  enum class Kind { kNone, kPowerSgd, kOneBitAdam };
   Kind kind = Kind::kNone;
-  int64_t start_step = 0;  // 0-based steps before this one reduce plainly
+  // 0-based steps before this one reduce plainly (1-bit Adam: its freeze step, the plain
+  // Adam steps that estimate the variance)
+  int64_t start_step = 0;
   int rank = 4;            // PowerSGD's r
+  size_t scale_block = 2048;  // 1-bit Adam: elements per scale
   uint64_t seed = 0;       // the first Q (the same on every rank of the group)
 };
 
-// "none" or "powersgd"; an error listing the known names otherwise.
+// "none", "powersgd" or "onebit-adam"; an error listing the known names otherwise.
 Status parse_compression_kind(const std::string& name, Compression::Kind* out);
 const char* compression_name(Compression::Kind kind);
 
