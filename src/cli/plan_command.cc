@@ -41,6 +41,8 @@ struct PlanFlags {
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
   std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
+  std::string compress = "none";  // as train --compress (the local predictor only)
+  int powersgd_rank = 4;
 };
 
 int memory_table(const PlanFlags& f) {
@@ -135,6 +137,9 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
     RETURN_IF_ERROR(comm::parse_rank_order(f.rank_order, &order).with_context("--rank-order"));
     s->rank_orders = {order};
   }
+  RETURN_IF_ERROR(parallel::parse_compression_kind(f.compress, &s->compression.kind));
+  if (f.powersgd_rank < 1) return Status::error("--powersgd-rank must be >= 1");
+  s->compression.rank = f.powersgd_rank;
   if (!f.stage_layers.empty()) {
     if (!s->pp) return Status::error("--stage-layers needs --pp (the layers of each of its stages)");
     s->stage_layers = f.stage_layers;
@@ -177,6 +182,9 @@ std::string layout_name(const Candidate& c) {
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
   std::string name = even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
   if (l.order != comm::kDefaultRankOrder) name += " order " + comm::rank_order_name(l.order);
+  if (l.compression.kind != parallel::Compression::Kind::kNone)
+    name += std::string(" ") + parallel::compression_name(l.compression.kind) +
+            (l.compression.kind == parallel::Compression::Kind::kPowerSgd ? " r" + std::to_string(l.compression.rank) : "");
   return name;
 }
 
@@ -198,6 +206,7 @@ json candidate_json(const Candidate& c) {
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
+            {"compress", parallel::compression_name(l.compression.kind)},
             {"memory_rank", p.memory_rank}, {"rank_order", comm::rank_order_name(l.order)}}},
           {"step_s", p.step_s},
           {"tokens_per_s", p.tokens_per_s},
@@ -295,6 +304,9 @@ int run_plan(PlanFlags f) {
   // Placement matters once the ranks span hosts: every rank order is tried (on GPU presets
   // the default, tp inside a node, unless --rank-order fixes one).
   if (local && space.rank_orders.empty() && f.gpus > cluster.gpus_per_node) space.rank_orders = all_rank_orders();
+  if (!local && space.compression.kind != parallel::Compression::Kind::kNone)
+    return fail(Status::error("--compress is predicted on this machine's cluster (--cluster local, or a cluster file "
+                              "with base = \"local\"): the GPU time model does not model compression"));
   std::vector<Candidate> all;
   Status searched;
   if (local) {
@@ -388,6 +400,12 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--rank-order", f->rank_order,
                   "Rank order, fastest first, e.g. dp-tp-pp (fixed; default tp-dp-pp, every order searched on a "
                   "local cluster file of several hosts)");
+  cmd->add_option("--compress", f->compress,
+                  "Gradient compression as train --compress: none, powersgd, onebit-adam (the compressed phase "
+                  "is predicted: its bytes and the compressor's compute; local clusters only)")
+      ->capture_default_str();
+  cmd->add_option("--powersgd-rank", f->powersgd_rank, "PowerSGD's rank r (with --compress powersgd)")
+      ->capture_default_str();
   cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
   cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
   cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");

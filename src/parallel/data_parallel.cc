@@ -190,7 +190,8 @@ void DataParallel::init_groups() {
       CHECK_MSG(stage <= 1 && !half_ && groups_.size() == 1 && config_.compression.start_step >= 1,
                 "1-bit Adam needs ZeRO 0-1, fp32 storage, one group and a freeze step >= 1");
       onebit_ = std::make_unique<OneBitAdam>(*groups_[0].reduce, layout_, adamw_config_.beta1,
-                                             config_.compression.scale_block);
+                                             config_.compression.scale_block,
+                                             OneBitAdam::update_bound(adamw_config_.beta1, adamw_config_.beta2));
       break;
     default: break;
   }

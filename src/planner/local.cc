@@ -10,6 +10,7 @@
 #include <cmath>
 #include <thread>
 
+#include "compress/onebit.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
@@ -51,6 +52,10 @@ constexpr double kMemoryBandwidth = 21e9;
 constexpr double kGeluForwardS = 0.9e-9, kGeluBackwardS = 1.05e-9;
 constexpr double kCrossEntropyForwardS = 2.0e-9, kCrossEntropyBackwardS = 1.0e-9;
 constexpr double kSumOfSquaresS = 1.05e-9;
+// 1-bit compression (compress/onebit.h) per element on one thread: signs and the block's
+// sum of squares, and the branch-free expansion back (bench/compress_cost.cc on the AMD EPYC
+// of bench/README.md, 2026-12-04: 1.2 and 0.41 ns; scaled with the machine like the rest).
+constexpr double kOneBitCompressS = 1.2e-9, kOneBitDecompressS = 0.41e-9;
 // The fused attention (kernels/cpu/attention.cc) per (sequence, head): S = sum over its
 // 64-query blocks of rows x keys score elements; its small GEMMs (4 S hs FLOPs forward: QK^T
 // and PV; 10 S hs backward: QK^T again, dV, dP, dQ, dK) run at the GEMM curve's efficiency
@@ -152,6 +157,38 @@ struct Costs {
     return latency + bytes / (bus(cold).all_gather * link);
   }
 };
+
+// The compressed phase of `train --compress` (parallel/dp/compressed_reduce.h and
+// onebit_adam.h): what a step sends over dp, at the link's rates, plus the compressor's
+// compute on the rank's cores.
+//   PowerSGD: three all-reduces (every P, every Q, the exact elements); per matrix the three
+//     GEMMs (P = MQ, Q = MᵀP, PQᵀ) and five passes over it (M += error, error and M from PQᵀ).
+//   1-bit Adam: an all-to-all and an all-gather of N 1-bit chunks (charged as a
+//     reduce-scatter's and an all-gather's volume, which is what each rank sends), the
+//     compression of N + 1 chunks and four decompressions of N, the momentum's passes, and
+//     the norm's scalar all-reduce.
+double compressed_reduction_s(const model::ParamLayout& layout, const Layout& l, const AxisLink& dp, const Costs& k) {
+  const parallel::Compression& cz = l.compression;
+  if (cz.kind == parallel::Compression::Kind::kPowerSgd) {
+    double p = 0, q = 0, exact = (double)layout.total(), work = 0;
+    for (const model::ParamTensor& t : layout.tensors()) {
+      if (t.shape.size() != 2) continue;
+      const double n = (double)t.shape[0], m = (double)t.shape[1], r = std::min<double>({(double)cz.rank, n, m});
+      if (cz.rank * (n + m) >= n * m) continue;
+      p += n * r, q += m * r, exact -= n * m;
+      work += k.gemm_s(n, r, m) + k.gemm_s(m, r, n) + k.gemm_s(n, m, r) + k.bytes_s(20 * n * m);
+    }
+    return k.all_reduce_s(4 * p, dp, true) + k.all_reduce_s(4 * q, dp, true) + k.all_reduce_s(4 * exact, dp, true) + work;
+  }
+  const int N = dp.n;
+  size_t chunk = 0;
+  for (const model::ParamUnit& u : layout.units()) chunk += (u.numel + N - 1) / N;
+  const double bytes = (double)N * (double)compress::onebit_chunk_bytes(chunk, cz.scale_block);
+  const double elements = (double)N * (double)chunk;
+  const double work = ((elements + chunk) * kOneBitCompressS + 4 * elements * kOneBitDecompressS) * k.per_element +
+                      k.bytes_s(24 * elements);
+  return k.reduce_scatter_s(bytes, dp, true) + k.all_gather_s(bytes, dp, true) + work + k.all_reduce_s(8, dp);
+}
 
 // One tp rank's shapes for a B x T micro-batch.
 struct Dims {
@@ -333,12 +370,16 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
       padded += (double)shards.units()[u].padded;
     }
     double dp_s = 0;
+    const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
     // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
     // staging buffers that are zeroed as they are taken.
     const bool once_per_step = p > 1 && l.zero >= 2;
     const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
                               (once_per_step ? k.bytes_s(4 * padded) : 0);
-    if (d > 1) {
+    if (d > 1 && compressed) {
+      dp_s = compressed_reduction_s(layout, l, x.dp, k);
+      if (l.zero == 1) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
+    } else if (d > 1) {
       switch (l.zero) {
         case 0:
           dp_s = k.all_reduce_s(4 * total, x.dp, true);
@@ -484,6 +525,12 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (l.precision != Precision::kFp32)
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
+  using Kind = parallel::Compression::Kind;
+  if ((l.compression.kind == Kind::kPowerSgd && l.zero > 0) || (l.compression.kind == Kind::kOneBitAdam && l.zero > 1))
+    return Status::error(std::string("--compress ") + parallel::compression_name(l.compression.kind) +
+                         " does not run with ZeRO " + std::to_string(l.zero));
+  if (l.compression.kind != Kind::kNone && config.is_moe())
+    return Status::error("--compress does not run with MoE experts");
   if (run.threads < 1) return Status::error("threads must be >= 1");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)

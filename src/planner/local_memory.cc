@@ -365,6 +365,20 @@ struct RankReplay {
 
 }  // namespace
 
+// What `train --compress` keeps per rank (parallel/dp/compressed_reduce.h, onebit_adam.h),
+// counted with the optimizer state: PowerSGD's error (4 B a parameter; its Q is small);
+// 1-bit Adam's worker error, 1/d and its reused exchange buffer over every rank's chunk
+// (4 B each; the buffer is "comm" in the engine's tracker), its mask (1 B), and its server
+// error (one chunk).
+double compressor_state_bytes(const model::ParamLayout& layout, const Layout& l) {
+  using Kind = parallel::Compression::Kind;
+  if (l.compression.kind == Kind::kPowerSgd) return 4.0 * (double)layout.total();
+  if (l.compression.kind != Kind::kOneBitAdam) return 0;
+  size_t chunk = 0;
+  for (const model::ParamUnit& u : layout.units()) chunk += (u.numel + l.dp - 1) / l.dp;
+  return (double)chunk * (13.0 * l.dp + 4);
+}
+
 RankMemory replay_rank_memory(const model::GptConfig& config, const model::ParamLayout& layout,
                               const parallel::ShardLayout& shards, const model::ModelPart& part,
                               const model::ActivationInventory& inv, model::Recompute recompute, const Layout& l,
@@ -373,7 +387,7 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   Tracker tracker;
   tracker.alloc(MemCategory::kParams, state.params);
   tracker.alloc(MemCategory::kGrads, state.grads);
-  tracker.alloc(MemCategory::kOptim, state.optim);
+  tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
   StoreReplay store(layout, shards, l.zero, m, l.pp > 1, &tracker);
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
                     l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};

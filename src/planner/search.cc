@@ -113,6 +113,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
                 l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
                 l.ep = ep, l.expert_tp = etp, l.moe_imbalance = space.moe_imbalance;
                 l.precision = precision;
+                l.compression = space.compression;
                 l.attention = space.attention;
                 l.stage_layers = space.stage_layers;
                 Candidate c;

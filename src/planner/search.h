@@ -27,6 +27,8 @@ struct SearchSpace {
   // orders that place a layout's groups alike (they differ only in axes of size 1) are
   // tried once. Empty: the default, tp-dp-pp.
   std::vector<comm::RankOrder> rank_orders;
+  // Every layout's gradient compression (the ZeRO stages it does not run with are skipped).
+  parallel::Compression compression;
 };
 
 struct Candidate {

@@ -30,6 +30,7 @@
 #include "model/config.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
+#include "parallel/dp/compressed_reduce.h"
 #include "parallel/pp/schedule.h"
 #include "planner/cluster.h"
 
@@ -126,6 +127,10 @@ struct Layout {
   // The mesh's rank order, fastest-varying axis first (`--rank-order`): which groups share
   // a node (planner/placement.h).
   comm::RankOrder order = comm::kDefaultRankOrder;
+  // Gradient compression of the dp reduction (`train --compress`): the local predictor
+  // charges the compressed phase (its bytes and the compressor's measured compute); the GPU
+  // time model does not model it.
+  parallel::Compression compression;
   int gpus() const { return tp * pp * dp; }
 };
 

@@ -141,6 +141,40 @@ TEST(PlannerPlacement, LocalPredictorChargesTheAxisThatCrossesTheLink) {
   EXPECT_NEAR(c_inside.dp.total(), p_inside.dp.total(), 0.05 * p_inside.dp.total());
 }
 
+// Compression in the local predictor: over the slow link PowerSGD's and 1-bit Adam's few
+// bytes make dp 4's step faster than the plain all-reduce's, their state costs memory, and
+// the ZeRO stages they do not run with are refused.
+TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
+  model::GptConfig config;
+  config.layers = 4, config.dim = 128, config.heads = 4, config.max_seq_len = 64, config.vocab = 50257;
+  LocalRun run;
+  Cluster hosts = local_cluster(1, 100, 100);
+  hosts.gpus_per_node = 2, hosts.nics_per_node = 1, hosts.nodes = 2;
+  hosts.inter = {0.064e9, 100e-6, 0.035e9, 0.047e9};
+  Layout plain = layout(1, 1, 4, "tp-dp-pp");
+  plain.micro_batch = 4, plain.global_batch = 16, plain.precision = Precision::kFp32;
+  Prediction p_plain, p_psgd, p_onebit, p_onebit1;
+  ASSERT_TRUE(predict_local(config, plain, run, hosts, &p_plain).is_ok());
+  Layout psgd = plain, onebit = plain;
+  psgd.compression.kind = parallel::Compression::Kind::kPowerSgd;
+  onebit.compression.kind = parallel::Compression::Kind::kOneBitAdam;
+  ASSERT_TRUE(predict_local(config, psgd, run, hosts, &p_psgd).is_ok());
+  ASSERT_TRUE(predict_local(config, onebit, run, hosts, &p_onebit).is_ok());
+  // 29 MB of gradient over the link against a few hundred KB.
+  EXPECT_LT(p_psgd.dp.total(), 0.2 * p_plain.dp.total());
+  EXPECT_LT(p_onebit.dp.total(), 0.2 * p_plain.dp.total());
+  EXPECT_LT(p_psgd.step_s, p_plain.step_s);
+  EXPECT_GT(p_psgd.memory.optim, p_plain.memory.optim);  // the error: 4 B a parameter
+  EXPECT_GT(p_onebit.memory.optim, p_psgd.memory.optim);
+  Layout onebit_zero1 = onebit;
+  onebit_zero1.zero = 1;  // runs, and all-gathers the parameters besides
+  ASSERT_TRUE(predict_local(config, onebit_zero1, run, hosts, &p_onebit1).is_ok());
+  EXPECT_GT(p_onebit1.dp.total(), p_onebit.dp.total());
+  psgd.zero = 1;
+  const Status s = predict_local(config, psgd, run, hosts, &p_psgd);
+  EXPECT_NE(s.message().find("does not run with ZeRO 1"), std::string::npos) << s.message();
+}
+
 // A rate curve: the points' rates at their sizes, log-size interpolation between them, the
 // nearest point's outside, and the all-reduce's rate where a collective has none.
 TEST(PlannerPlacement, LinkRatesInterpolateInLogSize) {

@@ -3,17 +3,26 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/check.h"
 #include "trace/trace.h"
 
 namespace meshtrain::parallel {
 
-OneBitAdam::OneBitAdam(comm::Group& group, const model::ParamLayout& layout, float beta1, size_t scale_block)
+float OneBitAdam::update_bound(float beta1, float beta2) {
+  const float root = std::sqrt(beta2);
+  if (!(beta1 < root)) return std::numeric_limits<float>::infinity();
+  return (1.0f - beta1) / std::sqrt(1.0f - beta2) / (1.0f - beta1 / root);
+}
+
+OneBitAdam::OneBitAdam(comm::Group& group, const model::ParamLayout& layout, float beta1, size_t scale_block,
+                       float bound)
     : group_(group),
       perm_(layout, group.size(), group.rank()),
       chunk_(perm_.local_total()),
       beta1_(beta1),
+      bound_(bound),
       worker_error_(MemCategory::kOptim, chunk_ * group.size()),
       server_error_(MemCategory::kOptim, chunk_),
       allreduce_(group, chunk_, scale_block) {
@@ -70,25 +79,27 @@ void OneBitAdam::start_from(const float* m, const float* v, bool full, float bia
 void OneBitAdam::exchange(const float* grads, float grad_scale, float* m, bool full) {
   CHECK_MSG(started_, "1-bit Adam: exchange before start_from");
   const int N = group_.size();
-  // The last averaged u: start_from's, or the kept blocks decompressed.
-  Buffer<float> x;
+  // The last averaged u: start_from's, or the kept blocks decompressed (into the buffer the
+  // steps reuse: a fresh 4 bytes per parameter each step cost more than the exchange).
+  Buffer<float>& x = work_;
   if (!start_.empty()) {
     x = std::move(start_);
   } else {
-    x.allocate(MemCategory::kComm, chunk_ * N);
+    if (x.empty()) x.allocate(MemCategory::kComm, chunk_ * N);
     for (int j = 0; j < N; j++)
       compress::decompress_onebit_chunk(allreduce_.gathered(j), chunk_, allreduce_.scale_block(),
                                         x.data() + (size_t)j * chunk_);
     apply_mask(x.data());  // a sign's ±scale where the momentum is masked
   }
-  // u_i = β1 u + (1 - β1) N g_i / d; masked and padding elements stay zero (1/d is 0
-  // there), adding nothing to a block's scale.
-  const float b1 = beta1_, coef = (1.0f - beta1_) * (float)N * grad_scale;
+  // u_i = β1 u + (1 - β1) N g_i / d, within ±bound; masked and padding elements stay zero
+  // (1/d is 0 there), adding nothing to a block's scale.
+  const float b1 = beta1_, coef = (1.0f - beta1_) * (float)N * grad_scale, hi = bound_;
   float* w = x.data();
   const float* inv = inv_den_.data();
   for_each_piece([&](size_t global, size_t n, size_t at) {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (size_t i = 0; i < n; i++) w[at + i] = w[at + i] * b1 + coef * grads[global + i] * inv[at + i];
+    for (size_t i = 0; i < n; i++)
+      w[at + i] = std::clamp(w[at + i] * b1 + coef * grads[global + i] * inv[at + i], -hi, hi);
   });
   {
     trace::Tracer::Span span(trace::Lane::kComm, "onebit_adam", trace::category::kCollective);

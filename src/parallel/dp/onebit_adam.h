@@ -37,7 +37,17 @@ namespace meshtrain::parallel {
 class OneBitAdam {
  public:
   // One scale per `scale_block` elements of a chunk (a multiple of 8; 0: one per chunk).
-  OneBitAdam(comm::Group& group, const model::ParamLayout& layout, float beta1, size_t scale_block);
+  // `bound`: the largest |u| an element may carry (update_bound(); infinity: none).
+  OneBitAdam(comm::Group& group, const model::ParamLayout& layout, float beta1, size_t scale_block, float bound);
+
+  // The largest |m / sqrt(v)| Adam itself can reach with these betas, (1 - β1) / sqrt(1 - β2)
+  // / (1 - β1 / sqrt(β2)) when β1 < sqrt(β2) (Kingma and Ba 2015, Section 2.1: Adam's step is
+  // bounded): 5.8 at β1 = 0.9, β2 = 0.95. With v frozen, an element that had almost no
+  // gradient before the freeze has an almost zero d, and a later gradient would make u = g / d
+  // without limit (a rare token's embedding row, then its whole scale block through the
+  // block's RMS: the loss went from 7.7 to 15 on Brown). Clamping u there keeps every update
+  // within what Adam could have made. Infinity where the betas give no bound.
+  static float update_bound(float beta1, float beta2);
 
   // Before the first exchange (at the freeze, or after a resume): the optimizer's m and v,
   // `full` over the flat layout (ZeRO-0) or this rank's shard (ZeRO-1; what the worker side
@@ -73,9 +83,10 @@ class OneBitAdam {
   comm::Group& group_;
   ShardLayout perm_;
   size_t chunk_;
-  float beta1_;
+  float beta1_, bound_;
   Buffer<float> worker_error_, server_error_;
   Buffer<float> start_;  // start_from's u until the next exchange (then the blocks)
+  Buffer<float> work_;   // each exchange's u, N chunks (kept: allocating it per step is slow)
   Buffer<float> inv_den_;  // 1 / d, per element of the permuted buffer (0 where masked)
   Buffer<uint8_t> live_;   // 1 where v > 0 at the freeze
   size_t masked_ = 0;
