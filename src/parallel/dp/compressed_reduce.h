@@ -43,8 +43,6 @@ class CompressedReduction {
   // The rank's gradient buffer in `layout` (fp32, the flat layout's `total` elements).
   CompressedReduction(comm::Group& group, const model::ParamLayout& layout, const Compression& config);
 
-  // Whether step k (0-based) goes through the compressor.
-  bool active(int64_t k) const { return k >= config_.start_step; }
   // grads: this rank's gradient in, the group's (compressed) sum out; the error updated.
   void reduce(float* grads);
 
