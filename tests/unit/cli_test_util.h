@@ -1,9 +1,11 @@
 // Shared by the end-to-end tests of the meshtrain command line (test_cli.cc,
 // test_cli_practitioner.cc): running the real binary as a subprocess, reading what it wrote,
-// and a fixture that prepares the Brown corpus once per suite and gives each test its own
-// temporary folder. Every helper is inline so that each test file can include this header.
+// and a fixture that gives each test the Brown corpus (prepared once per build, shared) and
+// a temporary folder of its own. Every helper is inline so that each test file can include this header.
 #pragma once
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 #include <string>
@@ -137,17 +140,64 @@ inline uint64_t bits(const nlohmann::json& v) { return std::bit_cast<uint64_t>(v
 
 // ---- Fixture ---------------------------------------------------------------------------
 
-// The Brown corpus, prepared once per suite, and a fresh temporary folder per test.
+// Something the tests only read, made once per build of the binary and shared by every test
+// process: ctest runs each test in a process of its own, and remaking the Brown corpus and
+// the practitioner suite's base run in each (3 s and 4 s under the sanitizers) cost the test
+// command minutes. It lives beside the binary in test_cache/<the binary's modification
+// time>/NAME, so a rebuilt binary makes its own. A lock file serialises the processes, and
+// a marker file says the folder is whole: a process that dies while making it leaves no
+// marker, and the next one starts over. `make` fills the folder it is given and returns an
+// error ("" when it succeeded); the folder's path is returned, or "" and `*error`.
+inline std::string shared_once(const std::string& name, const std::function<std::string(const std::string&)>& make,
+                               std::string* error) {
+  namespace fs = std::filesystem;
+  const fs::path binary(kBinary);
+  const std::string build = std::to_string(fs::last_write_time(binary).time_since_epoch().count());
+  const fs::path cache = binary.parent_path() / "test_cache", root = cache / build, dir = root / name;
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  const int lock = ::open((root.string() + "/" + name + ".lock").c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0) {
+    *error = "cannot lock " + (root / name).string() + ".lock: " + std::strerror(errno);
+    if (lock >= 0) ::close(lock);
+    return "";
+  }
+  const fs::path marker = root / (name + ".whole");
+  std::string failure;
+  if (!fs::exists(marker)) {
+    // Earlier builds' caches go first (nothing runs their binary any more).
+    for (const auto& entry : fs::directory_iterator(cache, ec))
+      if (entry.path().filename() != build) fs::remove_all(entry.path(), ec);
+    fs::remove_all(dir, ec);
+    fs::create_directories(dir, ec);
+    failure = make(dir.string());
+    if (failure.empty())
+      write_file(marker.string(), "");
+    else
+      fs::remove_all(dir, ec);
+  }
+  ::flock(lock, LOCK_UN);
+  ::close(lock);
+  if (!failure.empty()) *error = failure;
+  return failure.empty() ? dir.string() : "";
+}
+
+// The Brown corpus, as `meshtrain prep --brown` writes it.
+inline std::string shared_brown_corpus(std::string* error) {
+  return shared_once("brown", [](const std::string& dir) {
+    const RunResult r = run(kBinary + " prep --brown --out " + dir);
+    return r.exit_code == 0 ? std::string() : describe(r);
+  }, error);
+}
+
+// The shared Brown corpus, and a fresh temporary folder per test.
 class CliTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    corpus_ = (std::filesystem::temp_directory_path() / ("meshtrain_cli_corpus_" + kPid)).string();
-    std::filesystem::remove_all(corpus_);
-    RunResult r = run(kBinary + " prep --brown --out " + corpus_);
-    prep_ok_ = r.exit_code == 0;
-    if (!prep_ok_) prep_error_ = describe(r);
+    corpus_ = shared_brown_corpus(&prep_error_);
+    prep_ok_ = !corpus_.empty();
   }
-  static void TearDownTestSuite() { std::filesystem::remove_all(corpus_); }
+  static void TearDownTestSuite() {}
 
   void SetUp() override {
     ASSERT_TRUE(prep_ok_) << "meshtrain prep --brown failed:\n" << prep_error_;

@@ -51,28 +51,24 @@ constexpr int kB = 2, kT = 32, kEvalBatches = 3;
 class CliPractitioner : public cli_test::CliTest {
  protected:
   // The Brown corpus, then a 2-step tiny run and its exports as .safetensors and llm.c .bin,
-  // shared read-only by the tests of the suite.
+  // made once per build (cli_test::shared_once) and read by every test of the suite.
   static void SetUpTestSuite() {
     CliTest::SetUpTestSuite();
-    base_dir_ = cli_test::fresh_dir(fs::temp_directory_path() / ("meshtrain_cli_practitioner_" + kPid));
     base_ok_ = false;
     if (!prep_ok_) return;
-    for (const std::string& cmd :
-         {train(kTiny + " --steps 2 --lr 3e-3 --eval-batches " + std::to_string(kEvalBatches) +
-                " --quiet --out " + base_run()),
-          kBinary + " export --checkpoint " + base_run() + " --out " + base_safetensors(),
-          kBinary + " export --checkpoint " + base_run() + " --format llmc --out " + base_llmc()}) {
-      RunResult r = run(cmd);
-      if (r.exit_code != 0) {
-        base_error_ = cmd + "\n" + describe(r);
-        return;
+    base_dir_ = cli_test::shared_once("practitioner_base", [](const std::string& dir) {
+      const std::string base = dir + "/base";
+      for (const std::string& cmd :
+           {train(kTiny + " --steps 2 --lr 3e-3 --eval-batches " + std::to_string(kEvalBatches) +
+                  " --quiet --out " + base),
+            kBinary + " export --checkpoint " + base + " --out " + dir + "/base.safetensors",
+            kBinary + " export --checkpoint " + base + " --format llmc --out " + dir + "/base.bin"}) {
+        RunResult r = run(cmd);
+        if (r.exit_code != 0) return cmd + "\n" + describe(r);
       }
-    }
-    base_ok_ = true;
-  }
-  static void TearDownTestSuite() {
-    fs::remove_all(base_dir_);
-    CliTest::TearDownTestSuite();
+      return std::string();
+    }, &base_error_);
+    base_ok_ = !base_dir_.empty();
   }
   void SetUp() override {
     CliTest::SetUp();

@@ -137,7 +137,9 @@ class Hosts : public cli_test::CliTest {
     }
     return reference_;
   }
-  static std::string reference_dir() { return corpus_ + "_reference"; }
+  static std::string reference_dir() {
+    return (fs::temp_directory_path() / ("meshtrain_hosts_reference_" + cli_test::kPid)).string();
+  }
 
   // Steps 1..N of `run` equal the reference's bit for bit.
   void expect_bitwise_as_reference(const std::string& run) {
