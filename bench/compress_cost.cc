@@ -2,6 +2,8 @@
 // machine's measured memory copy rate, and what they save on a link.
 //   1-bit: compress_onebit (x + error -> signs, RMS scale, new error) and decompress_onebit
 //          over E floats, in ns per element and GB/s of fp32 input;
+//   int8:  quantize_int8 (blocks of 256: the peak, the codes) and dequantize_int8 over E
+//          floats, ZeRO++'s qwZ and qgZ (parallel/dp/quantized_comm.h);
 //   PowerSGD: one reduce() of a rows x cols matrix at rank r on one rank (its GEMMs and
 //          Gram-Schmidt; the all-reduces are of size zero here), in ms;
 // then, for a link of L GB/s (default 0.121, the 1 Gbit/s namespace link of bench/README.md),
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "comm/self_group.h"
+#include "compress/int8_blocks.h"
 #include "compress/onebit.h"
 #include "compress/powersgd.h"
 
@@ -84,6 +87,14 @@ int main(int argc, char** argv) {
               elements, enc * 1e3, enc * 1e9 / elements, elements * 4.0 / enc / 1e9, copy_gbs);
   std::printf("1-bit decompress %zu floats: %7.2f ms, %5.2f ns/element, %6.1f GB/s of fp32 output\n", elements, dec * 1e3,
               dec * 1e9 / elements, elements * 4.0 / dec / 1e9);
+
+  std::vector<uint8_t> int8(meshtrain::compress::int8_bytes(elements, 256));
+  const double q8 = median_s([&] { meshtrain::compress::quantize_int8(x.data(), elements, 256, int8.data()); });
+  const double d8 = median_s([&] { meshtrain::compress::dequantize_int8(int8.data(), elements, 256, out.data()); });
+  std::printf("int8 quantize    %zu floats: %7.2f ms, %5.2f ns/element, %6.1f GB/s of fp32 input\n", elements, q8 * 1e3,
+              q8 * 1e9 / elements, elements * 4.0 / q8 / 1e9);
+  std::printf("int8 dequantize  %zu floats: %7.2f ms, %5.2f ns/element, %6.1f GB/s of fp32 output\n", elements, d8 * 1e3,
+              d8 * 1e9 / elements, elements * 4.0 / d8 / 1e9);
 
   // PowerSGD on one matrix, on one rank: its compute alone.
   const size_t n = (size_t)rows * cols;

@@ -43,6 +43,7 @@ struct PlanFlags {
   std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
   std::string compress = "none";  // as train --compress (the local predictor only)
   int powersgd_rank = 4;
+  bool quantized_weights = false, quantized_gradients = false;  // as train's ZeRO++ flags (local only)
 };
 
 int memory_table(const PlanFlags& f) {
@@ -140,6 +141,8 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   RETURN_IF_ERROR(parallel::parse_compression_kind(f.compress, &s->compression.kind));
   if (f.powersgd_rank < 1) return Status::error("--powersgd-rank must be >= 1");
   s->compression.rank = f.powersgd_rank;
+  s->quantized.weights = f.quantized_weights;
+  s->quantized.grads = f.quantized_gradients;
   if (!f.stage_layers.empty()) {
     if (!s->pp) return Status::error("--stage-layers needs --pp (the layers of each of its stages)");
     s->stage_layers = f.stage_layers;
@@ -185,6 +188,8 @@ std::string layout_name(const Candidate& c) {
   if (l.compression.kind != parallel::Compression::Kind::kNone)
     name += std::string(" ") + parallel::compression_name(l.compression.kind) +
             (l.compression.kind == parallel::Compression::Kind::kPowerSgd ? " r" + std::to_string(l.compression.rank) : "");
+  if (l.quantized.weights) name += " qwZ";
+  if (l.quantized.grads) name += " qgZ";
   return name;
 }
 
@@ -207,6 +212,7 @@ json candidate_json(const Candidate& c) {
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
             {"compress", parallel::compression_name(l.compression.kind)},
+            {"zero_quantized_weights", l.quantized.weights}, {"zero_quantized_gradients", l.quantized.grads},
             {"memory_rank", p.memory_rank}, {"rank_order", comm::rank_order_name(l.order)}}},
           {"step_s", p.step_s},
           {"tokens_per_s", p.tokens_per_s},
@@ -307,6 +313,10 @@ int run_plan(PlanFlags f) {
   if (!local && space.compression.kind != parallel::Compression::Kind::kNone)
     return fail(Status::error("--compress is predicted on this machine's cluster (--cluster local, or a cluster file "
                               "with base = \"local\"): the GPU time model does not model compression"));
+  if (!local && space.quantized.any())
+    return fail(Status::error("--zero-quantized-weights/--zero-quantized-gradients are predicted on this machine's "
+                              "cluster (--cluster local, or a cluster file with base = \"local\"): the GPU time model "
+                              "does not model them"));
   std::vector<Candidate> all;
   Status searched;
   if (local) {
@@ -406,6 +416,10 @@ Command add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--powersgd-rank", f->powersgd_rank, "PowerSGD's rank r (with --compress powersgd)")
       ->capture_default_str();
+  cmd->add_flag("--zero-quantized-weights", f->quantized_weights,
+                "ZeRO++ qwZ on every ZeRO-3 layout: int8 parameter gathers (their bytes and quantization; local only)");
+  cmd->add_flag("--zero-quantized-gradients", f->quantized_gradients,
+                "ZeRO++ qgZ on every ZeRO 1-3 layout: int8 gradient reduce-scatters (local only)");
   cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
   cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
   cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");

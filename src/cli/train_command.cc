@@ -195,6 +195,12 @@ Command add_train_command(CLI::App& app) {
                   "Steps reduced plainly before compression starts (PowerSGD's start_iter, 1-bit Adam's freeze_step)")
       ->capture_default_str();
   cmd->add_option("--powersgd-rank", o->powersgd_rank, "PowerSGD's rank r")->capture_default_str();
+  cmd->add_flag("--zero-quantized-weights", o->zero_quantized_weights,
+                "ZeRO++ qwZ: ZeRO-3's parameter all-gathers as int8 blocks of 256 with a scale each (1/4 of "
+                "fp32's bytes, 1/2 of 16-bit's); the optimizer's weights stay exact");
+  cmd->add_flag("--zero-quantized-gradients", o->zero_quantized_gradients,
+                "ZeRO++ qgZ: ZeRO 1-3's gradient reduce-scatters as an all-to-all of int8 blocks, summed in "
+                "fp32 by each shard's owner");
   auto no_overlap = std::make_shared<bool>(false);
   cmd->add_flag("--no-overlap", *no_overlap,
                 "Reduce gradients after backward instead of during it (to measure what overlap hides)");

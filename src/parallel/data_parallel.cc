@@ -6,6 +6,8 @@
 #include <map>
 
 #include "core/check.h"
+#include "compress/int8_blocks.h"
+#include "parallel/dp/quantized_comm.h"
 
 namespace meshtrain::parallel {
 
@@ -73,6 +75,9 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
   const DpConfig::Files& files = config_.files;
   CHECK_MSG(!(files.params || files.grads) || (stage == 3 && config_.align_shards && !files.dir.empty()),
             "file-backed shards need ZeRO-3, align_shards and a folder");
+  CHECK_MSG(!config_.quantized.weights || stage == 3, "quantized weight gathers need ZeRO-3");
+  CHECK_MSG(!config_.quantized.grads || stage >= 1, "quantized gradient reduce-scatters need ZeRO 1-3");
+  CHECK(config_.quantized.block >= 1);
   // Moments that go to files are made there: a model larger than memory never holds them.
   const optim::AdamW::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
   const optim::AdamW::StateFiles* in_files = files.optimizer ? &state_files : nullptr;
@@ -177,7 +182,7 @@ void DataParallel::init_groups() {
     else
       g.scatter = std::make_unique<ShardReduceScatter>(*g.reduce, shards_, stage >= 2 ? 1 : 0, config_.overlap,
                                                        pool_, [this](int u, const float* r) { store_reduced(u, r); },
-                                                       spec.replicas);
+                                                       spec.replicas, config_.quantized.grads ? config_.quantized.block : 0);
     groups_.push_back(std::move(g));
   }
   for (int u = 0; u < layout_.num_units(); u++) CHECK_MSG(group_of_unit_[u] >= 0, "a unit in no parameter group");
@@ -527,12 +532,18 @@ void DataParallel::start_gather(int u, UnitsInUse::Unit& g) {
   if (config_.zero_stage != 3) return;
   const UnitShard& s = shards_.units()[u];
   const void* shard = param_shard_of(u, &g.source);
+  comm::Group& group = reduce_group(u);
+  const size_t int8_block = config_.quantized.weights && group.size() > 1 ? config_.quantized.block : 0;
   if (half_) {
     g.half = pool16_.take(MemCategory::kGathered, s.padded, false);
-    g.request = reduce_group(u).iall_gather(static_cast<const uint16_t*>(shard), g.half.data(), s.shard);
+    const auto* words = static_cast<const uint16_t*>(shard);
+    g.request = int8_block ? iall_gather_int8(group, config_.storage, words, s.shard, int8_block, g.half.data())
+                           : group.iall_gather(words, g.half.data(), s.shard);
   } else {
     g.data = pool_.take(MemCategory::kGathered, s.padded, false);
-    g.request = reduce_group(u).iall_gather(static_cast<const float*>(shard), g.data.data(), s.shard);
+    const auto* values = static_cast<const float*>(shard);
+    g.request = int8_block ? iall_gather_int8(group, values, s.shard, int8_block, g.data.data())
+                           : group.iall_gather(values, g.data.data(), s.shard);
   }
 }
 
@@ -566,7 +577,15 @@ size_t DataParallel::offload_working_bytes() const {
 }
 
 size_t DataParallel::transient_bytes() const {
-  if (config_.zero_stage < 2) return 0;
+  if (config_.zero_stage < 2) {
+    // Stage 1 reduces every unit at the step's end, all at once: quantized, each one's N
+    // blocks sent and N received are on top of the fp32 gradient it keeps.
+    size_t bytes = 0;
+    if (config_.quantized.grads)
+      for (const UnitShard& s : shards_.units())
+        if (s.world > 1) bytes += 2 * (size_t)s.world * compress::int8_bytes(s.shard, config_.quantized.block);
+    return bytes;
+  }
   // The two largest units bound two consecutive ones: gathered (the one in use and the one
   // prefetched, ZeRO-3), and in the reduction (the staging and received shard of the unit
   // retiring and of the one just started).
@@ -580,9 +599,25 @@ size_t DataParallel::transient_bytes() const {
   }
   const size_t reducing = padded[0] + padded[1] + shard[0] + shard[1];  // fp32, either storage
   const size_t gathered = config_.zero_stage < 3 ? 0 : config_.keep_gathered ? all : padded[0] + padded[1];
-  if (!half_) return (reducing + gathered) * sizeof(float);
+  const size_t int8 = int8_transient_bytes(padded, shard);
+  if (!half_) return (reducing + gathered) * sizeof(float) + int8;
   // 16-bit: gathered as words, and widened to fp32 while in use (this unit and the next).
-  return (reducing + padded[0] + padded[1]) * sizeof(float) + gathered * sizeof(uint16_t);
+  return (reducing + padded[0] + padded[1]) * sizeof(float) + gathered * sizeof(uint16_t) + int8;
+}
+
+size_t DataParallel::int8_transient_bytes(const size_t padded[2], const size_t shard[2]) const {
+  // The two largest units' exchanges in flight (quantized_comm.cc): a gather's block of the
+  // shard sent and the N received (16-bit: the shard widened to fp32 to quantize it), and a
+  // reduce-scatter's N blocks sent and N received.
+  const size_t block = config_.quantized.block, ranks = padded[0] / std::max<size_t>(shard[0], 1);
+  if (ranks <= 1) return 0;  // a group of one rank is exact
+  size_t bytes = 0;
+  for (int k = 0; k < 2; k++) {
+    const size_t chunk = compress::int8_bytes(shard[k], block);
+    if (config_.quantized.weights) bytes += (ranks + 1) * chunk + (half_ ? shard[k] * sizeof(float) : 0);
+    if (config_.quantized.grads) bytes += 2 * ranks * chunk;
+  }
+  return bytes;
 }
 
 // ---------------------------------------------------------------- unit order

@@ -55,8 +55,9 @@
 #include "optim/adamw.h"
 #include "parallel/dp/compressed_reduce.h"
 #include "parallel/dp/file_shards.h"
-#include "parallel/dp/onebit_adam.h"
 #include "parallel/dp/grad_sync.h"
+#include "parallel/dp/onebit_adam.h"
+#include "parallel/dp/quantized_comm.h"
 #include "parallel/dp/half_storage.h"
 #include "parallel/dp/reducer.h"
 #include "parallel/dp/units_in_use.h"
@@ -119,6 +120,12 @@ struct DpConfig {
   // Gradient compression of the reduction (parallel/dp/compressed_reduce.h): PowerSGD at
   // stage 0, 1-bit Adam (parallel/dp/onebit_adam.h) at stages 0-1; fp32 storage, one group.
   Compression compression;
+  // ZeRO++'s quantized communication (parallel/dp/quantized_comm.h): stage 3's parameter
+  // gathers (qwZ, `weights`) and stages 1-3's gradient reduce-scatters (qgZ, `grads`) travel
+  // as int8 blocks of `block` values with one fp32 scale each. The optimizer's state stays
+  // exact: the model computes with the decoded weights, and the update is applied to the
+  // exact shard. A group of one rank sends nothing and stays exact.
+  QuantizedComm quantized;
 };
 
 // Unit u's initial parameters in the model's local layout, written to `out` (the unit's
@@ -240,6 +247,8 @@ class DataParallel : public model::ParamStore, public GradSync {
   Status init_sharded(const float* full_params, const InitialUnits& initial);
   void init_half(const float* full_params);
   void init_groups();
+  // transient_bytes' share of quantized exchanges, from the two largest units' sizes.
+  size_t int8_transient_bytes(const size_t padded[2], const size_t shard[2]) const;
   void drop_kept_gathers();  // keep_gathered: every unit kept since its first use
   // Stage 3: the parameter and gradient shards are the store's arrays (fp32 or 16-bit).
   bool sharded_params() const { return config_.zero_stage == 3; }

@@ -56,6 +56,10 @@ constexpr double kSumOfSquaresS = 1.05e-9;
 // sum of squares, and the branch-free expansion back (bench/compress_cost.cc on the AMD EPYC
 // of bench/README.md, 2026-12-04: 1.2 and 0.41 ns; scaled with the machine like the rest).
 constexpr double kOneBitCompressS = 1.2e-9, kOneBitDecompressS = 0.41e-9;
+// int8 blocks of 256 (compress/int8_blocks.h) per element on one thread: the block's peak
+// and the codes, and the decoding (bench/compress_cost.cc on the AVX-512 Xeon, 2026-12-04:
+// 0.86 and 0.11 ns, where the same run measured 1-bit at 1.94 and 0.57).
+constexpr double kInt8QuantizeS = 0.86e-9, kInt8DequantizeS = 0.11e-9;
 // The fused attention (kernels/cpu/attention.cc) per (sequence, head): S = sum over its
 // 64-query blocks of rows x keys score elements; its small GEMMs (4 S hs FLOPs forward: QK^T
 // and PV; 10 S hs backward: QK^T again, dV, dP, dQ, dK) run at the GEMM curve's efficiency
@@ -371,6 +375,17 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
     }
     double dp_s = 0;
     const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
+    // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather or reduce-scatter moves the
+    // padded unit's int8 blocks, a byte and 4 / block bytes of scale per value, and costs the
+    // rank its quantization and decoding (a gather: its shard quantized, every shard decoded;
+    // a reduce-scatter: N-1 chunks quantized and N-1 decoded).
+    const parallel::QuantizedComm& qz = l.quantized;
+    const double int8_bytes = padded * (1.0 + 4.0 / (double)qz.block);
+    const double gather_bytes = qz.weights ? int8_bytes : 4 * padded;
+    const double scatter_bytes = qz.grads ? int8_bytes : 4 * padded;
+    const double gather_work = qz.weights ? (padded / d * kInt8QuantizeS + padded * kInt8DequantizeS) * k.per_element : 0;
+    const double scatter_work =
+        qz.grads ? (double)(d - 1) / d * padded * (kInt8QuantizeS + kInt8DequantizeS) * k.per_element : 0;
     // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
     // staging buffers that are zeroed as they are taken.
     const bool once_per_step = p > 1 && l.zero >= 2;
@@ -385,13 +400,15 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
           dp_s = k.all_reduce_s(4 * total, x.dp, true);
           break;
         case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
-          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(4 * padded, x.dp, true);
+          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) +
+                 scatter_work;
           break;
         default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
-          double per_mb = k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(4 * padded, x.dp, true);
+          double per_mb =
+              k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) + scatter_work;
           if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
             const double gathers = once_per_step ? 1 : x.recompute == model::Recompute::kFull ? 3 : 2;
-            per_mb += gathers * k.all_gather_s(4 * padded, x.dp, true);
+            per_mb += gathers * (k.all_gather_s(gather_bytes, x.dp, true) + gather_work);
           }
           dp_s = (once_per_step ? 1 : m) * per_mb;
         }
@@ -531,6 +548,10 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
                          " does not run with ZeRO " + std::to_string(l.zero));
   if (l.compression.kind != Kind::kNone && config.is_moe())
     return Status::error("--compress does not run with MoE experts");
+  if (l.quantized.weights && l.zero != 3) return Status::error("quantized weight gathers need ZeRO-3");
+  if (l.quantized.grads && l.zero < 1) return Status::error("quantized gradient reduce-scatters need ZeRO 1-3");
+  if (l.quantized.any() && l.compression.kind != Kind::kNone)
+    return Status::error("--compress and quantized ZeRO collectives do not run together");
   if (run.threads < 1) return Status::error("threads must be >= 1");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)

@@ -4,6 +4,7 @@
 #include <array>
 #include <vector>
 
+#include "compress/int8_blocks.h"
 #include "core/memory.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/schedule.h"
@@ -75,11 +76,12 @@ class Pool {
 class StoreReplay {
  public:
   StoreReplay(const model::ParamLayout& layout, const parallel::ShardLayout& shards, int zero, int micro_batches,
-              bool once_per_step, Tracker* t)
-      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), once_(once_per_step && zero >= 2), t_(t),
-        pool_(t) {
+              bool once_per_step, const parallel::QuantizedComm& quantized, Tracker* t)
+      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), once_(once_per_step && zero >= 2),
+        quantized_(quantized), t_(t), pool_(t) {
     const int n = layout.num_units();
     gathered_.assign(n, false);
+    decoding_.assign(n, 0);
     refs_.assign(n, 0);
     staging_.assign(n, false);
     released_.assign(n, 0);
@@ -89,6 +91,7 @@ class StoreReplay {
   void acquire_params(int u) {
     if (zero_ < 3) return;
     gather(u);
+    decoded(u);  // the wait
     refs_[u]++;
     if (int next = next_unit(u); next >= 0) gather(next);
   }
@@ -114,10 +117,7 @@ class StoreReplay {
     if (zero_ == 1) reduce_scatter(u);  // stage 0 (fp32) reduces in place
   }
   void end_micro_batch() {
-    for (const auto& [send, recv] : pending_) {
-      pool_.give(MemCategory::kComm, send);
-      pool_.give(MemCategory::kComm, recv);
-    }
+    for (const Pending& p : pending_) retire(p);
     pending_.clear();
   }
   // The tied embedding's reduced gradient exchanged between the first and last stage.
@@ -140,12 +140,25 @@ class StoreReplay {
   }
 
  private:
+  // A quantized exchange's int8 blocks (parallel/dp/quantized_comm.cc), fresh buffers that
+  // live until it is decoded: a gather's shard sent and N received, a reduce-scatter's N
+  // chunks sent and N received.
+  double int8_bytes(const parallel::UnitShard& s, int buffers) const {
+    return (double)buffers * (double)compress::int8_bytes(s.shard, quantized_.block);
+  }
   void gather(int u) {
     if (gathered_[u]) return;
-    pool_.take(MemCategory::kGathered, shards_.units()[u].padded);
+    const parallel::UnitShard& s = shards_.units()[u];
+    pool_.take(MemCategory::kGathered, s.padded);
     gathered_[u] = true;
+    if (quantized_.weights && s.world > 1) t_->alloc(MemCategory::kComm, decoding_[u] = int8_bytes(s, s.world + 1));
+  }
+  void decoded(int u) {
+    if (decoding_[u] > 0) t_->free(MemCategory::kComm, decoding_[u]);
+    decoding_[u] = 0;
   }
   void drop(int u) {
+    decoded(u);  // a prefetch never used is waited for first
     pool_.give(MemCategory::kGathered, shards_.units()[u].padded);
     gathered_[u] = false;
   }
@@ -160,25 +173,37 @@ class StoreReplay {
       pool_.take(MemCategory::kComm, s.padded);
     }
     pool_.take(MemCategory::kComm, s.shard);
-    pending_.push_back({s.padded, s.shard});
+    const double int8 = quantized_.grads && s.world > 1 ? int8_bytes(s, 2 * s.world) : 0;
+    if (int8 > 0) t_->alloc(MemCategory::kComm, int8);
+    pending_.push_back({s.padded, s.shard, int8});
     // Stages 2-3 retire the unit before this one as this one's reduction starts.
     while (zero_ >= 2 && pending_.size() > 1) {
-      pool_.give(MemCategory::kComm, pending_.front().first);
-      pool_.give(MemCategory::kComm, pending_.front().second);
+      retire(pending_.front());
       pending_.erase(pending_.begin());
     }
+  }
+  struct Pending {
+    size_t send, recv;
+    double int8;
+  };
+  void retire(const Pending& p) {
+    if (p.int8 > 0) t_->free(MemCategory::kComm, p.int8);
+    pool_.give(MemCategory::kComm, p.send);
+    pool_.give(MemCategory::kComm, p.recv);
   }
 
   const model::ParamLayout& layout_;
   const parallel::ShardLayout& shards_;
   int zero_, m_;
   bool once_;
+  parallel::QuantizedComm quantized_;
   Tracker* t_;
   Pool pool_;
   bool forward_ = true;
   std::vector<bool> gathered_, staging_;
   std::vector<int> refs_, released_;
-  std::vector<std::pair<size_t, size_t>> pending_;
+  std::vector<double> decoding_;  // per unit: a quantized gather's bytes until decoded
+  std::vector<Pending> pending_;
 };
 
 // One pipeline rank's model part and the buffers its model, store and executor allocate
@@ -388,7 +413,7 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   tracker.alloc(MemCategory::kParams, state.params);
   tracker.alloc(MemCategory::kGrads, state.grads);
   tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
-  StoreReplay store(layout, shards, l.zero, m, l.pp > 1, &tracker);
+  StoreReplay store(layout, shards, l.zero, m, l.pp > 1, l.quantized, &tracker);
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
                     l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};
   replay.step(true);

@@ -114,6 +114,9 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
                 l.ep = ep, l.expert_tp = etp, l.moe_imbalance = space.moe_imbalance;
                 l.precision = precision;
                 l.compression = space.compression;
+                l.quantized = space.quantized;
+                l.quantized.weights = l.quantized.weights && zero == 3;
+                l.quantized.grads = l.quantized.grads && zero >= 1;
                 l.attention = space.attention;
                 l.stage_layers = space.stage_layers;
                 Candidate c;

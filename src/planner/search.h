@@ -29,6 +29,9 @@ struct SearchSpace {
   std::vector<comm::RankOrder> rank_orders;
   // Every layout's gradient compression (the ZeRO stages it does not run with are skipped).
   parallel::Compression compression;
+  // ZeRO++'s quantized collectives, on every layout whose ZeRO stage has them (weights:
+  // stage 3; gradients: stages 1-3).
+  parallel::QuantizedComm quantized;
 };
 
 struct Candidate {

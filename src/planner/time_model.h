@@ -31,6 +31,7 @@
 #include "model/param_layout.h"
 #include "model/recompute.h"
 #include "parallel/dp/compressed_reduce.h"
+#include "parallel/dp/quantized_comm.h"
 #include "parallel/pp/schedule.h"
 #include "planner/cluster.h"
 
@@ -131,6 +132,9 @@ struct Layout {
   // charges the compressed phase (its bytes and the compressor's measured compute); the GPU
   // time model does not model it.
   parallel::Compression compression;
+  // ZeRO++'s int8 gathers (stage 3) and reduce-scatters (stages 1-3): the local predictor
+  // charges their bytes and their quantization; the GPU time model does not model them.
+  parallel::QuantizedComm quantized;
   int gpus() const { return tp * pp * dp; }
 };
 

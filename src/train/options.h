@@ -90,6 +90,9 @@ struct TrainOptions {
   std::string compress = "none";
   int compress_start = 0;
   int powersgd_rank = 4;
+  // ZeRO++'s quantized communication (parallel/dp/quantized_comm.h): ZeRO-3's parameter
+  // gathers (qwZ) and ZeRO 1-3's gradient reduce-scatters (qgZ) as int8 blocks.
+  bool zero_quantized_weights = false, zero_quantized_gradients = false;
   bool overlap = true;        // reductions overlap backward (false: after it, for measuring)
   double comm_timeout = 300;  // seconds before a stuck collective aborts the job (0: never)
   // Testing aid: this rank stops participating at this step (watchdog test).

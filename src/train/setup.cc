@@ -81,6 +81,21 @@ Status check_compression(const TrainOptions& o) {
   return Status::ok();
 }
 
+// ZeRO++'s quantized collectives: qwZ replaces ZeRO-3's gathers, qgZ the reduce-scatters of
+// ZeRO 1-3; neither goes with a compressor of the same reduction.
+Status check_quantized_comm(const TrainOptions& o) {
+  if (o.zero_quantized_weights && o.zero != 3)
+    return Status::error("--zero-quantized-weights quantizes ZeRO-3's parameter gathers: it needs --zero 3, got --zero " +
+                         std::to_string(o.zero));
+  if (o.zero_quantized_gradients && o.zero < 1)
+    return Status::error("--zero-quantized-gradients quantizes the gradient reduce-scatter of ZeRO 1-3: it needs "
+                         "--zero 1, 2 or 3, got --zero 0 (its all-reduce: see --compress)");
+  if ((o.zero_quantized_weights || o.zero_quantized_gradients) && o.compress != "none")
+    return Status::error("--compress " + o.compress + " and --zero-quantized-* both compress the data-parallel "
+                         "traffic: choose one");
+  return Status::ok();
+}
+
 Status check_options(const TrainOptions& o) {
   auto positive = [](const char* flag, int v) -> Status {
     if (v < 1) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
@@ -101,6 +116,7 @@ Status check_options(const TrainOptions& o) {
   if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
   if (!(o.bucket_mb > 0)) return Status::error("--bucket-mb must be > 0");
   RETURN_IF_ERROR(check_compression(o));
+  RETURN_IF_ERROR(check_quantized_comm(o));
   if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
     return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
@@ -442,6 +458,8 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   dpc.compression.start_step = o.compress_start;
   dpc.compression.rank = o.powersgd_rank;
   dpc.compression.seed = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 0x5057;  // the first Q: the same on every rank
+  dpc.quantized.weights = o.zero_quantized_weights;
+  dpc.quantized.grads = o.zero_quantized_gradients;
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.

@@ -234,6 +234,12 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                   o.compress_start, c->scale_block(), c->chunk(), c->wire_bytes() / 1e6, plain / 1e6,
                   o.zero == 1 ? ", plus ZeRO-1's parameter all-gather" : "");
     }
+    if (o.zero_quantized_weights || o.zero_quantized_gradients)
+      std::printf("quantized communication (ZeRO++): %s%s%s as int8 blocks of %zu values with an fp32 scale each%s\n",
+                  o.zero_quantized_weights ? "ZeRO-3's parameter gathers (qwZ)" : "",
+                  o.zero_quantized_weights && o.zero_quantized_gradients ? " and " : "",
+                  o.zero_quantized_gradients ? "the gradient reduce-scatters (qgZ)" : "", parallel::DpConfig{}.quantized.block,
+                  run.mesh->dp().size() == 1 ? " (one data-parallel rank: nothing is sent, nothing quantized)" : "");
     if (run.start_step > 0 && (run.dp->compression() || run.dp->onebit_adam()))
       std::printf("compression: %s\n", run.compressor_restored
                                             ? "error feedback (and PowerSGD's warm start) restored from the checkpoint"

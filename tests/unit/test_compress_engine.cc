@@ -3,6 +3,8 @@
 // send exactly the compressor's bytes (counted by the comm layer, checked against the
 // formula from the model's tensors), the compressed run trains within a stated gap of the
 // plain one, composes with pipelines, and bad combinations are refused before training.
+// ZeRO++'s quantized gathers and reduce-scatters send their int8 formula's bytes and train
+// near the exact run.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -177,6 +179,47 @@ TEST_F(CompressCli, BothTrainNearAdamWithPipelines) {
   }
 }
 
+// ZeRO++ at dp 2, ZeRO-3 with each unit gathered once per step (--zero3-gather step): a
+// step all-gathers and reduce-scatters every unit once, a shard of ceil(numel / 2) each.
+// The exact run sends that in fp32, the quantized one in int8 blocks of 256 with a scale
+// each (and both the loss's and the norm's 8-byte sums); the quantized run trains near the
+// exact one, in fp32 and in bf16.
+TEST_F(CompressCli, ZeroPlusPlusSendsInt8BlocksAndTrainsNearExact) {
+  constexpr int N = 2, kSteps = 6;
+  int64_t fp32 = 0, int8 = 0;
+  for (const model::ParamUnit& u : tiny_layout().units()) {
+    const int64_t shard = (int64_t)(u.numel + N - 1) / N;
+    fp32 += 2 * (N - 1) * 4 * shard;
+    int8 += 2 * (N - 1) * (4 * ((shard + 255) / 256) + shard);
+  }
+  const std::string flags = kTiny + " --dp 2 --zero 3 --zero3-gather step --steps " + std::to_string(kSteps);
+  const std::string zpp = " --zero-quantized-weights --zero-quantized-gradients";
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string p = " --precision " + precision + " --out " + path(precision);
+    RunResult exact = cli_test::run(train1(flags + " --quiet" + p + "_exact"));
+    ASSERT_EQ(exact.exit_code, 0) << describe(exact);
+    RunResult q = cli_test::run(train1(flags + zpp + p + "_int8"));
+    ASSERT_EQ(q.exit_code, 0) << describe(q);
+    EXPECT_NE(q.out.find("quantized communication (ZeRO++)"), std::string::npos) << q.out;
+    const cli_test::Metrics a = read_metrics(path(precision + "_exact/metrics.jsonl")),
+                            b = read_metrics(path(precision + "_int8/metrics.jsonl"));
+    ASSERT_EQ(a.steps.size(), (size_t)kSteps);
+    ASSERT_EQ(b.steps.size(), (size_t)kSteps);
+    double worst = 0;
+    for (int i = 0; i < kSteps; i++) {
+      SCOPED_TRACE("step " + std::to_string(i + 1));
+      if (precision == "fp32") {  // 16-bit runs gather 16-bit words: their own formula
+        EXPECT_EQ(a.steps[i]["comm"]["dp"]["bytes"].get<int64_t>(), fp32 + 16);
+        EXPECT_EQ(b.steps[i]["comm"]["dp"]["bytes"].get<int64_t>(), int8 + 16);
+      }
+      worst = std::max(worst, std::fabs(b.steps[i]["loss"].get<double>() - a.steps[i]["loss"].get<double>()));
+    }
+    EXPECT_GT(worst, 0.0) << "the quantized run computes with decoded weights";
+    EXPECT_LT(worst, 0.02);
+  }
+}
+
 TEST_F(CompressCli, BadCombinationsFailBeforeTraining) {
   cli_test::expect_failure(cli_test::run(train(kTiny + " --compress topk --steps 2")),
                            {"--compress must be none, powersgd or onebit-adam, got 'topk'"});
@@ -194,6 +237,13 @@ TEST_F(CompressCli, BadCombinationsFailBeforeTraining) {
                            {"--powersgd-rank must be >= 1"});
   cli_test::expect_failure(cli_test::run(train(kTiny + " --compress-start 3 --steps 2")),
                            {"--compress-start needs --compress powersgd or onebit-adam"});
+  cli_test::expect_failure(cli_test::run(train(kTiny + " --zero 2 --zero-quantized-weights --steps 2")),
+                           {"--zero-quantized-weights", "needs --zero 3, got --zero 2"});
+  cli_test::expect_failure(cli_test::run(train(kTiny + " --zero-quantized-gradients --steps 2")),
+                           {"--zero-quantized-gradients", "needs --zero 1, 2 or 3, got --zero 0"});
+  cli_test::expect_failure(
+      cli_test::run(train(kTiny + " --zero 1 --zero-quantized-gradients --compress onebit-adam --compress-start 1 --steps 2")),
+      {"--compress onebit-adam and --zero-quantized-* both compress", "choose one"});
 }
 
 }  // namespace

@@ -175,6 +175,36 @@ TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
   EXPECT_NE(s.message().find("does not run with ZeRO 1"), std::string::npos) << s.message();
 }
 
+// ZeRO++ on ZeRO-3 dp 4 across the link: the int8 gathers and reduce-scatters move about a
+// quarter of the bytes, so dp's time falls to about a quarter plus the quantization; qwZ
+// needs ZeRO-3, and the search puts each where its stage has it.
+TEST(PlannerPlacement, LocalPredictorChargesQuantizedZeroCollectives) {
+  model::GptConfig config;
+  config.layers = 4, config.dim = 128, config.heads = 4, config.max_seq_len = 64, config.vocab = 50257;
+  LocalRun run;
+  Cluster hosts = local_cluster(1, 100, 100);
+  hosts.gpus_per_node = 2, hosts.nics_per_node = 1, hosts.nodes = 2;
+  hosts.inter = {0.064e9, 100e-6, 0.035e9, 0.047e9};
+  Layout exact = layout(1, 1, 4, "tp-dp-pp");
+  exact.micro_batch = 4, exact.global_batch = 16, exact.precision = Precision::kFp32, exact.zero = 3;
+  Layout weights = exact, both = exact;
+  weights.quantized.weights = true;
+  both.quantized.weights = both.quantized.grads = true;
+  Prediction p_exact, p_weights, p_both;
+  ASSERT_TRUE(predict_local(config, exact, run, hosts, &p_exact).is_ok());
+  ASSERT_TRUE(predict_local(config, weights, run, hosts, &p_weights).is_ok());
+  ASSERT_TRUE(predict_local(config, both, run, hosts, &p_both).is_ok());
+  EXPECT_LT(p_weights.dp.total(), p_exact.dp.total());
+  EXPECT_LT(p_both.dp.total(), p_weights.dp.total());
+  EXPECT_LT(p_both.dp.total(), 0.35 * p_exact.dp.total());
+  EXPECT_GT(p_both.dp.total(), 0.2 * p_exact.dp.total());
+  EXPECT_LT(p_both.step_s, p_exact.step_s);
+  Layout zero1 = weights;
+  zero1.zero = 1;
+  const Status s = predict_local(config, zero1, run, hosts, &p_weights);
+  EXPECT_NE(s.message().find("quantized weight gathers need ZeRO-3"), std::string::npos) << s.message();
+}
+
 // A rate curve: the points' rates at their sizes, log-size interpolation between them, the
 // nearest point's outside, and the all-reduce's rate where a collective has none.
 TEST(PlannerPlacement, LinkRatesInterpolateInLogSize) {

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "parallel/dp/quantized_comm.h"
 
 namespace meshtrain::parallel {
 
@@ -110,8 +111,16 @@ void BucketAllReduce::complete(size_t b) {
 // ---------------------------------------------------------------- reduce-scatter
 
 ShardReduceScatter::ShardReduceScatter(comm::Group& group, const ShardLayout& shards, int in_flight, bool overlap,
-                                       BufferPool<float>& pool, Sink sink, comm::Group* replicas)
-    : group_(group), replicas_(replicas && replicas->size() > 1 ? replicas : nullptr), shards_(shards), in_flight_(in_flight), overlap_(overlap), pool_(pool), sink_(std::move(sink)) {}
+                                       BufferPool<float>& pool, Sink sink, comm::Group* replicas,
+                                       size_t int8_block)
+    : group_(group),
+      replicas_(replicas && replicas->size() > 1 ? replicas : nullptr),
+      shards_(shards),
+      in_flight_(in_flight),
+      overlap_(overlap),
+      pool_(pool),
+      sink_(std::move(sink)),
+      int8_block_(group.size() > 1 ? int8_block : 0) {}
 
 Buffer<float> ShardReduceScatter::staging(int u) {
   return pool_.take(MemCategory::kComm, shards_.units()[u].padded, true);
@@ -126,7 +135,8 @@ void ShardReduceScatter::start(int u, Buffer<float>&& padded) {
   p.send = std::move(padded);
   p.recv = pool_.take(MemCategory::kComm, s.shard, false);
   if (replicas_) replicas_->all_reduce(p.send.data(), s.padded, comm::ReduceOp::kSum);  // as BucketAllReduce
-  p.request = group_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
+  p.request = int8_block_ ? ireduce_scatter_int8(group_, p.send.data(), s.shard, int8_block_, p.recv.data())
+                         : group_.ireduce_scatter(p.send.data(), p.recv.data(), s.shard, comm::ReduceOp::kSum);
   pending_.push_back(std::move(p));
   // The older reductions retire now (theirs had this unit's backward to finish), so
   // in_flight units' buffers are in flight, not the whole model's gradient at the

@@ -83,8 +83,10 @@ class ShardReduceScatter {
   // `in_flight`: reductions left running after start() (the older ones retire first);
   // 0: no limit, every one retires in wait_all(). Without `overlap` each retires at once.
   // `replicas`: as BucketAllReduce's, their sum taken before the reduce-scatter.
+  // `int8_block` > 0: ZeRO++'s qgZ, the reduce-scatter as an all-to-all of int8 blocks of
+  // that many values (parallel/dp/quantized_comm.h).
   ShardReduceScatter(comm::Group& group, const ShardLayout& shards, int in_flight, bool overlap,
-                     BufferPool<float>& pool, Sink sink, comm::Group* replicas = nullptr);
+                     BufferPool<float>& pool, Sink sink, comm::Group* replicas = nullptr, size_t int8_block = 0);
   ~ShardReduceScatter() { wait_all(); }
 
   // A zeroed buffer for unit u's whole gradient, padded (ShardLayout::padded).
@@ -111,6 +113,7 @@ class ShardReduceScatter {
   bool overlap_;
   BufferPool<float>& pool_;
   Sink sink_;
+  size_t int8_block_;
   std::vector<Pending> pending_;
 };
 

@@ -1,0 +1,25 @@
+// Block-wise symmetric int8 quantization: the wire format of ZeRO++'s quantized weight
+// all-gather (qwZ) and quantized gradient reduce-scatter (qgZ) (Wang et al. 2023, "ZeRO++:
+// Extremely Efficient Collective Communication for Giant Model Training", Section 3).
+//
+// n values travel in blocks of `block` values (the last block may be shorter). A block has
+// one fp32 scale s = max|x| / 127 and one int8 code per value, q = round(x / s) (ties away
+// from zero), which decodes to q * s: every value within s / 2 of what was sent, and a
+// block's largest magnitude exact. A block of zeros has s = 0. A non-finite value makes its
+// block's scale non-finite, so the decoded block is too (the step's non-finite check sees it).
+// Layout of n values: the ceil(n / block) scales, then the n codes.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace meshtrain::compress {
+
+inline size_t int8_blocks(size_t n, size_t block) { return (n + block - 1) / block; }
+inline size_t int8_bytes(size_t n, size_t block) { return int8_blocks(n, block) * sizeof(float) + n; }
+
+// Encodes x[0, n) into out (int8_bytes(n, block) bytes). block >= 1.
+void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out);
+// out[i] = the decoded value of element i (+= with accumulate).
+void dequantize_int8(const uint8_t* in, size_t n, size_t block, float* out, bool accumulate = false);
+
+}  // namespace meshtrain::compress
