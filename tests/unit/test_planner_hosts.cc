@@ -141,25 +141,42 @@ TEST(PlannerPlacement, LocalPredictorChargesTheAxisThatCrossesTheLink) {
   EXPECT_NEAR(c_inside.dp.total(), p_inside.dp.total(), 0.05 * p_inside.dp.total());
 }
 
+// The data-parallel traffic tests' setting: a 7.2M-parameter model (29 MB of fp32 gradient)
+// over dp 4 on two hosts of two ranks, joined by a 0.064 GB/s link.
+struct SlowLinkDp4 {
+  model::GptConfig config = [] {
+    model::GptConfig c;
+    c.layers = 4, c.dim = 128, c.heads = 4, c.max_seq_len = 64, c.vocab = 50257;
+    return c;
+  }();
+  LocalRun run;
+  Cluster hosts = [] {
+    Cluster h = local_cluster(1, 100, 100);
+    h.gpus_per_node = 2, h.nics_per_node = 1, h.nodes = 2;
+    h.inter = {0.064e9, 100e-6, 0.035e9, 0.047e9};
+    return h;
+  }();
+  Layout layout = [] {
+    Layout l = test_planner_hosts::layout(1, 1, 4, "tp-dp-pp");
+    l.micro_batch = 4, l.global_batch = 16, l.precision = Precision::kFp32;
+    return l;
+  }();
+  Status predict(const Layout& l, Prediction* p) const { return predict_local(config, l, run, hosts, p); }
+};
+
 // Compression in the local predictor: over the slow link PowerSGD's and 1-bit Adam's few
 // bytes make dp 4's step faster than the plain all-reduce's, their state costs memory, and
 // the ZeRO stages they do not run with are refused.
 TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
-  model::GptConfig config;
-  config.layers = 4, config.dim = 128, config.heads = 4, config.max_seq_len = 64, config.vocab = 50257;
-  LocalRun run;
-  Cluster hosts = local_cluster(1, 100, 100);
-  hosts.gpus_per_node = 2, hosts.nics_per_node = 1, hosts.nodes = 2;
-  hosts.inter = {0.064e9, 100e-6, 0.035e9, 0.047e9};
-  Layout plain = layout(1, 1, 4, "tp-dp-pp");
-  plain.micro_batch = 4, plain.global_batch = 16, plain.precision = Precision::kFp32;
+  const SlowLinkDp4 x;
+  Layout plain = x.layout;
   Prediction p_plain, p_psgd, p_onebit, p_onebit1;
-  ASSERT_TRUE(predict_local(config, plain, run, hosts, &p_plain).is_ok());
+  ASSERT_TRUE(x.predict(plain, &p_plain).is_ok());
   Layout psgd = plain, onebit = plain;
   psgd.compression.kind = parallel::Compression::Kind::kPowerSgd;
   onebit.compression.kind = parallel::Compression::Kind::kOneBitAdam;
-  ASSERT_TRUE(predict_local(config, psgd, run, hosts, &p_psgd).is_ok());
-  ASSERT_TRUE(predict_local(config, onebit, run, hosts, &p_onebit).is_ok());
+  ASSERT_TRUE(x.predict(psgd, &p_psgd).is_ok());
+  ASSERT_TRUE(x.predict(onebit, &p_onebit).is_ok());
   // 29 MB of gradient over the link against a few hundred KB.
   EXPECT_LT(p_psgd.dp.total(), 0.2 * p_plain.dp.total());
   EXPECT_LT(p_onebit.dp.total(), 0.2 * p_plain.dp.total());
@@ -168,10 +185,10 @@ TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
   EXPECT_GT(p_onebit.memory.optim, p_psgd.memory.optim);
   Layout onebit_zero1 = onebit;
   onebit_zero1.zero = 1;  // runs, and all-gathers the parameters besides
-  ASSERT_TRUE(predict_local(config, onebit_zero1, run, hosts, &p_onebit1).is_ok());
+  ASSERT_TRUE(x.predict(onebit_zero1, &p_onebit1).is_ok());
   EXPECT_GT(p_onebit1.dp.total(), p_onebit.dp.total());
   psgd.zero = 1;
-  const Status s = predict_local(config, psgd, run, hosts, &p_psgd);
+  const Status s = x.predict(psgd, &p_psgd);
   EXPECT_NE(s.message().find("does not run with ZeRO 1"), std::string::npos) << s.message();
 }
 
@@ -179,21 +196,16 @@ TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
 // quarter of the bytes, so dp's time falls to about a quarter plus the quantization; qwZ
 // needs ZeRO-3, and the search puts each where its stage has it.
 TEST(PlannerPlacement, LocalPredictorChargesQuantizedZeroCollectives) {
-  model::GptConfig config;
-  config.layers = 4, config.dim = 128, config.heads = 4, config.max_seq_len = 64, config.vocab = 50257;
-  LocalRun run;
-  Cluster hosts = local_cluster(1, 100, 100);
-  hosts.gpus_per_node = 2, hosts.nics_per_node = 1, hosts.nodes = 2;
-  hosts.inter = {0.064e9, 100e-6, 0.035e9, 0.047e9};
-  Layout exact = layout(1, 1, 4, "tp-dp-pp");
-  exact.micro_batch = 4, exact.global_batch = 16, exact.precision = Precision::kFp32, exact.zero = 3;
+  const SlowLinkDp4 x;
+  Layout exact = x.layout;
+  exact.zero = 3;
   Layout weights = exact, both = exact;
   weights.quantized.weights = true;
   both.quantized.weights = both.quantized.grads = true;
   Prediction p_exact, p_weights, p_both;
-  ASSERT_TRUE(predict_local(config, exact, run, hosts, &p_exact).is_ok());
-  ASSERT_TRUE(predict_local(config, weights, run, hosts, &p_weights).is_ok());
-  ASSERT_TRUE(predict_local(config, both, run, hosts, &p_both).is_ok());
+  ASSERT_TRUE(x.predict(exact, &p_exact).is_ok());
+  ASSERT_TRUE(x.predict(weights, &p_weights).is_ok());
+  ASSERT_TRUE(x.predict(both, &p_both).is_ok());
   EXPECT_LT(p_weights.dp.total(), p_exact.dp.total());
   EXPECT_LT(p_both.dp.total(), p_weights.dp.total());
   EXPECT_LT(p_both.dp.total(), 0.35 * p_exact.dp.total());
@@ -201,7 +213,7 @@ TEST(PlannerPlacement, LocalPredictorChargesQuantizedZeroCollectives) {
   EXPECT_LT(p_both.step_s, p_exact.step_s);
   Layout zero1 = weights;
   zero1.zero = 1;
-  const Status s = predict_local(config, zero1, run, hosts, &p_weights);
+  const Status s = x.predict(zero1, &p_weights);
   EXPECT_NE(s.message().find("quantized weight gathers need ZeRO-3"), std::string::npos) << s.message();
 }
 
