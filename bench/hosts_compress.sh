@@ -7,11 +7,15 @@
 # bytes per step and rank on dp, final loss and the time to reach the target loss (the
 # first step whose loss, smoothed as `meshtrain plot` smooths it, is at or below TARGET), and
 # writes the loss curves with `meshtrain plot` to OUT.svg.
-# Usage: bench/hosts_compress.sh [RATE (1gbit)] [STEPS (60)] [OUT (plots/compress-RATE)]
-#        [TARGET (the smoothed loss Adam ends at, plus 0.05)]. Needs root.
+# With SET=zero3 the runs are ZeRO-3 instead: exact, and with ZeRO++'s int8 weight gathers
+# (qwZ) and gradient reduce-scatters (qgZ), each alone and both.
+# Usage: [SET=compress|zero3] bench/hosts_compress.sh [RATE (1gbit)] [STEPS (60)]
+#        [OUT (plots/SET-RATE)] [TARGET (the smoothed loss the first run ends at, plus 0.05)].
+# Needs root.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-rate="${1:-1gbit}" steps="${2:-60}" out="${3:-$root/plots/compress-$rate}" target="${4:-}"
+set_name="${SET:-compress}"
+rate="${1:-1gbit}" steps="${2:-60}" out="${3:-$root/plots/$set_name-$rate}" target="${4:-}"
 hosts="$root/scripts/hosts.sh"
 name=mtc net=10.231.6
 "$hosts" up 2 --rate "$rate" --name $name --net $net >/dev/null
@@ -22,10 +26,17 @@ trap '"$hosts" down --name $name; rm -rf "$dir"' EXIT
 model="--model tiny --layers 6 --dim 256 --heads 4 --seq-len 64 --micro-batch 4 --vocab 50257 --lr 1e-3 --warmup-steps 5"
 freeze=$((steps / 4))
 echo "rate $rate, $model, dp 4 on ${name}0, ${name}1 (2 slots each), $steps steps"
+case "$set_name" in
+  compress) specs=("adam|" "onebit-adam|--compress onebit-adam --compress-start $freeze"
+                   "powersgd-r1|--compress powersgd --powersgd-rank 1 --compress-start 2"
+                   "powersgd-r4|--compress powersgd --powersgd-rank 4 --compress-start 2") ;;
+  zero3) specs=("zero3|--zero 3" "zero3-qwz|--zero 3 --zero-quantized-weights"
+                "zero3-qgz|--zero 3 --zero-quantized-gradients"
+                "zero3-qwz-qgz|--zero 3 --zero-quantized-weights --zero-quantized-gradients") ;;
+  *) echo "SET must be compress or zero3, got '$set_name'" >&2; exit 2 ;;
+esac
 runs=()
-for spec in "adam|" "onebit-adam|--compress onebit-adam --compress-start $freeze" \
-            "powersgd-r1|--compress powersgd --powersgd-rank 1 --compress-start 2" \
-            "powersgd-r4|--compress powersgd --powersgd-rank 4 --compress-start 2"; do
+for spec in "${specs[@]}"; do
   label="${spec%%|*}" flags="${spec#*|}"
   # shellcheck disable=SC2086
   "$root/build/meshtrain" train --data "$root/data/brown" $model --dp 4 --steps "$steps" --threads 1 --quiet \
@@ -47,9 +58,10 @@ def smoothed(steps, w=0.9):
         out.append(s)
     return out
 runs = {os.path.basename(d): load(d) for d in dirs}
-adam = smoothed(runs["adam"])
-goal = float(target) if target else adam[-1] + 0.05
-print(f"target: smoothed loss <= {goal:.3f} (Adam ends at {adam[-1]:.3f})")
+first_run = os.path.basename(dirs[0])  # the reference: Adam, or exact ZeRO-3
+ref = smoothed(runs[first_run])
+goal = float(target) if target else ref[-1] + 0.05
+print(f"target: smoothed loss <= {goal:.3f} ({first_run} ends at {ref[-1]:.3f})")
 print(f"{'run':<13} {'step ms':>9} {'dp MB/step':>11} {'final loss':>11} {'smoothed':>9} {'gap':>7} {'to target s':>12}")
 for name, steps in runs.items():
     first = freeze if name == "onebit-adam" else 2
@@ -61,7 +73,7 @@ for name, steps in runs.items():
         t += s["step_ms"] / 1e3
         if v <= goal and reach is None:
             reach = t
-    print(f"{name:<13} {ms:9.1f} {mb:11.3f} {steps[-1]['loss']:11.3f} {sm[-1]:9.3f} {sm[-1] - adam[-1]:7.3f} "
+    print(f"{name:<13} {ms:9.1f} {mb:11.3f} {steps[-1]['loss']:11.3f} {sm[-1]:9.3f} {sm[-1] - ref[-1]:7.3f} "
           f"{(f'{reach:.1f}' if reach is not None else 'not reached'):>12}")
 PY
 echo "plot: $out.svg"
