@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <numeric>
 
 #include "core/check.h"
 #include "kernels/ops.h"
@@ -126,27 +125,6 @@ const float* KvCacheDecoder::append(std::span<const int> tokens) {
   k::gemm(false, true, 1, cfg.vocab, C, 1.0f, ln.data(), C, p + head.offset, C, 0.0f, logits_.data(), cfg.vocab);
   pos_ += n;
   return logits_.data();
-}
-
-int sample_token(const float* logits, int V, const SampleOptions& o, std::mt19937_64& rng) {
-  if (o.temperature <= 0) return (int)(std::max_element(logits, logits + V) - logits);
-  std::vector<int> ids(V);
-  std::iota(ids.begin(), ids.end(), 0);
-  int keep = (o.top_k > 0 && o.top_k < V) ? o.top_k : V;
-  // Ties broken by id so the order, and hence the draw, is fully deterministic.
-  auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
-  const float mx = logits[ids[0]];
-  std::vector<double> w(keep);
-  double sum = 0;
-  for (int i = 0; i < keep; i++) sum += (w[i] = std::exp((logits[ids[i]] - mx) / o.temperature));
-  // 53 random bits -> uniform in [0, 1): the same on every standard library.
-  double u = (double)(rng() >> 11) * 0x1.0p-53 * sum;
-  for (int i = 0; i < keep; i++) {
-    if (u < w[i]) return ids[i];
-    u -= w[i];
-  }
-  return ids[keep - 1];
 }
 
 }  // namespace meshtrain::infer

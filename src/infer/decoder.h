@@ -2,7 +2,6 @@
 // instead of re-running the whole sequence.
 #pragma once
 #include <cstdint>
-#include <random>
 #include <span>
 #include <vector>
 
@@ -34,14 +33,5 @@ class KvCacheDecoder {
   Buffer<float> k_cache_, v_cache_;  // [L, maxT, kv_heads x hs] each
   Buffer<float> logits_;             // [V]
 };
-
-struct SampleOptions {
-  float temperature = 1.0f;  // 0: greedy
-  int top_k = 0;             // 0: the whole vocabulary
-};
-
-// Draws a token from softmax(logits / temperature) restricted to the top_k largest.
-// Deterministic for a given rng state.
-int sample_token(const float* logits, int V, const SampleOptions& options, std::mt19937_64& rng);
 
 }  // namespace meshtrain::infer

@@ -386,6 +386,66 @@ TEST_F(CliPractitioner, GenerateErrorsAreNamed) {
   expect_failure(run(generate(base_run(), "--prompt hi --temperature -1")), {"--temperature"});
 }
 
+// A file of prompts of different lengths, as JSON lines: each prompt's continuation is the
+// one it gets alone with the same seed (top-p sampling); each token has its log-probability
+// and its most likely alternatives; a stop string ends the text before it.
+TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
+  const std::vector<std::string> prompts = {"It was", "The jury said that the city", "He"};
+  std::string file;
+  for (const std::string& p : prompts) file += p + "\n";
+  write_file(path("prompts.txt"), file);
+  const std::string flags = " --max-new-tokens 8 --temperature 0.9 --top-k 0 --top-p 0.9 --seed 3 --json";
+  RunResult all = run(generate(base_run(), "--prompts " + path("prompts.txt") + flags + " --logprobs 2"));
+  ASSERT_EQ(all.exit_code, 0) << describe(all);
+  const std::vector<std::string> lines = lines_of(all.out);
+  ASSERT_EQ(lines.size(), prompts.size()) << all.out;
+  for (size_t i = 0; i < prompts.size(); i++) {
+    SCOPED_TRACE(prompts[i]);
+    const json j = json::parse(lines[i]);
+    EXPECT_EQ(j["index"], (int)i);
+    EXPECT_EQ(j["prompt"], prompts[i]);
+    EXPECT_EQ(j["finish_reason"], "length");
+    ASSERT_EQ(j["tokens"].size(), 8u);
+    RunResult alone = run(generate(base_run(), "--prompt '" + prompts[i] + "'" + flags));
+    ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+    const json a = json::parse(alone.out);
+    EXPECT_EQ(a["text"], j["text"]);
+    EXPECT_EQ(a["tokens"], j["tokens"]);
+    EXPECT_FALSE(a.contains("logprobs"));
+    const json& lp = j["logprobs"];
+    ASSERT_EQ(lp["token_logprobs"].size(), 8u);
+    ASSERT_EQ(lp["top_logprobs"].size(), 8u);
+    for (size_t t = 0; t < 8; t++) {
+      const double mine = lp["token_logprobs"][t].get<double>();
+      EXPECT_LE(mine, 0.0);
+      ASSERT_EQ(lp["top_logprobs"][t].size(), 2u);
+      double best = -1e300;
+      for (const auto& [piece, v] : lp["top_logprobs"][t].items()) best = std::max(best, v.get<double>());
+      EXPECT_LE(mine, best + 1e-12) << "token " << t << ": the most likely alternative is at least as likely";
+    }
+  }
+  // A stop string from the first continuation's middle: the text ends before it.
+  const json first = json::parse(lines[0]);
+  const std::string text = first["text"];
+  ASSERT_GE(text.size(), 4u);
+  size_t at = text.size() / 2;  // two plain characters that a shell passes as they are
+  auto plain = [](char ch) { return ch >= 0x20 && ch < 0x7f && std::string("'\"$`\\").find(ch) == std::string::npos; };
+  while (at + 2 < text.size() && !(plain(text[at]) && plain(text[at + 1]))) at++;
+  const std::string stop = text.substr(at, 2);
+  write_file(path("stop.txt"), stop);
+  RunResult stopped = run(generate(base_run(), "--prompt 'It was'" + flags + " --stop \"$(cat " + path("stop.txt") + ")\""));
+  ASSERT_EQ(stopped.exit_code, 0) << describe(stopped);
+  const json st = json::parse(stopped.out);
+  EXPECT_EQ(st["text"], text.substr(0, text.find(stop))) << "stop " << json(stop).dump();
+  EXPECT_EQ(st["finish_reason"], "stop");
+
+  write_file(path("gap.txt"), "one\n\nthree\n");
+  expect_failure(run(generate(base_run(), "--prompts " + path("gap.txt"))), {"line 2 is empty"});
+  expect_failure(run(generate(base_run(), "--prompts " + path("none.txt"))), {path("none.txt"), "cannot open"});
+  expect_failure(run(generate(base_run(), "--prompt hi --top-p 0")), {"--top-p must be in (0, 1]"});
+  expect_failure(run(generate(base_run(), "--prompt hi --logprobs 2")), {"--logprobs needs --json"});
+}
+
 TEST_F(CliPractitioner, GenerateAgreesAcrossRunSafetensorsAndLlmc) {
   for (const std::string args : {"--temperature 1 --top-k 0 --seed 5", "--temperature 0"}) {
     SCOPED_TRACE(args);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "infer/decoder.h"
+#include "infer/sampling.h"
 #include "model/gpt.h"
 
 namespace meshtrain::infer::test_decoder {
@@ -83,6 +84,70 @@ TEST(Sampling, LowTemperatureConcentratesOnTheArgmax) {
   int hits = 0;
   for (int i = 0; i < 1000; i++) hits += sample_token(logits.data(), 3, {0.05f, 0}, rng) == 1;
   EXPECT_GT(hits, 960);  // p(argmax) = 1/(1 + e^-4 + e^-6) ≈ 0.980 at T = 0.05; ~4 sigma below
+}
+
+// Probabilities 0.5, 0.3, 0.15, 0.05: the nucleus of top_p is the first tokens whose mass
+// reaches it, the one that crosses included; top_k cuts first.
+TEST(Sampling, TopPKeepsTheSmallestNucleus) {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  auto drawn = [&](SampleOptions o) {
+    std::mt19937_64 rng(11);
+    std::set<int> seen;
+    for (int i = 0; i < 3000; i++) seen.insert(sample_token(logits.data(), 4, o, rng));
+    return seen;
+  };
+  EXPECT_EQ(drawn({1.0f, 0, 0.45f}), (std::set<int>{0}));
+  EXPECT_EQ(drawn({1.0f, 0, 0.75f}), (std::set<int>{0, 1}));
+  EXPECT_EQ(drawn({1.0f, 0, 0.9f}), (std::set<int>{0, 1, 2}));
+  EXPECT_EQ(drawn({1.0f, 0, 1.0f}), (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(drawn({1.0f, 2, 0.99f}), (std::set<int>{0, 1}));
+  // Within the nucleus the draw keeps the tokens' ratio: 0.5 : 0.3.
+  std::mt19937_64 rng(5);
+  int zeros = 0;
+  for (int i = 0; i < 4000; i++) zeros += sample_token(logits.data(), 4, {1.0f, 0, 0.75f}, rng) == 0;
+  EXPECT_NEAR(zeros / 4000.0, 0.625, 0.03);  // 5/8; 0.03 is about 4 standard deviations
+}
+
+TEST(Sampling, LogprobsAreTheModelsLogSoftmax) {
+  const std::vector<float> logits = {0.1f, 2.0f, -1.0f, 1.9f, 0.5f, 2.0f};
+  double sum = 0;
+  for (float l : logits) sum += std::exp((double)l);
+  for (int t = 0; t < 6; t++) EXPECT_NEAR(token_logprob(logits.data(), 6, t), logits[t] - std::log(sum), 1e-12) << t;
+  const std::vector<TokenLogprob> top = top_logprobs(logits.data(), 6, 3);
+  ASSERT_EQ(top.size(), 3u);
+  EXPECT_EQ(top[0].token, 1);  // a tie with 5, broken by id
+  EXPECT_EQ(top[1].token, 5);
+  EXPECT_EQ(top[2].token, 3);
+  for (const TokenLogprob& t : top) EXPECT_DOUBLE_EQ(t.logprob, token_logprob(logits.data(), 6, t.token));
+  EXPECT_TRUE(top_logprobs(logits.data(), 6, 0).empty());
+  EXPECT_EQ(top_logprobs(logits.data(), 6, 99).size(), 6u);
+}
+
+// Text streamed in pieces: what feed() returns, joined, is the text up to the first stop
+// string, and nothing that may start one is shown before it is known not to.
+TEST(Sampling, StopStringsEndTheTextAndHoldBackTheirStarts) {
+  auto run = [](std::vector<std::string> stops, std::vector<std::string> pieces, bool* stopped) {
+    StopStrings s(std::move(stops));
+    std::string out;
+    for (const std::string& p : pieces) out += s.feed(p);
+    out += s.finish();
+    *stopped = s.stopped();
+    return out;
+  };
+  bool stopped = false;
+  EXPECT_EQ(run({"\n\n", "END"}, {"ab", "c\n", "\nxyz"}, &stopped), "abc");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(run({"END"}, {"fooENDbar", "more"}, &stopped), "foo");
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(run({"END"}, {"E", "N", "x"}, &stopped), "ENx");  // held, then shown
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(run({"END"}, {"xE", "N"}, &stopped), "xEN");  // the held tail comes out at the end
+  EXPECT_FALSE(stopped);
+  EXPECT_EQ(run({"o w", "lo"}, {"Hel", "lo w", "orld"}, &stopped), "Hel");  // the earliest stop wins
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(run({}, {"a", "b"}, &stopped), "ab");
+  StopStrings s({"END"});
+  EXPECT_EQ(s.feed("aE"), "a");  // "E" may start "END": held back
 }
 
 }  // namespace
