@@ -38,6 +38,7 @@ Command add_tokenize_command(CLI::App& app);
 Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_generate_command(CLI::App& app);
+Command add_serve_command(CLI::App& app);
 Command add_export_command(CLI::App& app);
 Command add_bench_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);

@@ -5,14 +5,11 @@
 #include <fstream>
 #include <random>
 
-#include <nlohmann/json.hpp>
-
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
+#include "cli/completion.h"
 #include "cli/config_file.h"
 #include "data/bpe.h"
-#include "infer/decoder.h"
-#include "infer/sampling.h"
 
 namespace meshtrain::cli {
 
@@ -61,77 +58,6 @@ Status check_generate_options(const GenerateOptions& o) {
   return Status::ok();
 }
 
-// One prompt's continuation: text streamed to stdout as it is sampled (unless --json), and
-// its record for --json.
-struct Continuation {
-  std::string text;
-  std::vector<int> tokens;
-  std::vector<double> logprobs;
-  std::vector<std::vector<infer::TokenLogprob>> alternatives;
-  bool stopped = false;  // at a stop string (else at --max-new-tokens)
-};
-
-Status continue_prompt(const GenerateOptions& o, const model::Gpt& gpt, const data::Gpt2Tokenizer& tok,
-                       const std::string& text, Continuation* c) {
-  std::vector<int> prompt = tok.encode(text);
-  const int context = gpt.config().max_seq_len;
-  for (int id : prompt)
-    if (id >= gpt.config().vocab)
-      return Status::error("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " +
-                           std::to_string(gpt.config().vocab));
-  // The last new token is printed but never fed back, so it needs no position.
-  if ((int)prompt.size() + std::max(0, o.max_new_tokens - 1) > context)
-    return Status::error("the prompt (" + std::to_string(prompt.size()) + " tokens) plus " + "--max-new-tokens " +
-                         std::to_string(o.max_new_tokens) + " exceeds the model's context of " +
-                         std::to_string(context) + " tokens");
-  // A model's vocabulary is often padded past the tokenizer's (GPT-2's 50257 to 50304):
-  // the padding rows are no text, so sampling draws only from ids the tokenizer can decode.
-  const int sampled_vocab = std::min(gpt.config().vocab, tok.vocab_size());
-  const infer::SampleOptions sampling{o.temperature, o.top_k, o.top_p};
-  infer::KvCacheDecoder decoder(gpt);
-  infer::StopStrings stops(o.stop);
-  std::mt19937_64 rng(o.seed);  // each prompt's own: its text is what it gets alone
-  auto show = [&](const std::string& piece) {
-    c->text += piece;
-    if (o.json) return;
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);  // stream as produced
-  };
-  if (!o.json) show(text), c->text.clear();
-  const float* logits = decoder.append(prompt);
-  for (int i = 0; i < o.max_new_tokens && !stops.stopped(); i++) {
-    const int next = infer::sample_token(logits, sampled_vocab, sampling, rng);
-    c->tokens.push_back(next);
-    if (o.logprobs >= 0) {
-      c->logprobs.push_back(infer::token_logprob(logits, sampled_vocab, next));
-      c->alternatives.push_back(infer::top_logprobs(logits, sampled_vocab, o.logprobs));
-    }
-    show(stops.feed(tok.decode(std::span<const int>(&next, 1))));
-    if (i + 1 < o.max_new_tokens && !stops.stopped()) logits = decoder.append(std::span<const int>(&next, 1));
-  }
-  show(stops.finish());
-  c->stopped = stops.stopped();
-  if (!o.json) std::printf("\n");
-  return Status::ok();
-}
-
-// The --json record of prompt `index`, in the shape of an OpenAI completion choice.
-nlohmann::json continuation_json(const GenerateOptions& o, const data::Gpt2Tokenizer& tok, int index,
-                                 const std::string& prompt, const Continuation& c) {
-  nlohmann::json j = {{"index", index}, {"prompt", prompt}, {"text", c.text}, {"tokens", c.tokens},
-                      {"finish_reason", c.stopped ? "stop" : "length"}};
-  if (o.logprobs >= 0) {
-    nlohmann::json top = nlohmann::json::array();
-    for (const auto& alts : c.alternatives) {
-      nlohmann::json t = nlohmann::json::object();
-      for (const infer::TokenLogprob& a : alts) t[tok.decode(std::span<const int>(&a.token, 1))] = a.logprob;
-      top.push_back(t);
-    }
-    j["logprobs"] = {{"token_logprobs", c.logprobs}, {"top_logprobs", top}};
-  }
-  return j;
-}
-
 Status generate(const GenerateOptions& o) {
   RETURN_IF_ERROR(check_generate_options(o));
   std::vector<std::string> prompts;
@@ -144,15 +70,24 @@ Status generate(const GenerateOptions& o) {
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(checkpoint::open_model_file(o.model, 0, &gpt));
   for (size_t i = 0; i < prompts.size(); i++) {
-    Continuation c;
-    Status s = continue_prompt(o, *gpt, tok, prompts[i], &c);
-    if (!s.is_ok()) return prompts.size() > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
-    // A token may end inside a multi-byte character (byte-level BPE): such bytes print as
-    // U+FFFD in JSON, which has no raw bytes.
-    if (o.json)
-      std::printf("%s\n", continuation_json(o, tok, (int)i, prompts[i], c)
-                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                              .c_str());
+    CompletionRequest r{prompts[i], o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs};
+    Completion c;
+    if (Status s = prepare_completion(*gpt, tok, r, &c); !s.is_ok())
+      return prompts.size() > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
+    if (o.json) {
+      run_completion(*gpt, tok, r, nullptr, &c);
+      nlohmann::json j = completion_choice(tok, (int)i, r, c);
+      j["prompt"] = prompts[i];
+      std::printf("%s\n", dump_json(j).c_str());
+      continue;
+    }
+    auto stream = [](const std::string& piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);  // as produced
+    };
+    stream(prompts[i]);
+    run_completion(*gpt, tok, r, stream, &c);
+    std::printf("\n");
   }
   return Status::ok();
 }

@@ -29,7 +29,8 @@ int run_main(int argc, char** argv) {
   std::vector<Command> commands = {
       add_prep_command(app),   add_tokenize_command(app), add_train_command(app),
       add_eval_command(app),   add_generate_command(app), add_export_command(app),
-      add_bench_command(app),  add_plot_command(app),     add_timeline_command(app), add_plan_command(app)};
+      add_bench_command(app),  add_plot_command(app),     add_timeline_command(app), add_plan_command(app),
+      add_serve_command(app)};
   set_original_args(argc, argv);
   std::vector<std::string> args(argv + 1, argv + argc);
   if (auto s = expand_config_args(app, &args); !s.is_ok()) return fail(s);

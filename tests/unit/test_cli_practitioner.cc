@@ -411,7 +411,7 @@ TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
     const json a = json::parse(alone.out);
     EXPECT_EQ(a["text"], j["text"]);
     EXPECT_EQ(a["tokens"], j["tokens"]);
-    EXPECT_FALSE(a.contains("logprobs"));
+    EXPECT_TRUE(a["logprobs"].is_null());
     const json& lp = j["logprobs"];
     ASSERT_EQ(lp["token_logprobs"].size(), 8u);
     ASSERT_EQ(lp["top_logprobs"].size(), 8u);
@@ -444,6 +444,121 @@ TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
   expect_failure(run(generate(base_run(), "--prompts " + path("none.txt"))), {path("none.txt"), "cannot open"});
   expect_failure(run(generate(base_run(), "--prompt hi --top-p 0")), {"--top-p must be in (0, 1]"});
   expect_failure(run(generate(base_run(), "--prompt hi --logprobs 2")), {"--logprobs needs --json"});
+}
+
+// `meshtrain serve` on the base run: a completion is generate's text for the same prompt,
+// seed and settings (one prompt, a list, streamed as server-sent events); concurrent clients
+// each get their own text; bad requests get a 400 naming the problem and the server goes on;
+// SIGTERM stops it.
+TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
+  const std::string out = path("serve.out");
+  RunResult started = run("sh -c '" + kBinary + " serve --checkpoint " + base_run() + " --port 0 --threads 1 > " + out +
+                          " 2>&1 & echo $!'");
+  ASSERT_EQ(started.exit_code, 0) << describe(started);
+  const std::string pid = lines_of(started.out).at(0);
+  std::string url;
+  for (int i = 0; i < 600 && url.empty(); i++) {  // up to a minute (the sanitizers' build loads slowly)
+    const std::string text = read_file(out);
+    if (const size_t at = text.find("http://127.0.0.1:"); at != std::string::npos && text.find(" (POST", at) != std::string::npos)
+      url = text.substr(at, text.find(' ', at) - at);
+    else
+      ::usleep(100000);
+  }
+  ASSERT_FALSE(url.empty()) << read_file(out);
+  auto post = [&](const std::string& body) {
+    write_file(path("body.json"), body);
+    return run("curl -s -w '\\n%{http_code}' " + url + "/v1/completions -d @" + path("body.json"));
+  };
+  auto status_of = [](const RunResult& r) { return lines_of(r.out).back(); };
+  auto json_of = [](const RunResult& r) { return json::parse(lines_of(r.out).front()); };
+
+  RunResult health = run("curl -s " + url + "/health");
+  EXPECT_EQ(health.out, "{\"status\":\"ok\"}");
+  const std::string settings = "\"max_tokens\": 6, \"temperature\": 0.9, \"top_k\": 0, \"seed\": 4";
+  RunResult one = post("{\"prompt\": \"It was\", " + settings + ", \"logprobs\": 1}");
+  ASSERT_EQ(status_of(one), "200") << one.out;
+  const json reply = json_of(one);
+  EXPECT_EQ(reply["object"], "text_completion");
+  EXPECT_EQ(reply["usage"]["completion_tokens"], 6);
+  RunResult alone = run(generate(base_run(), "--prompt 'It was' --max-new-tokens 6 --temperature 0.9 --top-k 0 --seed 4 --json"));
+  ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+  const json expected = json::parse(alone.out);
+  EXPECT_EQ(reply["choices"][0]["text"], expected["text"]);
+  EXPECT_EQ(reply["choices"][0]["logprobs"]["token_logprobs"].size(), 6u);
+
+  // A list of prompts: each choice as it is alone.
+  RunResult two = post("{\"prompt\": [\"He\", \"It was\"], " + settings + "}");
+  ASSERT_EQ(status_of(two), "200") << two.out;
+  EXPECT_EQ(json_of(two)["choices"][1]["text"], expected["text"]);
+  EXPECT_EQ(json_of(two)["choices"][1]["index"], 1);
+
+  // Streamed: the events' pieces make the same text, then [DONE].
+  write_file(path("stream.json"), "{\"prompt\": \"It was\", " + settings + ", \"stream\": true}");
+  RunResult streamed = run("curl -sN " + url + "/v1/completions -d @" + path("stream.json"));
+  std::string text, finish;
+  bool done = false;
+  for (const std::string& line : lines_of(streamed.out)) {
+    if (!line.starts_with("data: ")) continue;
+    if (line == "data: [DONE]") {
+      done = true;
+      continue;
+    }
+    const json chunk = json::parse(line.substr(6));
+    text += chunk["choices"][0]["text"].get<std::string>();
+    if (!chunk["choices"][0]["finish_reason"].is_null()) finish = chunk["choices"][0]["finish_reason"];
+  }
+  EXPECT_TRUE(done) << streamed.out;
+  EXPECT_EQ(text, expected["text"].get<std::string>());
+  EXPECT_EQ(finish, "length");
+
+  // Concurrent clients: 4 threads x 3 requests, each request's text its own.
+  write_file(path("clients.py"), R"(import json, sys, threading, urllib.request
+url, results = sys.argv[1], {}
+def ask(seed):
+    body = json.dumps({"prompt": "It was", "max_tokens": 5, "temperature": 1.0, "top_k": 0, "seed": seed}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=body)) as r:
+        return json.load(r)["choices"][0]["text"]
+def client(c):
+    for k in range(3):
+        results[(c, k)] = ask(10 + k)
+threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"alone": [ask(10 + k) for k in range(3)], "concurrent": [[results[(c, k)] for k in range(3)] for c in range(4)]}))
+)");
+  RunResult clients = run("python3 " + path("clients.py") + " " + url);
+  ASSERT_EQ(clients.exit_code, 0) << describe(clients);
+  const json many = json::parse(clients.out);
+  for (int c = 0; c < 4; c++) EXPECT_EQ(many["concurrent"][c], many["alone"]) << "client " << c;
+  EXPECT_NE(many["alone"][0], many["alone"][1]) << "other seeds, other text";
+
+  // Bad requests: a 400 and the reason; the server goes on.
+  struct Bad {
+    std::string body, reason;
+  };
+  std::string long_prompt;
+  for (int i = 0; i < 40; i++) long_prompt += " the";
+  for (const Bad& b : {Bad{"{bad", "not valid JSON"}, Bad{"{\"prompt\": \"hi\", \"max_tokens\": \"x\"}", "'max_tokens' must be an integer"},
+                       Bad{"{\"max_tokens\": 3}", "'prompt' is required"},
+                       Bad{"{\"prompt\": \"hi\", \"max_tokens\": 100}", "context of 32 tokens"},
+                       Bad{"{\"prompt\": \"" + long_prompt + "\", \"max_tokens\": 1}", "context of 32 tokens"},
+                       Bad{"{\"prompt\": \"hi\", \"top_p\": 0}", "top_p must be in (0, 1]"},
+                       Bad{"{\"prompt\": \"hi\", \"stream\": 1}", "'stream' must be true or false"}}) {
+    SCOPED_TRACE(b.body);
+    RunResult r = post(b.body);
+    EXPECT_EQ(status_of(r), "400") << r.out;
+    EXPECT_NE(r.out.find(b.reason), std::string::npos) << r.out;
+  }
+  EXPECT_EQ(run("curl -s " + url + "/health").out, "{\"status\":\"ok\"}");
+
+  EXPECT_EQ(run("kill -TERM " + pid).exit_code, 0);
+  bool stopped = false;
+  for (int i = 0; i < 100 && !stopped; i++) {
+    stopped = read_file(out).find("stopped") != std::string::npos;
+    if (!stopped) ::usleep(100000);
+  }
+  EXPECT_TRUE(stopped) << read_file(out);
+  if (!stopped) (void)run("kill -9 " + pid);
 }
 
 TEST_F(CliPractitioner, GenerateAgreesAcrossRunSafetensorsAndLlmc) {

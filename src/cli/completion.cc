@@ -1,0 +1,88 @@
+#include "cli/completion.h"
+
+#include <algorithm>
+#include <random>
+#include <span>
+
+#include "infer/decoder.h"
+
+namespace meshtrain::cli {
+
+Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+                          Completion* c) {
+  if (r.max_tokens < 0) return Status::error("max_tokens must be >= 0");
+  if (!(r.sampling.temperature >= 0)) return Status::error("temperature must be >= 0 (0 = greedy)");
+  if (r.sampling.top_k < 0) return Status::error("top_k must be >= 0 (0 = no limit)");
+  if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return Status::error("top_p must be in (0, 1] (1 = no cut)");
+  if (r.logprobs > 20) return Status::error("logprobs must be 0-20, got " + std::to_string(r.logprobs));
+  if (r.prompt.empty()) return Status::error("the prompt is empty");
+  c->prompt_tokens = tok.encode(r.prompt);
+  const int context = gpt.config().max_seq_len;
+  for (int id : c->prompt_tokens)
+    if (id >= gpt.config().vocab)
+      return Status::error("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " +
+                           std::to_string(gpt.config().vocab));
+  // The last new token is returned but never fed back, so it needs no position.
+  if ((int)c->prompt_tokens.size() + std::max(0, r.max_tokens - 1) > context)
+    return Status::error("the prompt (" + std::to_string(c->prompt_tokens.size()) + " tokens) plus max_tokens " +
+                         std::to_string(r.max_tokens) + " exceeds the model's context of " + std::to_string(context) +
+                         " tokens");
+  return Status::ok();
+}
+
+void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+                    const std::function<void(const std::string&)>& on_text, Completion* c) {
+  // A model's vocabulary is often padded past the tokenizer's (GPT-2's 50257 to 50304):
+  // the padding rows are no text, so sampling draws only from ids the tokenizer can decode.
+  const int sampled_vocab = std::min(gpt.config().vocab, tok.vocab_size());
+  infer::KvCacheDecoder decoder(gpt);
+  infer::StopStrings stops(r.stop);
+  std::mt19937_64 rng(r.seed);  // the request's own
+  auto show = [&](const std::string& piece) {
+    c->text += piece;
+    if (on_text && !piece.empty()) on_text(piece);
+  };
+  const float* logits = decoder.append(c->prompt_tokens);
+  for (int i = 0; i < r.max_tokens && !stops.stopped(); i++) {
+    const int next = infer::sample_token(logits, sampled_vocab, r.sampling, rng);
+    c->tokens.push_back(next);
+    if (r.logprobs >= 0) {
+      c->logprobs.push_back(infer::token_logprob(logits, sampled_vocab, next));
+      c->alternatives.push_back(infer::top_logprobs(logits, sampled_vocab, r.logprobs));
+    }
+    show(stops.feed(tok.decode(std::span<const int>(&next, 1))));
+    if (i + 1 < r.max_tokens && !stops.stopped()) logits = decoder.append(std::span<const int>(&next, 1));
+  }
+  show(stops.finish());
+  c->stopped = stops.stopped();
+}
+
+std::string token_text(const data::Gpt2Tokenizer& tok, int token) {
+  return tok.decode(std::span<const int>(&token, 1));
+}
+
+nlohmann::json completion_choice(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r,
+                                 const Completion& c) {
+  nlohmann::json j = {{"index", index},
+                      {"text", c.text},
+                      {"tokens", c.tokens},
+                      {"finish_reason", c.stopped ? "stop" : "length"},
+                      {"logprobs", nullptr}};
+  if (r.logprobs >= 0) {
+    nlohmann::json tokens = nlohmann::json::array(), top = nlohmann::json::array();
+    for (int t : c.tokens) tokens.push_back(token_text(tok, t));
+    for (const auto& alts : c.alternatives) {
+      nlohmann::json t = nlohmann::json::object();
+      for (const infer::TokenLogprob& a : alts) t[token_text(tok, a.token)] = a.logprob;
+      top.push_back(t);
+    }
+    j["logprobs"] = {{"tokens", tokens}, {"token_logprobs", c.logprobs}, {"top_logprobs", top}};
+  }
+  return j;
+}
+
+std::string dump_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+}  // namespace meshtrain::cli

@@ -1,0 +1,56 @@
+// One prompt's continuation, as `generate` and `serve` both run it: the checks against the
+// model before any token is sampled, the sampling loop on a KV cache with the request's own
+// seeded generator (so a request's text is what it gets alone), stop strings over the
+// streamed text, and the OpenAI-shaped record of the result.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/status.h"
+#include "data/bpe.h"
+#include "infer/sampling.h"
+#include "model/gpt.h"
+
+namespace meshtrain::cli {
+
+struct CompletionRequest {
+  std::string prompt;
+  int max_tokens = 16;
+  infer::SampleOptions sampling;
+  uint64_t seed = 1337;
+  std::vector<std::string> stop;
+  int logprobs = -1;  // -1: none; N >= 0: each token's, and the N likeliest alternatives
+};
+
+struct Completion {
+  std::string text;
+  std::vector<int> prompt_tokens, tokens;
+  std::vector<double> logprobs;
+  std::vector<std::vector<infer::TokenLogprob>> alternatives;
+  bool stopped = false;  // at a stop string (else at max_tokens)
+};
+
+// The request's settings and its prompt against the model and the tokenizer: the prompt's
+// tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the
+// context. Nothing is sampled.
+Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+                          Completion* c);
+// Samples the continuation of a prepared completion. `on_text` receives each piece of text
+// as soon as no stop string can begin in it (null: none).
+void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+                    const std::function<void(const std::string&)>& on_text, Completion* c);
+
+// A token's text for JSON: a token may end inside a multi-byte character (byte-level BPE),
+// and such bytes become U+FFFD when the JSON is written (dump_json).
+std::string token_text(const data::Gpt2Tokenizer& tok, int token);
+// An OpenAI completion choice: index, text, finish_reason, and logprobs (tokens,
+// token_logprobs, top_logprobs) when asked for, else null.
+nlohmann::json completion_choice(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r,
+                                 const Completion& c);
+std::string dump_json(const nlohmann::json& j);
+
+}  // namespace meshtrain::cli
