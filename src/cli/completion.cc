@@ -4,9 +4,19 @@
 #include <random>
 #include <span>
 
+#include "checkpoint/model_file.h"
+#include "cli/commands.h"
 #include "infer/decoder.h"
 
 namespace meshtrain::cli {
+
+Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
+                           std::unique_ptr<model::Gpt>* gpt, data::Gpt2Tokenizer* tok) {
+  std::string tokenizer_dir;
+  RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
+  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
+  return checkpoint::open_model_file(model_path, 0, gpt);
+}
 
 Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
                           Completion* c) {

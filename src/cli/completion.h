@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct Completion {
   std::vector<std::vector<infer::TokenLogprob>> alternatives;
   bool stopped = false;  // at a stop string (else at max_tokens)
 };
+
+// The model at `model_path` (a run, a checkpoint, a .safetensors or llm.c file) and its
+// tokenizer (`tokenizer_flag`, or the one find_tokenizer finds).
+Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
+                           std::unique_ptr<model::Gpt>* gpt, data::Gpt2Tokenizer* tok);
 
 // The request's settings and its prompt against the model and the tokenizer: the prompt's
 // tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the

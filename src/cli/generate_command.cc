@@ -5,7 +5,6 @@
 #include <fstream>
 #include <random>
 
-#include "checkpoint/model_file.h"
 #include "cli/commands.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
@@ -63,12 +62,9 @@ Status generate(const GenerateOptions& o) {
   std::vector<std::string> prompts;
   RETURN_IF_ERROR(read_prompts(o, &prompts));
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  std::string tokenizer_dir;
-  RETURN_IF_ERROR(find_tokenizer(o.model, o.tokenizer, &tokenizer_dir));
   data::Gpt2Tokenizer tok;
-  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, &tok));
   std::unique_ptr<model::Gpt> gpt;
-  RETURN_IF_ERROR(checkpoint::open_model_file(o.model, 0, &gpt));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
   for (size_t i = 0; i < prompts.size(); i++) {
     CompletionRequest r{prompts[i], o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs};
     Completion c;

@@ -18,7 +18,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/model_file.h"
 #include "cli/commands.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
@@ -202,12 +201,9 @@ class Server {
 Status serve(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) return Status::error("--port must be 0-65535 (0: any free port)");
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  std::string tokenizer_dir;
-  RETURN_IF_ERROR(find_tokenizer(o.model, o.tokenizer, &tokenizer_dir));
   data::Gpt2Tokenizer tok;
-  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, &tok));
   std::unique_ptr<model::Gpt> gpt;
-  RETURN_IF_ERROR(checkpoint::open_model_file(o.model, 0, &gpt));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
   // SIGINT and SIGTERM go to one thread that stops the server (not to a handler that
   // could interrupt it anywhere).
   sigset_t signals;
