@@ -9,10 +9,13 @@
 #include <omp.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include <httplib.h>
 
