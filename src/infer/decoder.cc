@@ -12,31 +12,52 @@ namespace meshtrain::infer {
 namespace k = meshtrain::kernels;
 using model::LayerTensor;
 
-KvCacheDecoder::KvCacheDecoder(const model::Gpt& gpt)
-    : gpt_(gpt),
-      k_cache_(MemCategory::kActivations,
-               (size_t)gpt.config().layers * gpt.config().max_seq_len * gpt.config().kv_dim()),
-      v_cache_(MemCategory::kActivations, k_cache_.size()),
-      logits_(MemCategory::kActivations, gpt.config().vocab) {}
+BatchDecoder::BatchDecoder(const model::Gpt& gpt) : gpt_(gpt) {}
 
-void KvCacheDecoder::embed(std::span<const int> tokens, float* x) const {
+int BatchDecoder::add() {
+  const auto& c = gpt_.config();
+  auto s = std::make_unique<Sequence>();
+  s->k_cache.allocate(MemCategory::kActivations, (size_t)c.layers * c.max_seq_len * c.kv_dim());
+  s->v_cache.allocate(MemCategory::kActivations, s->k_cache.size());
+  s->logits.allocate(MemCategory::kActivations, c.vocab);
+  sequences_.push_back(std::move(s));
+  return (int)sequences_.size() - 1;
+}
+
+void BatchDecoder::remove(int id) {
+  CHECK(id >= 0 && id < (int)sequences_.size() && sequences_[id]);
+  sequences_[id].reset();
+}
+
+BatchDecoder::Sequence& BatchDecoder::seq(int id) const {
+  CHECK_MSG(id >= 0 && id < (int)sequences_.size() && sequences_[id], "no such sequence");
+  return *sequences_[id];
+}
+
+void BatchDecoder::embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const {
   const int C = gpt_.config().dim;
   const float* wte = gpt_.params() + gpt_.layout().wte().offset;
   const float* wpe = gpt_.layout().has_wpe() ? gpt_.params() + gpt_.layout().wpe().offset : nullptr;
-  for (size_t i = 0; i < tokens.size(); i++)
-    for (int c = 0; c < C; c++)
-      x[i * C + c] = wte[(size_t)tokens[i] * C + c] + (wpe ? wpe[(pos_ + i) * C + c] : 0.0f);
+  for (size_t b = 0; b < batch.size(); b++) {
+    const Segment& s = segments[b];
+    for (int i = 0; i < s.n; i++) {
+      float* row = x + (size_t)(s.row + i) * C;
+      const int token = batch[b].tokens[i], pos = s.seq->pos + i;
+      for (int c = 0; c < C; c++) row[c] = wte[(size_t)token * C + c] + (wpe ? wpe[(size_t)pos * C + c] : 0.0f);
+    }
+  }
 }
 
-void KvCacheDecoder::norm(float* out, const float* x, const float* w, const float* b, int n) const {
+void BatchDecoder::norm(float* out, const float* x, const float* w, const float* b, int n) const {
   const auto& cfg = gpt_.config();
   std::vector<float> mean(n), rstd(n);
   if (cfg.norm == model::Norm::kRmsNorm) k::rmsnorm_forward(out, rstd.data(), x, w, n, cfg.dim, cfg.norm_eps);
   else k::layernorm_forward(out, mean.data(), rstd.data(), x, w, b, n, cfg.dim);
 }
 
-// One transformer block on n rows at positions pos_.., appending their keys and values.
-void KvCacheDecoder::block(int l, float* x, int n) {
+// One transformer block on the step's rows, each segment at its sequence's positions,
+// appending its keys and values to its sequence's cache.
+void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, int n) {
   const auto& cfg = gpt_.config();
   const int C = cfg.dim, NH = cfg.heads, NKV = cfg.kv_head_count(), KV = cfg.kv_dim(), Q = cfg.qkv_dim();
   const int F = cfg.ffn(), Fc = cfg.fc_dim(), hs = cfg.head_dim();
@@ -44,20 +65,24 @@ void KvCacheDecoder::block(int l, float* x, int n) {
   auto W = [&](LayerTensor t) { return layout.has(l, t) ? gpt_.params() + layout.layer(l, t).offset : nullptr; };
   std::vector<float> ln((size_t)n * C), qkv((size_t)n * Q), att((size_t)n * C), proj((size_t)n * C),
       h((size_t)n * Fc), hg((size_t)n * F);
-  float* kc = k_cache_.data() + (size_t)l * cfg.max_seq_len * KV;
-  float* vc = v_cache_.data() + (size_t)l * cfg.max_seq_len * KV;
 
   norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
   k::matmul_forward(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
-  if (cfg.positions == model::Positions::kRope) {  // rows at positions pos_ .. pos_ + n - 1
-    k::rope_rotate(qkv.data(), n, n, Q, NH, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos_, false);
-    k::rope_rotate(qkv.data() + C, n, n, Q, NKV, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos_, false);
+  for (const Segment& s : segments) {
+    float* q = qkv.data() + (size_t)s.row * Q;
+    const int pos = s.seq->pos;
+    if (cfg.positions == model::Positions::kRope) {  // rows at positions pos .. pos + n - 1
+      k::rope_rotate(q, s.n, s.n, Q, NH, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos, false);
+      k::rope_rotate(q + C, s.n, s.n, Q, NKV, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos, false);
+    }
+    float* kc = s.seq->k_cache.data() + (size_t)l * cfg.max_seq_len * KV;
+    float* vc = s.seq->v_cache.data() + (size_t)l * cfg.max_seq_len * KV;
+    for (int i = 0; i < s.n; i++) {
+      std::memcpy(kc + (size_t)(pos + i) * KV, q + (size_t)i * Q + C, KV * sizeof(float));
+      std::memcpy(vc + (size_t)(pos + i) * KV, q + (size_t)i * Q + C + KV, KV * sizeof(float));
+    }
+    k::attention_cached_forward(att.data() + (size_t)s.row * C, q, Q, kc, vc, pos, s.n, C, NH, NKV);
   }
-  for (int i = 0; i < n; i++) {
-    std::memcpy(kc + (size_t)(pos_ + i) * KV, qkv.data() + (size_t)i * Q + C, KV * sizeof(float));
-    std::memcpy(vc + (size_t)(pos_ + i) * KV, qkv.data() + (size_t)i * Q + C + KV, KV * sizeof(float));
-  }
-  k::attention_cached_forward(att.data(), qkv.data(), Q, kc, vc, pos_, n, C, NH, NKV);
   k::matmul_forward(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
@@ -75,7 +100,7 @@ void KvCacheDecoder::block(int l, float* x, int n) {
 
 // An MoE layer's MLP on n rows, as training routes them without capacity (inference drops
 // nothing): each row's chosen experts, weighted, plus the shared experts.
-void KvCacheDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
+void BatchDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
   const auto& cfg = gpt_.config();
   const auto& layout = gpt_.layout();
   const int C = cfg.dim, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_ffn(), Fce = cfg.expert_fc_dim();
@@ -108,23 +133,38 @@ void KvCacheDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
   }
 }
 
-const float* KvCacheDecoder::append(std::span<const int> tokens) {
+void BatchDecoder::step(std::span<const Rows> batch) {
   const auto& cfg = gpt_.config();
-  const int n = (int)tokens.size(), C = cfg.dim;
-  CHECK(n > 0 && pos_ + n <= cfg.max_seq_len);
-  std::vector<float> x((size_t)n * C);
-  embed(tokens, x.data());
-  for (int l = 0; l < cfg.layers; l++) block(l, x.data(), n);
-  // Only the last row's logits are needed.
-  std::vector<float> ln(C);
+  const int C = cfg.dim;
+  std::vector<Segment> segments;
+  int rows = 0;
+  for (const Rows& r : batch) {
+    Sequence* s = &seq(r.id);
+    const int n = (int)r.tokens.size();
+    CHECK(n > 0 && s->pos + n <= cfg.max_seq_len);
+    for (const Segment& other : segments) CHECK_MSG(other.seq != s, "a sequence twice in one step");
+    segments.push_back({s, rows, n});
+    rows += n;
+  }
+  if (rows == 0) return;
+  std::vector<float> x((size_t)rows * C);
+  embed(segments, batch, x.data());
+  for (int l = 0; l < cfg.layers; l++) block(l, x.data(), segments, rows);
+  // Only each sequence's last row needs logits: those rows, normed, through the head at once.
+  const int S = (int)segments.size();
+  std::vector<float> last((size_t)S * C), ln((size_t)S * C), logits((size_t)S * cfg.vocab);
+  for (int i = 0; i < S; i++)
+    std::memcpy(last.data() + (size_t)i * C, x.data() + (size_t)(segments[i].row + segments[i].n - 1) * C,
+                C * sizeof(float));
   const float* p = gpt_.params();
   const auto& layout = gpt_.layout();
-  norm(ln.data(), x.data() + (size_t)(n - 1) * C, p + layout.lnf_w().offset,
-       layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, 1);
+  norm(ln.data(), last.data(), p + layout.lnf_w().offset, layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, S);
   const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
-  k::gemm(false, true, 1, cfg.vocab, C, 1.0f, ln.data(), C, p + head.offset, C, 0.0f, logits_.data(), cfg.vocab);
-  pos_ += n;
-  return logits_.data();
+  k::gemm(false, true, S, cfg.vocab, C, 1.0f, ln.data(), C, p + head.offset, C, 0.0f, logits.data(), cfg.vocab);
+  for (int i = 0; i < S; i++) {
+    std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
+    segments[i].seq->pos += segments[i].n;
+  }
 }
 
 }  // namespace meshtrain::infer

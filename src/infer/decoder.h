@@ -1,7 +1,14 @@
 // Autoregressive inference with a KV cache: each appended token costs O(T) attention work
 // instead of re-running the whole sequence.
+//
+// BatchDecoder holds several sequences, each with its own cache and position. A step takes
+// new tokens for any of them (a prompt's prefill, or one sampled token) and runs all those
+// rows through the blocks together: the GEMMs see every row, and each row attends only to
+// its own sequence's cache. No row is padding. Sequences join and leave between steps, which
+// is what continuous batching needs. KvCacheDecoder is the one-sequence case.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -10,28 +17,68 @@
 
 namespace meshtrain::infer {
 
+class BatchDecoder {
+ public:
+  explicit BatchDecoder(const model::Gpt& gpt);
+
+  // A new, empty sequence (its cache allocated): its id.
+  int add();
+  // Frees sequence `id`'s cache; the id is not reused.
+  void remove(int id);
+  int position(int id) const { return seq(id).pos; }
+  int capacity() const { return gpt_.config().max_seq_len; }
+  void reset(int id) { seq(id).pos = 0; }
+
+  struct Rows {
+    int id = 0;
+    std::span<const int> tokens;  // at positions position(id)...; position + n <= capacity
+  };
+  // Appends every entry's tokens to its sequence (each sequence at most once per step).
+  void step(std::span<const Rows> batch);
+  // The logits [V] of sequence id's last appended token (valid until its next step).
+  const float* logits(int id) const { return seq(id).logits.data(); }
+
+ private:
+  struct Sequence {
+    int pos = 0;
+    Buffer<float> k_cache, v_cache;  // [L, maxT, kv_heads x hs] each
+    Buffer<float> logits;            // [V]
+  };
+  // Where one sequence's rows sit in a step's batch.
+  struct Segment {
+    Sequence* seq;
+    int row, n;
+  };
+  Sequence& seq(int id) const;
+  void embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const;
+  void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
+  void block(int l, float* x, const std::vector<Segment>& segments, int rows);
+  void moe_mlp(int l, const float* ln, int n, float* out) const;
+
+  const model::Gpt& gpt_;
+  std::vector<std::unique_ptr<Sequence>> sequences_;  // by id; null once removed
+};
+
+// One sequence.
 class KvCacheDecoder {
  public:
-  explicit KvCacheDecoder(const model::Gpt& gpt);
+  explicit KvCacheDecoder(const model::Gpt& gpt) : batch_(gpt), id_(batch_.add()) {}
 
   // Runs tokens at positions position()..position()+n-1 through the model, filling the
   // cache; returns the logits [V] of the last one (valid until the next call).
   // The caller keeps position() + n <= max_seq_len.
-  const float* append(std::span<const int> tokens);
-  int position() const { return pos_; }
-  int capacity() const { return gpt_.config().max_seq_len; }
-  void reset() { pos_ = 0; }
+  const float* append(std::span<const int> tokens) {
+    const BatchDecoder::Rows rows{id_, tokens};
+    batch_.step(std::span<const BatchDecoder::Rows>(&rows, 1));
+    return batch_.logits(id_);
+  }
+  int position() const { return batch_.position(id_); }
+  int capacity() const { return batch_.capacity(); }
+  void reset() { batch_.reset(id_); }
 
  private:
-  void embed(std::span<const int> tokens, float* x) const;
-  void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
-  void block(int l, float* x, int n);
-  void moe_mlp(int l, const float* ln, int n, float* out) const;
-
-  const model::Gpt& gpt_;
-  int pos_ = 0;
-  Buffer<float> k_cache_, v_cache_;  // [L, maxT, kv_heads x hs] each
-  Buffer<float> logits_;             // [V]
+  BatchDecoder batch_;
+  int id_;
 };
 
 }  // namespace meshtrain::infer
