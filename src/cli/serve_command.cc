@@ -37,22 +37,29 @@ struct ServeOptions {
   int port = 8000, threads = 0;
 };
 
+// Field `key` of `body`, a string or a list of strings, appended to `out`.
+Status strings_of(const json& body, const char* key, std::vector<std::string>* out) {
+  const json& v = body[key];
+  const Status wrong = Status::error(std::string("'") + key + "' must be a string or a list of strings");
+  if (v.is_string()) {
+    out->push_back(v.get<std::string>());
+    return Status::ok();
+  }
+  if (!v.is_array()) return wrong;
+  for (const json& x : v) {
+    if (!x.is_string()) return wrong;
+    out->push_back(x.get<std::string>());
+  }
+  return Status::ok();
+}
+
 // A request's fields, checked by type and range, into completion requests (one per prompt).
 Status parse_request(const json& body, std::vector<CompletionRequest>* out, bool* stream) {
   if (!body.is_object()) return Status::error("the request body must be a JSON object");
   std::vector<std::string> prompts;
   if (!body.contains("prompt")) return Status::error("'prompt' is required");
-  const json& p = body["prompt"];
-  if (p.is_string()) {
-    prompts.push_back(p.get<std::string>());
-  } else if (p.is_array() && !p.empty()) {
-    for (const json& x : p) {
-      if (!x.is_string()) return Status::error("'prompt' must be a string or a list of strings");
-      prompts.push_back(x.get<std::string>());
-    }
-  } else {
-    return Status::error("'prompt' must be a string or a non-empty list of strings");
-  }
+  RETURN_IF_ERROR(strings_of(body, "prompt", &prompts));
+  if (prompts.empty()) return Status::error("'prompt' must be a string or a non-empty list of strings");
   CompletionRequest r;
   auto integer = [&](const char* key, int64_t lo, int64_t hi, auto* v) -> Status {
     if (!body.contains(key) || body[key].is_null()) return Status::ok();
@@ -78,18 +85,7 @@ Status parse_request(const json& body, std::vector<CompletionRequest>* out, bool
   RETURN_IF_ERROR(number("temperature", &r.sampling.temperature));
   RETURN_IF_ERROR(number("top_p", &r.sampling.top_p));
   if (body.contains("n") && body["n"] != 1) return Status::error("'n' other than 1 is not supported");
-  if (body.contains("stop") && !body["stop"].is_null()) {
-    const json& s = body["stop"];
-    if (s.is_string()) r.stop.push_back(s.get<std::string>());
-    else if (s.is_array()) {
-      for (const json& x : s) {
-        if (!x.is_string()) return Status::error("'stop' must be a string or a list of strings");
-        r.stop.push_back(x.get<std::string>());
-      }
-    } else {
-      return Status::error("'stop' must be a string or a list of strings");
-    }
-  }
+  if (body.contains("stop") && !body["stop"].is_null()) RETURN_IF_ERROR(strings_of(body, "stop", &r.stop));
   *stream = false;
   if (body.contains("stream") && !body["stream"].is_null()) {
     if (!body["stream"].is_boolean()) return Status::error("'stream' must be true or false");

@@ -31,12 +31,16 @@ model::GptConfig small_config(const std::string& arch) {
 
 class KvCacheDecoderTest : public ::testing::TestWithParam<std::string> {};
 
+// Larger weights than the init, so that attention is far from uniform.
+void init_sharp(model::Gpt& gpt) {
+  gpt.init_weights(3);
+  for (size_t i = 0; i < gpt.num_elements(); i++) gpt.params()[i] *= 5.0f;
+}
+
 TEST_P(KvCacheDecoderTest, LogitsMatchFullForwardAtEveryPosition) {
   const auto cfg = small_config(GetParam());
   model::Gpt gpt(cfg);
-  gpt.init_weights(3);
-  // Larger weights than the init so that attention is far from uniform.
-  for (size_t i = 0; i < gpt.num_elements(); i++) gpt.params()[i] *= 5.0f;
+  init_sharp(gpt);
   std::mt19937 rng(1);
   const int T = 33;
   std::vector<int> tokens(T);
@@ -70,8 +74,7 @@ TEST_P(KvCacheDecoderTest, LogitsMatchFullForwardAtEveryPosition) {
 TEST_P(KvCacheDecoderTest, BatchedSequencesMatchEachAlone) {
   const auto cfg = small_config(GetParam());
   model::Gpt gpt(cfg);
-  gpt.init_weights(3);
-  for (size_t i = 0; i < gpt.num_elements(); i++) gpt.params()[i] *= 5.0f;
+  init_sharp(gpt);
   std::mt19937 rng(2);
   std::vector<std::vector<int>> tokens(4);
   const int prompt[4] = {5, 1, 9, 3};
