@@ -40,31 +40,78 @@ Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok,
   return Status::ok();
 }
 
-void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
-                    const std::function<void(const std::string&)>& on_text, Completion* c) {
+struct CompletionBatch::State {
+  Member m;
+  int id = 0;  // the decoder's sequence
+  infer::StopStrings stops;
+  std::mt19937_64 rng;  // the request's own
+  bool prefilled = false;
+  int next = 0;  // the last sampled token, fed at the next step
+  State(Member member, int seq)
+      : m(std::move(member)), id(seq), stops(m.request.stop), rng(m.request.seed) {}
+  void show(const std::string& piece) {
+    m.completion->text += piece;
+    if (m.on_text && !piece.empty()) m.on_text(piece);
+  }
+};
+
+CompletionBatch::CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok)
+    : gpt_(gpt), tok_(tok), decoder_(std::make_unique<infer::BatchDecoder>(gpt)) {}
+CompletionBatch::~CompletionBatch() = default;
+
+void CompletionBatch::join(Member m) {
+  const int max_tokens = m.request.max_tokens;
+  auto state = std::make_unique<State>(std::move(m), decoder_->add());
+  if (max_tokens == 0) return finish(*state);
+  members_.push_back(std::move(state));
+}
+
+void CompletionBatch::finish(State& s) {
+  s.show(s.stops.finish());
+  s.m.completion->stopped = s.stops.stopped();
+  decoder_->remove(s.id);
+  if (s.m.on_done) s.m.on_done();
+}
+
+void CompletionBatch::step() {
+  std::erase_if(members_, [&](const std::unique_ptr<State>& s) {
+    if (!s->m.abandoned || !s->m.abandoned()) return false;
+    finish(*s);
+    return true;
+  });
+  std::vector<infer::BatchDecoder::Rows> rows;
+  for (auto& s : members_) {
+    rows.push_back({s->id, s->prefilled ? std::span<const int>(&s->next, 1)
+                                        : std::span<const int>(s->m.completion->prompt_tokens)});
+    s->prefilled = true;
+  }
+  if (rows.empty()) return;
+  decoder_->step(rows);
   // A model's vocabulary is often padded past the tokenizer's (GPT-2's 50257 to 50304):
   // the padding rows are no text, so sampling draws only from ids the tokenizer can decode.
-  const int sampled_vocab = std::min(gpt.config().vocab, tok.vocab_size());
-  infer::KvCacheDecoder decoder(gpt);
-  infer::StopStrings stops(r.stop);
-  std::mt19937_64 rng(r.seed);  // the request's own
-  auto show = [&](const std::string& piece) {
-    c->text += piece;
-    if (on_text && !piece.empty()) on_text(piece);
-  };
-  const float* logits = decoder.append(c->prompt_tokens);
-  for (int i = 0; i < r.max_tokens && !stops.stopped(); i++) {
-    const int next = infer::sample_token(logits, sampled_vocab, r.sampling, rng);
-    c->tokens.push_back(next);
+  const int sampled_vocab = std::min(gpt_.config().vocab, tok_.vocab_size());
+  std::erase_if(members_, [&](const std::unique_ptr<State>& s) {
+    const CompletionRequest& r = s->m.request;
+    Completion* c = s->m.completion;
+    const float* logits = decoder_->logits(s->id);
+    s->next = infer::sample_token(logits, sampled_vocab, r.sampling, s->rng);
+    c->tokens.push_back(s->next);
     if (r.logprobs >= 0) {
-      c->logprobs.push_back(infer::token_logprob(logits, sampled_vocab, next));
+      c->logprobs.push_back(infer::token_logprob(logits, sampled_vocab, s->next));
       c->alternatives.push_back(infer::top_logprobs(logits, sampled_vocab, r.logprobs));
     }
-    show(stops.feed(tok.decode(std::span<const int>(&next, 1))));
-    if (i + 1 < r.max_tokens && !stops.stopped()) logits = decoder.append(std::span<const int>(&next, 1));
-  }
-  show(stops.finish());
-  c->stopped = stops.stopped();
+    s->show(s->stops.feed(tok_.decode(std::span<const int>(&s->next, 1))));
+    if ((int)c->tokens.size() < r.max_tokens && !s->stops.stopped()) return false;
+    finish(*s);
+    return true;
+  });
+}
+
+void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+                    const std::function<void(const std::string&)>& on_text, Completion* c) {
+  CompletionBatch batch(gpt, tok);
+  batch.join({r, c, on_text, nullptr, nullptr});
+  while (batch.size() > 0) batch.step();
 }
 
 std::string token_text(const data::Gpt2Tokenizer& tok, int token) {

@@ -16,6 +16,10 @@
 #include "infer/sampling.h"
 #include "model/gpt.h"
 
+namespace meshtrain::infer {
+class BatchDecoder;
+}
+
 namespace meshtrain::cli {
 
 struct CompletionRequest {
@@ -45,8 +49,40 @@ Status load_for_completion(const std::string& model_path, const std::string& tok
 // context. Nothing is sampled.
 Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
                           Completion* c);
-// Samples the continuation of a prepared completion. `on_text` receives each piece of text
-// as soon as no stop string can begin in it (null: none).
+// Completions decoded together on one model (continuous batching): a completion joins
+// between steps, its prompt prefilled in the next one; each step samples one token for
+// every member, from its own seeded generator; a member leaves once it is done. Its text is
+// exactly what it gets alone: the decoder's rows do not depend on the rows beside them
+// (infer::BatchDecoder), and nothing else is shared.
+class CompletionBatch {
+ public:
+  struct Member {
+    CompletionRequest request;
+    Completion* completion = nullptr;  // prepared (prepare_completion); filled as it runs
+    // Each piece of text as soon as no stop string can begin in it (null: none).
+    std::function<void(const std::string&)> on_text;
+    std::function<void()> on_done;     // after the last piece (null: none)
+    std::function<bool()> abandoned;   // true: leave at the next step, done (null: never)
+  };
+  CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok);
+  ~CompletionBatch();
+  void join(Member m);
+  // One token for every member (its prompt first, when it has just joined); the finished
+  // and the abandoned leave.
+  void step();
+  int size() const { return (int)members_.size(); }
+
+ private:
+  struct State;
+  void finish(State& m);
+
+  const model::Gpt& gpt_;
+  const data::Gpt2Tokenizer& tok_;
+  std::unique_ptr<infer::BatchDecoder> decoder_;
+  std::vector<std::unique_ptr<State>> members_;
+};
+
+// A prepared completion's continuation, alone (a batch of one).
 void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
                     const std::function<void(const std::string&)>& on_text, Completion* c);
 

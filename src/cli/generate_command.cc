@@ -19,6 +19,7 @@ struct GenerateOptions {
   std::string prompts_file;  // one prompt per line (instead of --prompt)
   std::vector<std::string> stop;
   int max_new_tokens = 100, top_k = 40, threads = 0;
+  int batch = 8;  // --prompts decoded together
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N most likely alternatives
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1337;
@@ -52,9 +53,37 @@ Status check_generate_options(const GenerateOptions& o) {
   if (!(o.top_p > 0 && o.top_p <= 1)) return Status::error("--top-p must be in (0, 1] (1 = no cut)");
   if (o.logprobs > 20) return Status::error("--logprobs must be 0-20 (alternatives per token), got " + std::to_string(o.logprobs));
   if (o.logprobs >= 0 && !o.json) return Status::error("--logprobs needs --json (the log-probabilities are JSON fields)");
+  if (o.batch < 1) return Status::error("--batch must be >= 1 (prompts decoded together)");
   if (!o.prompts_file.empty() && o.prompt != GenerateOptions{}.prompt)
     return Status::error("--prompt and --prompts both given: choose one");
   return Status::ok();
+}
+
+// One prompt: its text streamed as it is sampled.
+void generate_one(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r, Completion* c,
+                  bool json) {
+  if (json) {
+    run_completion(gpt, tok, r, nullptr, c);
+    return;
+  }
+  auto stream = [](const std::string& piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);  // as produced
+  };
+  stream(r.prompt);
+  run_completion(gpt, tok, r, stream, c);
+  std::printf("\n");
+}
+
+void print_completion(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r, const Completion& c,
+                      bool json) {
+  if (!json) {
+    std::printf("%s%s\n", r.prompt.c_str(), c.text.c_str());
+    return;
+  }
+  nlohmann::json j = completion_choice(tok, index, r, c);
+  j["prompt"] = r.prompt;
+  std::printf("%s\n", dump_json(j).c_str());
 }
 
 Status generate(const GenerateOptions& o) {
@@ -65,25 +94,31 @@ Status generate(const GenerateOptions& o) {
   data::Gpt2Tokenizer tok;
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
-  for (size_t i = 0; i < prompts.size(); i++) {
-    CompletionRequest r{prompts[i], o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs};
-    Completion c;
-    if (Status s = prepare_completion(*gpt, tok, r, &c); !s.is_ok())
-      return prompts.size() > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
-    if (o.json) {
-      run_completion(*gpt, tok, r, nullptr, &c);
-      nlohmann::json j = completion_choice(tok, (int)i, r, c);
-      j["prompt"] = prompts[i];
-      std::printf("%s\n", dump_json(j).c_str());
-      continue;
+  const int n = (int)prompts.size();
+  std::vector<CompletionRequest> requests;
+  std::vector<Completion> done(n);
+  for (int i = 0; i < n; i++) {
+    requests.push_back({prompts[i], o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs});
+    if (Status s = prepare_completion(*gpt, tok, requests[i], &done[i]); !s.is_ok())
+      return n > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
+  }
+  if (n == 1) {
+    generate_one(*gpt, tok, requests[0], &done[0], o.json);
+    if (o.json) print_completion(tok, 0, requests[0], done[0], true);
+    return Status::ok();
+  }
+  // Several: up to --batch of them decoded together, the next joining as one finishes, each
+  // printed whole, in the file's order, once it and those before it are done.
+  CompletionBatch batch(*gpt, tok);
+  std::vector<char> finished(n, 0);
+  int joined = 0, printed = 0;
+  while (printed < n) {
+    while (joined < n && batch.size() < o.batch) {
+      const int i = joined++;
+      batch.join({requests[i], &done[i], nullptr, [&finished, i] { finished[i] = 1; }, nullptr});
     }
-    auto stream = [](const std::string& piece) {
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);  // as produced
-    };
-    stream(prompts[i]);
-    run_completion(*gpt, tok, r, stream, &c);
-    std::printf("\n");
+    batch.step();
+    for (; printed < n && finished[printed]; printed++) print_completion(tok, printed, requests[printed], done[printed], o.json);
   }
   return Status::ok();
 }
@@ -106,7 +141,11 @@ Command add_generate_command(CLI::App& app) {
                   "Nucleus sampling: the smallest set of most likely tokens whose probability reaches P (1 = all)")
       ->capture_default_str();
   cmd->add_option("--stop", o->stop, "Stop before this text (repeatable; it is not printed)");
-  cmd->add_option("--prompts", o->prompts_file, "A file of prompts, one per line, each continued on its own");
+  cmd->add_option("--prompts", o->prompts_file,
+                  "A file of prompts, one per line, each continued as if alone (printed whole, in order)");
+  cmd->add_option("--batch", o->batch,
+                  "With --prompts: how many are decoded together (the text is the same at any size)")
+      ->capture_default_str();
   cmd->add_flag("--json", o->json,
                 "One JSON line per prompt: text, tokens, finish_reason (stop or length), and with --logprobs "
                 "their log-probabilities");

@@ -2,15 +2,22 @@
 // Debian's libcpp-httplib-dev). POST /v1/completions takes OpenAI's fields (prompt or a list
 // of prompts, max_tokens, temperature, top_p, top_k, seed, stop, logprobs, stream) and
 // answers with OpenAI's shape, or with server-sent events when stream is true; GET /health
-// answers {"status": "ok"}. A bad request gets a 400 and a JSON error naming the field, and
-// the server goes on serving. Requests run one at a time on the one model (a mutex): each
-// one's text is what `generate` gives for the same prompt and seed. SIGINT or SIGTERM stops
-// it after the requests in progress.
+// answers {"status": "ok"}, GET /stats the batching loop's counters. A bad request gets a 400 and a JSON error naming the field, and
+// the server goes on serving. Requests are batched continuously (BatchLoop): each one's text
+// is what `generate` gives for the same prompt and seed, whatever else is decoded beside
+// it. SIGINT or SIGTERM stops it after the requests in progress.
 #include <omp.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <cerrno>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -34,7 +41,7 @@ using nlohmann::json;
 
 struct ServeOptions {
   std::string model, tokenizer, host = "127.0.0.1";
-  int port = 8000, threads = 0;
+  int port = 8000, threads = 0, max_batch = 8;
 };
 
 // Field `key` of `body`, a string or a list of strings, appended to `out`.
@@ -104,12 +111,111 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
   res.set_content(dump_json({{"error", {{"message", message}, {"type", "invalid_request_error"}}}}), "application/json");
 }
 
+// Continuous batching: the loop thread owns the model and a CompletionBatch. Handlers
+// submit members; between decode steps the loop lets waiting ones join, up to --max-batch,
+// and finished ones leave from inside the step. Its callbacks run on the loop thread.
+class BatchLoop {
+ public:
+  BatchLoop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, int max_batch, int threads)
+      : batch_(gpt, tok), max_batch_(max_batch), thread_([this, threads] { run(threads); }) {}
+  ~BatchLoop() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_one();
+    thread_.join();
+  }
+  // The members of one request, queued together: they join the same step when there is room.
+  void submit(std::vector<CompletionBatch::Member> members) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& m : members) waiting_.push_back(std::move(m));
+    }
+    wake_.notify_one();
+  }
+  // What the loop has done so far (GET /stats).
+  json stats() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {{"max_batch", max_batch_}, {"running", running_},        {"waiting", waiting_.size()},
+            {"joined", joined_},      {"steps", steps_},             {"largest_batch", largest_}};
+  }
+
+ private:
+  void run(int threads) {
+    if (threads > 0) omp_set_num_threads(threads);  // this thread's own setting
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || batch_.size() > 0; });
+        if (stopping_ && waiting_.empty() && batch_.size() == 0) return;
+        while (!waiting_.empty() && batch_.size() < max_batch_) {
+          batch_.join(std::move(waiting_.front()));
+          waiting_.pop_front();
+          joined_++;
+        }
+        running_ = batch_.size();
+        largest_ = std::max(largest_, running_);
+        if (running_ > 0) steps_++;
+      }
+      batch_.step();
+      std::lock_guard<std::mutex> lock(mu_);
+      running_ = batch_.size();
+    }
+  }
+
+  CompletionBatch batch_;
+  const int max_batch_;
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::deque<CompletionBatch::Member> waiting_;
+  bool stopping_ = false;
+  int running_ = 0, largest_ = 0;  // sequences in the batch: now, and at most
+  int64_t joined_ = 0, steps_ = 0;
+  std::thread thread_;  // last: starts once the rest is built
+};
+
+// What one completion sends back to its handler thread: pieces of text, then done.
+struct Outbox {
+  std::mutex mu;
+  std::condition_variable ready;
+  std::deque<std::string> pieces;
+  bool done = false;
+  std::atomic<bool> abandoned{false};  // the client went away
+  CompletionRequest request;
+  Completion completion;
+
+  CompletionBatch::Member member(std::shared_ptr<Outbox> self, bool stream) {
+    CompletionBatch::Member m{request, &completion, nullptr, nullptr, nullptr};
+    if (stream)
+      m.on_text = [self](const std::string& piece) {
+        std::lock_guard<std::mutex> lock(self->mu);
+        self->pieces.push_back(piece);
+        self->ready.notify_one();
+      };
+    m.on_done = [self] {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->done = true;
+      self->ready.notify_one();
+    };
+    m.abandoned = [self] { return self->abandoned.load(); };
+    return m;
+  }
+  void wait_done() {
+    std::unique_lock<std::mutex> lock(mu);
+    ready.wait(lock, [&] { return done; });
+  }
+};
+
 class Server {
  public:
   Server(const ServeOptions& o, std::unique_ptr<model::Gpt> gpt, data::Gpt2Tokenizer tok)
-      : options_(o), gpt_(std::move(gpt)), tok_(std::move(tok)) {
+      : options_(o), gpt_(std::move(gpt)), tok_(std::move(tok)), loop_(*gpt_, tok_, o.max_batch, o.threads) {
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
+    });
+    http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
+      res.set_content(dump_json(loop_.stats()), "application/json");
     });
     http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
     http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
@@ -122,8 +228,8 @@ class Server {
     if (options_.port != 0 && !http_.bind_to_port(options_.host, port))
       return Status::error("cannot listen on " + options_.host + ":" + std::to_string(port) + " (in use?)");
     if (port < 0) return Status::error("cannot listen on " + options_.host);
-    std::printf("serving %s on http://%s:%d (POST /v1/completions, GET /health)\n", options_.model.c_str(),
-                options_.host.c_str(), port);
+    std::printf("serving %s on http://%s:%d (POST /v1/completions, GET /health, GET /stats; up to %d sequences decoded together)\n",
+                options_.model.c_str(), options_.host.c_str(), port, options_.max_batch);
     std::fflush(stdout);
     if (!http_.listen_after_bind()) return Status::error("the server stopped with an error");
     return Status::ok();
@@ -137,26 +243,31 @@ class Server {
     std::vector<CompletionRequest> requests;
     bool stream = false;
     if (Status s = parse_request(body, &requests, &stream); !s.is_ok()) return send_error(res, 400, s.message());
-    std::vector<Completion> done(requests.size());
-    for (size_t i = 0; i < requests.size(); i++)
-      if (Status s = prepare_completion(*gpt_, tok_, requests[i], &done[i]); !s.is_ok())
+    std::vector<std::shared_ptr<Outbox>> boxes;
+    for (size_t i = 0; i < requests.size(); i++) {
+      boxes.push_back(std::make_shared<Outbox>());
+      boxes[i]->request = requests[i];
+      if (Status s = prepare_completion(*gpt_, tok_, requests[i], &boxes[i]->completion); !s.is_ok())
         return send_error(res, 400, requests.size() > 1 ? "prompt " + std::to_string(i) + ": " + s.message() : s.message());
+    }
     const int64_t id = ++next_id_;
     const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch()).count();
     json head = {{"id", "cmpl-" + std::to_string(id)}, {"object", "text_completion"}, {"created", created},
                  {"model", options_.model}};
-    if (stream) return complete_streamed(requests[0], std::move(done[0]), head, res);
+    if (stream) return complete_streamed(boxes[0], head, res);
+    // Every prompt joins the batch at once; the answer waits for the last.
+    std::vector<CompletionBatch::Member> members;
+    for (auto& box : boxes) members.push_back(box->member(box, false));
+    loop_.submit(std::move(members));
     json choices = json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;
-    for (size_t i = 0; i < requests.size(); i++) {
-      {
-        std::lock_guard<std::mutex> lock(model_);
-        run_completion(*gpt_, tok_, requests[i], nullptr, &done[i]);
-      }
-      choices.push_back(completion_choice(tok_, (int)i, requests[i], done[i]));
-      prompt_tokens += (int64_t)done[i].prompt_tokens.size();
-      completion_tokens += (int64_t)done[i].tokens.size();
+    for (size_t i = 0; i < boxes.size(); i++) {
+      boxes[i]->wait_done();
+      const Completion& c = boxes[i]->completion;
+      choices.push_back(completion_choice(tok_, (int)i, requests[i], c));
+      prompt_tokens += (int64_t)c.prompt_tokens.size();
+      completion_tokens += (int64_t)c.tokens.size();
     }
     head["choices"] = choices;
     head["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
@@ -165,23 +276,30 @@ class Server {
   }
 
   // Server-sent events: one chunk per piece of text as it is sampled, the last with the
-  // finish reason, then [DONE].
-  void complete_streamed(const CompletionRequest& r, Completion prepared, const json& head, httplib::Response& res) {
-    res.set_chunked_content_provider("text/event-stream", [this, r, prepared, head](size_t, httplib::DataSink& sink) {
-      Completion c = prepared;
+  // finish reason, then [DONE]. A client that goes away leaves the batch at its next step.
+  void complete_streamed(std::shared_ptr<Outbox> box, const json& head, httplib::Response& res) {
+    res.set_chunked_content_provider("text/event-stream", [this, box, head](size_t, httplib::DataSink& sink) {
       auto event = [&](const json& choice) {
         json chunk = head;
         chunk["choices"] = json::array({choice});
         const std::string text = "data: " + dump_json(chunk) + "\n\n";
         return sink.write(text.data(), text.size());
       };
-      {
-        std::lock_guard<std::mutex> lock(model_);
-        run_completion(*gpt_, tok_, r, [&](const std::string& piece) {
-          event({{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
-        }, &c);
+      loop_.submit({box->member(box, true)});
+      for (;;) {
+        std::unique_lock<std::mutex> lock(box->mu);
+        box->ready.wait(lock, [&] { return box->done || !box->pieces.empty(); });
+        if (box->pieces.empty()) break;  // done, and everything sent
+        const std::string piece = std::move(box->pieces.front());
+        box->pieces.pop_front();
+        lock.unlock();
+        if (!event({{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}})) {
+          box->abandoned = true;
+          return false;
+        }
       }
-      event({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.stopped ? "stop" : "length"}});
+      event({{"index", 0}, {"text", ""}, {"logprobs", nullptr},
+             {"finish_reason", box->completion.stopped ? "stop" : "length"}});
       const std::string done = "data: [DONE]\n\n";
       sink.write(done.data(), done.size());
       sink.done();
@@ -192,33 +310,46 @@ class Server {
   ServeOptions options_;
   std::unique_ptr<model::Gpt> gpt_;
   data::Gpt2Tokenizer tok_;
+  BatchLoop loop_;  // outlives the HTTP server's handlers: they wait on it
   httplib::Server http_;
-  std::mutex model_;  // one request on the model at a time
   std::atomic<int64_t> next_id_{0};
 };
 
+// SIGINT and SIGTERM write a byte to a pipe, whichever thread they land on (OpenMP's
+// workers included), and one thread reading it stops the server: nothing runs inside the
+// handler but a write.
+int stop_pipe[2] = {-1, -1};
+extern "C" void on_stop_signal(int) {
+  const char stop = 1;
+  (void)!::write(stop_pipe[1], &stop, 1);
+}
+
 Status serve(const ServeOptions& o) {
   if (o.port < 0 || o.port > 65535) return Status::error("--port must be 0-65535 (0: any free port)");
+  if (o.max_batch < 1) return Status::error("--max-batch must be >= 1 (sequences decoded together)");
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
-  // SIGINT and SIGTERM go to one thread that stops the server (not to a handler that
-  // could interrupt it anywhere).
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (::pipe(stop_pipe) != 0) return Status::error("serve: cannot make a pipe for the stop signals");
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  action.sa_flags = SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   Server server(o, std::move(gpt), std::move(tok));
   std::thread stopper([&] {
-    int sig = 0;
-    sigwait(&signals, &sig);
-    if (sig != 0) server.stop();
+    char why = 0;
+    while (::read(stop_pipe[0], &why, 1) < 0 && errno == EINTR) {}
+    if (why == 1) server.stop();
   });
   const Status s = server.listen();
-  pthread_kill(stopper.native_handle(), SIGTERM);  // the server stopped by itself: end the waiter
+  const char ended = 0;  // the server may have stopped by itself: end the reader
+  (void)!::write(stop_pipe[1], &ended, 1);
   stopper.join();
+  ::close(stop_pipe[0]);
+  ::close(stop_pipe[1]);
   if (s.is_ok()) std::printf("stopped\n");
   return s;
 }
@@ -234,6 +365,9 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer, "Folder with encoder.json and vocab.bpe (default: the run's)");
   cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)");
+  cmd->add_option("--max-batch", o->max_batch,
+                  "Sequences decoded together (continuous batching; 1: one at a time). Texts do not depend on it")
+      ->capture_default_str();
   return {cmd, [o] {
             Status s = serve(*o);
             return s.is_ok() ? 0 : fail(s);

@@ -67,7 +67,7 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
       h((size_t)n * Fc), hg((size_t)n * F);
 
   norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
-  k::matmul_forward(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
+  k::matmul_forward_rowwise(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
   for (const Segment& s : segments) {
     float* q = qkv.data() + (size_t)s.row * Q;
     const int pos = s.seq->pos;
@@ -83,7 +83,7 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
     }
     k::attention_cached_forward(att.data() + (size_t)s.row * C, q, Q, kc, vc, pos, s.n, C, NH, NKV);
   }
-  k::matmul_forward(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
+  k::matmul_forward_rowwise(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
   if (cfg.is_moe_layer(l)) {
@@ -91,10 +91,10 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
     k::residual_forward(x, x, proj.data(), (size_t)n * C);
     return;
   }
-  k::matmul_forward(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
+  k::matmul_forward_rowwise(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
   if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), n, F);
   else k::gelu_forward(hg.data(), h.data(), (size_t)n * F);
-  k::matmul_forward(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
+  k::matmul_forward_rowwise(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
 }
 
@@ -107,16 +107,16 @@ void BatchDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
   const float* p = gpt_.params();
   std::vector<float> logits((size_t)n * E), weight((size_t)n * k);
   std::vector<int> expert((size_t)n * k), slot((size_t)n * k), order((size_t)n * k), offsets(E + 1);
-  k::matmul_forward(logits.data(), ln, p + layout.layer(l, model::kRouterW).offset, nullptr, n, C, E);
+  k::matmul_forward_rowwise(logits.data(), ln, p + layout.layer(l, model::kRouterW).offset, nullptr, n, C, E);
   model::MoeRoute route{expert.data(), weight.data(), slot.data(), order.data(), offsets.data()};
   model::MoeRouteStats unused;
   model::moe_route(cfg.moe, model::MoeTraining{0, 0, 0}, logits.data(), n, n, &route, &unused);
   auto mlp = [&](const float* fc, const float* proj, const float* in, int rows, int Fc, int F, float* y) {
     std::vector<float> h((size_t)rows * Fc), hg((size_t)rows * F);
-    k::matmul_forward(h.data(), in, fc, nullptr, rows, C, Fc);
+    k::matmul_forward_rowwise(h.data(), in, fc, nullptr, rows, C, Fc);
     if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), rows, F);
     else k::gelu_forward(hg.data(), h.data(), (size_t)rows * F);
-    k::matmul_forward(y, hg.data(), proj, nullptr, rows, F, C);
+    k::matmul_forward_rowwise(y, hg.data(), proj, nullptr, rows, F, C);
   };
   std::fill(out, out + (size_t)n * C, 0.0f);
   if (layout.has(l, model::kSharedFcW)) {
@@ -160,7 +160,7 @@ void BatchDecoder::step(std::span<const Rows> batch) {
   const auto& layout = gpt_.layout();
   norm(ln.data(), last.data(), p + layout.lnf_w().offset, layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, S);
   const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
-  k::gemm(false, true, S, cfg.vocab, C, 1.0f, ln.data(), C, p + head.offset, C, 0.0f, logits.data(), cfg.vocab);
+  k::matmul_forward_rowwise(logits.data(), ln.data(), p + head.offset, nullptr, S, C, cfg.vocab);
   for (int i = 0; i < S; i++) {
     std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
     segments[i].seq->pos += segments[i].n;

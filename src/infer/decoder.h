@@ -6,6 +6,11 @@
 // rows through the blocks together: the GEMMs see every row, and each row attends only to
 // its own sequence's cache. No row is padding. Sequences join and leave between steps, which
 // is what continuous batching needs. KvCacheDecoder is the one-sequence case.
+//
+// A row's results do not depend on the rows beside it, bit for bit: the linear layers use
+// matmul_forward_rowwise (one summation order whatever the rows), and every other operator
+// works row by row or element by element. So a sequence decoded in any batch gets exactly
+// the logits, and with the same seed the same text, that it gets alone.
 #pragma once
 #include <cstdint>
 #include <memory>

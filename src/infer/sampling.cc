@@ -11,12 +11,17 @@ namespace meshtrain::infer {
 namespace {
 
 // Token ids ordered by logit, largest first, ties by id: the first `keep` of them sorted.
+// The logits are copied beside their ids so that the sort reads contiguous pairs.
 std::vector<int> most_likely(const float* logits, int V, int keep) {
-  std::vector<int> ids(V);
-  std::iota(ids.begin(), ids.end(), 0);
-  auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
-  std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
-  ids.resize(keep);
+  std::vector<std::pair<float, int>> order(V);
+  for (int i = 0; i < V; i++) order[i] = {logits[i], i};
+  auto before = [](const std::pair<float, int>& a, const std::pair<float, int>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  if (keep < V) std::nth_element(order.begin(), order.begin() + keep, order.end(), before);
+  std::sort(order.begin(), order.begin() + keep, before);
+  std::vector<int> ids(keep);
+  for (int i = 0; i < keep; i++) ids[i] = order[i].second;
   return ids;
 }
 
@@ -32,8 +37,16 @@ double log_sum_exp(const float* logits, int V) {
 int sample_token(const float* logits, int V, const SampleOptions& o, std::mt19937_64& rng) {
   if (o.temperature <= 0) return (int)(std::max_element(logits, logits + V) - logits);
   const int keep = (o.top_k > 0 && o.top_k < V) ? o.top_k : V;
-  const std::vector<int> ids = most_likely(logits, V, keep);
-  const float mx = logits[ids[0]];
+  // Truncated (top-k, top-p): the likeliest first. Otherwise every token in id order, which
+  // draws from the same distribution without sorting the vocabulary.
+  std::vector<int> ids;
+  if (keep < V || o.top_p < 1.0f) {
+    ids = most_likely(logits, V, keep);
+  } else {
+    ids.resize(V);
+    std::iota(ids.begin(), ids.end(), 0);
+  }
+  const float mx = *std::max_element(logits, logits + V);
   std::vector<double> w(keep);
   double sum = 0;
   for (int i = 0; i < keep; i++) sum += (w[i] = std::exp((logits[ids[i]] - mx) / o.temperature));

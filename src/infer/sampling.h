@@ -20,7 +20,9 @@ struct SampleOptions {
 };
 
 // Draws a token from softmax(logits / temperature) restricted by top_k and top_p, with one
-// 53-bit draw from `rng`. Deterministic for a given rng state: ties are broken by token id.
+// 53-bit draw from `rng`, walked over the tokens likeliest first (ties by id) when truncated,
+// in id order when not (the same distribution, without sorting the vocabulary).
+// Deterministic for a given rng state.
 int sample_token(const float* logits, int V, const SampleOptions& options, std::mt19937_64& rng);
 
 // log softmax(logits)[token] over the V tokens: the model's own distribution, before

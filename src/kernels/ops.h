@@ -92,6 +92,13 @@ void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bi
 void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 
+// The same forward in fp32 with each output element summed in one fixed order, whatever N,
+// the thread count or the instruction set (cpu/matmul_rowwise.cc): a row's result does not
+// depend on the rows beside it. Decoding uses it, so that a sequence batched with others
+// gets the logits it gets alone, bit for bit. Slower than matmul_forward on many rows.
+void matmul_forward_rowwise(float* out, const float* inp, const float* weight, const float* bias, int N, int C,
+                            int OC);
+
 // Grouped linear layers (a Mixture-of-Experts layer's experts), one call for every group:
 // rows [offsets[g], offsets[g+1]) of inp [M,C] are multiplied by group g's weight [OC,C]
 // (out rows = inp rows @ weights[g]^T). Backward: dinp rows (null: not wanted), and each

@@ -386,9 +386,10 @@ TEST_F(CliPractitioner, GenerateErrorsAreNamed) {
   expect_failure(run(generate(base_run(), "--prompt hi --temperature -1")), {"--temperature"});
 }
 
-// A file of prompts of different lengths, as JSON lines: each prompt's continuation is the
-// one it gets alone with the same seed (top-p sampling); each token has its log-probability
-// and its most likely alternatives; a stop string ends the text before it.
+// A file of prompts of different lengths, as JSON lines, decoded together: each prompt's
+// continuation is the one it gets alone with the same seed (top-p sampling); each token has
+// its log-probability and its most likely alternatives; a stop string ends the text before
+// it, and a prompt that stops early leaves the batch for the next to join.
 TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
   const std::vector<std::string> prompts = {"It was", "The jury said that the city", "He"};
   std::string file;
@@ -439,6 +440,22 @@ TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
   EXPECT_EQ(st["text"], text.substr(0, text.find(stop))) << "stop " << json(stop).dump();
   EXPECT_EQ(st["finish_reason"], "stop");
 
+  // Two at a time with that stop string: the first prompt leaves the batch at its stop and
+  // the third joins in its place between steps. Each line is still its prompt's text alone.
+  const std::string with_stop = flags + " --stop \"$(cat " + path("stop.txt") + ")\"";
+  RunResult paired = run(generate(base_run(), "--prompts " + path("prompts.txt") + with_stop + " --batch 2"));
+  ASSERT_EQ(paired.exit_code, 0) << describe(paired);
+  ASSERT_EQ(lines_of(paired.out).size(), prompts.size()) << paired.out;
+  for (size_t i = 0; i < prompts.size(); i++) {
+    RunResult alone = run(generate(base_run(), "--prompt '" + prompts[i] + "'" + with_stop));
+    ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+    const json a = json::parse(alone.out), b = json::parse(lines_of(paired.out)[i]);
+    EXPECT_EQ(a["text"], b["text"]) << prompts[i];
+    EXPECT_EQ(a["finish_reason"], b["finish_reason"]) << prompts[i];
+  }
+  EXPECT_EQ(json::parse(lines_of(paired.out)[0])["finish_reason"], "stop");
+  expect_failure(run(generate(base_run(), "--prompts " + path("prompts.txt") + " --batch 0")), {"--batch must be >= 1"});
+
   write_file(path("gap.txt"), "one\n\nthree\n");
   expect_failure(run(generate(base_run(), "--prompts " + path("gap.txt"))), {"line 2 is empty"});
   expect_failure(run(generate(base_run(), "--prompts " + path("none.txt"))), {path("none.txt"), "cannot open"});
@@ -447,8 +464,8 @@ TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
 }
 
 // `meshtrain serve` on the base run: a completion is generate's text for the same prompt,
-// seed and settings (one prompt, a list, streamed as server-sent events); concurrent clients
-// each get their own text; bad requests get a 400 naming the problem and the server goes on;
+// seed and settings (one prompt, a list decoded together, streamed as server-sent events);
+// concurrent clients, batched continuously, each get their own text; bad requests get a 400 naming the problem and the server goes on;
 // SIGTERM stops it.
 TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
   const std::string out = path("serve.out");
@@ -491,6 +508,11 @@ TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
   ASSERT_EQ(status_of(two), "200") << two.out;
   EXPECT_EQ(json_of(two)["choices"][1]["text"], expected["text"]);
   EXPECT_EQ(json_of(two)["choices"][1]["index"], 1);
+  // The list's prompts were decoded together: they joined the batch in one step.
+  const json stats = json::parse(run("curl -s " + url + "/stats").out);
+  EXPECT_EQ(stats["largest_batch"], 2) << stats.dump();
+  EXPECT_EQ(stats["joined"], 3) << stats.dump();
+  EXPECT_EQ(stats["running"], 0) << stats.dump();
 
   // Streamed: the events' pieces make the same text, then [DONE].
   write_file(path("stream.json"), "{\"prompt\": \"It was\", " + settings + ", \"stream\": true}");
@@ -530,6 +552,7 @@ print(json.dumps({"alone": [ask(10 + k) for k in range(3)], "concurrent": [[resu
   ASSERT_EQ(clients.exit_code, 0) << describe(clients);
   const json many = json::parse(clients.out);
   for (int c = 0; c < 4; c++) EXPECT_EQ(many["concurrent"][c], many["alone"]) << "client " << c;
+  EXPECT_EQ(json::parse(run("curl -s " + url + "/stats").out)["joined"], 3 + 1 + 12 + 3);
   EXPECT_NE(many["alone"][0], many["alone"][1]) << "other seeds, other text";
 
   // Bad requests: a 400 and the reason; the server goes on.

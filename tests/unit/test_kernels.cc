@@ -221,6 +221,45 @@ TEST(CpuKernels, MatmulMatchesReference) {
   }
 }
 
+// The decoding matmul: near the reference, and each row's result exactly the documented
+// order (16 lane sums by fused multiply-adds, a fixed fold, the tail in order, the bias),
+// so bit-identical whichever rows share the call, however they are blocked.
+float rowwise_order(const float* x, const float* w, int C, float bias) {
+  float lanes[16] = {};
+  const int C16 = C / 16 * 16;
+  for (int k = 0; k < C16; k += 16)
+    for (int l = 0; l < 16; l++) lanes[l] = std::fma(x[k + l], w[k + l], lanes[l]);
+  for (int half = 8; half > 0; half /= 2)
+    for (int l = 0; l < half; l++) lanes[l] += lanes[l + half];
+  float sum = lanes[0];
+  for (int k = C16; k < C; k++) sum = std::fma(x[k], w[k], sum);
+  return sum + bias;
+}
+
+TEST(CpuKernels, RowwiseMatmulSumsEachRowInOneOrderWhateverTheRows) {
+  std::mt19937 rng(21);
+  const int dims[][3] = {{1, 1, 1}, {7, 5, 3}, {9, 33, 17}, {13, 64, 50}, {64, 257, 31}, {5, 768, 130}};
+  for (auto& d : dims) {
+    const int N = d[0], C = d[1], OC = d[2];
+    Vec x = random_vec(N * C, rng), W = random_vec(OC * C, rng), b = random_vec(OC, rng), ref_out(N * OC);
+    ref::matmul_forward(ref_out.data(), x.data(), W.data(), b.data(), N, C, OC);
+    auto fx = to_float(x), fW = to_float(W), fb = to_float(b);
+    std::vector<float> all(N * OC);
+    matmul_forward_rowwise(all.data(), fx.data(), fW.data(), fb.data(), N, C, OC);
+    EXPECT_LT(max_rel_diff(all, ref_out), 1e-5) << N << "x" << C << "x" << OC;
+    for (int n = 0; n < N; n++)
+      for (int o = 0; o < OC; o++)
+        ASSERT_EQ(all[n * OC + o], rowwise_order(&fx[n * C], &fW[o * C], C, fb[o])) << n << "," << o;
+    // Any run of rows on its own (every row alone, and the rows from the middle on).
+    for (int first : {0, N / 2, N - 1}) {
+      const int rows = first == 0 ? 1 : N - first;
+      std::vector<float> part(rows * OC);
+      matmul_forward_rowwise(part.data(), &fx[first * C], fW.data(), fb.data(), rows, C, OC);
+      EXPECT_EQ(0, std::memcmp(part.data(), &all[first * OC], part.size() * sizeof(float))) << first;
+    }
+  }
+}
+
 // One attention forward and backward: in double by the reference, or by the CPU kernels at
 // precision p (dqkv starts as garbage: the kernels must overwrite it).
 template <typename T>
