@@ -5,6 +5,7 @@
 #include <functional>
 #include <string>
 
+#include "comm/group.h"
 #include "core/status.h"
 #include "train/options.h"
 
@@ -29,6 +30,10 @@ std::string run_data_dir(const std::string& model_path);
 
 // Prints "meshtrain: error: ..." and returns exit code 1.
 int fail(const Status& status);
+// A command on `ranks` ranks: run by this process under mpirun (supervise, one OpenMP thread
+// count `threads` per rank, 0: cores / ranks) when it is not one of them yet and ranks > 1;
+// else fn on this rank's world, whose error is printed, then MPI finalized. The exit code.
+int run_on_ranks(int ranks, int threads, const std::function<Status(comm::Group&)>& fn);
 
 // Model shape, batch, optimizer and machine flags shared by train and bench step.
 void add_model_flags(CLI::App* app, train::TrainOptions* options);

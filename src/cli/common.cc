@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "core/file_io.h"
 #include "data/tokenizer_files.h"
 
@@ -138,6 +139,21 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
       ->capture_default_str();
   app->add_option("--grad-clip", a.grad_clip, "Clip the global gradient L2 norm (0 = off)")
       ->capture_default_str();
+}
+
+int run_on_ranks(int ranks, int threads, const std::function<Status(comm::Group&)>& fn) {
+  if (ranks > 1 && !comm::launched_by_mpi()) {
+    LaunchOptions launch;
+    launch.ranks = ranks;
+    launch.threads_per_rank = threads;
+    return supervise(launch);
+  }
+  auto world = comm::init_world(nullptr, nullptr);
+  const Status s = fn(*world);
+  const int rc = s.is_ok() ? 0 : fail(s);
+  world.reset();
+  comm::finalize();
+  return rc;
 }
 
 }  // namespace meshtrain::cli

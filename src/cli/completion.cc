@@ -6,7 +6,6 @@
 
 #include "checkpoint/model_file.h"
 #include "cli/commands.h"
-#include "infer/decoder.h"
 
 namespace meshtrain::cli {
 
@@ -16,6 +15,17 @@ Status load_for_completion(const std::string& model_path, const std::string& tok
   RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
   RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
   return checkpoint::open_model_file(model_path, 0, gpt);
+}
+
+Status check_decode_layout(const model::GptConfig& c, int tp, int pp) {
+  if (tp < 1 || pp < 1) return Status::error("--tp and --pp must be >= 1");
+  if (c.kv_head_count() % tp != 0)
+    return Status::error("--tp " + std::to_string(tp) + " must divide the model's " +
+                         std::to_string(c.kv_head_count()) + " key/value heads (the KV cache is split by them)");
+  if (pp > c.layers)
+    return Status::error("--pp " + std::to_string(pp) + " is more stages than the model's " + std::to_string(c.layers) +
+                         " layers");
+  return Status::ok();
 }
 
 Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
@@ -55,8 +65,8 @@ struct CompletionBatch::State {
   }
 };
 
-CompletionBatch::CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok)
-    : gpt_(gpt), tok_(tok), decoder_(std::make_unique<infer::BatchDecoder>(gpt)) {}
+CompletionBatch::CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups)
+    : gpt_(gpt), tok_(tok), decoder_(std::make_unique<infer::BatchDecoder>(gpt, groups)) {}
 CompletionBatch::~CompletionBatch() = default;
 
 void CompletionBatch::join(Member m) {
@@ -108,8 +118,9 @@ void CompletionBatch::step() {
 }
 
 void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
-                    const std::function<void(const std::string&)>& on_text, Completion* c) {
-  CompletionBatch batch(gpt, tok);
+                    const std::function<void(const std::string&)>& on_text, Completion* c,
+                    infer::DecodeGroups groups) {
+  CompletionBatch batch(gpt, tok, groups);
   batch.join({r, c, on_text, nullptr, nullptr});
   while (batch.size() > 0) batch.step();
 }

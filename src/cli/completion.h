@@ -13,12 +13,10 @@
 
 #include "core/status.h"
 #include "data/bpe.h"
+#include "infer/decoder.h"
 #include "infer/sampling.h"
 #include "model/gpt.h"
 
-namespace meshtrain::infer {
-class BatchDecoder;
-}
 
 namespace meshtrain::cli {
 
@@ -44,6 +42,10 @@ struct Completion {
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
                            std::unique_ptr<model::Gpt>* gpt, data::Gpt2Tokenizer* tok);
 
+// Whether the model can be decoded on tp x pp ranks (tp divides its key/value heads, pp is at
+// most its layers): checked on every rank before any work.
+Status check_decode_layout(const model::GptConfig& c, int tp, int pp);
+
 // The request's settings and its prompt against the model and the tokenizer: the prompt's
 // tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the
 // context. Nothing is sampled.
@@ -64,7 +66,9 @@ class CompletionBatch {
     std::function<void()> on_done;     // after the last piece (null: none)
     std::function<bool()> abandoned;   // true: leave at the next step, done (null: never)
   };
-  CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok);
+  // `groups`: the model group's tp and pp ranks (infer::DecodeGroups), every one of which
+  // runs the same batch and samples the same tokens.
+  CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups = {});
   ~CompletionBatch();
   void join(Member m);
   // One token for every member (its prompt first, when it has just joined); the finished
@@ -84,7 +88,8 @@ class CompletionBatch {
 
 // A prepared completion's continuation, alone (a batch of one).
 void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
-                    const std::function<void(const std::string&)>& on_text, Completion* c);
+                    const std::function<void(const std::string&)>& on_text, Completion* c,
+                    infer::DecodeGroups groups = {});
 
 // A token's text for JSON: a token may end inside a multi-byte character (byte-level BPE),
 // and such bytes become U+FFFD when the JSON is written (dump_json).

@@ -6,6 +6,9 @@
 #include <random>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
+#include "comm/mesh.h"
+#include "comm/strings.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
 #include "data/bpe.h"
@@ -20,6 +23,7 @@ struct GenerateOptions {
   std::vector<std::string> stop;
   int max_new_tokens = 100, top_k = 40, threads = 0;
   int batch = 8;  // --prompts decoded together
+  int tp = 1, pp = 1, dp = 1;  // the ranks' layout (tp x pp a model group; dp replicas)
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N most likely alternatives
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1337;
@@ -54,46 +58,41 @@ Status check_generate_options(const GenerateOptions& o) {
   if (o.logprobs > 20) return Status::error("--logprobs must be 0-20 (alternatives per token), got " + std::to_string(o.logprobs));
   if (o.logprobs >= 0 && !o.json) return Status::error("--logprobs needs --json (the log-probabilities are JSON fields)");
   if (o.batch < 1) return Status::error("--batch must be >= 1 (prompts decoded together)");
+  if (o.tp < 1 || o.pp < 1 || o.dp < 1) return Status::error("--tp, --pp and --dp must be >= 1");
   if (!o.prompts_file.empty() && o.prompt != GenerateOptions{}.prompt)
     return Status::error("--prompt and --prompts both given: choose one");
   return Status::ok();
 }
 
-// One prompt: its text streamed as it is sampled.
-void generate_one(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r, Completion* c,
-                  bool json) {
-  if (json) {
-    run_completion(gpt, tok, r, nullptr, c);
-    return;
+// Prints `record` as it is, or keeps it for the gather at the end (data-parallel replicas).
+struct Output {
+  bool printer = true;            // this rank prints (world rank 0)
+  std::vector<std::string>* kept = nullptr;  // dp > 1: every record of this replica, in order
+  void emit(const std::string& record) const {
+    if (kept) kept->push_back(record);
+    else if (printer) std::fputs(record.c_str(), stdout), std::fflush(stdout);
   }
-  auto stream = [](const std::string& piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
-    std::fflush(stdout);  // as produced
-  };
-  stream(r.prompt);
-  run_completion(gpt, tok, r, stream, c);
-  std::printf("\n");
-}
+};
 
-void print_completion(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r, const Completion& c,
+std::string record_of(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r, const Completion& c,
                       bool json) {
-  if (!json) {
-    std::printf("%s%s\n", r.prompt.c_str(), c.text.c_str());
-    return;
-  }
+  if (!json) return r.prompt + c.text + "\n";
   nlohmann::json j = completion_choice(tok, index, r, c);
   j["prompt"] = r.prompt;
-  std::printf("%s\n", dump_json(j).c_str());
+  return dump_json(j) + "\n";
 }
 
-Status generate(const GenerateOptions& o) {
+Status generate(const GenerateOptions& o, comm::Group& world) {
   RETURN_IF_ERROR(check_generate_options(o));
+  comm::MeshShape shape;
+  RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
   std::vector<std::string> prompts;
   RETURN_IF_ERROR(read_prompts(o, &prompts));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
+  RETURN_IF_ERROR(check_decode_layout(gpt->config(), o.tp, o.pp));
   const int n = (int)prompts.size();
   std::vector<CompletionRequest> requests;
   std::vector<Completion> done(n);
@@ -102,24 +101,46 @@ Status generate(const GenerateOptions& o) {
     if (Status s = prepare_completion(*gpt, tok, requests[i], &done[i]); !s.is_ok())
       return n > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
   }
-  if (n == 1) {
-    generate_one(*gpt, tok, requests[0], &done[0], o.json);
-    if (o.json) print_completion(tok, 0, requests[0], done[0], true);
-    return Status::ok();
-  }
-  // Several: up to --batch of them decoded together, the next joining as one finishes, each
-  // printed whole, in the file's order, once it and those before it are done.
-  CompletionBatch batch(*gpt, tok);
-  std::vector<char> finished(n, 0);
-  int joined = 0, printed = 0;
-  while (printed < n) {
-    while (joined < n && batch.size() < o.batch) {
-      const int i = joined++;
-      batch.join({requests[i], &done[i], nullptr, [&finished, i] { finished[i] = 1; }, nullptr});
+  comm::Mesh mesh(world, shape);
+  const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr};
+  std::vector<std::string> kept;
+  const Output out{world.rank() == 0, o.dp > 1 ? &kept : nullptr};
+  // This replica's prompts: i % dp == its dp rank.
+  std::vector<int> mine;
+  for (int i = mesh.dp_rank(); i < n; i += o.dp) mine.push_back(i);
+  if (n == 1 && !o.json) {  // one prompt: its text as it is produced
+    auto stream = [&](const std::string& piece) { out.emit(piece); };
+    out.emit(requests[0].prompt);
+    run_completion(*gpt, tok, requests[0], stream, &done[0], groups);
+    out.emit("\n");
+  } else {
+    // Up to --batch decoded together, the next joining as one finishes, each printed whole,
+    // in the file's order, once it and those before it are done.
+    CompletionBatch batch(*gpt, tok, groups);
+    std::vector<char> finished(n, 0);
+    size_t joined = 0, printed = 0;
+    while (printed < mine.size()) {
+      while (joined < mine.size() && batch.size() < o.batch) {
+        const int i = mine[joined++];
+        batch.join({requests[i], &done[i], nullptr, [&finished, i] { finished[i] = 1; }, nullptr});
+      }
+      batch.step();
+      for (; printed < mine.size() && finished[mine[printed]]; printed++)
+        out.emit(record_of(tok, mine[printed], requests[mine[printed]], done[mine[printed]], o.json));
     }
-    batch.step();
-    for (; printed < n && finished[printed]; printed++) print_completion(tok, printed, requests[printed], done[printed], o.json);
   }
+  if (o.dp == 1) return Status::ok();
+  // Replicas' records to world rank 0, printed in the prompts' order: prompt i is record
+  // i / dp of replica i % dp (a replica's first rank; its other ranks send nothing).
+  const bool speaks = mesh.tp_rank() == 0 && mesh.pp_rank() == 0;
+  const std::vector<std::string> all = comm::gather_strings(world, speaks ? nlohmann::json(kept).dump() : "");
+  if (world.rank() != 0) return Status::ok();
+  std::vector<std::vector<std::string>> by_replica(o.dp);
+  for (int r = 0; r < world.size(); r++) {
+    const comm::MeshCoord at = comm::Mesh::coordinates(r, shape);
+    if (at.tp == 0 && at.pp == 0) by_replica[at.dp] = nlohmann::json::parse(all[r]).get<std::vector<std::string>>();
+  }
+  for (int i = 0; i < n; i++) std::fputs(by_replica[i % o.dp][i / o.dp].c_str(), stdout);
   return Status::ok();
 }
 
@@ -157,10 +178,14 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--tokenizer", o->tokenizer,
                   "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
                   "data folder's)");
-  cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)");
+  cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores; per rank)");
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks per model (split by key/value heads; same text)")
+      ->capture_default_str();
+  cmd->add_option("--pp", o->pp, "Pipeline stages per model (split by layers; same text)")->capture_default_str();
+  cmd->add_option("--dp", o->dp, "Model replicas, each continuing its share of --prompts")->capture_default_str();
   return {cmd, [o] {
-            Status s = generate(*o);
-            return s.is_ok() ? 0 : fail(s);
+            if (Status s = check_generate_options(*o); !s.is_ok()) return fail(s);
+            return run_on_ranks(o->tp * o->pp * o->dp, o->threads, [o](comm::Group& world) { return generate(*o, world); });
           }};
 }
 

@@ -3,9 +3,10 @@
 // of prompts, max_tokens, temperature, top_p, top_k, seed, stop, logprobs, stream) and
 // answers with OpenAI's shape, or with server-sent events when stream is true; GET /health
 // answers {"status": "ok"}, GET /stats the batching loop's counters. A bad request gets a 400 and a JSON error naming the field, and
-// the server goes on serving. Requests are batched continuously (BatchLoop): each one's text
-// is what `generate` gives for the same prompt and seed, whatever else is decoded beside
-// it. SIGINT or SIGTERM stops it after the requests in progress.
+// the server goes on serving. Requests are batched continuously (cli/batch_loop.h): each
+// one's text is what `generate` gives for the same prompt and seed, whatever else is decoded
+// beside it, on one rank or a tp x pp model group (--tp, --pp; rank 0 serves). SIGINT or
+// SIGTERM stops it after the requests in progress.
 #include <omp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -28,7 +29,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/batch_loop.h"
 #include "cli/commands.h"
+#include "cli/launch.h"
+#include "comm/mesh.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
 #include "data/bpe.h"
@@ -42,6 +46,7 @@ using nlohmann::json;
 struct ServeOptions {
   std::string model, tokenizer, host = "127.0.0.1";
   int port = 8000, threads = 0, max_batch = 8;
+  int tp = 1, pp = 1;  // the model group's layout
 };
 
 // Field `key` of `body`, a string or a list of strings, appended to `out`.
@@ -111,70 +116,6 @@ void send_error(httplib::Response& res, int status, const std::string& message) 
   res.set_content(dump_json({{"error", {{"message", message}, {"type", "invalid_request_error"}}}}), "application/json");
 }
 
-// Continuous batching: the loop thread owns the model and a CompletionBatch. Handlers
-// submit members; between decode steps the loop lets waiting ones join, up to --max-batch,
-// and finished ones leave from inside the step. Its callbacks run on the loop thread.
-class BatchLoop {
- public:
-  BatchLoop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, int max_batch, int threads)
-      : batch_(gpt, tok), max_batch_(max_batch), thread_([this, threads] { run(threads); }) {}
-  ~BatchLoop() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping_ = true;
-    }
-    wake_.notify_one();
-    thread_.join();
-  }
-  // The members of one request, queued together: they join the same step when there is room.
-  void submit(std::vector<CompletionBatch::Member> members) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto& m : members) waiting_.push_back(std::move(m));
-    }
-    wake_.notify_one();
-  }
-  // What the loop has done so far (GET /stats).
-  json stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return {{"max_batch", max_batch_}, {"running", running_},        {"waiting", waiting_.size()},
-            {"joined", joined_},      {"steps", steps_},             {"largest_batch", largest_}};
-  }
-
- private:
-  void run(int threads) {
-    if (threads > 0) omp_set_num_threads(threads);  // this thread's own setting
-    for (;;) {
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        wake_.wait(lock, [&] { return stopping_ || !waiting_.empty() || batch_.size() > 0; });
-        if (stopping_ && waiting_.empty() && batch_.size() == 0) return;
-        while (!waiting_.empty() && batch_.size() < max_batch_) {
-          batch_.join(std::move(waiting_.front()));
-          waiting_.pop_front();
-          joined_++;
-        }
-        running_ = batch_.size();
-        largest_ = std::max(largest_, running_);
-        if (running_ > 0) steps_++;
-      }
-      batch_.step();
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = batch_.size();
-    }
-  }
-
-  CompletionBatch batch_;
-  const int max_batch_;
-  std::mutex mu_;
-  std::condition_variable wake_;
-  std::deque<CompletionBatch::Member> waiting_;
-  bool stopping_ = false;
-  int running_ = 0, largest_ = 0;  // sequences in the batch: now, and at most
-  int64_t joined_ = 0, steps_ = 0;
-  std::thread thread_;  // last: starts once the rest is built
-};
-
 // What one completion sends back to its handler thread: pieces of text, then done.
 struct Outbox {
   std::mutex mu;
@@ -209,8 +150,9 @@ struct Outbox {
 
 class Server {
  public:
-  Server(const ServeOptions& o, std::unique_ptr<model::Gpt> gpt, data::Gpt2Tokenizer tok)
-      : options_(o), gpt_(std::move(gpt)), tok_(std::move(tok)), loop_(*gpt_, tok_, o.max_batch, o.threads) {
+  Server(const ServeOptions& o, const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups,
+         comm::Group* world)
+      : options_(o), gpt_(gpt), tok_(tok), loop_(gpt, tok, o.max_batch, o.threads, groups, world) {
     http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"status":"ok"})", "application/json");
     });
@@ -247,7 +189,7 @@ class Server {
     for (size_t i = 0; i < requests.size(); i++) {
       boxes.push_back(std::make_shared<Outbox>());
       boxes[i]->request = requests[i];
-      if (Status s = prepare_completion(*gpt_, tok_, requests[i], &boxes[i]->completion); !s.is_ok())
+      if (Status s = prepare_completion(gpt_, tok_, requests[i], &boxes[i]->completion); !s.is_ok())
         return send_error(res, 400, requests.size() > 1 ? "prompt " + std::to_string(i) + ": " + s.message() : s.message());
     }
     const int64_t id = ++next_id_;
@@ -308,8 +250,8 @@ class Server {
   }
 
   ServeOptions options_;
-  std::unique_ptr<model::Gpt> gpt_;
-  data::Gpt2Tokenizer tok_;
+  const model::Gpt& gpt_;
+  const data::Gpt2Tokenizer& tok_;
   BatchLoop loop_;  // outlives the HTTP server's handlers: they wait on it
   httplib::Server http_;
   std::atomic<int64_t> next_id_{0};
@@ -324,13 +266,20 @@ extern "C" void on_stop_signal(int) {
   (void)!::write(stop_pipe[1], &stop, 1);
 }
 
-Status serve(const ServeOptions& o) {
+// On every rank of the job. Rank 0 serves HTTP and runs the batching loop; the other ranks
+// of a tp x pp model group follow its plans.
+Status serve(const ServeOptions& o, comm::Group& world) {
   if (o.port < 0 || o.port > 65535) return Status::error("--port must be 0-65535 (0: any free port)");
   if (o.max_batch < 1) return Status::error("--max-batch must be >= 1 (sequences decoded together)");
+  comm::MeshShape shape;
+  RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, 1, &shape));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
   std::unique_ptr<model::Gpt> gpt;
   RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
+  RETURN_IF_ERROR(check_decode_layout(gpt->config(), o.tp, o.pp));
+  comm::Mesh mesh(world, shape);
+  const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr};
   if (::pipe(stop_pipe) != 0) return Status::error("serve: cannot make a pipe for the stop signals");
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -338,7 +287,11 @@ Status serve(const ServeOptions& o) {
   sigemptyset(&action.sa_mask);
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
-  Server server(o, std::move(gpt), std::move(tok));
+  if (world.rank() != 0) {  // a signal here only fills the pipe: rank 0's stop plan ends it
+    follow_batch_loop(*gpt, tok, groups, world);
+    return Status::ok();
+  }
+  Server server(o, *gpt, tok, groups, world.size() > 1 ? &world : nullptr);
   std::thread stopper([&] {
     char why = 0;
     while (::read(stop_pipe[0], &why, 1) < 0 && errno == EINTR) {}
@@ -350,7 +303,7 @@ Status serve(const ServeOptions& o) {
   stopper.join();
   ::close(stop_pipe[0]);
   ::close(stop_pipe[1]);
-  if (s.is_ok()) std::printf("stopped\n");
+  if (s.is_ok()) std::printf("stopped\n"), std::fflush(stdout);
   return s;
 }
 
@@ -368,9 +321,11 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch", o->max_batch,
                   "Sequences decoded together (continuous batching; 1: one at a time). Texts do not depend on it")
       ->capture_default_str();
+  cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (split by key/value heads; same text)")->capture_default_str();
+  cmd->add_option("--pp", o->pp, "Pipeline stages (split by layers; same text)")->capture_default_str();
   return {cmd, [o] {
-            Status s = serve(*o);
-            return s.is_ok() ? 0 : fail(s);
+            if (o->tp < 1 || o->pp < 1) return fail(Status::error("--tp and --pp must be >= 1"));
+            return run_on_ranks(o->tp * o->pp, o->threads, [o](comm::Group& world) { return serve(*o, world); });
           }};
 }
 

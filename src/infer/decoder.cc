@@ -12,12 +12,22 @@ namespace meshtrain::infer {
 namespace k = meshtrain::kernels;
 using model::LayerTensor;
 
-BatchDecoder::BatchDecoder(const model::Gpt& gpt) : gpt_(gpt) {}
+BatchDecoder::BatchDecoder(const model::Gpt& gpt, DecodeGroups groups) : gpt_(gpt), groups_(groups) {
+  const auto& c = gpt.config();
+  if (groups.tp) tp_ = groups.tp->size(), tp_rank_ = groups.tp->rank();
+  CHECK_MSG(c.kv_head_count() % tp_ == 0, "tensor-parallel decoding needs tp to divide the KV heads");
+  kv_heads_ = c.kv_head_count() / tp_;
+  const int stages = groups.pp ? groups.pp->size() : 1, stage = groups.pp ? groups.pp->rank() : 0;
+  CHECK_MSG(c.layers >= stages, "pipeline-parallel decoding needs a layer per stage");
+  first_layer_ = c.layers * stage / stages;
+  last_layer_ = c.layers * (stage + 1) / stages;
+}
 
 int BatchDecoder::add() {
   const auto& c = gpt_.config();
   auto s = std::make_unique<Sequence>();
-  s->k_cache.allocate(MemCategory::kActivations, (size_t)c.layers * c.max_seq_len * c.kv_dim());
+  s->k_cache.allocate(MemCategory::kActivations,
+                      (size_t)(last_layer_ - first_layer_) * c.max_seq_len * kv_heads_ * c.head_dim());
   s->v_cache.allocate(MemCategory::kActivations, s->k_cache.size());
   s->logits.allocate(MemCategory::kActivations, c.vocab);
   sequences_.push_back(std::move(s));
@@ -55,19 +65,47 @@ void BatchDecoder::norm(float* out, const float* x, const float* w, const float*
   else k::layernorm_forward(out, mean.data(), rstd.data(), x, w, b, n, cfg.dim);
 }
 
+void BatchDecoder::gather_columns(float* out, const float* mine, int n, int share, int cols) {
+  std::vector<float> all((size_t)tp_ * n * share);
+  groups_.tp->all_gather(mine, all.data(), (size_t)n * share);
+  for (int r = 0; r < tp_; r++) {
+    const int c0 = r * share, width = std::min(share, cols - c0);
+    for (int i = 0; i < n && width > 0; i++)
+      std::memcpy(out + (size_t)i * cols + c0, all.data() + ((size_t)r * n + i) * share, width * sizeof(float));
+  }
+}
+
+void BatchDecoder::linear(float* out, const float* in, const float* W, const float* b, int n, int K, int OC) {
+  if (tp_ == 1) return k::matmul_forward_rowwise(out, in, W, b, n, K, OC);
+  const int share = (OC + tp_ - 1) / tp_, lo = std::min(OC, tp_rank_ * share), rows = std::min(OC, lo + share) - lo;
+  std::vector<float> mine((size_t)n * share, 0.0f);
+  // Each element of the share is computed exactly as one rank computes it (the kernel's
+  // order does not depend on the rows beside it), into rows of `share` columns.
+  std::vector<float> part((size_t)n * std::max(rows, 1));
+  if (rows > 0) {
+    k::matmul_forward_rowwise(part.data(), in, W + (size_t)lo * K, b ? b + lo : nullptr, n, K, rows);
+    for (int i = 0; i < n; i++)
+      std::memcpy(mine.data() + (size_t)i * share, part.data() + (size_t)i * rows, rows * sizeof(float));
+  }
+  gather_columns(out, mine.data(), n, share, OC);
+}
+
 // One transformer block on the step's rows, each segment at its sequence's positions,
-// appending its keys and values to its sequence's cache.
+// appending its keys and values (this rank's KV heads) to its sequence's cache.
 void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, int n) {
   const auto& cfg = gpt_.config();
-  const int C = cfg.dim, NH = cfg.heads, NKV = cfg.kv_head_count(), KV = cfg.kv_dim(), Q = cfg.qkv_dim();
+  const int C = cfg.dim, NH = cfg.heads, NKV = cfg.kv_head_count(), Q = cfg.qkv_dim();
   const int F = cfg.ffn(), Fc = cfg.fc_dim(), hs = cfg.head_dim();
+  // This rank's heads: KV heads [kv0, kv0 + kv_heads_) and the query heads that use them.
+  const int kv0 = tp_rank_ * kv_heads_, KVl = kv_heads_ * hs, NHl = NH / tp_, Cl = NHl * hs;
   const auto& layout = gpt_.layout();
   auto W = [&](LayerTensor t) { return layout.has(l, t) ? gpt_.params() + layout.layer(l, t).offset : nullptr; };
   std::vector<float> ln((size_t)n * C), qkv((size_t)n * Q), att((size_t)n * C), proj((size_t)n * C),
-      h((size_t)n * Fc), hg((size_t)n * F);
+      h((size_t)n * Fc), hg((size_t)n * F), att_mine(tp_ > 1 ? (size_t)n * Cl : 0);
 
   norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
-  k::matmul_forward_rowwise(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
+  linear(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
+  float* att_out = tp_ > 1 ? att_mine.data() : att.data();
   for (const Segment& s : segments) {
     float* q = qkv.data() + (size_t)s.row * Q;
     const int pos = s.seq->pos;
@@ -75,15 +113,19 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
       k::rope_rotate(q, s.n, s.n, Q, NH, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos, false);
       k::rope_rotate(q + C, s.n, s.n, Q, NKV, hs, gpt_.rope_cos(), gpt_.rope_sin(), pos, false);
     }
-    float* kc = s.seq->k_cache.data() + (size_t)l * cfg.max_seq_len * KV;
-    float* vc = s.seq->v_cache.data() + (size_t)l * cfg.max_seq_len * KV;
+    const size_t layer = (size_t)(l - first_layer_) * cfg.max_seq_len * KVl;
+    float* kc = s.seq->k_cache.data() + layer;
+    float* vc = s.seq->v_cache.data() + layer;
     for (int i = 0; i < s.n; i++) {
-      std::memcpy(kc + (size_t)(pos + i) * KV, q + (size_t)i * Q + C, KV * sizeof(float));
-      std::memcpy(vc + (size_t)(pos + i) * KV, q + (size_t)i * Q + C + KV, KV * sizeof(float));
+      const float* row = q + (size_t)i * Q;
+      std::memcpy(kc + (size_t)(pos + i) * KVl, row + C + (size_t)kv0 * hs, KVl * sizeof(float));
+      std::memcpy(vc + (size_t)(pos + i) * KVl, row + C + (size_t)NKV * hs + (size_t)kv0 * hs, KVl * sizeof(float));
     }
-    k::attention_cached_forward(att.data() + (size_t)s.row * C, q, Q, kc, vc, pos, s.n, C, NH, NKV);
+    k::attention_cached_forward(att_out + (size_t)s.row * Cl, q + (size_t)kv0 * (NH / NKV) * hs, Q, kc, vc, pos, s.n,
+                                Cl, NHl, kv_heads_);
   }
-  k::matmul_forward_rowwise(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
+  if (tp_ > 1) gather_columns(att.data(), att_mine.data(), n, Cl, C);
+  linear(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
   if (cfg.is_moe_layer(l)) {
@@ -91,10 +133,10 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
     k::residual_forward(x, x, proj.data(), (size_t)n * C);
     return;
   }
-  k::matmul_forward_rowwise(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
+  linear(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
   if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), n, F);
   else k::gelu_forward(hg.data(), h.data(), (size_t)n * F);
-  k::matmul_forward_rowwise(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
+  linear(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
 }
 
@@ -133,6 +175,22 @@ void BatchDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
   }
 }
 
+// The last stage's head: each sequence's last row, normed, through the head at once.
+void BatchDecoder::head(const std::vector<Segment>& segments, const float* x) {
+  const auto& cfg = gpt_.config();
+  const int C = cfg.dim, S = (int)segments.size();
+  std::vector<float> last((size_t)S * C), ln((size_t)S * C), logits((size_t)S * cfg.vocab);
+  for (int i = 0; i < S; i++)
+    std::memcpy(last.data() + (size_t)i * C, x + (size_t)(segments[i].row + segments[i].n - 1) * C, C * sizeof(float));
+  const float* p = gpt_.params();
+  const auto& layout = gpt_.layout();
+  norm(ln.data(), last.data(), p + layout.lnf_w().offset, layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, S);
+  const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
+  linear(logits.data(), ln.data(), p + head.offset, nullptr, S, C, cfg.vocab);
+  for (int i = 0; i < S; i++)
+    std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
+}
+
 void BatchDecoder::step(std::span<const Rows> batch) {
   const auto& cfg = gpt_.config();
   const int C = cfg.dim;
@@ -147,24 +205,23 @@ void BatchDecoder::step(std::span<const Rows> batch) {
     rows += n;
   }
   if (rows == 0) return;
+  comm::Group* pp = groups_.pp;
+  const int stage = pp ? pp->rank() : 0, stages = pp ? pp->size() : 1;
   std::vector<float> x((size_t)rows * C);
-  embed(segments, batch, x.data());
-  for (int l = 0; l < cfg.layers; l++) block(l, x.data(), segments, rows);
-  // Only each sequence's last row needs logits: those rows, normed, through the head at once.
-  const int S = (int)segments.size();
-  std::vector<float> last((size_t)S * C), ln((size_t)S * C), logits((size_t)S * cfg.vocab);
-  for (int i = 0; i < S; i++)
-    std::memcpy(last.data() + (size_t)i * C, x.data() + (size_t)(segments[i].row + segments[i].n - 1) * C,
-                C * sizeof(float));
-  const float* p = gpt_.params();
-  const auto& layout = gpt_.layout();
-  norm(ln.data(), last.data(), p + layout.lnf_w().offset, layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, S);
-  const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
-  k::matmul_forward_rowwise(logits.data(), ln.data(), p + head.offset, nullptr, S, C, cfg.vocab);
-  for (int i = 0; i < S; i++) {
-    std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
-    segments[i].seq->pos += segments[i].n;
+  if (stage == 0) embed(segments, batch, x.data());
+  else pp->irecv(x.data(), x.size(), stage - 1, 0)->wait();
+  for (int l = first_layer_; l < last_layer_; l++) block(l, x.data(), segments, rows);
+  if (stage + 1 < stages) pp->isend(x.data(), x.size(), stage + 1, 0)->wait();
+  else head(segments, x.data());
+  if (stages > 1) {  // every stage samples: the last one's logits to all, in one message
+    std::vector<float> logits(segments.size() * (size_t)cfg.vocab);
+    for (size_t i = 0; i < segments.size(); i++)
+      std::memcpy(logits.data() + i * cfg.vocab, segments[i].seq->logits.data(), cfg.vocab * sizeof(float));
+    pp->broadcast(logits.data(), logits.size(), stages - 1);
+    for (size_t i = 0; i < segments.size(); i++)
+      std::memcpy(segments[i].seq->logits.data(), logits.data() + i * cfg.vocab, cfg.vocab * sizeof(float));
   }
+  for (const Segment& s : segments) s.seq->pos += s.n;
 }
 
 }  // namespace meshtrain::infer

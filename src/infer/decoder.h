@@ -17,14 +17,30 @@
 #include <span>
 #include <vector>
 
+#include "comm/group.h"
 #include "core/memory.h"
 #include "model/gpt.h"
 
 namespace meshtrain::infer {
 
+// How a model group's ranks split decoding (null groups: one rank). Every rank of the group
+// calls step() with the same batch, and every rank gets every sequence's logits, so that
+// they all sample the same tokens.
+//   tp: every linear layer's output rows are split into contiguous shares, computed with
+//       the whole input and all-gathered (not Megatron's row-parallel partial sums, whose
+//       all-reduce would add in another order than one rank); attention is split by KV
+//       heads, each rank caching only its own. Every output element is computed as on one
+//       rank, so the text is the same. MoE layers' MLPs run whole on every tp rank.
+//   pp: the layers are split into consecutive stages; a stage receives the step's rows from
+//       the one before and sends them on, and the last broadcasts the logits.
+struct DecodeGroups {
+  comm::Group* tp = nullptr;
+  comm::Group* pp = nullptr;
+};
+
 class BatchDecoder {
  public:
-  explicit BatchDecoder(const model::Gpt& gpt);
+  explicit BatchDecoder(const model::Gpt& gpt, DecodeGroups groups = {});
 
   // A new, empty sequence (its cache allocated): its id.
   int add();
@@ -46,7 +62,7 @@ class BatchDecoder {
  private:
   struct Sequence {
     int pos = 0;
-    Buffer<float> k_cache, v_cache;  // [L, maxT, kv_heads x hs] each
+    Buffer<float> k_cache, v_cache;  // [this stage's layers, maxT, this rank's kv heads x hs] each
     Buffer<float> logits;            // [V]
   };
   // Where one sequence's rows sit in a step's batch.
@@ -59,15 +75,24 @@ class BatchDecoder {
   void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, const std::vector<Segment>& segments, int rows);
   void moe_mlp(int l, const float* ln, int n, float* out) const;
+  // out[n, OC] = in[n, K] @ W[OC, K]^T + b: this rank's share of W's rows, all-gathered.
+  void linear(float* out, const float* in, const float* W, const float* b, int n, int K, int OC);
+  // Rows of `share` columns from each tp rank, [tp][n][share], into out[n][cols] side by side.
+  void gather_columns(float* out, const float* mine, int n, int share, int cols);
+  void head(const std::vector<Segment>& segments, const float* x);
 
   const model::Gpt& gpt_;
+  DecodeGroups groups_;
+  int tp_ = 1, tp_rank_ = 0;
+  int first_layer_ = 0, last_layer_ = 0;  // this stage's layers [first, last)
+  int kv_heads_ = 0;                      // this rank's KV heads
   std::vector<std::unique_ptr<Sequence>> sequences_;  // by id; null once removed
 };
 
 // One sequence.
 class KvCacheDecoder {
  public:
-  explicit KvCacheDecoder(const model::Gpt& gpt) : batch_(gpt), id_(batch_.add()) {}
+  explicit KvCacheDecoder(const model::Gpt& gpt, DecodeGroups groups = {}) : batch_(gpt, groups), id_(batch_.add()) {}
 
   // Runs tokens at positions position()..position()+n-1 through the model, filling the
   // cache; returns the logits [V] of the last one (valid until the next call).

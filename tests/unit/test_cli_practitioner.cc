@@ -86,6 +86,60 @@ class CliPractitioner : public cli_test::CliTest {
     return kBinary + " generate --checkpoint " + model + " --threads 1 " + args;
   }
 
+  // `meshtrain serve` on the base run in the background, its output in `out`: its pid and the
+  // URL its startup line names (empty if it did not start within a minute: the sanitizers'
+  // build loads slowly).
+  struct Served {
+    std::string pid, url;
+  };
+  Served start_serve(const std::string& out, const std::string& args) {
+    Served s;
+    RunResult started = run("sh -c '" + kBinary + " serve --checkpoint " + base_run() + " --port 0 --threads 1 " + args +
+                            " > " + out + " 2>&1 & echo $!'");
+    if (started.exit_code != 0) return s;
+    s.pid = lines_of(started.out).at(0);
+    for (int i = 0; i < 600 && s.url.empty(); i++) {
+      const std::string text = read_file(out);
+      if (const size_t at = text.find("http://127.0.0.1:"); at != std::string::npos && text.find(" (POST", at) != std::string::npos)
+        s.url = text.substr(at, text.find(' ', at) - at);
+      else
+        ::usleep(100000);
+    }
+    return s;
+  }
+  // A Python client script (its argument the server's URL): `clients` threads send `requests`
+  // completions each, request k with seed seed0 + k, then the same requests one at a time;
+  // it prints {"alone": [k's text], "concurrent": [[client c's k's text]]}.
+  void write_clients_script(const std::string& file, int clients, int requests, int seed0) {
+    write_file(file, R"(import json, sys, threading, urllib.request
+url, results = sys.argv[1], {}
+clients, requests, seed0 = )" + std::to_string(clients) + ", " + std::to_string(requests) + ", " + std::to_string(seed0) + R"(
+def ask(seed):
+    body = json.dumps({"prompt": "It was", "max_tokens": 5, "temperature": 1.0, "top_k": 0, "seed": seed}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=body)) as r:
+        return json.load(r)["choices"][0]["text"]
+def client(c):
+    for k in range(requests):
+        results[(c, k)] = ask(seed0 + k)
+threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(json.dumps({"alone": [ask(seed0 + k) for k in range(requests)],
+                  "concurrent": [[results[(c, k)] for k in range(requests)] for c in range(clients)]}))
+)");
+  }
+  // SIGTERM, then its "stopped" line within 10 s (else a SIGKILL and a failure).
+  void stop_serve(const Served& s, const std::string& out) {
+    EXPECT_EQ(run("kill -TERM " + s.pid).exit_code, 0);
+    bool stopped = false;
+    for (int i = 0; i < 100 && !stopped; i++) {
+      stopped = read_file(out).find("stopped") != std::string::npos && run("kill -0 " + s.pid).exit_code != 0;
+      if (!stopped) ::usleep(100000);
+    }
+    EXPECT_TRUE(stopped) << read_file(out);
+    if (!stopped) (void)run("kill -9 " + s.pid);
+  }
+
   static inline std::string base_dir_;
   static inline bool base_ok_ = false;
   static inline std::string base_error_;
@@ -463,25 +517,39 @@ TEST_F(CliPractitioner, GeneratePromptsFileJsonLogprobsAndStop) {
   expect_failure(run(generate(base_run(), "--prompt hi --logprobs 2")), {"--logprobs needs --json"});
 }
 
+// generate on tensor-, pipeline- and data-parallel layouts (generate starts its ranks under
+// mpirun itself): the same text as one rank, for a file of prompts (dp replicas each taking
+// a share, printed in the file's order) and for one streamed prompt. Layouts the model cannot
+// take are refused on every rank before any token.
+TEST_F(CliPractitioner, GenerateOnAnyLayoutPrintsOneRanksText) {
+  write_file(path("layout_prompts.txt"), "It was\nThe jury said that the city\nHe\n");
+  const std::string flags = "--prompts " + path("layout_prompts.txt") +
+                            " --max-new-tokens 8 --temperature 0.9 --top-k 0 --seed 3 --json";
+  RunResult one = run(generate(base_run(), flags));
+  ASSERT_EQ(one.exit_code, 0) << describe(one);
+  ASSERT_EQ(lines_of(one.out).size(), 3u) << one.out;
+  for (const std::string layout : {"--tp 2", "--pp 2", "--tp 2 --pp 2", "--dp 3", "--dp 2 --tp 2"}) {
+    RunResult r = run(generate(base_run(), flags + " " + layout));
+    ASSERT_EQ(r.exit_code, 0) << layout << ": " << describe(r);
+    EXPECT_EQ(r.out, one.out) << layout;
+  }
+  const std::string single = "--prompt 'It was' --max-new-tokens 6 --seed 2";
+  RunResult alone = run(generate(base_run(), single));
+  RunResult split = run(generate(base_run(), single + " --tp 2 --pp 2"));
+  ASSERT_EQ(split.exit_code, 0) << describe(split);
+  EXPECT_EQ(split.out, alone.out);
+  expect_failure(run(generate(base_run(), "--prompt hi --tp 3")), {"--tp 3 must divide the model's 4 key/value heads"});
+  expect_failure(run(generate(base_run(), "--prompt hi --pp 3")), {"--pp 3 is more stages than the model's 2 layers"});
+}
+
 // `meshtrain serve` on the base run: a completion is generate's text for the same prompt,
 // seed and settings (one prompt, a list decoded together, streamed as server-sent events);
 // concurrent clients, batched continuously, each get their own text; bad requests get a 400 naming the problem and the server goes on;
 // SIGTERM stops it.
 TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
-  const std::string out = path("serve.out");
-  RunResult started = run("sh -c '" + kBinary + " serve --checkpoint " + base_run() + " --port 0 --threads 1 > " + out +
-                          " 2>&1 & echo $!'");
-  ASSERT_EQ(started.exit_code, 0) << describe(started);
-  const std::string pid = lines_of(started.out).at(0);
-  std::string url;
-  for (int i = 0; i < 600 && url.empty(); i++) {  // up to a minute (the sanitizers' build loads slowly)
-    const std::string text = read_file(out);
-    if (const size_t at = text.find("http://127.0.0.1:"); at != std::string::npos && text.find(" (POST", at) != std::string::npos)
-      url = text.substr(at, text.find(' ', at) - at);
-    else
-      ::usleep(100000);
-  }
-  ASSERT_FALSE(url.empty()) << read_file(out);
+  const Served served = start_serve(path("serve.out"), "");
+  ASSERT_FALSE(served.url.empty()) << read_file(path("serve.out"));
+  const std::string &url = served.url, out = path("serve.out");
   auto post = [&](const std::string& body) {
     write_file(path("body.json"), body);
     return run("curl -s -w '\\n%{http_code}' " + url + "/v1/completions -d @" + path("body.json"));
@@ -534,20 +602,7 @@ TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
   EXPECT_EQ(finish, "length");
 
   // Concurrent clients: 4 threads x 3 requests, each request's text its own.
-  write_file(path("clients.py"), R"(import json, sys, threading, urllib.request
-url, results = sys.argv[1], {}
-def ask(seed):
-    body = json.dumps({"prompt": "It was", "max_tokens": 5, "temperature": 1.0, "top_k": 0, "seed": seed}).encode()
-    with urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=body)) as r:
-        return json.load(r)["choices"][0]["text"]
-def client(c):
-    for k in range(3):
-        results[(c, k)] = ask(10 + k)
-threads = [threading.Thread(target=client, args=(c,)) for c in range(4)]
-for t in threads: t.start()
-for t in threads: t.join()
-print(json.dumps({"alone": [ask(10 + k) for k in range(3)], "concurrent": [[results[(c, k)] for k in range(3)] for c in range(4)]}))
-)");
+  write_clients_script(path("clients.py"), 4, 3, 10);
   RunResult clients = run("python3 " + path("clients.py") + " " + url);
   ASSERT_EQ(clients.exit_code, 0) << describe(clients);
   const json many = json::parse(clients.out);
@@ -574,14 +629,40 @@ print(json.dumps({"alone": [ask(10 + k) for k in range(3)], "concurrent": [[resu
   }
   EXPECT_EQ(run("curl -s " + url + "/health").out, "{\"status\":\"ok\"}");
 
-  EXPECT_EQ(run("kill -TERM " + pid).exit_code, 0);
-  bool stopped = false;
-  for (int i = 0; i < 100 && !stopped; i++) {
-    stopped = read_file(out).find("stopped") != std::string::npos;
-    if (!stopped) ::usleep(100000);
-  }
-  EXPECT_TRUE(stopped) << read_file(out);
-  if (!stopped) (void)run("kill -9 " + pid);
+  stop_serve(served, out);
+}
+
+// serve on a tp 2 x pp 2 model group (started under mpirun by serve itself; rank 0 serves and
+// broadcasts each step's plan): a list decoded together, a stream and concurrent clients get
+// one rank's text, and SIGTERM stops every rank.
+TEST_F(CliPractitioner, ServeOnTensorAndPipelineRanksAnswersAsOneRank) {
+  const std::string out = path("serve_tp.out");
+  const Served served = start_serve(out, "--tp 2 --pp 2");
+  ASSERT_FALSE(served.url.empty()) << read_file(out);
+  const std::string settings = "\"max_tokens\": 6, \"temperature\": 0.9, \"top_k\": 0, \"seed\": 4";
+  write_file(path("tp_body.json"), "{\"prompt\": [\"He\", \"It was\"], " + settings + "}");
+  RunResult two = run("curl -s " + served.url + "/v1/completions -d @" + path("tp_body.json"));
+  write_file(path("tp_prompts.txt"), "He\nIt was\n");
+  RunResult alone = run(generate(base_run(), "--prompts " + path("tp_prompts.txt") +
+                                                 " --max-new-tokens 6 --temperature 0.9 --top-k 0 --seed 4 --json"));
+  ASSERT_EQ(alone.exit_code, 0) << describe(alone);
+  const json reply = json::parse(two.out);
+  for (int i = 0; i < 2; i++)
+    EXPECT_EQ(reply["choices"][i]["text"], json::parse(lines_of(alone.out)[i])["text"]) << two.out;
+  write_file(path("tp_stream.json"), "{\"prompt\": \"It was\", " + settings + ", \"stream\": true}");
+  std::string text;
+  for (const std::string& line : lines_of(run("curl -sN " + served.url + "/v1/completions -d @" + path("tp_stream.json")).out))
+    if (line.starts_with("data: {")) text += json::parse(line.substr(6))["choices"][0]["text"].get<std::string>();
+  EXPECT_EQ(text, json::parse(lines_of(alone.out)[1])["text"].get<std::string>());
+  write_clients_script(path("tp_clients.py"), 3, 2, 20);
+  RunResult clients = run("python3 " + path("tp_clients.py") + " " + served.url);
+  ASSERT_EQ(clients.exit_code, 0) << describe(clients);
+  const json many = json::parse(clients.out);
+  for (int c = 0; c < 3; c++) EXPECT_EQ(many["concurrent"][c], many["alone"]) << "client " << c;
+  stop_serve(served, out);
+  // ([s]: the pattern must not match the shell that runs pgrep.)
+  EXPECT_EQ(run("pgrep -f '[s]erve --checkpoint " + base_run() + " --port 0 --threads 1 --tp 2'").exit_code, 1)
+      << "every rank ended";
 }
 
 TEST_F(CliPractitioner, GenerateAgreesAcrossRunSafetensorsAndLlmc) {

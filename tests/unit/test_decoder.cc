@@ -8,6 +8,8 @@
 #include <set>
 #include <string>
 
+#include "comm/mesh.h"
+#include "comm/thread_group.h"
 #include "infer/decoder.h"
 #include "infer/sampling.h"
 #include "model/gpt.h"
@@ -119,6 +121,66 @@ TEST_P(KvCacheDecoderTest, BatchedSequencesMatchEachAlone) {
   }
   EXPECT_EQ(compared, 3 + 3 + 2 + 3 + 3 + 3);
   EXPECT_EQ(batch.position(id[0]), prompt[0] + 5);
+}
+
+// The join-and-leave scenario above on a decoder split over `groups`: every step's logits of
+// every sequence in it, in order.
+std::vector<std::vector<float>> joined_and_left(const model::Gpt& gpt, DecodeGroups groups) {
+  const int V = gpt.config().vocab;
+  std::mt19937 rng(2);
+  std::vector<std::vector<int>> tokens(3, std::vector<int>(12));
+  for (auto& t : tokens)
+    for (int& x : t) x = rng() % V;
+  const int prompt[3] = {5, 1, 9};
+  BatchDecoder batch(gpt, groups);
+  std::vector<std::vector<float>> out;
+  std::vector<int> id(3, -1), fed(3, 0);
+  for (int step = 0; step < 4; step++) {
+    if (step == 0) id[0] = batch.add(), id[1] = batch.add();
+    if (step == 1) id[2] = batch.add();
+    if (step == 2) batch.remove(id[0]), id[0] = -1;
+    std::vector<BatchDecoder::Rows> rows;
+    std::vector<int> in_step;
+    for (int s = 0; s < 3; s++) {
+      if (id[s] < 0) continue;
+      const int n = fed[s] == 0 ? prompt[s] : 1, from = fed[s] == 0 ? 0 : prompt[s] + fed[s] - 1;
+      rows.push_back({id[s], std::span(tokens[s]).subspan(from, n)});
+      in_step.push_back(s);
+      fed[s]++;
+    }
+    batch.step(rows);
+    for (int s : in_step) out.emplace_back(batch.logits(id[s]), batch.logits(id[s]) + V);
+  }
+  return out;
+}
+
+// Tensor- and pipeline-parallel decoding on thread ranks: every rank's logits equal one
+// rank's, bit for bit (tp splits each linear layer's output rows, here unevenly for the
+// 101-token vocabulary, and the KV heads; pp splits the layers).
+TEST_P(KvCacheDecoderTest, TensorAndPipelineParallelLogitsEqualOneRanks) {
+  const auto cfg = small_config(GetParam());
+  model::Gpt gpt(cfg);
+  init_sharp(gpt);
+  const auto expected = joined_and_left(gpt, {});
+  ASSERT_EQ(expected.size(), 2u + 3u + 2u + 2u);
+  for (auto [tp, pp] : {std::pair{2, 1}, std::pair{1, 2}, std::pair{2, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+    comm::ThreadWorld world(tp * pp);
+    comm::MeshShape shape;
+    shape.tp = tp, shape.pp = pp;
+    std::vector<std::vector<std::vector<float>>> got(tp * pp);
+    comm::run_ranks(tp * pp, [&](int r) {
+      auto group = world.group(r);
+      comm::Mesh mesh(*group, shape);
+      got[r] = joined_and_left(gpt, {tp > 1 ? &mesh.tp() : nullptr, pp > 1 ? &mesh.pp() : nullptr});
+    });
+    for (int r = 0; r < tp * pp; r++) {
+      ASSERT_EQ(got[r].size(), expected.size()) << "rank " << r;
+      for (size_t i = 0; i < expected.size(); i++)
+        EXPECT_EQ(0, std::memcmp(got[r][i].data(), expected[i].data(), expected[i].size() * sizeof(float)))
+            << "rank " << r << ", logits " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(KvCacheDecoder, KvCacheDecoderTest, ::testing::Values("gpt2", "llama", "llama_moe", "gpt2_moe"));

@@ -6,9 +6,11 @@
 
 #include <cstring>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "comm/self_group.h"
+#include "comm/strings.h"
 #include "comm/thread_group.h"
 
 namespace meshtrain::comm::test_thread_group {
@@ -186,3 +188,31 @@ TEST(ThreadGroup, StatsFollowTheByteConvention) {
 
 }  // namespace
 }  // namespace meshtrain::comm::test_thread_group
+
+namespace meshtrain::comm::test_thread_group_strings {
+namespace {
+
+// Text between ranks: a broadcast of the root's string (empty, and with a zero byte and an
+// odd length), and every rank's string of its own length gathered in rank order.
+TEST(GroupStrings, BroadcastAndGatherKeepEveryByte) {
+  ThreadWorld world(3);
+  std::vector<std::vector<std::string>> got(3);
+  run_ranks(3, [&](int r) {
+    auto g = world.group(r);
+    for (const std::string& text : {std::string(), std::string("a\0b\xff", 4) + "cd", std::string(1001, 'x')})
+      got[r].push_back(broadcast_string(*g, r == 1 ? text : "ignored", 1));
+    for (const std::string& s : gather_strings(*g, std::string(r * 2, char('a' + r)))) got[r].push_back(s);
+  });
+  for (int r = 0; r < 3; r++) {
+    ASSERT_EQ(got[r].size(), 6u);
+    EXPECT_EQ(got[r][0], "");
+    EXPECT_EQ(got[r][1], std::string("a\0b\xff", 4) + "cd");
+    EXPECT_EQ(got[r][2], std::string(1001, 'x'));
+    EXPECT_EQ(got[r][3], "");
+    EXPECT_EQ(got[r][4], "bb");
+    EXPECT_EQ(got[r][5], "cccc");
+  }
+}
+
+}  // namespace
+}  // namespace meshtrain::comm::test_thread_group_strings
