@@ -450,7 +450,7 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   Buffer<float> piece;  // sections filled through state.write
   for (int kind = 0; kind < kKinds; kind++) {
     float* base = section_base(state, kind);
-    if (!base && !state.write) continue;
+    if ((!base && !state.write) || (kind > 0 && state.params_only)) continue;
     const bool full = kind == 0 ? state.params_full : state.moments_full;
     for (int u = 0; u < layout.num_units(); u++) {
       const auto& unit = layout.units()[u];

@@ -51,6 +51,8 @@ struct RankState {
   // Loading: the same for filling such a section in pieces. A null section with neither is
   // not wanted (loading weights only).
   std::function<void(int kind, size_t offset, size_t count, const float* src)> write;
+  // Loading: the parameters only, the moments not read at all (inference).
+  bool params_only = false;
   // Saving: state of this rank alone that no other layout can use (a compressor's error
   // feedback), written as rank_WWWWW.bin (the world rank) beside the shards; read back with
   // load_rank_arrays.

@@ -8,6 +8,7 @@
 #include "checkpoint/llmc.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/safetensors_model.h"
+#include "parallel/shard_layout.h"
 
 namespace meshtrain::checkpoint {
 
@@ -108,13 +109,35 @@ Status load_model_file(const std::string& path, model::Gpt* gpt) {
   return Status::error("unreachable");
 }
 
-Status open_model_file(const std::string& path, int heads_hint, std::unique_ptr<model::Gpt>* out) {
+Status open_model_file(const std::string& path, int heads_hint, std::unique_ptr<model::Gpt>* out,
+                       model::Gpt::LocalState local) {
   model::GptConfig config;
   RETURN_IF_ERROR(model_file_config(path, heads_hint, &config));
-  auto gpt = std::make_unique<model::Gpt>(config);
+  auto gpt = std::make_unique<model::Gpt>(config, local);
   RETURN_IF_ERROR(load_model_file(path, gpt.get()));
   *out = std::move(gpt);
   return Status::ok();
+}
+
+Status stream_model_weights(const std::string& path, const model::GptConfig& config,
+                            const std::function<Status(size_t at, size_t n, const float* values)>& write) {
+  Kind kind;
+  std::string resolved;
+  RETURN_IF_ERROR(classify(path, &kind, &resolved));
+  if (kind != Kind::kCheckpointDir)
+    return Status::error("streamed weights are read from a checkpoint folder or a run, and " + path +
+                         " is a single weights file: train from it (--init-from) for a checkpoint");
+  const model::ParamLayout whole(config);
+  const parallel::ShardLayout shards(whole, 1, 0);
+  Status failed = Status::ok();
+  RankState state;
+  state.params_only = true;
+  state.write = [&](int section, size_t at, size_t n, const float* values) {
+    if (section == 0 && failed.is_ok()) failed = write(at, n, values);
+  };
+  int64_t step = 0;
+  RETURN_IF_ERROR(load_checkpoint(resolved, whole, config, shards, state, &step));
+  return failed;
 }
 
 }  // namespace meshtrain::checkpoint

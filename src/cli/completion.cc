@@ -1,6 +1,8 @@
 #include "cli/completion.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <random>
 #include <span>
 
@@ -9,12 +11,96 @@
 
 namespace meshtrain::cli {
 
+void add_weight_flags(CLI::App* cmd, WeightPlacement* w) {
+  cmd->add_option("--offload", w->offload,
+                  "weights=nvme: stream the layers' weights from a file as they are reached (ZeRO-Inference)");
+  cmd->add_option("--offload-dir", w->dir, "Folder for the streamed weights' file (default: the temporary folder)");
+  cmd->add_option("--offload-read-ahead", w->read_ahead, "Layers read ahead of the one computing (0: none)")
+      ->capture_default_str();
+  cmd->add_option("--memory-budget", w->budget_gb,
+                  "GB for this process's buffers: weights over it are streamed from a file (0: no limit)");
+}
+
+namespace {
+
+constexpr double kMB = 1e6, kGB = 1e9;  // as train's --memory-budget counts
+
+// The placement's flags against the model: whether it streams, and whether it fits.
+Status place_weights(const model::ParamLayout& layout, WeightPlacement* w) {
+  if (!w->offload.empty() && w->offload != "weights=nvme")
+    return Status::error("--offload takes weights=nvme for generation (the layers stream from a file), got '" +
+                         w->offload + "'");
+  if (w->read_ahead < 0) return Status::error("--offload-read-ahead must be >= 0 layers");
+  if (w->budget_gb < 0) return Status::error("--memory-budget must be >= 0 GB (0: no limit)");
+  w->stream = !w->offload.empty();
+  const double budget = w->budget_gb * kGB, weights = (double)layout.total() * sizeof(float);
+  if (budget <= 0) return Status::ok();
+  if (!w->stream && weights > budget) {
+    std::fprintf(stderr, "meshtrain: the weights (%.1f MB) exceed --memory-budget %.3g GB: streaming them from a file\n",
+                 weights / kMB, w->budget_gb);
+    w->stream = true;
+  }
+  if (!w->stream) return Status::ok();
+  // What streaming holds: the resident units, the layer buffers, and while loading the
+  // checkpoint reader's piece (4 MiB). The KV caches and activations come on top (reported).
+  const double resident = (double)infer::StreamedWeights::resident_bytes(layout),
+               buffers = (double)infer::StreamedWeights::buffer_bytes(layout, w->read_ahead), loading = 4 * kMB;
+  if (resident + buffers + loading <= budget) return Status::ok();
+  char why[400];
+  std::snprintf(why, sizeof why,
+                "--memory-budget %.4g GB (%.1f MB) is less than streaming the weights needs: %.1f MB for the embedding "
+                "and final norm, which stay in memory, %.1f MB for %d layer buffers (--offload-read-ahead %d) and "
+                "%.1f MB to load them",
+                w->budget_gb, budget / kMB, resident / kMB, buffers / kMB, w->read_ahead + 1, w->read_ahead, loading / kMB);
+  return Status::error(why);
+}
+
+}  // namespace
+
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           std::unique_ptr<model::Gpt>* gpt, data::Gpt2Tokenizer* tok) {
+                           const WeightPlacement& placement, LoadedModel* out, data::Gpt2Tokenizer* tok) {
   std::string tokenizer_dir;
   RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
   RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
-  return checkpoint::open_model_file(model_path, 0, gpt);
+  model::GptConfig config;
+  RETURN_IF_ERROR(checkpoint::model_file_config(model_path, 0, &config));
+  // The layout first, with no buffer: where the weights go depends on their size.
+  auto gpt = std::make_unique<model::Gpt>(config, model::Gpt::LocalState::kNone);
+  WeightPlacement w = placement;
+  RETURN_IF_ERROR(place_weights(gpt->layout(), &w));
+  if (!w.stream) {
+    out->gpt.reset();
+    return checkpoint::open_model_file(model_path, 0, &out->gpt, model::Gpt::LocalState::kParamsOnly);
+  }
+  std::error_code ec;
+  const std::string dir = w.dir.empty() ? std::filesystem::temp_directory_path(ec).string() : w.dir;
+  RETURN_IF_ERROR(infer::StreamedWeights::create(gpt->layout(), dir, w.read_ahead, &out->streamed));
+  infer::StreamedWeights& streamed = *out->streamed;
+  RETURN_IF_ERROR(checkpoint::stream_model_weights(
+      model_path, config, [&](size_t at, size_t n, const float* values) { return streamed.write(at, n, values); }));
+  RETURN_IF_ERROR(streamed.finish_writes());
+  gpt->set_param_store(&streamed);
+  out->gpt = std::move(gpt);
+  return Status::ok();
+}
+
+std::string memory_report(const WeightPlacement& w, const LoadedModel& model) {
+  const MemStats m = MemoryTracker::instance().stats();
+  char line[512];
+  char budget[64] = "";
+  if (w.budget_gb > 0) std::snprintf(budget, sizeof budget, " (--memory-budget %.1f MB)", w.budget_gb * kGB / kMB);
+  std::snprintf(line, sizeof line, "memory: peak %.1f MB tracked%s, peak resident set %.1f MB", m.total_peak / kMB,
+                budget, peak_rss_bytes() / kMB);
+  std::string out = line;
+  if (model.streamed) {
+    const infer::StreamedWeights::Stats s = model.streamed->stats();
+    std::snprintf(line, sizeof line,
+                  "; streamed weights: %lld layers read, %.1f MB in %.3f s, %.3f s waited (read-ahead %d, %s)",
+                  (long long)s.layers_read, s.bytes_read / kMB, s.read_s, s.wait_s, model.streamed->read_ahead(),
+                  model.streamed->direct_io() ? "O_DIRECT" : "page cache: no O_DIRECT here");
+    out += line;
+  }
+  return out;
 }
 
 Status check_decode_layout(const model::GptConfig& c, int tp, int pp) {

@@ -9,12 +9,14 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
 #include "data/bpe.h"
 #include "infer/decoder.h"
 #include "infer/sampling.h"
+#include "infer/streamed_weights.h"
 #include "model/gpt.h"
 
 
@@ -37,10 +39,30 @@ struct Completion {
   bool stopped = false;  // at a stop string (else at max_tokens)
 };
 
-// The model at `model_path` (a run, a checkpoint, a .safetensors or llm.c file) and its
-// tokenizer (`tokenizer_flag`, or the one find_tokenizer finds).
+// Where a model's weights live while it generates: in memory, or streamed from a file a
+// layer at a time (ZeRO-Inference, infer/streamed_weights.h).
+struct WeightPlacement {
+  bool stream = false;    // --offload weights=nvme
+  std::string dir;        // --offload-dir ("": the system's temporary folder)
+  int read_ahead = 1;     // --offload-read-ahead: layers read ahead (0: each when reached)
+  double budget_gb = 0;   // --memory-budget (0: none): weights over it are streamed
+  std::string offload;    // the --offload flag as given
+};
+// The flags above, for generate and serve.
+void add_weight_flags(CLI::App* cmd, WeightPlacement* w);
+
+struct LoadedModel {
+  std::unique_ptr<model::Gpt> gpt;
+  std::unique_ptr<infer::StreamedWeights> streamed;  // null: the weights are in memory
+};
+
+// The model at `model_path` (a run, a checkpoint, a .safetensors or llm.c file), its weights
+// placed as `w` says, and its tokenizer (`tokenizer_flag`, or the one find_tokenizer finds).
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           std::unique_ptr<model::Gpt>* gpt, data::Gpt2Tokenizer* tok);
+                           const WeightPlacement& w, LoadedModel* model, data::Gpt2Tokenizer* tok);
+// A line on memory for stderr: the tracked peak against the budget, the peak resident set,
+// and what streaming read and waited.
+std::string memory_report(const WeightPlacement& w, const LoadedModel& model);
 
 // Whether the model can be decoded on tp x pp ranks (tp divides its key/value heads, pp is at
 // most its layers): checked on every rank before any work.

@@ -1,6 +1,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -9,6 +10,7 @@
 #include "cli/launch.h"
 #include "comm/mesh.h"
 #include "comm/strings.h"
+#include "core/clock.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
 #include "data/bpe.h"
@@ -24,6 +26,7 @@ struct GenerateOptions {
   int max_new_tokens = 100, top_k = 40, threads = 0;
   int batch = 8;  // --prompts decoded together
   int tp = 1, pp = 1, dp = 1;  // the ranks' layout (tp x pp a model group; dp replicas)
+  WeightPlacement weights;
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N most likely alternatives
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1337;
@@ -90,9 +93,14 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
   RETURN_IF_ERROR(read_prompts(o, &prompts));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
-  std::unique_ptr<model::Gpt> gpt;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
+  LoadedModel loaded;
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, &loaded, &tok));
+  const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   RETURN_IF_ERROR(check_decode_layout(gpt->config(), o.tp, o.pp));
+  if (loaded.streamed && o.tp * o.pp > 1)
+    return Status::error("streamed weights (--offload weights=nvme, or a --memory-budget under the weights) run on "
+                         "one rank: drop --tp and --pp");
+  const auto decoding = std::chrono::steady_clock::now();  // the model loaded
   const int n = (int)prompts.size();
   std::vector<CompletionRequest> requests;
   std::vector<Completion> done(n);
@@ -128,6 +136,14 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
       for (; printed < mine.size() && finished[mine[printed]]; printed++)
         out.emit(record_of(tok, mine[printed], requests[mine[printed]], done[mine[printed]], o.json));
     }
+  }
+  if (world.rank() == 0 && (loaded.streamed || o.weights.budget_gb > 0))
+  {
+    int64_t tokens = 0;
+    for (int i : mine) tokens += (int64_t)done[i].tokens.size();
+    const double seconds = seconds_since(decoding);
+    std::fprintf(stderr, "%s; decoding: %lld tokens in %.3f s (%.1f tokens/s)\n", memory_report(o.weights, loaded).c_str(),
+                 (long long)tokens, seconds, tokens / std::max(seconds, 1e-9));
   }
   if (o.dp == 1) return Status::ok();
   // Replicas' records to world rank 0, printed in the prompts' order: prompt i is record
@@ -179,6 +195,7 @@ Command add_generate_command(CLI::App& app) {
                   "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
                   "data folder's)");
   cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores; per rank)");
+  add_weight_flags(cmd, &o->weights);
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks per model (split by key/value heads; same text)")
       ->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline stages per model (split by layers; same text)")->capture_default_str();

@@ -47,6 +47,7 @@ struct ServeOptions {
   std::string model, tokenizer, host = "127.0.0.1";
   int port = 8000, threads = 0, max_batch = 8;
   int tp = 1, pp = 1;  // the model group's layout
+  WeightPlacement weights;
 };
 
 // Field `key` of `body`, a string or a list of strings, appended to `out`.
@@ -275,9 +276,13 @@ Status serve(const ServeOptions& o, comm::Group& world) {
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, 1, &shape));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
-  std::unique_ptr<model::Gpt> gpt;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, &gpt, &tok));
+  LoadedModel loaded;
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, &loaded, &tok));
+  const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   RETURN_IF_ERROR(check_decode_layout(gpt->config(), o.tp, o.pp));
+  if (loaded.streamed && o.tp * o.pp > 1)
+    return Status::error("streamed weights (--offload weights=nvme, or a --memory-budget under the weights) run on "
+                         "one rank: drop --tp and --pp");
   comm::Mesh mesh(world, shape);
   const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr};
   if (::pipe(stop_pipe) != 0) return Status::error("serve: cannot make a pipe for the stop signals");
@@ -303,6 +308,7 @@ Status serve(const ServeOptions& o, comm::Group& world) {
   stopper.join();
   ::close(stop_pipe[0]);
   ::close(stop_pipe[1]);
+  if (loaded.streamed || o.weights.budget_gb > 0) std::fprintf(stderr, "%s\n", memory_report(o.weights, loaded).c_str());
   if (s.is_ok()) std::printf("stopped\n"), std::fflush(stdout);
   return s;
 }
@@ -321,6 +327,7 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch", o->max_batch,
                   "Sequences decoded together (continuous batching; 1: one at a time). Texts do not depend on it")
       ->capture_default_str();
+  add_weight_flags(cmd, &o->weights);
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (split by key/value heads; same text)")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline stages (split by layers; same text)")->capture_default_str();
   return {cmd, [o] {

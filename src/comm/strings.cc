@@ -14,9 +14,10 @@ std::string broadcast_string(Group& g, const std::string& text, int root) {
   std::memcpy(header, &size, sizeof size);
   g.broadcast(header, 2, root);
   std::memcpy(&size, header, sizeof size);
+  if (size == 0) return std::string();
   std::vector<float> words((size + 3) / 4);
   if (g.rank() == root) std::memcpy(words.data(), text.data(), size);
-  if (!words.empty()) g.broadcast(words.data(), words.size(), root);
+  g.broadcast(words.data(), words.size(), root);
   return std::string(reinterpret_cast<const char*>(words.data()), size);
 }
 

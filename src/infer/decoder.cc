@@ -12,6 +12,24 @@ namespace meshtrain::infer {
 namespace k = meshtrain::kernels;
 using model::LayerTensor;
 
+// A unit's parameters from the model's store (its own buffer, or streamed weights) while in
+// scope: acquired on construction, released on destruction.
+class BatchDecoder::HeldUnit {
+ public:
+  HeldUnit(const model::Gpt& gpt, int unit)
+      : store_(gpt.param_store()), layout_(gpt.layout()), unit_(unit), base_(store_->acquire_params(unit)) {}
+  ~HeldUnit() { store_->release_params(unit_); }
+  HeldUnit(const HeldUnit&) = delete;
+  HeldUnit& operator=(const HeldUnit&) = delete;
+  const float* operator[](const model::ParamTensor& t) const { return store_->fp32_tensor(base_, unit_, t, layout_); }
+
+ private:
+  model::ParamStore* store_;
+  const model::ParamLayout& layout_;
+  int unit_;
+  const float* base_;
+};
+
 BatchDecoder::BatchDecoder(const model::Gpt& gpt, DecodeGroups groups) : gpt_(gpt), groups_(groups) {
   const auto& c = gpt.config();
   if (groups.tp) tp_ = groups.tp->size(), tp_rank_ = groups.tp->rank();
@@ -46,8 +64,9 @@ BatchDecoder::Sequence& BatchDecoder::seq(int id) const {
 
 void BatchDecoder::embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const {
   const int C = gpt_.config().dim;
-  const float* wte = gpt_.params() + gpt_.layout().wte().offset;
-  const float* wpe = gpt_.layout().has_wpe() ? gpt_.params() + gpt_.layout().wpe().offset : nullptr;
+  const HeldUnit embeddings(gpt_, gpt_.layout().embedding_unit());
+  const float* wte = embeddings[gpt_.layout().wte()];
+  const float* wpe = gpt_.layout().has_wpe() ? embeddings[gpt_.layout().wpe()] : nullptr;
   for (size_t b = 0; b < batch.size(); b++) {
     const Segment& s = segments[b];
     for (int i = 0; i < s.n; i++) {
@@ -99,7 +118,8 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
   // This rank's heads: KV heads [kv0, kv0 + kv_heads_) and the query heads that use them.
   const int kv0 = tp_rank_ * kv_heads_, KVl = kv_heads_ * hs, NHl = NH / tp_, Cl = NHl * hs;
   const auto& layout = gpt_.layout();
-  auto W = [&](LayerTensor t) { return layout.has(l, t) ? gpt_.params() + layout.layer(l, t).offset : nullptr; };
+  const HeldUnit weights(gpt_, layout.block_unit(l));
+  auto W = [&](LayerTensor t) { return layout.has(l, t) ? weights[layout.layer(l, t)] : nullptr; };
   std::vector<float> ln((size_t)n * C), qkv((size_t)n * Q), att((size_t)n * C), proj((size_t)n * C),
       h((size_t)n * Fc), hg((size_t)n * F), att_mine(tp_ > 1 ? (size_t)n * Cl : 0);
 
@@ -129,7 +149,7 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
   if (cfg.is_moe_layer(l)) {
-    moe_mlp(l, ln.data(), n, proj.data());
+    moe_mlp(l, weights, ln.data(), n, proj.data());
     k::residual_forward(x, x, proj.data(), (size_t)n * C);
     return;
   }
@@ -142,14 +162,13 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
 
 // An MoE layer's MLP on n rows, as training routes them without capacity (inference drops
 // nothing): each row's chosen experts, weighted, plus the shared experts.
-void BatchDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
+void BatchDecoder::moe_mlp(int l, const HeldUnit& block, const float* ln, int n, float* out) const {
   const auto& cfg = gpt_.config();
   const auto& layout = gpt_.layout();
   const int C = cfg.dim, E = cfg.moe.experts, k = cfg.moe.top_k, Fe = cfg.expert_ffn(), Fce = cfg.expert_fc_dim();
-  const float* p = gpt_.params();
   std::vector<float> logits((size_t)n * E), weight((size_t)n * k);
   std::vector<int> expert((size_t)n * k), slot((size_t)n * k), order((size_t)n * k), offsets(E + 1);
-  k::matmul_forward_rowwise(logits.data(), ln, p + layout.layer(l, model::kRouterW).offset, nullptr, n, C, E);
+  k::matmul_forward_rowwise(logits.data(), ln, block[layout.layer(l, model::kRouterW)], nullptr, n, C, E);
   model::MoeRoute route{expert.data(), weight.data(), slot.data(), order.data(), offsets.data()};
   model::MoeRouteStats unused;
   model::moe_route(cfg.moe, model::MoeTraining{0, 0, 0}, logits.data(), n, n, &route, &unused);
@@ -163,13 +182,14 @@ void BatchDecoder::moe_mlp(int l, const float* ln, int n, float* out) const {
   std::fill(out, out + (size_t)n * C, 0.0f);
   if (layout.has(l, model::kSharedFcW)) {
     const int S = cfg.moe.shared_experts;
-    mlp(p + layout.layer(l, model::kSharedFcW).offset, p + layout.layer(l, model::kSharedProjW).offset, ln, n,
-        S * Fce, S * Fe, out);
+    mlp(block[layout.layer(l, model::kSharedFcW)], block[layout.layer(l, model::kSharedProjW)], ln, n, S * Fce, S * Fe,
+        out);
   }
   std::vector<float> y(C);
   for (int i = 0; i < n * k; i++) {
     const int e = expert[i];
-    mlp(p + layout.expert_fc(l, e).offset, p + layout.expert_proj(l, e).offset, ln + (size_t)(i / k) * C, 1, Fce, Fe,
+    const HeldUnit weights(gpt_, layout.expert_unit(l, e));
+    mlp(weights[layout.expert_fc(l, e)], weights[layout.expert_proj(l, e)], ln + (size_t)(i / k) * C, 1, Fce, Fe,
         y.data());
     for (int c = 0; c < C; c++) out[(size_t)(i / k) * C + c] += weight[i] * y[c];
   }
@@ -182,11 +202,15 @@ void BatchDecoder::head(const std::vector<Segment>& segments, const float* x) {
   std::vector<float> last((size_t)S * C), ln((size_t)S * C), logits((size_t)S * cfg.vocab);
   for (int i = 0; i < S; i++)
     std::memcpy(last.data() + (size_t)i * C, x + (size_t)(segments[i].row + segments[i].n - 1) * C, C * sizeof(float));
-  const float* p = gpt_.params();
   const auto& layout = gpt_.layout();
-  norm(ln.data(), last.data(), p + layout.lnf_w().offset, layout.has_lnf_b() ? p + layout.lnf_b().offset : nullptr, S);
-  const auto& head = layout.has_untied_head() ? layout.head() : layout.wte();
-  linear(logits.data(), ln.data(), p + head.offset, nullptr, S, C, cfg.vocab);
+  const HeldUnit final_norm(gpt_, layout.final_unit());
+  norm(ln.data(), last.data(), final_norm[layout.lnf_w()], layout.has_lnf_b() ? final_norm[layout.lnf_b()] : nullptr, S);
+  if (layout.has_untied_head()) {
+    linear(logits.data(), ln.data(), final_norm[layout.head()], nullptr, S, C, cfg.vocab);
+  } else {  // tied: the embedding's rows
+    const HeldUnit embeddings(gpt_, layout.embedding_unit());
+    linear(logits.data(), ln.data(), embeddings[layout.wte()], nullptr, S, C, cfg.vocab);
+  }
   for (int i = 0; i < S; i++)
     std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
 }

@@ -65,6 +65,7 @@ class BatchDecoder {
     Buffer<float> k_cache, v_cache;  // [this stage's layers, maxT, this rank's kv heads x hs] each
     Buffer<float> logits;            // [V]
   };
+  class HeldUnit;  // a unit's parameters from the model's store while in scope
   // Where one sequence's rows sit in a step's batch.
   struct Segment {
     Sequence* seq;
@@ -74,7 +75,7 @@ class BatchDecoder {
   void embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const;
   void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, const std::vector<Segment>& segments, int rows);
-  void moe_mlp(int l, const float* ln, int n, float* out) const;
+  void moe_mlp(int l, const HeldUnit& block, const float* ln, int n, float* out) const;
   // out[n, OC] = in[n, K] @ W[OC, K]^T + b: this rank's share of W's rows, all-gathered.
   void linear(float* out, const float* in, const float* W, const float* b, int n, int K, int OC);
   // Rows of `share` columns from each tp rank, [tp][n][share], into out[n][cols] side by side.

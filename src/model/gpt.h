@@ -188,6 +188,8 @@ class Gpt {
   // Redirects parameter and gradient access (ZeRO stores, reduction hooks); null restores
   // the local buffers.
   void set_param_store(ParamStore* store);
+  // Where the parameters are read from: the local buffers' store, or the one set.
+  ParamStore* param_store() const { return store_; }
 
   // GPT-2 initialisation for every architecture: N(0, 0.02), residual projections (attention
   // and MLP outputs) N(0, 0.02/sqrt(2L)), zero biases, unit norm weights; padded vocabulary

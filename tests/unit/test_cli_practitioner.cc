@@ -542,6 +542,42 @@ TEST_F(CliPractitioner, GenerateOnAnyLayoutPrintsOneRanksText) {
   expect_failure(run(generate(base_run(), "--prompt hi --pp 3")), {"--pp 3 is more stages than the model's 2 layers"});
 }
 
+// ZeRO-Inference through the CLI: generate with its layers streamed from a file (reading 0
+// and 2 layers ahead) prints the in-memory model's text, and says what it read; so does
+// serve. What streaming cannot take is refused before any token.
+TEST_F(CliPractitioner, GenerateStreamsWeightsFromAFileWithTheSameText) {
+  write_file(path("stream_prompts.txt"), "It was\nThe jury said that the city\n");
+  const std::string flags = "--prompts " + path("stream_prompts.txt") +
+                            " --max-new-tokens 6 --temperature 0.9 --top-k 0 --seed 3 --json";
+  RunResult in_memory = run(generate(base_run(), flags));
+  ASSERT_EQ(in_memory.exit_code, 0) << describe(in_memory);
+  for (const std::string ahead : {"0", "2"}) {
+    RunResult streamed = run(generate(base_run(), flags + " --offload weights=nvme --offload-dir " + path("") +
+                                                      " --offload-read-ahead " + ahead));
+    ASSERT_EQ(streamed.exit_code, 0) << describe(streamed);
+    EXPECT_EQ(streamed.out, in_memory.out) << "read ahead " << ahead;
+    // 6 steps of the 2 layers, and what was read ahead past the last (the other layer).
+    EXPECT_NE(streamed.err.find("streamed weights: " + std::to_string(12 + std::min(1, std::stoi(ahead))) + " layers read"),
+              std::string::npos)
+        << streamed.err;
+    EXPECT_NE(streamed.err.find("read-ahead " + ahead), std::string::npos) << streamed.err;
+  }
+  expect_failure(run(generate(base_run(), flags + " --offload weights=cpu")), {"--offload takes weights=nvme"});
+  expect_failure(run(generate(base_run(), flags + " --memory-budget 0.001")),
+                 {"--memory-budget 0.001 GB", "less than streaming the weights needs", "stay in memory"});
+  expect_failure(run(generate(base_run(), flags + " --offload weights=nvme --tp 2")), {"run on one rank"});
+  expect_failure(run(generate(base_safetensors(), flags + " --offload weights=nvme")),
+                 {base_safetensors(), "single weights file"});
+  const Served served = start_serve(path("serve_streamed.out"), "--offload weights=nvme");
+  ASSERT_FALSE(served.url.empty()) << read_file(path("serve_streamed.out"));
+  write_file(path("streamed_body.json"),
+             "{\"prompt\": \"It was\", \"max_tokens\": 6, \"temperature\": 0.9, \"top_k\": 0, \"seed\": 3}");
+  RunResult reply = run("curl -s " + served.url + "/v1/completions -d @" + path("streamed_body.json"));
+  EXPECT_EQ(json::parse(reply.out)["choices"][0]["text"], json::parse(lines_of(in_memory.out)[0])["text"]) << reply.out;
+  stop_serve(served, path("serve_streamed.out"));
+  EXPECT_NE(read_file(path("serve_streamed.out")).find("streamed weights: "), std::string::npos);
+}
+
 // `meshtrain serve` on the base run: a completion is generate's text for the same prompt,
 // seed and settings (one prompt, a list decoded together, streamed as server-sent events);
 // concurrent clients, batched continuously, each get their own text; bad requests get a 400 naming the problem and the server goes on;

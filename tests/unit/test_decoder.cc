@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <set>
 #include <string>
@@ -12,6 +13,7 @@
 #include "comm/thread_group.h"
 #include "infer/decoder.h"
 #include "infer/sampling.h"
+#include "infer/streamed_weights.h"
 #include "model/gpt.h"
 
 namespace meshtrain::infer::test_decoder {
@@ -180,6 +182,42 @@ TEST_P(KvCacheDecoderTest, TensorAndPipelineParallelLogitsEqualOneRanks) {
         EXPECT_EQ(0, std::memcmp(got[r][i].data(), expected[i].data(), expected[i].size() * sizeof(float)))
             << "rank " << r << ", logits " << i;
     }
+  }
+}
+
+// ZeRO-Inference: the decoder on weights streamed from a file (reading 0, 1 and 2 layers
+// ahead) gives the logits of the model in memory, bit for bit. In memory: the embedding and
+// final-norm units and read_ahead + 1 layer buffers, nothing else; each step reads each
+// layer once (and the read-ahead a few more at the end).
+TEST_P(KvCacheDecoderTest, StreamedWeightsGiveTheSameLogits) {
+  auto cfg = small_config(GetParam());
+  cfg.layers = 3;
+  model::Gpt gpt(cfg);
+  init_sharp(gpt);
+  const auto expected = joined_and_left(gpt, {});
+  for (int read_ahead : {0, 1, 2}) {
+    SCOPED_TRACE("read ahead " + std::to_string(read_ahead));
+    model::Gpt streamed_model(cfg, model::Gpt::LocalState::kNone);
+    const int64_t before = MemoryTracker::instance().stats().total_current;
+    std::unique_ptr<StreamedWeights> weights;
+    ASSERT_TRUE(StreamedWeights::create(streamed_model.layout(), std::filesystem::temp_directory_path().string(),
+                                        read_ahead, &weights).is_ok());
+    EXPECT_EQ(MemoryTracker::instance().stats().total_current - before,
+              StreamedWeights::resident_bytes(gpt.layout()) + StreamedWeights::buffer_bytes(gpt.layout(), read_ahead));
+    EXPECT_LT(StreamedWeights::resident_bytes(gpt.layout()), (int64_t)(gpt.num_elements() * sizeof(float)));
+    // In two uneven pieces, as a checkpoint reader hands them over.
+    const size_t half = gpt.num_elements() / 2 + 3;
+    ASSERT_TRUE(weights->write(0, half, gpt.params()).is_ok());
+    ASSERT_TRUE(weights->write(half, gpt.num_elements() - half, gpt.params() + half).is_ok());
+    ASSERT_TRUE(weights->finish_writes().is_ok());
+    streamed_model.set_param_store(weights.get());
+    const auto got = joined_and_left(streamed_model, {});
+    ASSERT_EQ(got.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); i++)
+      EXPECT_EQ(0, std::memcmp(got[i].data(), expected[i].data(), expected[i].size() * sizeof(float))) << "logits " << i;
+    const auto stats = weights->stats();
+    EXPECT_GE(stats.layers_read, 4 * cfg.layers);  // 4 steps
+    EXPECT_LE(stats.layers_read, 4 * cfg.layers + read_ahead);
   }
 }
 
