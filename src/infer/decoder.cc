@@ -62,16 +62,15 @@ BatchDecoder::Sequence& BatchDecoder::seq(int id) const {
   return *sequences_[id];
 }
 
-void BatchDecoder::embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const {
+void BatchDecoder::embed(const std::vector<Segment>& segments, float* x) const {
   const int C = gpt_.config().dim;
   const HeldUnit embeddings(gpt_, gpt_.layout().embedding_unit());
   const float* wte = embeddings[gpt_.layout().wte()];
   const float* wpe = gpt_.layout().has_wpe() ? embeddings[gpt_.layout().wpe()] : nullptr;
-  for (size_t b = 0; b < batch.size(); b++) {
-    const Segment& s = segments[b];
+  for (const Segment& s : segments) {
     for (int i = 0; i < s.n; i++) {
       float* row = x + (size_t)(s.row + i) * C;
-      const int token = batch[b].tokens[i], pos = s.seq->pos + i;
+      const int token = s.tokens[i], pos = s.seq->pos + i;
       for (int c = 0; c < C; c++) row[c] = wte[(size_t)token * C + c] + (wpe ? wpe[(size_t)pos * C + c] : 0.0f);
     }
   }
@@ -215,9 +214,19 @@ void BatchDecoder::head(const std::vector<Segment>& segments, const float* x) {
     std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));
 }
 
+void BatchDecoder::run_stage(const std::vector<Segment>& segments, int rows) {
+  comm::Group* pp = groups_.pp;
+  const int stage = pp ? pp->rank() : 0, stages = pp ? pp->size() : 1;
+  std::vector<float> x((size_t)rows * gpt_.config().dim);
+  if (stage == 0) embed(segments, x.data());
+  else pp->irecv(x.data(), x.size(), stage - 1, 0)->wait();
+  for (int l = first_layer_; l < last_layer_; l++) block(l, x.data(), segments, rows);
+  if (stage + 1 < stages) pp->isend(x.data(), x.size(), stage + 1, 0)->wait();
+  else head(segments, x.data());
+}
+
 void BatchDecoder::step(std::span<const Rows> batch) {
   const auto& cfg = gpt_.config();
-  const int C = cfg.dim;
   std::vector<Segment> segments;
   int rows = 0;
   for (const Rows& r : batch) {
@@ -225,18 +234,28 @@ void BatchDecoder::step(std::span<const Rows> batch) {
     const int n = (int)r.tokens.size();
     CHECK(n > 0 && s->pos + n <= cfg.max_seq_len);
     for (const Segment& other : segments) CHECK_MSG(other.seq != s, "a sequence twice in one step");
-    segments.push_back({s, rows, n});
+    segments.push_back({s, rows, n, r.tokens});
     rows += n;
   }
   if (rows == 0) return;
   comm::Group* pp = groups_.pp;
-  const int stage = pp ? pp->rank() : 0, stages = pp ? pp->size() : 1;
-  std::vector<float> x((size_t)rows * C);
-  if (stage == 0) embed(segments, batch, x.data());
-  else pp->irecv(x.data(), x.size(), stage - 1, 0)->wait();
-  for (int l = first_layer_; l < last_layer_; l++) block(l, x.data(), segments, rows);
-  if (stage + 1 < stages) pp->isend(x.data(), x.size(), stage + 1, 0)->wait();
-  else head(segments, x.data());
+  const int stages = pp ? pp->size() : 1;
+  // With pipeline stages, the sequences may go through in micro-batches (whole sequences,
+  // about equal rows): each stage takes them in order, so the second runs on stage 0 while
+  // the first runs on stage 1, as a pipeline fills. A row's result does not depend on which
+  // micro-batch it is in.
+  const int groups = std::clamp(stages > 1 ? groups_.micro_batches : 1, 1, (int)segments.size());
+  for (int g = 0, first = 0; g < groups; g++) {
+    int last = first, group_rows = 0;  // segments [first, last): the g-th share of the rows
+    const int64_t until = (int64_t)rows * (g + 1) / groups;
+    while (last < (int)segments.size() && (last == first || g + 1 == groups || segments[last].row < until) &&
+           (int)segments.size() - last > groups - g - 1)
+      group_rows += segments[last++].n;
+    std::vector<Segment> group(segments.begin() + first, segments.begin() + last);
+    for (Segment& s : group) s.row -= segments[first].row;
+    run_stage(group, group_rows);
+    first = last;
+  }
   if (stages > 1) {  // every stage samples: the last one's logits to all, in one message
     std::vector<float> logits(segments.size() * (size_t)cfg.vocab);
     for (size_t i = 0; i < segments.size(); i++)

@@ -33,9 +33,12 @@ namespace meshtrain::infer {
 //       rank, so the text is the same. MoE layers' MLPs run whole on every tp rank.
 //   pp: the layers are split into consecutive stages; a stage receives the step's rows from
 //       the one before and sends them on, and the last broadcasts the logits.
+//   micro_batches: with pp, a step's sequences split into this many groups that follow each
+//       other through the stages (at most one per sequence).
 struct DecodeGroups {
   comm::Group* tp = nullptr;
   comm::Group* pp = nullptr;
+  int micro_batches = 1;
 };
 
 class BatchDecoder {
@@ -66,13 +69,17 @@ class BatchDecoder {
     Buffer<float> logits;            // [V]
   };
   class HeldUnit;  // a unit's parameters from the model's store while in scope
-  // Where one sequence's rows sit in a step's batch.
+  // Where one sequence's rows sit in a micro-batch's rows, and its new tokens.
   struct Segment {
     Sequence* seq;
     int row, n;
+    std::span<const int> tokens;
   };
   Sequence& seq(int id) const;
-  void embed(const std::vector<Segment>& segments, std::span<const Rows> batch, float* x) const;
+  void embed(const std::vector<Segment>& segments, float* x) const;
+  // One micro-batch's pass through this stage's layers (received from the stage before, or
+  // embedded), on to the next stage or through the head.
+  void run_stage(const std::vector<Segment>& segments, int rows);
   void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, const std::vector<Segment>& segments, int rows);
   void moe_mlp(int l, const HeldUnit& block, const float* ln, int n, float* out) const;

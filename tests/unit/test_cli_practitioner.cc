@@ -528,7 +528,7 @@ TEST_F(CliPractitioner, GenerateOnAnyLayoutPrintsOneRanksText) {
   RunResult one = run(generate(base_run(), flags));
   ASSERT_EQ(one.exit_code, 0) << describe(one);
   ASSERT_EQ(lines_of(one.out).size(), 3u) << one.out;
-  for (const std::string layout : {"--tp 2", "--pp 2", "--tp 2 --pp 2", "--dp 3", "--dp 2 --tp 2"}) {
+  for (const std::string layout : {"--tp 2", "--pp 2 --micro-batches 2", "--tp 2 --pp 2", "--dp 3", "--dp 2 --tp 2"}) {
     RunResult r = run(generate(base_run(), flags + " " + layout));
     ASSERT_EQ(r.exit_code, 0) << layout << ": " << describe(r);
     EXPECT_EQ(r.out, one.out) << layout;

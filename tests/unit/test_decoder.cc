@@ -158,7 +158,8 @@ std::vector<std::vector<float>> joined_and_left(const model::Gpt& gpt, DecodeGro
 
 // Tensor- and pipeline-parallel decoding on thread ranks: every rank's logits equal one
 // rank's, bit for bit (tp splits each linear layer's output rows, here unevenly for the
-// 101-token vocabulary, and the KV heads; pp splits the layers).
+// 101-token vocabulary, and the KV heads; pp splits the layers, and the sequences into 2
+// micro-batches).
 TEST_P(KvCacheDecoderTest, TensorAndPipelineParallelLogitsEqualOneRanks) {
   const auto cfg = small_config(GetParam());
   model::Gpt gpt(cfg);
@@ -174,7 +175,7 @@ TEST_P(KvCacheDecoderTest, TensorAndPipelineParallelLogitsEqualOneRanks) {
     comm::run_ranks(tp * pp, [&](int r) {
       auto group = world.group(r);
       comm::Mesh mesh(*group, shape);
-      got[r] = joined_and_left(gpt, {tp > 1 ? &mesh.tp() : nullptr, pp > 1 ? &mesh.pp() : nullptr});
+      got[r] = joined_and_left(gpt, {tp > 1 ? &mesh.tp() : nullptr, pp > 1 ? &mesh.pp() : nullptr, 2});
     });
     for (int r = 0; r < tp * pp; r++) {
       ASSERT_EQ(got[r].size(), expected.size()) << "rank " << r;
