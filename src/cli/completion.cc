@@ -55,10 +55,23 @@ Status place_weights(const model::ParamLayout& layout, WeightPlacement* w) {
   return Status::error(why);
 }
 
+// Whether the model can be decoded on tp x pp ranks.
+Status check_decode_layout(const model::GptConfig& c, int tp, int pp) {
+  if (tp < 1 || pp < 1) return Status::error("--tp and --pp must be >= 1");
+  if (c.kv_head_count() % tp != 0)
+    return Status::error("--tp " + std::to_string(tp) + " must divide the model's " +
+                         std::to_string(c.kv_head_count()) + " key/value heads (the KV cache is split by them)");
+  if (pp > c.layers)
+    return Status::error("--pp " + std::to_string(pp) + " is more stages than the model's " + std::to_string(c.layers) +
+                         " layers");
+  return Status::ok();
+}
+
 }  // namespace
 
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           const WeightPlacement& placement, LoadedModel* out, data::Gpt2Tokenizer* tok) {
+                           const WeightPlacement& placement, int tp, int pp, LoadedModel* out,
+                           data::Gpt2Tokenizer* tok) {
   std::string tokenizer_dir;
   RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
   RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
@@ -66,8 +79,12 @@ Status load_for_completion(const std::string& model_path, const std::string& tok
   RETURN_IF_ERROR(checkpoint::model_file_config(model_path, 0, &config));
   // The layout first, with no buffer: where the weights go depends on their size.
   auto gpt = std::make_unique<model::Gpt>(config, model::Gpt::LocalState::kNone);
+  RETURN_IF_ERROR(check_decode_layout(config, tp, pp));
   WeightPlacement w = placement;
   RETURN_IF_ERROR(place_weights(gpt->layout(), &w));
+  if (w.stream && tp * pp > 1)
+    return Status::error("streamed weights (--offload weights=nvme, or a --memory-budget under the weights) run on "
+                         "one rank: drop --tp and --pp");
   if (!w.stream) {
     out->gpt.reset();
     return checkpoint::open_model_file(model_path, 0, &out->gpt, model::Gpt::LocalState::kParamsOnly);
@@ -101,17 +118,6 @@ std::string memory_report(const WeightPlacement& w, const LoadedModel& model) {
     out += line;
   }
   return out;
-}
-
-Status check_decode_layout(const model::GptConfig& c, int tp, int pp) {
-  if (tp < 1 || pp < 1) return Status::error("--tp and --pp must be >= 1");
-  if (c.kv_head_count() % tp != 0)
-    return Status::error("--tp " + std::to_string(tp) + " must divide the model's " +
-                         std::to_string(c.kv_head_count()) + " key/value heads (the KV cache is split by them)");
-  if (pp > c.layers)
-    return Status::error("--pp " + std::to_string(pp) + " is more stages than the model's " + std::to_string(c.layers) +
-                         " layers");
-  return Status::ok();
 }
 
 Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,

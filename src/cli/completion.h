@@ -57,16 +57,14 @@ struct LoadedModel {
 };
 
 // The model at `model_path` (a run, a checkpoint, a .safetensors or llm.c file), its weights
-// placed as `w` says, and its tokenizer (`tokenizer_flag`, or the one find_tokenizer finds).
+// placed as `w` says, and its tokenizer (`tokenizer_flag`, or the one find_tokenizer finds),
+// for decoding on tp x pp ranks: before any weight is read, an error unless tp divides the
+// model's key/value heads, pp is at most its layers, and streamed weights run on one rank.
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           const WeightPlacement& w, LoadedModel* model, data::Gpt2Tokenizer* tok);
+                           const WeightPlacement& w, int tp, int pp, LoadedModel* model, data::Gpt2Tokenizer* tok);
 // A line on memory for stderr: the tracked peak against the budget, the peak resident set,
 // and what streaming read and waited.
 std::string memory_report(const WeightPlacement& w, const LoadedModel& model);
-
-// Whether the model can be decoded on tp x pp ranks (tp divides its key/value heads, pp is at
-// most its layers): checked on every rank before any work.
-Status check_decode_layout(const model::GptConfig& c, int tp, int pp);
 
 // The request's settings and its prompt against the model and the tokenizer: the prompt's
 // tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the

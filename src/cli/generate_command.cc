@@ -96,12 +96,8 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
   LoadedModel loaded;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, &loaded, &tok));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, o.tp, o.pp, &loaded, &tok));
   const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
-  RETURN_IF_ERROR(check_decode_layout(gpt->config(), o.tp, o.pp));
-  if (loaded.streamed && o.tp * o.pp > 1)
-    return Status::error("streamed weights (--offload weights=nvme, or a --memory-budget under the weights) run on "
-                         "one rank: drop --tp and --pp");
   const auto decoding = std::chrono::steady_clock::now();  // the model loaded
   const int n = (int)prompts.size();
   std::vector<CompletionRequest> requests;

@@ -71,7 +71,6 @@ class StreamedWeights : public model::ParamStore {
     uint64_t ticket = 0;          // its read's
     int holds = 0;                // acquisitions not released
   };
-  int layer_of_unit(int u) const { return unit_layer_[u]; }
   void start_read(int l);  // into a free buffer (one must be free)
   void wait_ticket(uint64_t t);
   void reader();
