@@ -88,8 +88,7 @@ std::string record_of(const data::Gpt2Tokenizer& tok, int index, const Completio
 }
 
 Status generate(const GenerateOptions& o, comm::Group& world) {
-  RETURN_IF_ERROR(check_generate_options(o));
-  comm::MeshShape shape;
+  comm::MeshShape shape;  // (the options were checked before any rank started)
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
   std::vector<std::string> prompts;
   RETURN_IF_ERROR(read_prompts(o, &prompts));
@@ -135,8 +134,7 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
         out.emit(record_of(tok, mine[printed], requests[mine[printed]], done[mine[printed]], o.json));
     }
   }
-  if (world.rank() == 0 && (loaded.streamed || o.weights.budget_gb > 0))
-  {
+  if (world.rank() == 0 && (loaded.streamed || o.weights.budget_gb > 0)) {
     int64_t tokens = 0;
     for (int i : mine) tokens += (int64_t)done[i].tokens.size();
     const double seconds = seconds_since(decoding);
