@@ -10,12 +10,12 @@
 namespace meshtrain::checkpoint {
 
 ShardReader::ShardReader(std::string dir, const CheckpointIndex& index, const model::ParamLayout& whole,
-                         int tp_rank, ReadFile read)
-    : dir_(std::move(dir)), index_(index), read_(std::move(read)), writers_(whole, index.dp_size, index.ep_size) {
+                         int tp_rank, OpenFile open)
+    : dir_(std::move(dir)), index_(index), open_(std::move(open)), writers_(whole, index.dp_size, index.ep_size) {
   CHECK_MSG(writers_.units().size() == (size_t)whole.num_units(), "ShardReader: a layout of another model");
-  if (!read_)
-    read_ = [dir = dir_](const std::string& name, std::string* bytes) {
-      return read_file((std::filesystem::path(dir) / name).string(), bytes);
+  if (!open_)
+    open_ = [dir = dir_](const std::string& name, std::shared_ptr<const ByteSource>* file) {
+      return open_file_source((std::filesystem::path(dir) / name).string(), file);
     };
   for (size_t f = 0; f < index.files.size(); f++) {
     if (index.files[f].tp != tp_rank) continue;
@@ -33,10 +33,10 @@ Status ShardReader::copy(int section, int id, size_t begin, size_t end, float* d
     if (it == where_.end())
       return Status::error(dir_ + ": no shard file holds unit " + std::to_string(id) + " of data-parallel rank " +
                            std::to_string(w));
-    const std::string* file = nullptr;
+    const ByteSource* file = nullptr;
     RETURN_IF_ERROR(open(it->second, &file));
     const size_t at = section_offset(section, it->second, w) + unit_offset(it->second, id, w) + (a - own_a);
-    std::memcpy(dst + (a - begin), file->data() + at * sizeof(float), (b - a) * sizeof(float));
+    RETURN_IF_ERROR(file->read(at * sizeof(float), dst + (a - begin), (b - a) * sizeof(float)));
   }
   return Status::ok();
 }
@@ -52,21 +52,29 @@ size_t ShardReader::unit_offset(int f, int id, int w) const {
   return at;  // past the end: the section size
 }
 
-Status ShardReader::open(int f, const std::string** file) {
+Status ShardReader::open(int f, const ByteSource** file) {
   auto it = files_.find(f);
   if (it == files_.end()) {
     const IndexFile& meta = index_.files[f];
     const std::string path = (std::filesystem::path(dir_) / meta.name).string();
-    std::string bytes;
-    RETURN_IF_ERROR(read_(meta.name, &bytes));
-    if (bytes.size() != meta.bytes || meta.bytes != section_offset(kNumSections, f, meta.dp) * sizeof(float))
-      return Status::error(path + " is truncated or has the wrong size (" + std::to_string(bytes.size()) +
+    std::shared_ptr<const ByteSource> source;
+    RETURN_IF_ERROR(open_(meta.name, &source));
+    if (source->size() != meta.bytes || meta.bytes != section_offset(kNumSections, f, meta.dp) * sizeof(float))
+      return Status::error(path + " is truncated or has the wrong size (" + std::to_string(source->size()) +
                            " bytes, index says " + std::to_string(meta.bytes) + ")");
-    if (to_hex(checksum64(bytes.data(), bytes.size())) != meta.checksum)
-      return Status::error(path + " is corrupt: checksum mismatch");
-    it = files_.emplace(f, std::move(bytes)).first;
+    // The checksum over the whole file, in pieces: nothing of it stays in memory.
+    constexpr size_t kPiece = 4 << 20;
+    std::string piece(std::min<uint64_t>(kPiece, source->size()), '\0');
+    Checksum64 sum(source->size());
+    for (uint64_t at = 0; at < source->size(); at += kPiece) {
+      const size_t n = (size_t)std::min<uint64_t>(kPiece, source->size() - at);
+      RETURN_IF_ERROR(source->read(at, piece.data(), n));
+      sum.update(piece.data(), n);
+    }
+    if (to_hex(sum.finish()) != meta.checksum) return Status::error(path + " is corrupt: checksum mismatch");
+    it = files_.emplace(f, std::move(source)).first;
   }
-  *file = &it->second;
+  *file = it->second.get();
   return Status::ok();
 }
 

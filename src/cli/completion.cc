@@ -25,16 +25,25 @@ namespace {
 
 constexpr double kMB = 1e6, kGB = 1e9;  // as train's --memory-budget counts
 
-// The placement's flags against the model: whether it streams, and whether it fits.
-Status place_weights(const model::ParamLayout& layout, WeightPlacement* w) {
+// The placement's flags against the model (`held`: the parameters this rank holds, the
+// whole model on one rank): whether it streams, and whether it fits.
+Status place_weights(const model::ParamLayout& layout, int64_t held, int ranks, WeightPlacement* w) {
   if (!w->offload.empty() && w->offload != "weights=nvme")
     return Status::error("--offload takes weights=nvme for generation (the layers stream from a file), got '" +
                          w->offload + "'");
   if (w->read_ahead < 0) return Status::error("--offload-read-ahead must be >= 0 layers");
   if (w->budget_gb < 0) return Status::error("--memory-budget must be >= 0 GB (0: no limit)");
   w->stream = !w->offload.empty();
-  const double budget = w->budget_gb * kGB, weights = (double)layout.total() * sizeof(float);
+  const double budget = w->budget_gb * kGB, weights = (double)held * sizeof(float);
   if (budget <= 0) return Status::ok();
+  if (ranks > 1 && weights > budget) {
+    char why[300];
+    std::snprintf(why, sizeof why,
+                  "a rank's share of the weights (%.1f MB of %.1f MB) exceeds --memory-budget %.4g GB, and streamed "
+                  "weights run on one rank: use more --tp or --pp ranks",
+                  weights / kMB, (double)layout.total() * sizeof(float) / kMB, w->budget_gb);
+    return Status::error(why);
+  }
   if (!w->stream && weights > budget) {
     std::fprintf(stderr, "meshtrain: the weights (%.1f MB) exceed --memory-budget %.3g GB: streaming them from a file\n",
                  weights / kMB, w->budget_gb);
@@ -69,9 +78,31 @@ Status check_decode_layout(const model::GptConfig& c, int tp, int pp) {
 
 }  // namespace
 
+// This rank's share of the weights at `path`, into out->shard: a checkpoint streamed in
+// pieces, or a single weights file read whole and then cut.
+Status load_shard(const std::string& path, std::vector<infer::FlatRange> rows, std::unique_ptr<model::Gpt> gpt,
+                  LoadedModel* out) {
+  out->shard = std::make_unique<infer::ShardWeights>(gpt->layout(), std::move(rows));
+  infer::ShardWeights& shard = *out->shard;
+  std::string resolved;
+  RETURN_IF_ERROR(checkpoint::resolve_model_path(path, &resolved));
+  if (std::filesystem::is_directory(resolved)) {  // a checkpoint: the rank's rows of each piece
+    RETURN_IF_ERROR(checkpoint::stream_model_weights(
+        path, gpt->config(), [&](size_t at, size_t n, const float* values) { return shard.write(at, n, values); }));
+  } else {
+    std::unique_ptr<model::Gpt> whole;
+    RETURN_IF_ERROR(checkpoint::open_model_file(path, 0, &whole, model::Gpt::LocalState::kParamsOnly));
+    RETURN_IF_ERROR(shard.write(0, whole->layout().total(), whole->params()));
+  }
+  gpt->set_param_store(&shard);
+  out->gpt = std::move(gpt);
+  return Status::ok();
+}
+
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           const WeightPlacement& placement, int tp, int pp, LoadedModel* out,
+                           const WeightPlacement& placement, const infer::DecodeGroups& at, LoadedModel* out,
                            data::Gpt2Tokenizer* tok) {
+  const int tp = at.tp_size(), pp = at.stages();
   std::string tokenizer_dir;
   RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
   RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
@@ -80,11 +111,19 @@ Status load_for_completion(const std::string& model_path, const std::string& tok
   // The layout first, with no buffer: where the weights go depends on their size.
   auto gpt = std::make_unique<model::Gpt>(config, model::Gpt::LocalState::kNone);
   RETURN_IF_ERROR(check_decode_layout(config, tp, pp));
+  if (!placement.offload.empty() && tp * pp > 1)
+    return Status::error("streamed weights (--offload weights=nvme) run on one rank: drop --tp and --pp (each of "
+                         "their ranks holds only its share of the weights)");
+  std::vector<infer::FlatRange> rows;
+  int64_t held = (int64_t)gpt->layout().total();
+  if (tp * pp > 1) {
+    rows = infer::weights_read(*gpt, at);
+    held = 0;
+    for (const infer::FlatRange& r : rows) held += (int64_t)r.count;
+  }
   WeightPlacement w = placement;
-  RETURN_IF_ERROR(place_weights(gpt->layout(), &w));
-  if (w.stream && tp * pp > 1)
-    return Status::error("streamed weights (--offload weights=nvme, or a --memory-budget under the weights) run on "
-                         "one rank: drop --tp and --pp");
+  RETURN_IF_ERROR(place_weights(gpt->layout(), held, tp * pp, &w));
+  if (tp * pp > 1) return load_shard(model_path, std::move(rows), std::move(gpt), out);
   if (!w.stream) {
     out->gpt.reset();
     return checkpoint::open_model_file(model_path, 0, &out->gpt, model::Gpt::LocalState::kParamsOnly);
@@ -101,14 +140,24 @@ Status load_for_completion(const std::string& model_path, const std::string& tok
   return Status::ok();
 }
 
-std::string memory_report(const WeightPlacement& w, const LoadedModel& model) {
+std::string memory_report(const WeightPlacement& w, const LoadedModel& model, comm::Group* group) {
   const MemStats m = MemoryTracker::instance().stats();
+  double peaks[2] = {(double)m.total_peak, (double)peak_rss_bytes()};
+  const bool ranks = group && group->size() > 1;
+  if (ranks) group->all_reduce_f64(peaks, 2, comm::ReduceOp::kMax);
   char line[512];
   char budget[64] = "";
   if (w.budget_gb > 0) std::snprintf(budget, sizeof budget, " (--memory-budget %.1f MB)", w.budget_gb * kGB / kMB);
-  std::snprintf(line, sizeof line, "memory: peak %.1f MB tracked%s, peak resident set %.1f MB", m.total_peak / kMB,
-                budget, peak_rss_bytes() / kMB);
+  std::snprintf(line, sizeof line, "memory: peak %.1f MB tracked%s, peak resident set %.1f MB%s", peaks[0] / kMB,
+                budget, peaks[1] / kMB, ranks ? " (the largest of the ranks)" : "");
   std::string out = line;
+  if (model.shard) {
+    double held = (double)model.shard->held();
+    if (ranks) group->all_reduce_f64(&held, 1, comm::ReduceOp::kMax);
+    std::snprintf(line, sizeof line, "; weights held: %.1f MB on the fullest rank, of %.1f MB", held * 4 / kMB,
+                  (double)model.shard->whole() * 4 / kMB);
+    out += line;
+  }
   if (model.streamed) {
     const infer::StreamedWeights::Stats s = model.streamed->stats();
     std::snprintf(line, sizeof line,

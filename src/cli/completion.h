@@ -16,6 +16,7 @@
 #include "data/bpe.h"
 #include "infer/decoder.h"
 #include "infer/sampling.h"
+#include "infer/shard_weights.h"
 #include "infer/streamed_weights.h"
 #include "model/gpt.h"
 
@@ -54,17 +55,23 @@ void add_weight_flags(CLI::App* cmd, WeightPlacement* w);
 struct LoadedModel {
   std::unique_ptr<model::Gpt> gpt;
   std::unique_ptr<infer::StreamedWeights> streamed;  // null: the weights are in memory
+  std::unique_ptr<infer::ShardWeights> shard;  // on tp x pp ranks: this rank's share
 };
 
 // The model at `model_path` (a run, a checkpoint, a .safetensors or llm.c file), its weights
 // placed as `w` says, and its tokenizer (`tokenizer_flag`, or the one find_tokenizer finds),
-// for decoding on tp x pp ranks: before any weight is read, an error unless tp divides the
-// model's key/value heads, pp is at most its layers, and streamed weights run on one rank.
+// for decoding at `at`'s place in a tp x pp group: before any weight is read, an error
+// unless tp divides the model's key/value heads, pp is at most its layers, and streamed
+// weights run on one rank. On several ranks each holds only the rows it reads
+// (infer::ShardWeights): streamed from a checkpoint folder, or cut from a weights file read
+// whole first.
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
-                           const WeightPlacement& w, int tp, int pp, LoadedModel* model, data::Gpt2Tokenizer* tok);
-// A line on memory for stderr: the tracked peak against the budget, the peak resident set,
-// and what streaming read and waited.
-std::string memory_report(const WeightPlacement& w, const LoadedModel& model);
+                           const WeightPlacement& w, const infer::DecodeGroups& at, LoadedModel* model,
+                           data::Gpt2Tokenizer* tok);
+// A line on memory for stderr: the tracked peak against the budget (the largest of the
+// model group's ranks: collective over `group` when given), the peak resident set, the
+// weights a rank holds, and what streaming read and waited.
+std::string memory_report(const WeightPlacement& w, const LoadedModel& model, comm::Group* group = nullptr);
 
 // The request's settings and its prompt against the model and the tokenizer: the prompt's
 // tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the

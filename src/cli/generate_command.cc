@@ -94,8 +94,10 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
   RETURN_IF_ERROR(read_prompts(o, &prompts));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
+  comm::Mesh mesh(world, shape);
+  const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr, o.micro_batches};
   LoadedModel loaded;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, o.tp, o.pp, &loaded, &tok));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tok));
   const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   const auto decoding = std::chrono::steady_clock::now();  // the model loaded
   const int n = (int)prompts.size();
@@ -106,8 +108,6 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
     if (Status s = prepare_completion(*gpt, tok, requests[i], &done[i]); !s.is_ok())
       return n > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
   }
-  comm::Mesh mesh(world, shape);
-  const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr, o.micro_batches};
   std::vector<std::string> kept;
   const Output out{world.rank() == 0, o.dp > 1 ? &kept : nullptr};
   // This replica's prompts: i % dp == its dp rank.
@@ -134,12 +134,14 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
         out.emit(record_of(tok, mine[printed], requests[mine[printed]], done[mine[printed]], o.json));
     }
   }
-  if (world.rank() == 0 && (loaded.streamed || o.weights.budget_gb > 0)) {
+  if (loaded.streamed || o.weights.budget_gb > 0) {  // the same on every rank
+    const double seconds = seconds_since(decoding);
+    const std::string memory = memory_report(o.weights, loaded, &world);
     int64_t tokens = 0;
     for (int i : mine) tokens += (int64_t)done[i].tokens.size();
-    const double seconds = seconds_since(decoding);
-    std::fprintf(stderr, "%s; decoding: %lld tokens in %.3f s (%.1f tokens/s)\n", memory_report(o.weights, loaded).c_str(),
-                 (long long)tokens, seconds, tokens / std::max(seconds, 1e-9));
+    if (world.rank() == 0)
+      std::fprintf(stderr, "%s; decoding: %lld tokens in %.3f s (%.1f tokens/s)\n", memory.c_str(), (long long)tokens,
+                   seconds, tokens / std::max(seconds, 1e-9));
   }
   if (o.dp == 1) return Status::ok();
   // Replicas' records to world rank 0, printed in the prompts' order: prompt i is record

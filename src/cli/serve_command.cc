@@ -277,11 +277,17 @@ Status serve(const ServeOptions& o, comm::Group& world) {
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, 1, &shape));
   if (o.threads > 0) omp_set_num_threads(o.threads);
   data::Gpt2Tokenizer tok;
-  LoadedModel loaded;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, o.tp, o.pp, &loaded, &tok));
-  const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   comm::Mesh mesh(world, shape);
   const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr, o.micro_batches};
+  LoadedModel loaded;
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tok));
+  const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
+  // After the last step, on every rank (collective): the memory line.
+  const bool report = loaded.streamed || o.weights.budget_gb > 0;
+  auto report_memory = [&] {
+    const std::string line = memory_report(o.weights, loaded, &world);
+    if (world.rank() == 0) std::fprintf(stderr, "%s\n", line.c_str());
+  };
   if (::pipe(stop_pipe) != 0) return Status::error("serve: cannot make a pipe for the stop signals");
   struct sigaction action {};
   action.sa_handler = on_stop_signal;
@@ -291,21 +297,25 @@ Status serve(const ServeOptions& o, comm::Group& world) {
   sigaction(SIGTERM, &action, nullptr);
   if (world.rank() != 0) {  // a signal here only fills the pipe: rank 0's stop plan ends it
     follow_batch_loop(*gpt, tok, groups, world);
+    if (report) report_memory();
     return Status::ok();
   }
-  Server server(o, *gpt, tok, groups, world.size() > 1 ? &world : nullptr);
-  std::thread stopper([&] {
-    char why = 0;
-    while (::read(stop_pipe[0], &why, 1) < 0 && errno == EINTR) {}
-    if (why == 1) server.stop();
-  });
-  const Status s = server.listen();
-  const char ended = 0;  // the server may have stopped by itself: end the reader
-  (void)!::write(stop_pipe[1], &ended, 1);
-  stopper.join();
+  Status s = Status::ok();
+  {  // the server's batching loop ends with it, and the followers with their stop plan
+    Server server(o, *gpt, tok, groups, world.size() > 1 ? &world : nullptr);
+    std::thread stopper([&] {
+      char why = 0;
+      while (::read(stop_pipe[0], &why, 1) < 0 && errno == EINTR) {}
+      if (why == 1) server.stop();
+    });
+    s = server.listen();
+    const char ended = 0;  // the server may have stopped by itself: end the reader
+    (void)!::write(stop_pipe[1], &ended, 1);
+    stopper.join();
+  }
   ::close(stop_pipe[0]);
   ::close(stop_pipe[1]);
-  if (loaded.streamed || o.weights.budget_gb > 0) std::fprintf(stderr, "%s\n", memory_report(o.weights, loaded).c_str());
+  if (report) report_memory();
   if (s.is_ok()) std::printf("stopped\n"), std::fflush(stdout);
   return s;
 }

@@ -22,6 +22,10 @@ class BatchDecoder::HeldUnit {
   HeldUnit(const HeldUnit&) = delete;
   HeldUnit& operator=(const HeldUnit&) = delete;
   const float* operator[](const model::ParamTensor& t) const { return store_->fp32_tensor(base_, unit_, t, layout_); }
+  // Tensor t from row `first` of its dim 0 on (all the store may hold of it: a tp share).
+  const float* rows(const model::ParamTensor& t, int64_t first, int64_t count) const {
+    return store_->fp32_rows(base_, unit_, t, first, count, layout_);
+  }
 
  private:
   model::ParamStore* store_;
@@ -32,13 +36,88 @@ class BatchDecoder::HeldUnit {
 
 BatchDecoder::BatchDecoder(const model::Gpt& gpt, DecodeGroups groups) : gpt_(gpt), groups_(groups) {
   const auto& c = gpt.config();
-  if (groups.tp) tp_ = groups.tp->size(), tp_rank_ = groups.tp->rank();
+  tp_ = groups.tp_size(), tp_rank_ = groups.tp_rank();
   CHECK_MSG(c.kv_head_count() % tp_ == 0, "tensor-parallel decoding needs tp to divide the KV heads");
   kv_heads_ = c.kv_head_count() / tp_;
-  const int stages = groups.pp ? groups.pp->size() : 1, stage = groups.pp ? groups.pp->rank() : 0;
-  CHECK_MSG(c.layers >= stages, "pipeline-parallel decoding needs a layer per stage");
-  first_layer_ = c.layers * stage / stages;
-  last_layer_ = c.layers * (stage + 1) / stages;
+  CHECK_MSG(c.layers >= groups.stages(), "pipeline-parallel decoding needs a layer per stage");
+  first_layer_ = c.layers * groups.stage() / groups.stages();
+  last_layer_ = c.layers * (groups.stage() + 1) / groups.stages();
+}
+
+RowRange tp_share(int64_t rows, int tp, int rank) {
+  const int64_t share = (rows + tp - 1) / tp, first = std::min(rows, rank * share);
+  return {first, std::min(rows, first + share) - first};
+}
+
+namespace {
+
+// A block's linear layers as the decoder multiplies by them: weight [out, in] (Llama's q, k
+// and v, and its gate and up, fused: tensors back to back from `weight` on) and bias. Their
+// output rows are what the tp ranks share (BatchDecoder::linear).
+struct Linear {
+  LayerTensor weight, bias;
+  int64_t out, in;
+};
+enum { kQkvLinear, kAttProjLinear, kFcLinear, kFcProjLinear };  // block_linears' order
+std::vector<Linear> block_linears(const model::GptConfig& c) {
+  return {{model::kQkvW, model::kQkvB, c.qkv_dim(), c.dim},
+          {model::kAttProjW, model::kAttProjB, c.dim, c.dim},
+          {model::kFcW, model::kFcB, c.fc_dim(), c.dim},
+          {model::kFcProjW, model::kFcProjB, c.dim, c.ffn()}};
+}
+
+// Sorted, with touching or overlapping ranges merged.
+std::vector<FlatRange> merged(std::vector<FlatRange> ranges) {
+  std::sort(ranges.begin(), ranges.end(), [](const FlatRange& a, const FlatRange& b) { return a.begin < b.begin; });
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    if (r.count == 0) continue;
+    if (!out.empty() && r.begin <= out.back().begin + out.back().count)
+      out.back().count = std::max(out.back().begin + out.back().count, r.begin + r.count) - out.back().begin;
+    else
+      out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<FlatRange> weights_read(const model::Gpt& gpt, const DecodeGroups& at) {
+  const auto& c = gpt.config();
+  const auto& layout = gpt.layout();
+  std::vector<FlatRange> read, split;
+  // Rows [share) of an operand of `out` rows of `width` starting at tensor t.
+  auto share = [&](const model::ParamTensor& t, int64_t out, int64_t width) {
+    const RowRange mine = tp_share(out, at.tp_size(), at.tp_rank());
+    read.push_back({t.offset + (size_t)(mine.first * width), (size_t)(mine.count * width)});
+    split.push_back({t.offset, (size_t)(out * width)});
+  };
+  const int first = c.layers * at.stage() / at.stages(), last = c.layers * (at.stage() + 1) / at.stages();
+  for (int l = first; l < last; l++)
+    for (const Linear& linear : block_linears(c)) {
+      if (!layout.has(l, linear.weight)) continue;  // an MoE layer's MLP
+      share(layout.layer(l, linear.weight), linear.out, linear.in);
+      if (layout.has(l, linear.bias)) share(layout.layer(l, linear.bias), linear.out, 1);
+    }
+  if (at.stage() == 0) {  // the lookup: each rank its vocabulary share, summed (embed)
+    share(layout.wte(), c.vocab, c.dim);
+    if (layout.has_wpe()) read.push_back({layout.wpe().offset, layout.wpe().numel});
+  }
+  if (at.stage() + 1 == at.stages()) {
+    read.push_back({layout.lnf_w().offset, layout.lnf_w().numel});
+    if (layout.has_lnf_b()) read.push_back({layout.lnf_b().offset, layout.lnf_b().numel});
+    share(layout.has_untied_head() ? layout.head() : layout.wte(), c.vocab, c.dim);
+  }
+  // The rest of the stage's layers (norms, routers, experts) whole.
+  const std::vector<FlatRange> shared = merged(split);
+  for (const model::ParamTensor& t : layout.tensors()) {
+    if (t.layer < first || t.layer >= last) continue;
+    const bool in_split = std::any_of(shared.begin(), shared.end(), [&](const FlatRange& r) {
+      return t.offset >= r.begin && t.offset + t.numel <= r.begin + r.count;
+    });
+    if (!in_split) read.push_back({t.offset, t.numel});
+  }
+  return merged(read);
 }
 
 int BatchDecoder::add() {
@@ -64,16 +143,32 @@ BatchDecoder::Sequence& BatchDecoder::seq(int id) const {
 
 void BatchDecoder::embed(const std::vector<Segment>& segments, float* x) const {
   const int C = gpt_.config().dim;
-  const HeldUnit embeddings(gpt_, gpt_.layout().embedding_unit());
-  const float* wte = embeddings[gpt_.layout().wte()];
-  const float* wpe = gpt_.layout().has_wpe() ? embeddings[gpt_.layout().wpe()] : nullptr;
+  const auto& layout = gpt_.layout();
+  const HeldUnit embeddings(gpt_, layout.embedding_unit());
+  const float* wpe = layout.has_wpe() ? embeddings[layout.wpe()] : nullptr;
+  // With tp, each rank looks up the tokens in its share of the vocabulary, zeros elsewhere,
+  // and a sum over the ranks gives every row: exactly, since each element adds one value to
+  // zeros. Then the positions, as on one rank.
+  const RowRange mine = tp_share(gpt_.config().vocab, tp_, tp_rank_);
+  int rows = 0;
   for (const Segment& s : segments) {
-    for (int i = 0; i < s.n; i++) {
+    for (int i = 0; i < s.n; i++, rows++) {
       float* row = x + (size_t)(s.row + i) * C;
-      const int token = s.tokens[i], pos = s.seq->pos + i;
-      for (int c = 0; c < C; c++) row[c] = wte[(size_t)token * C + c] + (wpe ? wpe[(size_t)pos * C + c] : 0.0f);
+      const int token = s.tokens[i];
+      if (token >= mine.first && token < mine.first + mine.count)
+        std::memcpy(row, embeddings.rows(layout.wte(), token, 1), C * sizeof(float));
+      else
+        std::fill(row, row + C, 0.0f);
     }
   }
+  if (tp_ > 1) groups_.tp->all_reduce(x, (size_t)rows * C);
+  if (!wpe) return;
+  for (const Segment& s : segments)
+    for (int i = 0; i < s.n; i++) {
+      float* row = x + (size_t)(s.row + i) * C;
+      const float* at = wpe + (size_t)(s.seq->pos + i) * C;
+      for (int c = 0; c < C; c++) row[c] += at[c];
+    }
 }
 
 void BatchDecoder::norm(float* out, const float* x, const float* w, const float* b, int n) const {
@@ -93,15 +188,18 @@ void BatchDecoder::gather_columns(float* out, const float* mine, int n, int shar
   }
 }
 
-void BatchDecoder::linear(float* out, const float* in, const float* W, const float* b, int n, int K, int OC) {
-  if (tp_ == 1) return k::matmul_forward_rowwise(out, in, W, b, n, K, OC);
-  const int share = (OC + tp_ - 1) / tp_, lo = std::min(OC, tp_rank_ * share), rows = std::min(OC, lo + share) - lo;
+void BatchDecoder::linear(float* out, const float* in, const HeldUnit& unit, const model::ParamTensor& W,
+                          const model::ParamTensor* b, int n, int K, int OC) {
+  // (Rows, not the whole tensor: a vocabulary's padding rows are never read, nor held.)
+  if (tp_ == 1) return k::matmul_forward_rowwise(out, in, unit.rows(W, 0, OC), b ? unit.rows(*b, 0, OC) : nullptr, n, K, OC);
+  const RowRange range = tp_share(OC, tp_, tp_rank_);
+  const int share = (OC + tp_ - 1) / tp_, lo = (int)range.first, rows = (int)range.count;
   std::vector<float> mine((size_t)n * share, 0.0f);
   // Each element of the share is computed exactly as one rank computes it (the kernel's
   // order does not depend on the rows beside it), into rows of `share` columns.
   std::vector<float> part((size_t)n * std::max(rows, 1));
   if (rows > 0) {
-    k::matmul_forward_rowwise(part.data(), in, W + (size_t)lo * K, b ? b + lo : nullptr, n, K, rows);
+    k::matmul_forward_rowwise(part.data(), in, unit.rows(W, lo, rows), b ? unit.rows(*b, lo, rows) : nullptr, n, K, rows);
     for (int i = 0; i < n; i++)
       std::memcpy(mine.data() + (size_t)i * share, part.data() + (size_t)i * rows, rows * sizeof(float));
   }
@@ -119,11 +217,17 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
   const auto& layout = gpt_.layout();
   const HeldUnit weights(gpt_, layout.block_unit(l));
   auto W = [&](LayerTensor t) { return layout.has(l, t) ? weights[layout.layer(l, t)] : nullptr; };
+  const std::vector<Linear> linears = block_linears(cfg);
+  auto apply = [&](int which, float* out, const float* in) {
+    const Linear& f = linears[which];
+    const model::ParamTensor* bias = layout.has(l, f.bias) ? &layout.layer(l, f.bias) : nullptr;
+    linear(out, in, weights, layout.layer(l, f.weight), bias, n, (int)f.in, (int)f.out);
+  };
   std::vector<float> ln((size_t)n * C), qkv((size_t)n * Q), att((size_t)n * C), proj((size_t)n * C),
       h((size_t)n * Fc), hg((size_t)n * F), att_mine(tp_ > 1 ? (size_t)n * Cl : 0);
 
   norm(ln.data(), x, W(model::kLn1W), W(model::kLn1B), n);
-  linear(qkv.data(), ln.data(), W(model::kQkvW), W(model::kQkvB), n, C, Q);
+  apply(kQkvLinear, qkv.data(), ln.data());
   float* att_out = tp_ > 1 ? att_mine.data() : att.data();
   for (const Segment& s : segments) {
     float* q = qkv.data() + (size_t)s.row * Q;
@@ -144,7 +248,7 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
                                 Cl, NHl, kv_heads_);
   }
   if (tp_ > 1) gather_columns(att.data(), att_mine.data(), n, Cl, C);
-  linear(proj.data(), att.data(), W(model::kAttProjW), W(model::kAttProjB), n, C, C);
+  apply(kAttProjLinear, proj.data(), att.data());
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
   norm(ln.data(), x, W(model::kLn2W), W(model::kLn2B), n);
   if (cfg.is_moe_layer(l)) {
@@ -152,10 +256,10 @@ void BatchDecoder::block(int l, float* x, const std::vector<Segment>& segments, 
     k::residual_forward(x, x, proj.data(), (size_t)n * C);
     return;
   }
-  linear(h.data(), ln.data(), W(model::kFcW), W(model::kFcB), n, C, Fc);
+  apply(kFcLinear, h.data(), ln.data());
   if (cfg.mlp == model::Mlp::kSwiGlu) k::swiglu_forward(hg.data(), h.data(), n, F);
   else k::gelu_forward(hg.data(), h.data(), (size_t)n * F);
-  linear(proj.data(), hg.data(), W(model::kFcProjW), W(model::kFcProjB), n, F, C);
+  apply(kFcProjLinear, proj.data(), hg.data());
   k::residual_forward(x, x, proj.data(), (size_t)n * C);
 }
 
@@ -205,10 +309,10 @@ void BatchDecoder::head(const std::vector<Segment>& segments, const float* x) {
   const HeldUnit final_norm(gpt_, layout.final_unit());
   norm(ln.data(), last.data(), final_norm[layout.lnf_w()], layout.has_lnf_b() ? final_norm[layout.lnf_b()] : nullptr, S);
   if (layout.has_untied_head()) {
-    linear(logits.data(), ln.data(), final_norm[layout.head()], nullptr, S, C, cfg.vocab);
+    linear(logits.data(), ln.data(), final_norm, layout.head(), nullptr, S, C, cfg.vocab);
   } else {  // tied: the embedding's rows
     const HeldUnit embeddings(gpt_, layout.embedding_unit());
-    linear(logits.data(), ln.data(), embeddings[layout.wte()], nullptr, S, C, cfg.vocab);
+    linear(logits.data(), ln.data(), embeddings, layout.wte(), nullptr, S, C, cfg.vocab);
   }
   for (int i = 0; i < S; i++)
     std::memcpy(segments[i].seq->logits.data(), logits.data() + (size_t)i * cfg.vocab, cfg.vocab * sizeof(float));

@@ -39,7 +39,29 @@ struct DecodeGroups {
   comm::Group* tp = nullptr;
   comm::Group* pp = nullptr;
   int micro_batches = 1;
+  int tp_size() const { return tp ? tp->size() : 1; }
+  int tp_rank() const { return tp ? tp->rank() : 0; }
+  int stages() const { return pp ? pp->size() : 1; }
+  int stage() const { return pp ? pp->rank() : 0; }
 };
+
+// Rows [first, first + count) (count 0: none).
+struct RowRange {
+  int64_t first = 0, count = 0;
+};
+// Tensor-parallel rank `rank`'s share of `rows` output rows: contiguous, ceil(rows / tp) long
+// (the last shares shorter, or empty).
+RowRange tp_share(int64_t rows, int tp, int rank);
+// Elements [begin, begin + count) of the whole model's flat parameters.
+struct FlatRange {
+  size_t begin = 0, count = 0;
+};
+// The parameters the rank at `at`'s place reads when decoding, in layout order: its stage's
+// layers, of their linear layers its tp share of the output rows (the rest whole), and its
+// share of the vocabulary's rows of the embedding (the first stage's lookup, the last
+// stage's tied head) and of an untied head. What a rank needs to hold (infer::ShardWeights):
+// about 1/(tp x pp) of the model.
+std::vector<FlatRange> weights_read(const model::Gpt& gpt, const DecodeGroups& at);
 
 class BatchDecoder {
  public:
@@ -83,8 +105,10 @@ class BatchDecoder {
   void norm(float* out, const float* x, const float* weight, const float* bias, int n) const;
   void block(int l, float* x, const std::vector<Segment>& segments, int rows);
   void moe_mlp(int l, const HeldUnit& block, const float* ln, int n, float* out) const;
-  // out[n, OC] = in[n, K] @ W[OC, K]^T + b: this rank's share of W's rows, all-gathered.
-  void linear(float* out, const float* in, const float* W, const float* b, int n, int K, int OC);
+  // out[n, OC] = in[n, K] @ W[OC, K]^T + b (b may be null): this rank's share of W's rows,
+  // all-gathered.
+  void linear(float* out, const float* in, const HeldUnit& unit, const model::ParamTensor& W,
+              const model::ParamTensor* b, int n, int K, int OC);
   // Rows of `share` columns from each tp rank, [tp][n][share], into out[n][cols] side by side.
   void gather_columns(float* out, const float* mine, int n, int share, int cols);
   void head(const std::vector<Segment>& segments, const float* x);

@@ -37,6 +37,13 @@ class ParamStore {
                                    const ParamLayout& layout) const {
     return unit + layout.offset_in_unit(t);
   }
+  // Rows [first_row, first_row + rows) of tensor t's dim 0, where they start: for a store that
+  // holds only some rows (a tensor-parallel decoding rank's share). The rows may run on into
+  // the tensors after t in the layout (a fused operand: Llama's q, k and v projections).
+  virtual const float* fp32_rows(const float* unit, int u, const ParamTensor& t, int64_t first_row, int64_t rows,
+                                 const ParamLayout& layout) const {
+    return fp32_tensor(unit, u, t, layout) + first_row * (int64_t)(t.numel / t.shape[0]);
+  }
   // The unit's gradient accumulation buffer (same layout); contributions are added (+=).
   virtual float* acquire_grads(int u) = 0;
   virtual void release_grads(int u) {}

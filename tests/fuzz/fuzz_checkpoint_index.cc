@@ -28,10 +28,10 @@ std::map<std::string, std::string> fake_shards(checkpoint::CheckpointIndex* inde
 }
 
 void load_every_unit(const checkpoint::CheckpointIndex& index, const std::map<std::string, std::string>& files) {
-  const auto read = [&](const std::string& name, std::string* bytes) {
+  const auto read = [&](const std::string& name, std::shared_ptr<const checkpoint::ByteSource>* file) {
     auto it = files.find(name);
     if (it == files.end()) return Status::error(name + " is not listed");
-    *bytes = it->second;
+    *file = checkpoint::memory_source(it->second);
     return Status::ok();
   };
   for (int t = 0; t < index.tp_size; t++) {

@@ -538,6 +538,26 @@ TEST_F(CliPractitioner, GenerateOnAnyLayoutPrintsOneRanksText) {
   RunResult split = run(generate(base_run(), single + " --tp 2 --pp 2"));
   ASSERT_EQ(split.exit_code, 0) << describe(split);
   EXPECT_EQ(split.out, alone.out);
+  // Each rank holds only its share of the weights: under a budget the whole model exceeds,
+  // from a checkpoint (streamed in pieces) or a single weights file (cut after reading).
+  RunResult reported = run(generate(base_run(), flags + " --tp 2 --pp 2 --memory-budget 100"));
+  ASSERT_EQ(reported.exit_code, 0) << describe(reported);
+  double held = 0, whole = 0;
+  const size_t at = reported.err.find("weights held: ");
+  ASSERT_NE(at, std::string::npos) << reported.err;
+  ASSERT_EQ(std::sscanf(reported.err.c_str() + at, "weights held: %lf MB on the fullest rank, of %lf MB", &held, &whole), 2)
+      << reported.err;
+  // The tiny model is 97% embedding, which (tied to the head) the first stage and the last
+  // both need: each rank holds its tp half of it, and a quarter of the layers.
+  EXPECT_LT(held, 0.55 * whole) << reported.err;
+  const std::string budget = " --memory-budget " + std::to_string((held + 0.1 * (whole - held)) / 1000);
+  for (const std::string& model : {base_run(), base_safetensors()}) {
+    RunResult shared = run(generate(model, flags + " --tp 2 --pp 2" + budget));
+    ASSERT_EQ(shared.exit_code, 0) << model << ": " << describe(shared);
+    EXPECT_EQ(shared.out, one.out) << model;
+  }
+  expect_failure(run(generate(base_run(), flags + " --tp 2 --pp 2 --memory-budget " + std::to_string(held / 2000))),
+                 {"a rank's share of the weights", "exceeds --memory-budget", "more --tp or --pp"});
   expect_failure(run(generate(base_run(), "--prompt hi --tp 3")), {"--tp 3 must divide the model's 4 key/value heads"});
   expect_failure(run(generate(base_run(), "--prompt hi --pp 3")), {"--pp 3 is more stages than the model's 2 layers"});
 }
