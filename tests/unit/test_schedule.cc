@@ -258,6 +258,8 @@ TEST(SimulateTest, PeakInFlight) {
         case ScheduleKind::k1F1B: expected = std::min(c.p - r, c.m); break;
         // Warmup forwards plus the steady state's one extra, counted in chunk activation sets.
         case ScheduleKind::kInterleaved: expected = std::min(warmup_of(c, r) + 1, c.m * c.v); break;
+        case ScheduleKind::kZbH1:
+        case ScheduleKind::kZbV: FAIL() << "zero-bubble schedules: ZeroBubbleTest";
       }
       EXPECT_EQ(sim.peak_in_flight[r], expected) << c.name() << " rank " << r;
     }
@@ -288,6 +290,118 @@ TEST(ScheduleErrors, InvalidArgumentsAreRejected) {
   EXPECT_FALSE(simulate(ScheduleKind::k1F1B, 0, 4, 1, 1, 2, &sim).is_ok());
   EXPECT_FALSE(simulate(ScheduleKind::k1F1B, 2, 4, 1, -1, 2, &sim).is_ok());  // negative cost
   EXPECT_TRUE(make_schedule(ScheduleKind::kInterleaved, 4, 8, 2, 3, &out).is_ok());
+}
+
+// Zero-bubble schedules (Qi et al. 2023): the backward split into B and W.
+struct ZbConfig {
+  ScheduleKind kind;
+  int p, m;
+  int v() const { return kind == ScheduleKind::kZbV ? 2 : 1; }
+  std::string name() const {
+    return std::string(schedule_name(kind)) + " p=" + std::to_string(p) + " m=" + std::to_string(m);
+  }
+};
+std::vector<ZbConfig> zero_bubble_configs() {
+  std::vector<ZbConfig> out;
+  for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbV})
+    for (int p : {1, 2, 3, 4, 8})
+      for (int m : {1, 2, 3, 4, 8, 16}) out.push_back({k, p, m});
+  return out;
+}
+
+// Every F, B and W of every (micro-batch, chunk) once, in that order, and nothing else
+// computes; the V folds stages r and 2p-1-r onto rank r.
+TEST(ZeroBubbleTest, EveryPassOnceAndInOrder) {
+  EXPECT_EQ(stage_of(ScheduleKind::kZbV, 4, 2, 0, 1), 7);
+  EXPECT_EQ(stage_of(ScheduleKind::kZbV, 4, 2, 3, 1), 4);
+  EXPECT_EQ(rank_of_stage(ScheduleKind::kZbV, 4, 2, 4), 3);
+  for (const ZbConfig& c : zero_bubble_configs()) {
+    for (int r = 0; r < c.p; ++r) {
+      std::vector<Action> actions;
+      ASSERT_TRUE(make_schedule(c.kind, c.p, c.m, c.v(), r, &actions).is_ok()) << c.name();
+      std::map<std::pair<int, int>, std::string> passes;  // (mb, chunk) -> "FBW" as they come
+      for (const Action& a : actions) {
+        if (a.kind == ActionKind::kForward) passes[{a.microbatch, a.chunk}] += 'F';
+        if (a.kind == ActionKind::kBackward) passes[{a.microbatch, a.chunk}] += 'B';
+        if (a.kind == ActionKind::kBackwardWeight) passes[{a.microbatch, a.chunk}] += 'W';
+      }
+      ASSERT_EQ(passes.size(), size_t(c.m * c.v())) << c.name() << " rank " << r;
+      for (const auto& [key, order] : passes) EXPECT_EQ(order, "FBW") << c.name() << " rank " << r;
+      EXPECT_EQ(stage_of(c.kind, c.p, c.v(), r, 0), r);
+      for (int ch = 0; ch < c.v(); ch++)
+        EXPECT_EQ(rank_of_stage(c.kind, c.p, c.v(), stage_of(c.kind, c.p, c.v(), r, ch)), r) << c.name();
+    }
+  }
+}
+
+// ZB-H1 is 1F1B with Ws added: without them, the same actions in the same order.
+TEST(ZeroBubbleTest, H1IsOneFOneBWithTheWeightsPlaced) {
+  for (int p : {2, 4})
+    for (int m : {2, 8})
+      for (int r = 0; r < p; r++) {
+        std::vector<Action> h1, plain, kept;
+        ASSERT_TRUE(make_schedule(ScheduleKind::kZbH1, p, m, 1, r, &h1).is_ok());
+        ASSERT_TRUE(make_schedule(ScheduleKind::k1F1B, p, m, 1, r, &plain).is_ok());
+        for (const Action& a : h1)
+          if (a.kind != ActionKind::kBackwardWeight) kept.push_back(a);
+        ASSERT_EQ(kept.size(), plain.size());
+        for (size_t i = 0; i < kept.size(); i++) {
+          EXPECT_EQ(kept[i].kind, plain[i].kind) << "p " << p << " m " << m << " rank " << r << " action " << i;
+          EXPECT_EQ(kept[i].microbatch, plain[i].microbatch);
+          EXPECT_EQ(kept[i].peer, plain[i].peer);
+        }
+      }
+}
+
+// In unit time (F = B = W for the whole of a rank's layers; a V chunk half of that): the
+// simulator pairs every message (it fails on a mismatch or deadlock), and for m >= p the
+// bubble is ZB-H1's (p-1)/(3m+p-1), a third of 1F1B's idle time, and ZB-V's (p-1)/(6m+p-1),
+// the first forward's way to the last rank. Memory: ZB-H1 holds at most min(p, m) sets on
+// every rank and ZB-V 2 min(p, m) chunk sets: 1F1B's first rank's (min(p, m) whole sets).
+TEST(ZeroBubbleTest, BubbleAndMemoryInUnitTime) {
+  for (const ZbConfig& c : zero_bubble_configs()) {
+    const int v = c.v();
+    const std::vector<double> cost(c.p * v, 1.0 / v);
+    SimResult sim, one_f_one_b;
+    ASSERT_TRUE(simulate(c.kind, c.p, c.m, v, cost, cost, cost, &sim).is_ok()) << c.name();
+    ASSERT_TRUE(simulate(ScheduleKind::k1F1B, c.p, c.m, 1, std::vector<double>(c.p, 1.0),
+                         std::vector<double>(c.p, 1.0), std::vector<double>(c.p, 1.0), &one_f_one_b)
+                    .is_ok());
+    const double p = c.p, m = c.m;
+    EXPECT_LE(sim.bubble_fraction, one_f_one_b.bubble_fraction + 1e-12) << c.name();
+    if (c.m >= c.p) {
+      const double theory = c.kind == ScheduleKind::kZbH1 ? (p - 1) / (3 * m + p - 1) : (p - 1) / (6 * m + p - 1);
+      EXPECT_NEAR(sim.bubble_fraction, theory, 1e-12) << c.name();
+    }
+    for (int r = 0; r < c.p; r++) EXPECT_LE(sim.peak_in_flight[r], v * std::min(c.p, c.m)) << c.name() << " rank " << r;
+    EXPECT_EQ(sim.peak_in_flight[0], v * std::min(c.p, c.m)) << c.name();
+  }
+}
+
+// Other costs run the same lists (they are fixed in unit time): no deadlock, every pass
+// timed as given, and the W still fills: at tf = tb = tw, ZB-H1 beats 1F1B.
+TEST(ZeroBubbleTest, OtherCostsRunTheSameLists) {
+  for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbV}) {
+    const int p = 4, m = 8, v = k == ScheduleKind::kZbV ? 2 : 1;
+    for (auto [tf, tb, tw] : {std::tuple{1.0, 1.2, 0.8}, std::tuple{1.0, 2.0, 0.5}, std::tuple{2.0, 1.0, 1.0}}) {
+      SimResult sim;
+      const auto all = [&](double x) { return std::vector<double>(p * v, x); };
+      ASSERT_TRUE(simulate(k, p, m, v, all(tf), all(tb), all(tw), &sim).is_ok());
+      for (int r = 0; r < p; r++) EXPECT_NEAR(sim.busy[r], m * v * (tf + tb + tw), 1e-9);
+    }
+  }
+}
+
+TEST(ZeroBubbleTest, InvalidArgumentsAreRejected) {
+  std::vector<Action> out;
+  Status s = make_schedule(ScheduleKind::kZbV, 2, 4, 1, 0, &out);
+  EXPECT_NE(s.message().find("zb-v schedule runs 2 chunks"), std::string::npos) << s.message();
+  s = make_schedule(ScheduleKind::kZbH1, 2, 4, 2, 0, &out);
+  EXPECT_NE(s.message().find("v != 1"), std::string::npos) << s.message();
+  ScheduleKind kind;
+  ASSERT_TRUE(parse_schedule_kind("zb-h1", &kind).is_ok());
+  EXPECT_EQ(kind, ScheduleKind::kZbH1);
+  EXPECT_NE(parse_schedule_kind("zb", &kind).message().find("zb-h1 or zb-v"), std::string::npos);
 }
 
 }  // namespace

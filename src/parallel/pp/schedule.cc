@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <utility>
 #include <map>
 #include <string>
 #include <tuple>
@@ -14,11 +15,16 @@ struct Compute {
   bool forward;
   int microbatch;
   int chunk;
+  bool weight = false;  // a zero-bubble W (forward false)
 };
 
 Status check_args(ScheduleKind kind, int p, int m, int v) {
   if (p < 1) return Status::error("pipeline size p must be >= 1, got " + std::to_string(p));
   if (m < 1) return Status::error("micro-batch count m must be >= 1, got " + std::to_string(m));
+  if (kind == ScheduleKind::kZbV) {
+    if (v != 2) return Status::error("the zb-v schedule runs 2 chunks per rank (a V), got v=" + std::to_string(v));
+    return Status::ok();
+  }
   if (kind != ScheduleKind::kInterleaved) {
     if (v != 1) return Status::error("only the interleaved schedule has v != 1 chunks, got v=" + std::to_string(v));
     return Status::ok();
@@ -67,8 +73,91 @@ std::vector<Compute> one_f_one_b(int n, int warmup, F forward_at, B backward_at)
   return order;
 }
 
+// The zero-bubble orders (schedule.h): every rank list-scheduled in unit time. An action
+// started at t ends at t + 1, and what it sends is there at t + 1. ZB-H1 keeps 1F1B's order
+// of Fs and Bs and only places the Ws: a W runs whenever the next F or B cannot. ZB-V picks
+// among its two chunks' ready work: a B first, then an F (the oldest micro-batch, then the
+// stage nearer the loss), else a W.
+std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank);
+
+std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, int rank) {
+  const int stages = p * v;
+  constexpr int kNever = 1 << 30;
+  // When stage s's input activation (gradient) of micro-batch mb arrives.
+  std::vector<std::vector<int>> activation(stages, std::vector<int>(m, kNever)), gradient = activation;
+  for (int mb = 0; mb < m; mb++) activation[0][mb] = 0;
+  struct Rank {
+    std::vector<int> forwards, backwards;  // per chunk: how many done (in micro-batch order)
+    std::deque<std::pair<int, int>> weights;  // pending Ws (micro-batch, chunk), oldest first
+    int sets = 0, limit = 0;
+    std::vector<Compute> fixed;  // ZB-H1: 1F1B's order of F and B
+    size_t next = 0;             // in `fixed`
+    std::vector<Compute> order;
+  };
+  std::vector<Rank> ranks(p);
+  for (int r = 0; r < p; r++) {
+    ranks[r].forwards.assign(v, 0);
+    ranks[r].backwards.assign(v, 0);
+    ranks[r].limit = kind == ScheduleKind::kZbH1 ? p : 2 * p;
+    if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r);
+  }
+  const size_t actions = (size_t)3 * m * v;
+  for (int t = 0; t < kNever; t++) {
+    bool all_done = true;
+    for (int r = 0; r < p; r++) {
+      Rank& k = ranks[r];
+      if (k.order.size() == actions) continue;
+      all_done = false;
+      // Ready B and F: the oldest micro-batch, then the stage nearer the loss.
+      int best_b = -1, best_f = -1;
+      for (int c = 0; c < v; c++) {
+        const int s = stage_of(kind, p, v, r, c), b = k.backwards[c], f = k.forwards[c];
+        if (b < f && gradient[s][b] <= t && (best_b < 0 || b < k.backwards[best_b] ||
+                                            (b == k.backwards[best_b] && s > stage_of(kind, p, v, r, best_b))))
+          best_b = c;
+        if (f < m && activation[s][f] <= t && k.sets < k.limit &&
+            (best_f < 0 || f < k.forwards[best_f] || (f == k.forwards[best_f] && s > stage_of(kind, p, v, r, best_f))))
+          best_f = c;
+      }
+      if (!k.fixed.empty()) {  // only the next of 1F1B's order may run
+        best_b = best_f = -1;
+        if (k.next < k.fixed.size()) {
+          const Compute& n = k.fixed[k.next];
+          if (!n.forward && n.microbatch == k.backwards[0] && k.backwards[0] < k.forwards[0] &&
+              gradient[stage_of(kind, p, v, r, 0)][n.microbatch] <= t)
+            best_b = 0;
+          if (n.forward && activation[stage_of(kind, p, v, r, 0)][n.microbatch] <= t && k.sets < k.limit) best_f = 0;
+        }
+      }
+      if (best_b >= 0 || best_f >= 0) k.next++;
+      if (best_b >= 0) {
+        const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind, p, v, r, c);
+        if (s > 0) gradient[s - 1][mb] = t + 1;
+        k.weights.push_back({mb, c});
+        k.order.push_back({false, mb, c});
+      } else if (best_f >= 0) {
+        const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind, p, v, r, c);
+        if (s + 1 < stages) activation[s + 1][mb] = t + 1;
+        else gradient[s][mb] = t + 1;  // the loss's gradient, once this F ends
+        k.sets++;
+        k.order.push_back({true, mb, c});
+      } else if (!k.weights.empty()) {
+        const auto [mb, c] = k.weights.front();
+        k.weights.pop_front();
+        k.sets--;
+        k.order.push_back({false, mb, c, true});
+      }
+    }
+    if (all_done) break;
+  }
+  return ranks[rank].order;
+}
+
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank) {
   switch (kind) {
+    case ScheduleKind::kZbH1:
+    case ScheduleKind::kZbV:
+      return zero_bubble_order(kind, p, m, v, rank);
     case ScheduleKind::kGpipe:
       return gpipe_order(m);
     case ScheduleKind::k1F1B: {
@@ -88,14 +177,15 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int r
 }
 
 // Appends one compute step with the receive before it and the send after it.
-void append_with_comm(const Compute& c, int p, int v, int rank, std::vector<Action>* out) {
-  int stage = c.chunk * p + rank;
-  int last = p * v - 1;
-  int prev_rank = (rank + p - 1) % p;
-  int next_rank = (rank + 1) % p;
-  // Neighbouring stages on the same rank (p == 1) hand tensors over without messages.
-  bool prev_remote = stage > 0 && prev_rank != rank;
-  bool next_remote = stage < last && next_rank != rank;
+void append_with_comm(ScheduleKind kind, const Compute& c, int p, int v, int rank, std::vector<Action>* out) {
+  const int stage = stage_of(kind, p, v, rank, c.chunk), last = p * v - 1;
+  if (c.weight) return out->push_back({ActionKind::kBackwardWeight, c.microbatch, c.chunk, -1});
+  const int prev_rank = stage > 0 ? rank_of_stage(kind, p, v, stage - 1) : -1;
+  const int next_rank = stage < last ? rank_of_stage(kind, p, v, stage + 1) : -1;
+  // Neighbouring stages on the same rank (p == 1 interleaved, ZB-V's turn) hand tensors
+  // over without messages.
+  const bool prev_remote = stage > 0 && prev_rank != rank;
+  const bool next_remote = stage < last && next_rank != rank;
   if (c.forward) {
     if (prev_remote) out->push_back({ActionKind::kRecvActivation, c.microbatch, c.chunk, prev_rank});
     out->push_back({ActionKind::kForward, c.microbatch, c.chunk, -1});
@@ -114,18 +204,33 @@ const char* schedule_name(ScheduleKind kind) {
     case ScheduleKind::kGpipe: return "gpipe";
     case ScheduleKind::k1F1B: return "1f1b";
     case ScheduleKind::kInterleaved: return "interleaved";
+    case ScheduleKind::kZbH1: return "zb-h1";
+    case ScheduleKind::kZbV: return "zb-v";
   }
   return "?";
 }
 
+bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV; }
+
+int stage_of(ScheduleKind kind, int p, int v, int rank, int chunk) {
+  if (kind == ScheduleKind::kZbV) return chunk == 0 ? rank : 2 * p - 1 - rank;
+  return chunk * p + rank;
+}
+
+int rank_of_stage(ScheduleKind kind, int p, int v, int stage) {
+  if (kind == ScheduleKind::kZbV) return stage < p ? stage : 2 * p - 1 - stage;
+  return stage % p;
+}
+
 Status parse_schedule_kind(const std::string& name, ScheduleKind* out) {
-  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved}) {
+  for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZbH1,
+                         ScheduleKind::kZbV}) {
     if (name == schedule_name(k)) {
       *out = k;
       return Status::ok();
     }
   }
-  return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b or interleaved)");
+  return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b, interleaved, zb-h1 or zb-v)");
 }
 
 Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out) {
@@ -134,7 +239,7 @@ Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vect
     return Status::error("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(p) + ")");
   }
   out->clear();
-  for (const Compute& c : compute_order(kind, p, m, v, rank)) append_with_comm(c, p, v, rank, out);
+  for (const Compute& c : compute_order(kind, p, m, v, rank)) append_with_comm(kind, c, p, v, rank, out);
   return Status::ok();
 }
 
@@ -171,12 +276,14 @@ std::string describe(int rank, const Action& a) {
 
 // Runs rank r's actions until it finishes or blocks on a receive with nothing to take.
 // Returns whether it advanced; *error is set on a mismatched pairing.
-bool advance(int r, int p, const std::vector<double>& tf, const std::vector<double>& tb, RankState* s,
-             std::map<ChannelKey, std::deque<Message>>* channels, Status* error) {
+bool advance(ScheduleKind kind, int r, int p, int v, const std::vector<double>& tf, const std::vector<double>& tb,
+             const std::vector<double>& tw, RankState* s, std::map<ChannelKey, std::deque<Message>>* channels,
+             Status* error) {
   bool moved = false;
+  const bool split = splits_backward(kind);
   while (s->next < s->actions.size()) {
     const Action& a = s->actions[s->next];
-    int stage = a.chunk * p + r;
+    const int stage = stage_of(kind, p, v, r, a.chunk);
     if (is_recv(a.kind)) {
       auto& queue = (*channels)[{a.peer, r, carries_grad(a.kind)}];
       if (queue.empty()) return moved;
@@ -192,11 +299,16 @@ bool advance(int r, int p, const std::vector<double>& tf, const std::vector<doub
       int to_stage = carries_grad(a.kind) ? stage - 1 : stage + 1;
       (*channels)[{r, a.peer, carries_grad(a.kind)}].push_back({s->clock, a.microbatch, to_stage});
     } else {
-      double cost = a.kind == ActionKind::kForward ? tf[stage] : tb[stage];
+      const double cost = a.kind == ActionKind::kForward          ? tf[stage]
+                          : a.kind == ActionKind::kBackwardWeight ? tw[stage]
+                          : split                                 ? tb[stage]
+                                                                  : tb[stage] + tw[stage];
       s->spans.push_back({a.kind, a.microbatch, a.chunk, s->clock, s->clock + cost});
       s->clock += cost;
       s->busy += cost;
-      s->in_flight += a.kind == ActionKind::kForward ? 1 : -1;
+      // A set lives from the forward to the backward, or to W when the backward is split.
+      if (a.kind == ActionKind::kForward) s->in_flight++;
+      else if (a.kind == (split ? ActionKind::kBackwardWeight : ActionKind::kBackward)) s->in_flight--;
       s->peak = std::max(s->peak, s->in_flight);
     }
     ++s->next;
@@ -216,13 +328,22 @@ Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, Si
 
 Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf,
                 const std::vector<double>& tb, SimResult* out) {
+  // The backward's two halves at equal cost: its input-gradient and weight-gradient GEMMs.
+  std::vector<double> half(tb);
+  for (double& t : half) t /= 2;
+  return simulate(kind, p, m, v, tf, half, half, out);
+}
+
+Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf, const std::vector<double>& tb,
+                const std::vector<double>& tw, SimResult* out) {
   RETURN_IF_ERROR(check_args(kind, p, m, v));
   const size_t stages = (size_t)p * v;
-  if (tf.size() != stages || tb.size() != stages)
-    return Status::error("stage costs: " + std::to_string(tf.size()) + " forward and " + std::to_string(tb.size()) +
-                         " backward given, the pipeline has " + std::to_string(stages) + " stages (p x v)");
+  if (tf.size() != stages || tb.size() != stages || tw.size() != stages)
+    return Status::error("stage costs: " + std::to_string(tf.size()) + " forward, " + std::to_string(tb.size()) +
+                         " input-gradient and " + std::to_string(tw.size()) + " weight-gradient given, the pipeline "
+                         "has " + std::to_string(stages) + " stages (p x v)");
   for (size_t i = 0; i < stages; i++)
-    if (!(tf[i] >= 0) || !(tb[i] >= 0)) return Status::error("stage costs must be >= 0");
+    if (!(tf[i] >= 0) || !(tb[i] >= 0) || !(tw[i] >= 0)) return Status::error("stage costs must be >= 0");
   std::vector<RankState> ranks(p);
   for (int r = 0; r < p; ++r) RETURN_IF_ERROR(make_schedule(kind, p, m, v, r, &ranks[r].actions));
 
@@ -233,7 +354,7 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   for (bool moved = true; moved;) {
     moved = false;
     for (int r = 0; r < p; ++r) {
-      moved |= advance(r, p, tf, tb, &ranks[r], &channels, &error);
+      moved |= advance(kind, r, p, v, tf, tb, tw, &ranks[r], &channels, &error);
       RETURN_IF_ERROR(error);
     }
   }

@@ -8,7 +8,15 @@
 //
 // Stages: rank r of p holds v model chunks; chunk c of rank r is model stage c * p + r
 // (Megatron's interleaving), so consecutive stages sit on consecutive ranks and the
-// activation of the last rank's chunk c travels to rank 0's chunk c + 1.
+// activation of the last rank's chunk c travels to rank 0's chunk c + 1. ZB-V instead folds
+// the stages into a V (stage_of): rank r holds stage r and stage 2p - 1 - r, so the last
+// rank hands its chunk 0's output to its own chunk 1, and rank 0 holds the first stage and
+// the last.
+//
+// Zero-bubble schedules (Qi et al. 2023, "Zero Bubble Pipeline Parallelism") split each
+// backward into B, the input gradients (on the critical path: the stage before waits for
+// them), and W, the weight gradients (needed only by the optimizer step), and place the Ws
+// in the bubbles. A micro-batch's activations live from its F to its W.
 #pragma once
 #include <string>
 #include <vector>
@@ -17,7 +25,9 @@
 
 namespace meshtrain::parallel::pp {
 
-enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad };
+// kBackward is the whole backward, or under a zero-bubble schedule its input-gradient half
+// B; kBackwardWeight is the weight-gradient half W (zero-bubble schedules only).
+enum class ActionKind { kForward, kBackward, kSendActivation, kRecvActivation, kSendGrad, kRecvGrad, kBackwardWeight };
 
 struct Action {
   ActionKind kind;
@@ -26,14 +36,31 @@ struct Action {
   int peer;   // for send/recv: the other pipeline rank; -1 for compute
 };
 
-enum class ScheduleKind { kGpipe, k1F1B, kInterleaved };
+enum class ScheduleKind { kGpipe, k1F1B, kInterleaved, kZbH1, kZbV };
 
-// "gpipe", "1f1b", "interleaved": the names flags and traces use.
+// "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v": the names flags and traces use.
 const char* schedule_name(ScheduleKind kind);
 Status parse_schedule_kind(const std::string& name, ScheduleKind* out);
+// Whether the schedule splits the backward into B and W actions.
+bool splits_backward(ScheduleKind kind);
+// The model stage that rank `rank`'s chunk `chunk` runs (p ranks, v chunks each), and the
+// rank that runs stage `stage`.
+int stage_of(ScheduleKind kind, int p, int v, int rank, int chunk);
+int rank_of_stage(ScheduleKind kind, int p, int v, int stage);
 
 // The ordered actions of pipeline rank `rank` of p ranks for m micro-batches and v chunks
-// per rank (v must be 1 except for kInterleaved, which needs v >= 2 and m % p == 0).
+// per rank (v must be 1 except for kInterleaved, which needs v >= 2 and m % p == 0, and
+// kZbV, which needs v == 2).
+//
+// The zero-bubble orders come from list-scheduling all ranks in unit time (F = B = W, the
+// case the paper's handcrafted ZB-H1 and ZB-V are drawn for), so they are fixed lists that
+// any real costs then run. ZB-H1 runs 1F1B's order of Fs and Bs and puts each W in the
+// first slot where the next F or B is not ready: bubble (p-1)/(3m+p-1) for m >= p, a third
+// of 1F1B's idle time, with at most min(p, m) activation sets on every rank (1F1B's first
+// rank). ZB-V takes on each free rank a ready B first (the gradient chain is the critical
+// path), else a ready F while it holds under 2p chunk sets (p sets of its whole layers,
+// 1F1B's first-rank memory), else its oldest pending W: bubble (p-1)/(6m+p-1) for m >= p,
+// only the first forward's way to the last rank.
 //
 // Communication appears where the executor must post it: a forward of a stage other than
 // the first is preceded by a kRecvActivation from the previous stage's rank, and a forward
@@ -50,7 +77,8 @@ Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vect
 
 // Discrete-event simulation of all p ranks executing their schedules. Each forward costs tf
 // and each backward tb (per chunk); sends take no time; a receive waits until the matching
-// send has been posted, i.e. until the compute that produced the tensor has finished.
+// send has been posted, i.e. until the compute that produced the tensor has finished. Under
+// a zero-bubble schedule B and W cost tb / 2 each unless given apart (the overload with tw).
 // One forward or backward of one rank in the simulation.
 struct SimSpan {
   ActionKind kind;  // kForward or kBackward
@@ -64,7 +92,7 @@ struct SimResult {
   double bubble_fraction = 0;  // idle time of all ranks within the makespan / (p * makespan)
   std::vector<double> busy;    // per rank: total compute time
   // Per rank: the peak number of (micro-batch, chunk) activation sets alive at once
-  // (forward done, backward not yet). With v == 1 this is micro-batches; with v chunks a
+  // (forward done, backward, or under a zero-bubble schedule W, not yet). With v == 1 this is micro-batches; with v chunks a
   // set holds 1/v of the rank's layers, so peak / v is the memory in micro-batch units.
   std::vector<int> peak_in_flight;
   // Per rank: every forward and backward in execution order with its start and end, the
@@ -79,5 +107,9 @@ Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, Si
 // uneven layer counts, and the first stage's embedding and the last one's head.
 Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf,
                 const std::vector<double>& tb, SimResult* out);
+// The same with the backward's halves apart: B costs tb and W tw under a zero-bubble
+// schedule; under the others a backward costs tb + tw.
+Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf, const std::vector<double>& tb,
+                const std::vector<double>& tw, SimResult* out);
 
 }  // namespace meshtrain::parallel::pp
