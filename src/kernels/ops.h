@@ -89,6 +89,8 @@ struct GradOutput {
 // fp32. At kBf16 the backward rounds dout once for both of its GEMMs.
 void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bias, int N, int C,
                     int OC, Precision p = Precision::kFp32);
+// (Each output may be null: the input gradient alone, or the weight and bias gradients alone,
+// is a zero-bubble schedule's B or W.)
 void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
 

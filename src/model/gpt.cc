@@ -668,19 +668,21 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
   auto G = [&](LayerTensor t) { return layout_.has(l, t) ? grad(u, gunit, layout_.layer(l, t)) : nullptr; };
   auto Gw = [&](LayerTensor t) { return weight_grad(u, gunit, layout_.layer(l, t)); };
+  auto T_ = [&](LayerTensor t) { return layout_.has(l, t) ? &layout_.layer(l, t) : nullptr; };
+  auto linear = [&](float* dinp, LayerTensor w, LayerTensor b, const float* dout, k::GemmInput inp, int in, int out) {
+    linear_backward(dinp, u, gunit, layout_.layer(l, w), T_(b), dout, inp, Wg(w), N, in, out);
+  };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
   if (config_.is_moe_layer(l)) {
     moe_backward(l, u, unit, gunit, a, B, T);
   } else {
-    k::matmul_backward(dfch_gelu_, Gw(kFcProjW), G(kFcProjB),
-                       gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_), mlp_hidden(a),
-                       Wg(kFcProjW), N, Fl_, C, precision_);
+    linear(dfch_gelu_, kFcProjW, kFcProjB, gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_),
+           mlp_hidden(a), Fl_, C);
     activation_backward(dfch_, a.fch, dfch_gelu_, N, Fl_);
     // The weight gradient needs the fc input of every row: gathered again (not stored).
-    k::matmul_backward(partial_, Gw(kFcW), G(kFcB), dfch_, gather_rows(a.ln2, gathered_), Wg(kFcW), N,
-                       C, Fcl_, precision_);
+    linear(partial_, kFcW, kFcB, dfch_, gather_rows(a.ln2, gathered_), C, Fcl_);
   }
   const float* dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean, a.ln2_rstd, Nl);
@@ -689,18 +691,47 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
     k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
     count_block_flops(l, B, T, true, true);
   }
-  k::matmul_backward(datty_, Gw(kAttProjW), G(kAttProjB),
-                     gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty,
-                     Wg(kAttProjW), N, Cl_, C, precision_);
+  linear(datty_, kAttProjW, kAttProjB, gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty, Cl_, C);
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
   rotate_qk(dqkv_, B, T, /*inverse=*/true);  // to the gradients of the unrotated q and k
   const float* ln1_rows = gather_rows(a.ln1, gathered_);
-  k::matmul_backward(partial_, Gw(kQkvW), G(kQkvB), dqkv_, ln1_rows, Wg(kQkvW), N, C, Ql_, precision_);
+  linear(partial_, kQkvW, kQkvB, dqkv_, ln1_rows, C, Ql_);
   if (kv_replicas_ > 1) add_kv_replica_grads(Gw(kQkvW), G(kQkvB), ln1_rows, N);
   dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean, a.ln1_rstd, Nl);
   store_->release_params(u);
-  store_->release_grads(u);
+  if (!defer_weights_) store_->release_grads(u);  // else its W does, after adding the rest
+}
+
+void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
+                          const float* dout, k::GemmInput inp, k::GemmInput weight, int N, int C, int OC) {
+  if (!defer_weights_) {
+    k::matmul_backward(dinp, weight_grad(u, gunit, w), b ? grad(u, gunit, *b) : nullptr, dout, inp, weight, N, C, OC,
+                       precision_);
+    return;
+  }
+  k::matmul_backward(dinp, k::GradOutput(static_cast<float*>(nullptr)), nullptr, dout, inp, weight, N, C, OC,
+                     precision_);
+  DeferredWeightGrad d;
+  d.unit = u;
+  d.dout.allocate(MemCategory::kActivations, (size_t)N * OC);
+  std::memcpy(d.dout.data(), dout, sizeof(float) * N * OC);
+  k::GemmInput kept((const float*)nullptr);
+  if (inp.bf16) {
+    d.inp16.allocate(MemCategory::kActivations, (size_t)N * C);
+    std::memcpy(d.inp16.data(), inp.bf16, sizeof(uint16_t) * N * C);
+    kept = k::GemmInput((const uint16_t*)d.inp16.data());
+  } else {
+    d.inp.allocate(MemCategory::kActivations, (size_t)N * C);
+    std::memcpy(d.inp.data(), inp.fp32, sizeof(float) * N * C);
+    kept = k::GemmInput((const float*)d.inp.data());
+  }
+  const float* grad_out = d.dout.data();  // the buffers move with d, their data does not
+  d.add = [this, u, &w, b, grad_out, kept, N, C, OC](float* g) {
+    k::matmul_backward(nullptr, weight_grad(u, g, w), b ? grad(u, g, *b) : nullptr, grad_out, kept,
+                       k::GemmInput((const float*)nullptr), N, C, OC, precision_);
+  };
+  deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
 }
 
 // Head: logits = lnf @ wte^T over this rank's vocabulary slice, then the final norm; leaves
@@ -729,10 +760,24 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   float* hg = store_->acquire_grads(H);
   k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(H, hp, head), C, 0.0f, partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, set_->lnf_full, C, 1.0f, grad(H, hg, head), C);
+  // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W.
+  const float* lnf = set_->lnf_full;
+  auto head_weight = [this, H, &head, dlogits, ld, lnf, N, C](float* g) {
+    k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, grad(H, g, head), C);
+  };
+  const bool defer_head = defer_weights_ && (untied || !layout_.has_layer(0));
+  if (defer_head) {
+    DeferredWeightGrad d;
+    d.unit = H;
+    d.add = head_weight;
+    deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
+  } else {
+    head_weight(hg);
+  }
   if (!untied) {
     store_->release_params(E);
-    if (!layout_.has_layer(0)) store_->release_grads(E);  // else embedding_backward() does
+    // Else embedding_backward() does, or the W after the head's weight gradient.
+    if (!layout_.has_layer(0) && !defer_head) store_->release_grads(E);
   }
 
   std::memset(dresidual_, 0, sizeof(float) * Nl_ * C);
@@ -743,7 +788,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
                    set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()), set_->lnf_mean, set_->lnf_rstd,
                    Nl_);
   store_->release_params(F);
-  store_->release_grads(F);
+  if (!(untied && defer_head)) store_->release_grads(F);  // else the W after the head's
 }
 
 // The embedding's gradient is whole on every tp rank (after gathering the rows): each rank
@@ -757,11 +802,13 @@ void Gpt::embedding_backward(int B, int T) {
   store_->release_grads(E);
 }
 
-void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale) {
+void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights) {
   const int B = B_, T = T_;
   cur_chunk_ = c;
   loss_scale_ = loss_scale;
+  defer_weights_ = defer_weights;
   set_ = &find_set(c, mb);
+  CHECK_MSG(!deferred_.count({c, mb}), "a backward of a micro-batch whose W has not run");
   store_->begin_pass(Pass::kBackward);
   if (is_last_stage(c)) {
     CHECK_MSG(!set_->targets.empty(), "backward of a forward that computed no loss");
@@ -773,7 +820,24 @@ void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale) {
   for (int l = ch.end - 1; l >= ch.begin; l--)
     block_backward(l, l == ch.begin ? set_->input : acts(l - 1).residual3, B, T);
   if (is_first_stage(c)) embedding_backward(B, T);
-  set_->micro_batch = -1;
+  defer_weights_ = false;
+  if (!defer_weights) set_->micro_batch = -1;
+}
+
+void Gpt::weight_backward_chunk(int c, int mb) {
+  auto it = deferred_.find({c, mb});
+  CHECK_MSG(it != deferred_.end(), "a W without its B");
+  std::vector<DeferredWeightGrad>& work = it->second;
+  store_->begin_pass(Pass::kBackward);
+  // Each unit's gradients go back to the store after its last piece of work.
+  std::map<int, size_t> last;
+  for (size_t i = 0; i < work.size(); i++) last[work[i].unit] = i;
+  for (size_t i = 0; i < work.size(); i++) {
+    work[i].add(store_->acquire_grads(work[i].unit));
+    if (last[work[i].unit] == i) store_->release_grads(work[i].unit);
+  }
+  deferred_.erase(it);
+  find_set(c, mb).micro_batch = -1;
 }
 
 void Gpt::backward(float loss_scale) {

@@ -5,7 +5,10 @@
 // set per micro-batch in flight.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "comm/group.h"
@@ -226,11 +229,20 @@ class Gpt {
   // Backward of chunk c on micro-batch mb: from the loss (last stage, scaled as in
   // backward()) or from `dout`, the gradient of the chunk's output. Frees the set. Except on
   // the first stage, the gradient of the chunk's input is left in input_grad().
-  void backward_chunk(int c, int mb, const float* dout, float loss_scale);
+  //
+  // With defer_weights (a zero-bubble schedule's B), the linear layers' weight and bias
+  // gradients are left for weight_backward_chunk(c, mb) (its W), which adds them in the
+  // same order, releases the units' gradients to the store and frees the set. What W reads
+  // (each linear layer's output gradient and input) is copied out of the scratch, which the
+  // next B overwrites; the head's, kept in the set, is not. A tied head's weight gradient
+  // on a rank that also runs the embedding stays in B: the embedding unit's gradient would
+  // otherwise be released before the head adds to it.
+  void backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights = false);
+  void weight_backward_chunk(int c, int mb);
   const float* input_grad() const { return dresidual_; }
   // Frees the set of a forward that will have no backward (evaluation).
   void drop_activations(int c, int mb) { find_set(c, mb).micro_batch = -1; }
-  // Micro-batches whose activations are held (forward done, backward not yet).
+  // Micro-batches whose activations are held (forward done, backward, or W, not yet).
   int sets_in_flight() const;
 
   // FLOPs per token of forward + backward, llm.c's convention: 6N + 6*L*T*C.
@@ -354,6 +366,19 @@ class Gpt {
   void block_forward(int l, const float* residual, int B, int T, bool recomputing = false);
   Recompute recompute_of(int l) const;
   void count_block_flops(int l, int B, int T, bool recomputing, bool attention_only);
+  // A linear layer's backward on unit u: the input gradient now (if dinp), the weight and
+  // bias gradients now, or deferred to the micro-batch's W (backward_chunk).
+  void linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
+                       const float* dout, kernels::GemmInput inp, kernels::GemmInput weight, int N, int C, int OC);
+  // Weight-gradient work a B left for its W: adds to unit `unit`'s gradients.
+  struct DeferredWeightGrad {
+    int unit = -1;
+    std::function<void(float* unit_grads)> add;
+    Buffer<float> dout, inp;  // copies of what it reads (fp32 or bf16 input)
+    Buffer<uint16_t> inp16;
+  };
+  bool defer_weights_ = false;  // the backward running is a B
+  std::map<std::pair<int, int>, std::vector<DeferredWeightGrad>> deferred_;  // by (chunk, micro-batch)
   void block_backward(int l, const float* block_in, int B, int T);
   void add_kv_replica_grads(kernels::GradOutput dqkv_weight, float* dqkv_bias, const float* inp, int N);
 

@@ -31,6 +31,7 @@ constexpr double kMaxTint = 0.55;
 const char* base_color(const std::string& category) {
   if (category == cat::kForward) return "#1f6fb4";
   if (category == cat::kBackward) return "#e0561b";
+  if (category == cat::kBackwardWeight) return "#2ca25f";
   if (category == cat::kOptimizer) return "#5e4fa2";
   if (category == cat::kCollective) return "#8c8c8c";
   if (category == cat::kP2p) return "#0fa3b1";
@@ -38,7 +39,8 @@ const char* base_color(const std::string& category) {
 }
 
 std::string block_class(const std::string& category) {
-  for (const char* known : {cat::kForward, cat::kBackward, cat::kOptimizer, cat::kCollective, cat::kP2p})
+  for (const char* known : {cat::kForward, cat::kBackward, cat::kBackwardWeight, cat::kOptimizer, cat::kCollective,
+                            cat::kP2p})
     if (category == known) return known;
   return "other";
 }
@@ -114,6 +116,8 @@ std::vector<LegendEntry> timeline_legend(const Timeline& t) {
   std::string shades = t.chunks > 1 ? "labels: micro-batch.chunk, later chunks lighter" : "labels: micro-batch";
   std::vector<LegendEntry> legend = {box("forward", base_color(cat::kForward), shades),
                                      box("backward", base_color(cat::kBackward))};
+  if (has_category(t, cat::kBackwardWeight))
+    legend.push_back(box("weight gradients (W)", base_color(cat::kBackwardWeight)));
   if (has_category(t, cat::kOptimizer)) legend.push_back(box("optimizer", base_color(cat::kOptimizer)));
   if (has_category(t, cat::kCollective)) legend.push_back(box("collective", base_color(cat::kCollective)));
   if (has_category(t, cat::kP2p)) legend.push_back(box("send/recv", base_color(cat::kP2p)));

@@ -75,7 +75,8 @@ Status parse_events(const json& events, std::vector<Event>* out) {
 // Forward and backward spans: what the step window and busy time are made of.
 bool is_work(const Event& e) {
   return e.tid == static_cast<int>(Lane::kCompute) &&
-         (e.category == category::kForward || e.category == category::kBackward);
+         (e.category == category::kForward || e.category == category::kBackward ||
+          e.category == category::kBackwardWeight);
 }
 
 std::string list_steps(const std::set<int>& steps) {

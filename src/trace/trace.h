@@ -28,6 +28,7 @@ namespace meshtrain::trace {
 namespace category {
 inline constexpr char kForward[] = "forward";
 inline constexpr char kBackward[] = "backward";
+inline constexpr char kBackwardWeight[] = "backward_weight";  // a zero-bubble schedule's W
 inline constexpr char kOptimizer[] = "optimizer";
 inline constexpr char kStep[] = "step";
 inline constexpr char kCollective[] = "collective";

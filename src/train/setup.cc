@@ -156,8 +156,12 @@ Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m
   if (interleaved != (o.virtual_stages > 1))
     return Status::error(interleaved ? "--schedule interleaved needs --virtual-stages >= 2"
                                      : "--virtual-stages > 1 needs --schedule interleaved");
+  if (run->schedule == pp::ScheduleKind::kZbV)
+    return Status::error("--schedule zb-v: its schedule and simulator exist (timeline --simulate zb-v), the executor "
+                         "does not run it yet; use zb-h1");
   if (shape.pp == 1) {
     if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
+    if (run->schedule == pp::ScheduleKind::kZbH1) return Status::error("--schedule zb-h1 needs --pp > 1");
     if (!o.stage_layers.empty()) return Status::error("--stage-layers needs --pp > 1");
     return Status::ok();
   }

@@ -123,12 +123,12 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
       gpt.set_batch_position(k, (int64_t)row(a) * T);
       const json where = {{"step", k + 1}, {"mb", a}, {"chunk", 0}};
       {
-        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(true, a, 0, 1),
+        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name('F', a, 0, 1),
                                  trace::category::kForward, where);
         loss_sum += (double)gpt.forward(inputs.data(), targets.data(), B, L) * B * L;
       }
       {
-        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name(false, a, 0, 1),
+        trace::Tracer::Span span(trace::Lane::kCompute, parallel::pp::span_name('B', a, 0, 1),
                                  trace::category::kBackward, where);
         gpt.backward(loss_scale);
       }

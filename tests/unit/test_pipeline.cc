@@ -7,7 +7,8 @@
 //   ParityMatrix           tp2·pp2·dp2 1f1b (8 ranks), pp4 interleaved v=2, tp2·pp2 --sp
 //                          --recompute selective, pp2·dp2 --zero 1, --zero 2 (1f1b), --zero 3
 //                          (gpipe; interleaved v=2 with --zero3-gather use), pp2 gpipe, pp4 1f1b, pp2
-//                          --stage-layers 5,3, pp2 --dropout 0.1, at a global batch of 8 rows
+//                          --stage-layers 5,3, pp2 --dropout 0.1, zb-h1 at pp4, tp2·pp2 --sp
+//                          selective and pp2·dp2 ZeRO-3, at a global batch of 8 rows
 //                          on an 8-layer tiny model: every step's loss within 1e-5 of the
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
 //                          within the tp suite's tolerances; bubble_theory and the peak
@@ -116,6 +117,8 @@ int64_t flat_total() { return embedding_elements(kDim, 1) + kLayers * block_elem
 // The schedule's bubble with equal stage costs (Narayanan et al. 2021): (p−1) idle slots of
 // a stage's forward+backward per rank against v·m busy ones (a chunk costs 1/v of a stage).
 double theory_bubble(int p, int m, int v) { return (double)(p - 1) / (double)(v * m + p - 1); }
+// ZB-H1 with F = B = W (bubble_theory's backward: twice the forward, split in halves), m >= p.
+double zb_h1_bubble(int p, int m) { return (double)(p - 1) / (double)(3 * m + p - 1); }
 
 // ---- Layouts -------------------------------------------------------------------------------
 
@@ -168,6 +171,12 @@ std::vector<Layout> parity_layouts() {
       {.pp = 2, .stage_layers = "5,3", .accum = 2},
       // Dropout: compared with the single-rank run with the same dropout.
       {.pp = 2, .accum = 4, .dropout = 0.1},
+      // Zero-bubble: the backward split into B and W, the Ws placed in 1F1B's bubbles; with
+      // tp, sp and recomputation (W reads copies of the scratch), and ZeRO-3 (a unit's
+      // gradient released after its W).
+      {.pp = 4, .schedule = "zb-h1", .accum = 4},
+      {.tp = 2, .pp = 2, .schedule = "zb-h1", .sp = true, .recompute = "selective", .accum = 2},
+      {.pp = 2, .dp = 2, .zero = 3, .schedule = "zb-h1", .accum = 2},
   };
 }
 
@@ -344,12 +353,13 @@ TEST_F(Pipeline, ParityMatrix) {
       // first stage) keeps: GPipe every micro-batch, 1F1B at most p, interleaved at most
       // all v·m; activations and gradients cross the pp axis.
       ASSERT_TRUE(j.contains("bubble_theory") && j.contains("pp_peak_sets")) << j.dump();
-      EXPECT_EQ(j["bubble_theory"].get<double>(), theory_bubble(p, mb, c.v)) << "step " << s + 1;
+      EXPECT_EQ(j["bubble_theory"].get<double>(), c.schedule == "zb-h1" ? zb_h1_bubble(p, mb) : theory_bubble(p, mb, c.v))
+          << "step " << s + 1;
       const int sets = j["pp_peak_sets"].get<int>();
       if (c.schedule == "gpipe") {
         EXPECT_EQ(sets, mb) << "step " << s + 1;
       }
-      if (c.schedule == "1f1b") {
+      if (c.schedule == "1f1b" || c.schedule == "zb-h1") {  // zb-h1: a set lives until its W
         EXPECT_EQ(sets, std::min(p, mb)) << "step " << s + 1;
       }
       if (c.schedule == "interleaved") {

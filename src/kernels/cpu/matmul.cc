@@ -25,7 +25,7 @@ void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float*
   }
   if (dinp) gemm(p, false, false, N, C, OC, 1.0f, d, OC, weight, C, 0.0f, dinp, C);
   if (dweight.bf16) gemm_accumulate_bf16(true, false, OC, C, N, d, OC, inp, C, dweight.bf16, C);
-  else gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight.fp32, C);
+  else if (dweight.fp32) gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight.fp32, C);
   if (dbias) {
     // Column ranges per thread: a fixed summation order whatever the thread count.
     constexpr int kChunk = 64;

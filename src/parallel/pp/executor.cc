@@ -12,7 +12,9 @@ namespace meshtrain::parallel::pp {
 
 namespace {
 
-bool is_compute(ActionKind k) { return k == ActionKind::kForward || k == ActionKind::kBackward; }
+bool is_compute(ActionKind k) {
+  return k == ActionKind::kForward || k == ActionKind::kBackward || k == ActionKind::kBackwardWeight;
+}
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -20,8 +22,8 @@ double now_s() {
 
 }  // namespace
 
-std::string span_name(bool forward, int mb, int chunk, int v) {
-  std::string name(forward ? "F" : "B");
+std::string span_name(char pass, int mb, int chunk, int v) {
+  std::string name(1, pass);
   name += std::to_string(mb);
   if (v > 1) name.append(1, '.').append(std::to_string(chunk));
   return name;
@@ -79,6 +81,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
   const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions);
   CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
   const size_t n = gpt_.boundary_elements(B, T);
+  const bool split = splits_backward(kind_);
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double loss_sum = 0;
   times_ = PipelineTimes{};
@@ -104,7 +107,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const double t0 = now_s();
         float loss;
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name(true, mb, c, v_), trace::category::kForward,
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', mb, c, v_), trace::category::kForward,
                                    {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
           loss = gpt_.forward_chunk(c, mb, inputs.data(), targets.data(), in, B, T);
         }
@@ -124,9 +127,20 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, mb, c);
         const double t0 = now_s();
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name(false, mb, c, v_),
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', mb, c, v_),
                                    trace::category::kBackward, {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
-          gpt_.backward_chunk(c, mb, dout, loss_scale);
+          gpt_.backward_chunk(c, mb, dout, loss_scale, split);
+        }
+        times_.compute_s += now_s() - t0;
+        if (!split) grads.end_micro_batch();
+        break;
+      }
+      case ActionKind::kBackwardWeight: {  // a zero-bubble schedule's W: the B's weight gradients
+        const double t0 = now_s();
+        {
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', mb, c, v_),
+                                   trace::category::kBackwardWeight, {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
+          gpt_.weight_backward_chunk(c, mb);
         }
         times_.compute_s += now_s() - t0;
         grads.end_micro_batch();

@@ -31,9 +31,9 @@ struct MicroBatches {
 
 // Time of one rank in one step: compute (forward and backward) and the pipeline window,
 // from entering the schedule to the moment every pipeline rank has finished it.
-// A compute span's name in traces: "F3" / "B3" for micro-batch 3, "F3.1" for chunk 1 when
-// the rank runs several chunks (v > 1).
-std::string span_name(bool forward, int mb, int chunk, int v);
+// A compute span's name in traces: "F3" / "B3" (/ "W3", a zero-bubble schedule's weight
+// gradients) for micro-batch 3, "F3.1" for chunk 1 when the rank runs several chunks (v > 1).
+std::string span_name(char pass, int mb, int chunk, int v);
 
 struct PipelineTimes {
   double compute_s = 0;
