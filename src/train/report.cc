@@ -34,9 +34,51 @@ json comm_time_json(const std::map<std::string, comm::AxisStats>& stats) {
   return out;
 }
 
+// The simulator's bubble for the run's schedule at the given per-stage costs (-1: failed).
+double simulated_bubble(const Run& run, const std::vector<double>& tf, const std::vector<double>& tb,
+                        const std::vector<double>& tw) {
+  parallel::pp::SimResult sim;
+  const Status s = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A, run.opt.virtual_stages, tf,
+                                          tb, tw, &sim);
+  return s.is_ok() ? sim.bubble_fraction : -1.0;
+}
+
+// The measured bubble explained. The simulator runs the schedule with each stage's measured
+// forward, backward and W times (per micro-batch): with every stage at their mean, the
+// schedule's own share; with each stage's own, that plus what unequal stages add. The rest
+// of the measured bubble is communication and runtime overhead (messages, waits, and time
+// in the window outside forwards and backwards).
+json bubble_parts_json(Run& run, double measured) {
+  namespace pp = parallel::pp;
+  const auto& t = run.pipeline->times();
+  const int p = run.mesh_shape.pp, v = run.opt.virtual_stages, S = p * v, rank = run.mesh->pp_rank();
+  std::vector<double> costs(3 * (size_t)S, 0.0);  // forward, backward, W by stage: this rank's
+  for (int c = 0; c < v; c++) {
+    const int s = pp::stage_of(run.schedule, p, v, rank, c);
+    costs[s] = t.forward_s[c], costs[S + s] = t.backward_s[c], costs[2 * S + s] = t.weight_s[c];
+  }
+  run.mesh->pp().all_reduce_f64(costs.data(), costs.size(), comm::ReduceOp::kSum);
+  const double m = run.shape.A;
+  std::vector<double> tf(S), tb(S), tw(S), mean(3, 0.0);
+  for (int s = 0; s < S; s++) {
+    tf[s] = costs[s] / m, tb[s] = costs[S + s] / m, tw[s] = costs[2 * S + s] / m;
+    mean[0] += tf[s] / S, mean[1] += tb[s] / S, mean[2] += tw[s] / S;
+  }
+  const double schedule = simulated_bubble(run, std::vector<double>(S, mean[0]), std::vector<double>(S, mean[1]),
+                                           std::vector<double>(S, mean[2]));
+  const double staged = simulated_bubble(run, tf, tb, tw);
+  auto ms = [](std::vector<double> x) {
+    for (double& e : x) e *= 1e3;
+    return x;
+  };
+  return {{"bubble_parts", {{"schedule", schedule}, {"imbalance", staged - schedule}, {"overhead", measured - staged}}},
+          {"pp_stage_ms", {{"forward", ms(tf)}, {"backward", ms(tb)}, {"weight", ms(tw)}}}};
+}
+
 // The step's measured pipeline bubble over the pp group: idle time inside the pipeline
 // window of every stage over the window (see PipelineTimes), next to the schedule's own
-// bubble from the simulator with the backward costing twice the forward.
+// bubble from the simulator with the backward costing twice the forward (split in equal
+// halves under a zero-bubble schedule), and the measured bubble's parts.
 json pipeline_json(Run& run) {
   if (!run.pipeline) return json::object();
   const auto& t = run.pipeline->times();
@@ -45,11 +87,14 @@ json pipeline_json(Run& run) {
   parallel::pp::SimResult sim;
   const Status simulated = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A,
                                                   run.opt.virtual_stages, 1.0, 2.0, &sim);
-  return {{"bubble", sums[1] > 0 ? 1.0 - sums[0] / sums[1] : 0.0},
-          {"bubble_theory", simulated.is_ok() ? sim.bubble_fraction : -1.0},
-          {"pp_compute_ms", t.compute_s * 1e3},
-          {"pp_window_ms", t.window_s * 1e3},
-          {"pp_peak_sets", t.peak_sets}};
+  const double bubble = sums[1] > 0 ? 1.0 - sums[0] / sums[1] : 0.0;
+  json out = {{"bubble", bubble},
+              {"bubble_theory", simulated.is_ok() ? sim.bubble_fraction : -1.0},
+              {"pp_compute_ms", t.compute_s * 1e3},
+              {"pp_window_ms", t.window_s * 1e3},
+              {"pp_peak_sets", t.peak_sets}};
+  out.update(bubble_parts_json(run, bubble));
+  return out;
 }
 
 // Every MoE layer's statistics from the ranks that run it, counted once per tp group (its

@@ -85,6 +85,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double loss_sum = 0;
   times_ = PipelineTimes{};
+  times_.forward_s.assign(v_, 0.0), times_.backward_s.assign(v_, 0.0), times_.weight_s.assign(v_, 0.0);
   const double start = now_s();
   size_t posted = 0;  // actions up to here have had their receives posted
   for (size_t i = 0; i < actions.size(); i++) {
@@ -112,6 +113,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
           loss = gpt_.forward_chunk(c, mb, inputs.data(), targets.data(), in, B, T);
         }
         times_.compute_s += now_s() - t0;
+        times_.forward_s[c] += now_s() - t0;
         if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;
         times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
         break;
@@ -132,6 +134,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
           gpt_.backward_chunk(c, mb, dout, loss_scale, split);
         }
         times_.compute_s += now_s() - t0;
+        times_.backward_s[c] += now_s() - t0;
         if (!split) grads.end_micro_batch();
         break;
       }
@@ -143,6 +146,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
           gpt_.weight_backward_chunk(c, mb);
         }
         times_.compute_s += now_s() - t0;
+        times_.weight_s[c] += now_s() - t0;
         grads.end_micro_batch();
         break;
       }

@@ -39,6 +39,9 @@ struct PipelineTimes {
   double compute_s = 0;
   double window_s = 0;
   int peak_sets = 0;  // activation sets alive at once (micro-batch x chunk)
+  // Per chunk of this rank: the step's time in forwards, backwards (B under a zero-bubble
+  // schedule) and Ws (zero otherwise), summed over the micro-batches.
+  std::vector<double> forward_s, backward_s, weight_s;
 };
 
 class PipelineExecutor {
