@@ -29,9 +29,12 @@ Status simulated_timeline(const TimelineArgs& a, trace::Timeline* out, std::stri
   pp::ScheduleKind kind;
   RETURN_IF_ERROR(parse_schedule_kind(a.simulate, &kind));
   pp::SimResult sim;
-  RETURN_IF_ERROR(pp::simulate(kind, a.pp, a.micro_batches, a.virtual_stages, 1, 2, &sim));
+  // zb-v runs two chunks per rank whatever --virtual-stages says.
+  const int v = kind == pp::ScheduleKind::kZbV ? 2 : a.virtual_stages;
+  RETURN_IF_ERROR(pp::simulate(kind, a.pp, a.micro_batches, v, 1, 2, &sim));
   *source = "simulated " + a.simulate + " p=" + std::to_string(a.pp) + " m=" + std::to_string(a.micro_batches) +
-            " v=" + std::to_string(a.virtual_stages) + ", forward 1 ms, backward 2 ms";
+            " v=" + std::to_string(v) + ", forward 1 ms, backward 2 ms" +
+            (pp::splits_backward(kind) ? " (B and W 1 ms each)" : "");
   return trace::analyze(pp::simulated_trace(sim), std::nullopt, out);
 }
 

@@ -11,7 +11,8 @@ namespace meshtrain::parallel::pp {
 using nlohmann::json;
 
 json simulated_trace(const SimResult& sim, int step) {
-  using trace::category::kBackward, trace::category::kForward, trace::Lane, trace::SpanRecord;
+  using trace::category::kBackward, trace::category::kBackwardWeight, trace::category::kForward, trace::Lane,
+      trace::SpanRecord;
   int chunks = 1;
   for (const auto& rank : sim.spans)
     for (const auto& s : rank) chunks = std::max(chunks, s.chunk + 1);
@@ -19,15 +20,15 @@ json simulated_trace(const SimResult& sim, int step) {
   for (size_t r = 0; r < sim.spans.size(); ++r) {
     std::vector<SpanRecord> spans;
     for (const auto& s : sim.spans[r]) {
-      bool forward = s.kind == ActionKind::kForward;
+      const bool forward = s.kind == ActionKind::kForward, weight = s.kind == ActionKind::kBackwardWeight;
       // Appended piece by piece: GCC 12 warns falsely (-Wrestrict) on "literal" + string.
-      std::string name = forward ? "F" : "B";
+      std::string name = forward ? "F" : weight ? "W" : "B";
       name += std::to_string(s.microbatch);
       if (chunks > 1) {
         name += '.';
         name += std::to_string(s.chunk);
       }
-      spans.push_back({Lane::kCompute, name, forward ? kForward : kBackward, s.start * 1000,
+      spans.push_back({Lane::kCompute, name, forward ? kForward : weight ? kBackwardWeight : kBackward, s.start * 1000,
                        s.end * 1000, {{"step", step}, {"mb", s.microbatch}, {"chunk", s.chunk}}});
     }
     for (json& e : trace::trace_events(static_cast<int>(r), spans)) events.push_back(std::move(e));
