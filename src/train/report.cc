@@ -38,7 +38,7 @@ json comm_time_json(const std::map<std::string, comm::AxisStats>& stats) {
 double simulated_bubble(const Run& run, const std::vector<double>& tf, const std::vector<double>& tb,
                         const std::vector<double>& tw) {
   parallel::pp::SimResult sim;
-  const Status s = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A, run.opt.virtual_stages, tf,
+  const Status s = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A, run.chunks, tf,
                                           tb, tw, &sim);
   return s.is_ok() ? sim.bubble_fraction : -1.0;
 }
@@ -51,7 +51,7 @@ double simulated_bubble(const Run& run, const std::vector<double>& tf, const std
 json bubble_parts_json(Run& run, double measured) {
   namespace pp = parallel::pp;
   const auto& t = run.pipeline->times();
-  const int p = run.mesh_shape.pp, v = run.opt.virtual_stages, S = p * v, rank = run.mesh->pp_rank();
+  const int p = run.mesh_shape.pp, v = run.chunks, S = p * v, rank = run.mesh->pp_rank();
   std::vector<double> costs(3 * (size_t)S, 0.0);  // forward, backward, W by stage: this rank's
   for (int c = 0; c < v; c++) {
     const int s = pp::stage_of(run.schedule, p, v, rank, c);
@@ -86,7 +86,7 @@ json pipeline_json(Run& run) {
   run.mesh->pp().all_reduce_f64(sums, 2, comm::ReduceOp::kSum);
   parallel::pp::SimResult sim;
   const Status simulated = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A,
-                                                  run.opt.virtual_stages, 1.0, 2.0, &sim);
+                                                  run.chunks, 1.0, 2.0, &sim);
   const double bubble = sums[1] > 0 ? 1.0 - sums[0] / sums[1] : 0.0;
   json out = {{"bubble", bubble},
               {"bubble_theory", simulated.is_ok() ? sim.bubble_fraction : -1.0},

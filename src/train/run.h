@@ -38,6 +38,7 @@ struct Run {
   std::vector<int> stage_layers;
   model::ModelPart part;
   parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
+  int chunks = 1;  // model chunks per pipeline rank: --virtual-stages, or 2 under zb-v
   kernels::Precision precision = kernels::Precision::kFp32;
   std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only
   NonfinitePolicy nonfinite;                         // without a scaler (train_step)

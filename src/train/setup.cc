@@ -153,12 +153,15 @@ Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m
   RETURN_IF_ERROR(pp::parse_schedule_kind(o.schedule, &run->schedule));
   if (o.virtual_stages < 1) return Status::error("--virtual-stages must be >= 1");
   const bool interleaved = run->schedule == pp::ScheduleKind::kInterleaved;
-  if (interleaved != (o.virtual_stages > 1))
+  if (interleaved != (o.virtual_stages > 1) && run->schedule != pp::ScheduleKind::kZbV)
     return Status::error(interleaved ? "--schedule interleaved needs --virtual-stages >= 2"
                                      : "--virtual-stages > 1 needs --schedule interleaved");
-  if (run->schedule == pp::ScheduleKind::kZbV)
-    return Status::error("--schedule zb-v: its schedule and simulator exist (timeline --simulate zb-v), the executor "
-                         "does not run it yet; use zb-h1");
+  run->chunks = o.virtual_stages;
+  if (run->schedule == pp::ScheduleKind::kZbV) {  // always two chunks, in a V
+    if (o.virtual_stages > 2) return Status::error("--schedule zb-v runs 2 chunks per rank (--virtual-stages 2 or unset)");
+    run->chunks = 2;
+    if (shape.pp == 1) return Status::error("--schedule zb-v needs --pp > 1");
+  }
   if (shape.pp == 1) {
     if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
     if (run->schedule == pp::ScheduleKind::kZbH1) return Status::error("--schedule zb-h1 needs --pp > 1");
@@ -500,12 +503,13 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   }
   if (run->mesh_shape.pp > 1) {
     // The first stage (rank 0) and the last (rank p - 1) both hold a tied embedding; an
-    // untied head lives on the last stage alone.
+    // untied head lives on the last stage alone. ZB-V's V puts both on rank 0: one copy.
     const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
-    const int tied_peer = !run->config.tied_head ? -1 : r == 0 ? p - 1 : r == p - 1 ? 0 : -1;
+    const int last = parallel::pp::rank_of_stage(run->schedule, p, run->chunks, p * run->chunks - 1);
+    const int tied_peer = !run->config.tied_head || last == 0 ? -1 : r == 0 ? last : r == last ? 0 : -1;
     run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
     run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
-        *run->gpt, run->mesh->pp(), run->schedule, o.virtual_stages);
+        *run->gpt, run->mesh->pp(), run->schedule, run->chunks);
   }
   if (run->precision == kernels::Precision::kFp16)
     run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
@@ -578,8 +582,9 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
-                                               p * o.virtual_stages, o.stage_layers, &run->stage_layers));
-    run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp);
+                                               p * run->chunks, o.stage_layers, &run->stage_layers));
+    run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp,
+                                        run->schedule);
   }
   if (o.sp && run->mesh_shape.tp < 2)
     return Status::error("--sp (sequence parallelism) needs --tp > 1");

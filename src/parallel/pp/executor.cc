@@ -47,10 +47,28 @@ void PipelineExecutor::post_receive(const Action& a, size_t n) {
 const float* PipelineExecutor::take(Kind kind, int mb, int chunk) {
   auto it = inbox_.find({kind, mb, chunk});
   CHECK_MSG(it != inbox_.end(), "pipeline: a stage input was never received");
-  it->second.request->wait();
+  if (it->second.request) it->second.request->wait();  // none: handed over on this rank
   received_ = std::move(it->second.data);
   inbox_.erase(it);
   return received_.data();
+}
+
+// The chunk of this rank that runs `stage`, or -1.
+int PipelineExecutor::chunk_of(int stage) const {
+  for (int c = 0; c < v_; c++)
+    if (stage_of(kind_, pp_.size(), v_, pp_.rank(), c) == stage) return c;
+  return -1;
+}
+
+// A tensor for the next or previous stage when this rank runs it too (ZB-V's turn on the
+// last rank): no message, a copy in the inbox, since the source is overwritten or freed.
+void PipelineExecutor::hand_over(Kind kind, int mb, int from_chunk, const float* data, size_t n) {
+  const int stage = stage_of(kind_, pp_.size(), v_, pp_.rank(), from_chunk);
+  const int to = chunk_of(kind == kActivation ? stage + 1 : stage - 1);
+  if (to < 0) return;
+  Inbox& box = inbox_[{kind, mb, to}];
+  box.data.allocate(MemCategory::kComm, n);
+  std::memcpy(box.data.data(), data, sizeof(float) * n);
 }
 
 void PipelineExecutor::send(Kind kind, int mb, int chunk, const float* data, size_t n, int peer,
@@ -115,6 +133,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         times_.compute_s += now_s() - t0;
         times_.forward_s[c] += now_s() - t0;
         if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;
+        else hand_over(kActivation, mb, c, gpt_.chunk_output(c, mb), n);
         times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
         break;
       }
@@ -135,6 +154,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         }
         times_.compute_s += now_s() - t0;
         times_.backward_s[c] += now_s() - t0;
+        if (!gpt_.is_first_stage(c)) hand_over(kGrad, mb, c, gpt_.input_grad(), n);
         if (!split) grads.end_micro_batch();
         break;
       }
@@ -170,12 +190,15 @@ double PipelineExecutor::forward_only(const int* inputs, const int* targets, int
   const size_t n = gpt_.boundary_elements(B, T);
   Buffer<float> in(MemCategory::kComm, n);
   double loss = 0;
-  for (int c = 0; c < v_; c++) {
-    const int stage = c * p + r;
-    if (!gpt_.is_first_stage(c)) pp_.recv(in.data(), n, (r + p - 1) % p, 1 + kActivation);
+  for (int c = 0; c < v_; c++) {  // a rank's chunks run in stage order
+    const int stage = stage_of(kind_, p, v_, r, c);
+    const int prev = stage > 0 ? rank_of_stage(kind_, p, v_, stage - 1) : -1;
+    const int next = stage + 1 < p * v_ ? rank_of_stage(kind_, p, v_, stage + 1) : -1;
+    if (prev >= 0 && prev != r) pp_.recv(in.data(), n, prev, 1 + kActivation);  // else in `in` already
     const float l = gpt_.forward_chunk(c, 0, inputs, targets, in.data(), B, T);
     if (gpt_.is_last_stage(c)) loss = l;
-    if (stage + 1 < p * v_) pp_.send(gpt_.chunk_output(c, 0), n, (r + 1) % p, 1 + kActivation);
+    if (next >= 0 && next != r) pp_.send(gpt_.chunk_output(c, 0), n, next, 1 + kActivation);
+    if (next == r) std::memcpy(in.data(), gpt_.chunk_output(c, 0), sizeof(float) * n);
     gpt_.drop_activations(c, 0);
   }
   pp_.all_reduce_f64(&loss, 1, comm::ReduceOp::kSum);

@@ -69,6 +69,8 @@ class PipelineExecutor {
   void post_receive(const Action& a, size_t n);
   const float* take(Kind kind, int mb, int chunk);
   void send(Kind kind, int mb, int chunk, const float* data, size_t n, int peer, bool copy);
+  int chunk_of(int stage) const;
+  void hand_over(Kind kind, int mb, int from_chunk, const float* data, size_t n);
   void wait_sends(bool all);
 
   model::Gpt& gpt_;

@@ -62,13 +62,14 @@ Status split_layers(int L, int stages, const StageCosts& costs, const std::vecto
   return Status::ok();
 }
 
-model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank) {
+model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank, ScheduleKind kind) {
+  const int stages = (int)layers_per_stage.size(), v = stages / p;
+  std::vector<int> first(stages + 1, 0);
+  for (int s = 0; s < stages; s++) first[s + 1] = first[s] + layers_per_stage[s];
   model::ModelPart part;
-  int begin = 0;
-  for (int s = 0; s < (int)layers_per_stage.size(); s++) {
-    const int end = begin + layers_per_stage[s];
-    if (s % p == rank) part.chunks.push_back({begin, end});
-    begin = end;
+  for (int c = 0; c < v; c++) {
+    const int s = stage_of(kind, p, v, rank, c);
+    part.chunks.push_back({first[s], first[s + 1]});
   }
   return part;
 }

@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "model/config.h"
 #include "model/param_layout.h"
+#include "parallel/pp/schedule.h"
 
 namespace meshtrain::parallel::pp {
 
@@ -35,7 +36,9 @@ Status split_layers(int layers, int stages, const StageCosts& costs, const std::
 Status split_layers(const model::GptConfig& c, int B, int T, int stages,
                     const std::vector<int>& requested, std::vector<int>* layers_per_stage);
 
-// The chunks of pipeline rank `rank` of p (stages rank, rank + p, ...), in chunk order.
-model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank);
+// The chunks of pipeline rank `rank` of p in chunk order: stages rank, rank + p, ... (ZB-V:
+// stages rank and 2p - 1 - rank, stage_of).
+model::ModelPart rank_part(const std::vector<int>& layers_per_stage, int p, int rank,
+                           ScheduleKind kind = ScheduleKind::k1F1B);
 
 }  // namespace meshtrain::parallel::pp
