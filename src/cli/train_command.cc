@@ -116,7 +116,8 @@ Command add_train_command(CLI::App& app) {
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");
   cmd->add_option("--schedule", o->schedule,
-                  "Pipeline schedule: gpipe, 1f1b or interleaved (needs --virtual-stages >= 2)")
+                  "Pipeline schedule: gpipe, 1f1b, interleaved (needs --virtual-stages >= 2), or zero-bubble zb-h1 or "
+                  "zb-v (two chunks per rank in a V)")
       ->capture_default_str();
   cmd->add_option("--virtual-stages", o->virtual_stages,
                   "Model chunks per pipeline rank (interleaved schedule)")

@@ -86,7 +86,13 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
         if (pp == 1) {
           schedules.push_back({space.schedule.value_or(ScheduleKind::k1F1B), 1});
         } else {
-          for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved})) {
+          for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                                                          ScheduleKind::kZbH1, ScheduleKind::kZbV})) {
+            if (k == ScheduleKind::kZbV) {  // always two chunks per rank
+              if (space.stage_layers.empty() ? model.layers % (2 * pp) == 0 : (int)space.stage_layers.size() == 2 * pp)
+                schedules.push_back({k, 2});
+              continue;
+            }
             if (k != ScheduleKind::kInterleaved) {
               schedules.push_back({k, 1});
               continue;

@@ -166,8 +166,11 @@ Status validate(const ModelShape& m, const Layout& l) {
                          str(m.expert_width()) + ") must have 1 <= top_k <= experts and a width tp divides");
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
   const int micro_batches = l.global_batch / (l.micro_batch * l.dp);
-  if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1)
+  if (l.schedule == pp::ScheduleKind::kZbV) {
+    if (l.virtual_stages != 2) return Status::error("the zb-v schedule runs virtual_stages = 2 chunks per rank");
+  } else if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1) {
     return Status::error("virtual_stages > 1 needs the interleaved schedule");
+  }
   if (l.schedule == pp::ScheduleKind::kInterleaved) {
     if (l.virtual_stages < 2) return Status::error("the interleaved schedule needs virtual_stages >= 2");
     if (micro_batches % l.pp != 0)
@@ -237,6 +240,9 @@ struct LayerTime {
   double gemm_b = 0, mem_b = 0, comm_b = 0;  // backward, without recompute
   double recompute = 0, recompute_comm = 0;  // added to backward by the recompute policy
   double ep_f = 0, ep_b = 0;                 // the MoE all-to-all (dispatch + combine), exposed
+  // A zero-bubble schedule's W: the weight-gradient GEMMs (inside gemm_b), and the bytes the
+  // engine copies for them between B and W (each linear layer's input and output gradient).
+  double gemm_w = 0, w_copy_bytes = 0;
   double forward() const { return gemm_f + mem_f + comm_f + ep_f; }
   double backward() const { return gemm_b + mem_b + comm_b + ep_b + recompute + recompute_comm; }
 };
@@ -311,6 +317,8 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   lt.gemm_f = qkv + proj + mlp_gemm + attention_f;
   lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
   lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
+  lt.gemm_w = qkv + proj + mlp_gemm;
+  lt.w_copy_bytes = 4 * bs * (4 * h + ((heads_local + 2 * kv_local) * hd + heads_local * hd + mlp_in * f + f));
   // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
   // rank's share) to the experts' ranks and combines them back, in the forward and again
   // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
@@ -442,11 +450,16 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // per-micro-batch costs.
   const bool once_per_step = p > 1 && d > 1 && l.zero >= 2;
   const StageParams sparams = stage_params(m, l);
-  std::vector<double> tf(S), tb(S), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
+  std::vector<double> tf(S), tb(S), tw(S, 0.0), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
+  // A zero-bubble schedule's W: the weight-gradient GEMMs, half of the linear layers'
+  // backward GEMMs (the other half is B's input gradients) and the head's one of two.
+  const bool split = pp::splits_backward(l.schedule);
+  const double layer_w = split ? lt.gemm_w : 0.0, head_w = split ? head_gemm : 0.0, w_copy_per_layer = lt.w_copy_bytes;
   for (int st = 0; st < S; st++) {
     const int n = layers[st];
     tf[st] = n * lt.forward() + send + (st == 0 ? emb_f : 0) + (st == S - 1 ? head_f : 0);
-    tb[st] = n * lt.backward() + send + (st == 0 ? emb_b : 0) + (st == S - 1 ? head_b : 0);
+    tw[st] = n * layer_w + (st == S - 1 ? head_w : 0);
+    tb[st] = n * lt.backward() + send + (st == 0 ? emb_b : 0) + (st == S - 1 ? head_b : 0) - tw[st];
     if (l.zero == 3 && d > 1) {
       // Gathers layer by layer: one collective per layer, the stage's edges with its first.
       const double layer_gather = all_gather_s(sparams.per_layer * e, dp_ring);
@@ -465,13 +478,15 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // Sums over the stages pipeline rank `rank` runs (its chunks).
   auto over_rank = [&](int rank, auto&& value) {
     double sum = 0;
-    for (int st = rank; st < S; st += p) sum += value(st);
+    for (int st = 0; st < S; st++)
+      if (pp::rank_of_stage(l.schedule, p, v, st) == rank) sum += value(st);
     return sum;
   };
+  const int last_rank = pp::rank_of_stage(l.schedule, p, v, S - 1);  // the head's: p - 1, or 0 in a V
 
   // The pipeline, by the engine's schedule simulator on each stage's cost.
   pp::SimResult sim;
-  RETURN_IF_ERROR(pp::simulate(l.schedule, p, mb, v, tf, tb, &sim));
+  RETURN_IF_ERROR(pp::simulate(l.schedule, p, mb, v, tf, tb, tw, &sim));
   r.pipeline_s = sim.makespan;
   double busy = 0;
   for (double x : sim.busy) busy += x;
@@ -483,7 +498,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double grad_bytes = first_params * e;
   const int buckets = std::max(1, (int)std::ceil(grad_bytes / l.dp_bucket_bytes));
   const double bucket = grad_bytes / buckets;
-  const double last_backward = over_rank(0, [&](int st) { return tb[st]; });  // last micro-batch
+  const double last_backward = over_rank(0, [&](int st) { return tb[st] + tw[st]; });  // last micro-batch
   const double first_z3_gather = over_rank(0, [&](int st) { return z3_gather[st]; });
   const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
   double dp_total = 0, dp_exposed = 0;
@@ -546,7 +561,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
-  const double tied = p > 1 && m.tied_head ? all_reduce_s(V * h / t * e, ring_for((p - 1) * pp_stride, 2, c)) : 0;
+  // In a V both stages are on rank 0: one copy.
+  const double tied = p > 1 && m.tied_head && last_rank != 0
+                          ? all_reduce_s(V * h / t * e, ring_for((p - 1) * pp_stride, 2, c))
+                          : 0;
   r.pp.exposed = 2 * mb * v * send + tied;
 
   // Optimizer step on this GPU's shard, as passes over memory (Megatron's mixed-precision
@@ -594,7 +612,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     const double rank_layers = over_rank(rank, [&](int st) { return (double)layers[st]; });
     double act = sets * rank_layers / v * per_layer + rebuilt;
     if (rank == 0 && m.dropout) act += sets / v * rep;  // embedding dropout mask, 1 byte per element
-    if (rank == p - 1) act += rep * e + logits * 4;     // final norm input, fp32 logits of one micro-batch
+    if (rank == last_rank) act += rep * e + logits * 4;  // final norm input, fp32 logits of one micro-batch
+    // Between a B and its W the engine keeps copies of each linear layer's input and output
+    // gradient (fp32, tp-local): 4h + (qkv + h + fc + ffn) / t elements per token and layer.
+    if (split) act += sim.peak_pending_weights[rank] * rank_layers / v * w_copy_per_layer;
     double buffers = t > 1 ? bsh * e : 0;
     if (d > 1 && once_per_step) {
       buffers += 4 * params + (l.zero == 3 ? params * e : 0);

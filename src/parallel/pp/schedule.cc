@@ -262,6 +262,7 @@ struct RankState {
   double busy = 0;
   int in_flight = 0;
   int peak = 0;
+  int pending_weights = 0, peak_pending_weights = 0;
   std::vector<SimSpan> spans;
 };
 
@@ -309,6 +310,9 @@ bool advance(ScheduleKind kind, int r, int p, int v, const std::vector<double>& 
       // A set lives from the forward to the backward, or to W when the backward is split.
       if (a.kind == ActionKind::kForward) s->in_flight++;
       else if (a.kind == (split ? ActionKind::kBackwardWeight : ActionKind::kBackward)) s->in_flight--;
+      if (split && a.kind == ActionKind::kBackward) s->pending_weights++;
+      if (a.kind == ActionKind::kBackwardWeight) s->pending_weights--;
+      s->peak_pending_weights = std::max(s->peak_pending_weights, s->pending_weights);
       s->peak = std::max(s->peak, s->in_flight);
     }
     ++s->next;
@@ -372,6 +376,7 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
     out->makespan = std::max(out->makespan, s.clock);
     out->busy.push_back(s.busy);
     out->peak_in_flight.push_back(s.peak);
+    out->peak_pending_weights.push_back(s.peak_pending_weights);
     out->spans.push_back(s.spans);
     total_busy += s.busy;
   }

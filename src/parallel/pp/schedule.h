@@ -95,6 +95,8 @@ struct SimResult {
   // (forward done, backward, or under a zero-bubble schedule W, not yet). With v == 1 this is micro-batches; with v chunks a
   // set holds 1/v of the rank's layers, so peak / v is the memory in micro-batch units.
   std::vector<int> peak_in_flight;
+  // Per rank, under a zero-bubble schedule: the peak number of Bs whose W has not run.
+  std::vector<int> peak_pending_weights;
   // Per rank: every forward and backward in execution order with its start and end, the
   // schedule's theoretical timeline (pp/sim_trace.h turns it into trace events).
   std::vector<std::vector<SimSpan>> spans;
