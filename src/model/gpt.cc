@@ -716,8 +716,10 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
   d.unit = u;
   d.dout.allocate(MemCategory::kActivations, (size_t)N * OC);
   std::memcpy(d.dout.data(), dout, sizeof(float) * N * OC);
-  k::GemmInput kept((const float*)nullptr);
-  if (inp.bf16) {
+  k::GemmInput kept = inp;
+  if (set_->holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
+    // In the set, which stays until the W (no copy).
+  } else if (inp.bf16) {
     d.inp16.allocate(MemCategory::kActivations, (size_t)N * C);
     std::memcpy(d.inp16.data(), inp.bf16, sizeof(uint16_t) * N * C);
     kept = k::GemmInput((const uint16_t*)d.inp16.data());
@@ -760,13 +762,15 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   float* hg = store_->acquire_grads(H);
   k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(H, hp, head), C, 0.0f, partial_, C);
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
-  // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W.
+  // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W
+  // (checked below: a copy would be N x vocabulary).
   const float* lnf = set_->lnf_full;
   auto head_weight = [this, H, &head, dlogits, ld, lnf, N, C](float* g) {
     k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, grad(H, g, head), C);
   };
   const bool defer_head = defer_weights_ && (untied || !layout_.has_layer(0));
   if (defer_head) {
+    CHECK(set_->holds(lnf) && set_->holds(dlogits.bf16 ? (const void*)dlogits.bf16 : (const void*)dlogits.fp32));
     DeferredWeightGrad d;
     d.unit = H;
     d.add = head_weight;

@@ -233,8 +233,9 @@ class Gpt {
   // With defer_weights (a zero-bubble schedule's B), the linear layers' weight and bias
   // gradients are left for weight_backward_chunk(c, mb) (its W), which adds them in the
   // same order, releases the units' gradients to the store and frees the set. What W reads
-  // (each linear layer's output gradient and input) is copied out of the scratch, which the
-  // next B overwrites; the head's, kept in the set, is not. A tied head's weight gradient
+  // is kept: each linear layer's output gradient copied out of the scratch, which the next
+  // B overwrites, and its input too unless it lies in the micro-batch's set (gathered rows
+  // under sp, and recomputed activations, do not); the head's reads stay in the set. A tied head's weight gradient
   // on a rank that also runs the embedding stays in B: the embedding unit's gradient would
   // otherwise be released before the head adds to it.
   void backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights = false);
@@ -265,6 +266,11 @@ class Gpt {
     float* losses = nullptr;       // [B,T]
     std::vector<int> inputs, targets;
     int64_t step = 0, first_token_row = 0;  // dropout position
+    // Whether p points into this set (so it stays until the set is freed).
+    bool holds(const void* p) const {
+      const char* begin = reinterpret_cast<const char*>(data.data());
+      return p >= begin && p < begin + data.size() * sizeof(float);
+    }
   };
   void ensure_activations(int B, int T);
   size_t set_floats(int c, const ActivationInventory& inventory) const;
@@ -374,7 +380,9 @@ class Gpt {
   struct DeferredWeightGrad {
     int unit = -1;
     std::function<void(float* unit_grads)> add;
-    Buffer<float> dout, inp;  // copies of what it reads (fp32 or bf16 input)
+    // Copies of what it reads that the next B would overwrite: the output gradient, and the
+    // input unless it lies in the micro-batch's set (fp32 or bf16).
+    Buffer<float> dout, inp;
     Buffer<uint16_t> inp16;
   };
   bool defer_weights_ = false;  // the backward running is a B

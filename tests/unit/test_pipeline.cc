@@ -182,6 +182,7 @@ std::vector<Layout> parity_layouts() {
       {.pp = 4, .schedule = "zb-h1", .accum = 4},
       {.tp = 2, .pp = 2, .schedule = "zb-h1", .sp = true, .recompute = "selective", .accum = 2},
       {.pp = 2, .dp = 2, .zero = 3, .schedule = "zb-h1", .accum = 2},
+      {.pp = 2, .schedule = "zb-h1", .recompute = "full", .accum = 4},  // W's inputs from the scratch
       // ZB-V: two chunks per rank in a V (the last rank hands its first chunk's output to its
       // second without a message; rank 0 holds the embedding and the tied head, one copy).
       {.pp = 4, .schedule = "zb-v", .accum = 4},
