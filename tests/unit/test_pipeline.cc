@@ -35,7 +35,7 @@
 //                          selective, and full recomputation).
 //   InterleavedPeakActivationsFollowTheSchedule  the same identity under interleaved v=2:
 //                          equal-size sets of rank 0's two chunks share one pool.
-//   BadInputIsRejected     schedule / virtual-stage / stage-layer
+//   BadInputIsRejected     schedule / virtual-stage / stage-layer / zero-bubble
 //                          mistakes: every rank names the problem before any step.
 //   CheckpointsUnderPp     pp2 checkpoints resume bit for bit at pp2, within 1e-5 at pp1 and
 //                          pp4; export and eval read them to the run's final val loss.
@@ -780,7 +780,10 @@ TEST_F(Pipeline, BadInputIsRejected) {
        {"--schedule interleaved needs --pp > 1"}},
       {base + " --pp 2 --schedule interleaved --virtual-stages 2 --grad-accum 3", 2,
        {"to be a multiple of --pp"}},
-      {base + " --pp 2 --schedule x", 2, {"unknown schedule 'x' (gpipe, 1f1b or interleaved)"}},
+      {base + " --pp 2 --schedule x", 2, {"unknown schedule 'x' (gpipe, 1f1b, interleaved, zb-h1 or zb-v)"}},
+      {base + " --dp 2 --schedule zb-h1", 2, {"--schedule zb-h1 needs --pp > 1"}},
+      {base + " --dp 2 --schedule zb-v", 2, {"--schedule zb-v needs --pp > 1"}},
+      {base + " --pp 2 --schedule zb-v --virtual-stages 3", 2, {"--schedule zb-v runs 2 chunks per rank"}},
       {base + " --pp 2 --stage-layers 2,3,3", 2, {"--stage-layers lists 3 stages, the pipeline has 2"}},
       {base + " --pp 2 --stage-layers 4,5", 2, {"--stage-layers sums to 9"}},
       {base + " --pp 2 --stage-layers 0,8", 2, {"--stage-layers: every stage needs at least one layer"}},
