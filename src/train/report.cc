@@ -50,20 +50,11 @@ double simulated_bubble(const Run& run, const std::vector<double>& tf, const std
 // in the window outside forwards and backwards).
 json bubble_parts_json(Run& run, double measured) {
   namespace pp = parallel::pp;
-  const auto& t = run.pipeline->times();
-  const int p = run.mesh_shape.pp, v = run.chunks, S = p * v, rank = run.mesh->pp_rank();
-  std::vector<double> costs(3 * (size_t)S, 0.0);  // forward, backward, W by stage: this rank's
-  for (int c = 0; c < v; c++) {
-    const int s = pp::stage_of(run.schedule, p, v, rank, c);
-    costs[s] = t.forward_s[c], costs[S + s] = t.backward_s[c], costs[2 * S + s] = t.weight_s[c];
-  }
-  run.mesh->pp().all_reduce_f64(costs.data(), costs.size(), comm::ReduceOp::kSum);
-  const double m = run.shape.A;
-  std::vector<double> tf(S), tb(S), tw(S), mean(3, 0.0);
-  for (int s = 0; s < S; s++) {
-    tf[s] = costs[s] / m, tb[s] = costs[S + s] / m, tw[s] = costs[2 * S + s] / m;
-    mean[0] += tf[s] / S, mean[1] += tb[s] / S, mean[2] += tw[s] / S;
-  }
+  const pp::PassCosts& stages = run.pipeline->times().stages;
+  const std::vector<double> &tf = stages.forward, &tb = stages.backward, &tw = stages.weight;
+  const int S = (int)tf.size();
+  std::vector<double> mean(3, 0.0);
+  for (int s = 0; s < S; s++) mean[0] += tf[s] / S, mean[1] += tb[s] / S, mean[2] += tw[s] / S;
   const double schedule = simulated_bubble(run, std::vector<double>(S, mean[0]), std::vector<double>(S, mean[1]),
                                            std::vector<double>(S, mean[2]));
   const double staged = simulated_bubble(run, tf, tb, tw);

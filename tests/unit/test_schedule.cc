@@ -374,20 +374,25 @@ TEST(ZeroBubbleTest, BubbleAndMemoryInUnitTime) {
       EXPECT_NEAR(sim.bubble_fraction, theory, 1e-12) << c.name();
     }
     for (int r = 0; r < c.p; r++) EXPECT_LE(sim.peak_in_flight[r], v * std::min(c.p, c.m)) << c.name() << " rank " << r;
-    EXPECT_EQ(sim.peak_in_flight[0], v * std::min(c.p, c.m)) << c.name();
+    if (c.kind == ScheduleKind::kZbH1) EXPECT_EQ(sim.peak_in_flight[0], std::min(c.p, c.m)) << c.name();
   }
 }
 
-// Other costs run the same lists (they are fixed in unit time): no deadlock, every pass
-// timed as given, and the W still fills: at tf = tb = tw, ZB-H1 beats 1F1B.
+// Other costs: the lists placed for them (make_schedule's costs, as the executor places
+// them for the costs it measured) run without deadlock, every pass timed as given, and stay
+// below 1F1B's bubble where the paper's assumptions roughly hold (B within 2x of W).
 TEST(ZeroBubbleTest, OtherCostsRunTheSameLists) {
   for (ScheduleKind k : {ScheduleKind::kZbH1, ScheduleKind::kZbV}) {
     const int p = 4, m = 8, v = k == ScheduleKind::kZbV ? 2 : 1;
-    for (auto [tf, tb, tw] : {std::tuple{1.0, 1.2, 0.8}, std::tuple{1.0, 2.0, 0.5}, std::tuple{2.0, 1.0, 1.0}}) {
-      SimResult sim;
+    for (auto [tf, tb, tw] : {std::tuple{1.0, 1.2, 0.8}, std::tuple{1.0, 1.5, 0.5}, std::tuple{1.0, 2.0, 1.0},
+                              std::tuple{2.0, 1.0, 1.0}, std::tuple{1.0, 2.5, 0.5}}) {
+      SimResult sim, flushing;
       const auto all = [&](double x) { return std::vector<double>(p * v, x); };
       ASSERT_TRUE(simulate(k, p, m, v, all(tf), all(tb), all(tw), &sim).is_ok());
       for (int r = 0; r < p; r++) EXPECT_NEAR(sim.busy[r], m * v * (tf + tb + tw), 1e-9);
+      const auto one = [&](double x) { return std::vector<double>(p, x * v); };
+      ASSERT_TRUE(simulate(ScheduleKind::k1F1B, p, m, 1, one(tf), one(tb), one(tw), &flushing).is_ok());
+      if (tb <= 2 * tw) EXPECT_LT(sim.bubble_fraction, flushing.bubble_fraction) << schedule_name(k) << " " << tb;
     }
   }
 }

@@ -96,7 +96,8 @@ void PipelineExecutor::wait_sends(bool all) {
 double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const MicroBatches& data,
                                     float loss_scale, GradSync& grads) {
   std::vector<Action> actions;
-  const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions);
+  const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions,
+                                    splits_backward(kind_) && measured_ ? &last_costs_ : nullptr);
   CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
   const size_t n = gpt_.boundary_elements(B, T);
   const bool split = splits_backward(kind_);
@@ -182,7 +183,29 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
   // window in which this rank's idle time (the bubble) is counted.
   pp_.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
   times_.window_s = now_s() - start;
+  share_stage_costs(m);
+  if (splits_backward(kind_)) {
+    last_costs_ = times_.stages;
+    measured_ = true;
+    for (size_t s = 0; s < last_costs_.forward.size(); s++)
+      measured_ = measured_ && last_costs_.forward[s] > 0 && last_costs_.backward[s] > 0;
+  }
   return loss_sum;
+}
+
+void PipelineExecutor::share_stage_costs(int m) {
+  const int p = pp_.size(), S = p * v_;
+  std::vector<double> sums(3 * (size_t)S, 0.0);  // this rank's stages; summed over the ranks
+  for (int c = 0; c < v_; c++) {
+    const int s = stage_of(kind_, p, v_, pp_.rank(), c);
+    sums[s] = times_.forward_s[c] / m, sums[S + s] = times_.backward_s[c] / m, sums[2 * S + s] = times_.weight_s[c] / m;
+  }
+  pp_.all_reduce_f64(sums.data(), sums.size(), comm::ReduceOp::kSum);
+  // Rank 0's copy to every rank, so that all place their Ws from the very same numbers.
+  std::vector<float> same(sums.begin(), sums.end());
+  pp_.broadcast(same.data(), same.size(), 0);
+  auto part = [&](int k) { return std::vector<double>(same.begin() + (size_t)k * S, same.begin() + (size_t)(k + 1) * S); };
+  times_.stages = {part(0), part(1), part(2)};
 }
 
 double PipelineExecutor::forward_only(const int* inputs, const int* targets, int B, int T) {

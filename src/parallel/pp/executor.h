@@ -42,6 +42,8 @@ struct PipelineTimes {
   // Per chunk of this rank: the step's time in forwards, backwards (B under a zero-bubble
   // schedule) and Ws (zero otherwise), summed over the micro-batches.
   std::vector<double> forward_s, backward_s, weight_s;
+  // Every stage's (p x v, model order) per micro-batch, the same on every pipeline rank.
+  PassCosts stages;
 };
 
 class PipelineExecutor {
@@ -60,6 +62,8 @@ class PipelineExecutor {
   const PipelineTimes& times() const { return times_; }
 
  private:
+  // Fills times_.stages from every rank's chunks (pp collectives: all ranks call it).
+  void share_stage_costs(int m);
   enum Kind { kActivation = 0, kGrad = 1 };
   using Key = std::tuple<int, int, int>;  // kind, micro-batch, chunk (this rank's)
   struct Inbox {
@@ -86,6 +90,10 @@ class PipelineExecutor {
   std::vector<Outgoing> outgoing_;
   Buffer<float> received_;  // the last taken message (valid until the next take)
   PipelineTimes times_;
+  // A zero-bubble schedule places its Ws for the stage costs measured in the previous step
+  // (unit costs in the first): every rank holds the same numbers, so the lists pair.
+  bool measured_ = false;
+  PassCosts last_costs_;
 };
 
 }  // namespace meshtrain::parallel::pp

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <limits>
 #include <utility>
 #include <map>
 #include <string>
@@ -73,91 +74,136 @@ std::vector<Compute> one_f_one_b(int n, int warmup, F forward_at, B backward_at)
   return order;
 }
 
-// The zero-bubble orders (schedule.h): every rank list-scheduled in unit time. An action
-// started at t ends at t + 1, and what it sends is there at t + 1. ZB-H1 keeps 1F1B's order
-// of Fs and Bs and only places the Ws: a W runs whenever the next F or B cannot. ZB-V picks
-// among its two chunks' ready work: a B first, then an F (the oldest micro-batch, then the
-// stage nearer the loss), else a W.
-std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank);
+std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs);
 
-std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, int rank) {
+// The zero-bubble orders (schedule.h): every rank list-scheduled on the stages' costs
+// (unit costs unless given). ZB-H1 keeps 1F1B's order of Fs and Bs and only places the Ws:
+// a W runs whenever the next F or B cannot. ZB-V picks among its two chunks' ready work: a
+// B first, then an F (the oldest micro-batch, then the stage nearer the loss), else a W.
+// Events in time order: the free rank with the earliest clock acts; one with nothing ready
+// and no W waits for its next input, or for the other ranks to move.
+std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {
   const int stages = p * v;
-  constexpr int kNever = 1 << 30;
-  // When stage s's input activation (gradient) of micro-batch mb arrives.
-  std::vector<std::vector<int>> activation(stages, std::vector<int>(m, kNever)), gradient = activation;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  auto cost = [&](int s, int pass) {  // pass 0 F, 1 B, 2 W
+    if (!costs) return 1.0;
+    return pass == 0 ? costs->forward[s] : pass == 1 ? costs->backward[s] : costs->weight[s];
+  };
+  // When stage s's input activation (gradient) of micro-batch mb is there.
+  std::vector<std::vector<double>> activation(stages, std::vector<double>(m, kNever)), gradient = activation;
   for (int mb = 0; mb < m; mb++) activation[0][mb] = 0;
   struct Rank {
-    std::vector<int> forwards, backwards;  // per chunk: how many done (in micro-batch order)
+    std::vector<int> forwards, backwards;  // per chunk: how many started (in micro-batch order)
     std::deque<std::pair<int, int>> weights;  // pending Ws (micro-batch, chunk), oldest first
     int sets = 0, limit = 0;
     std::vector<Compute> fixed;  // ZB-H1: 1F1B's order of F and B
     size_t next = 0;             // in `fixed`
     std::vector<Compute> order;
+    double clock = 0;
+    bool stuck = false;  // nothing to do at `clock` until another rank acts
   };
   std::vector<Rank> ranks(p);
   for (int r = 0; r < p; r++) {
     ranks[r].forwards.assign(v, 0);
     ranks[r].backwards.assign(v, 0);
     ranks[r].limit = kind == ScheduleKind::kZbH1 ? p : 2 * p;
-    if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r);
+    if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r, nullptr);
   }
   const size_t actions = (size_t)3 * m * v;
-  for (int t = 0; t < kNever; t++) {
-    bool all_done = true;
-    for (int r = 0; r < p; r++) {
-      Rank& k = ranks[r];
-      if (k.order.size() == actions) continue;
-      all_done = false;
-      // Ready B and F: the oldest micro-batch, then the stage nearer the loss.
-      int best_b = -1, best_f = -1;
+  bool force = false;  // every waiting rank was held back for the others: now let them move on
+  while (true) {
+    int r = -1;  // the unfinished, unstuck rank with the earliest clock
+    bool unfinished = false;
+    for (int q = 0; q < p; q++) {
+      unfinished |= ranks[q].order.size() < actions;
+      if (ranks[q].order.size() < actions && !ranks[q].stuck && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
+    }
+    if (!unfinished) break;
+    if (r < 0) {
+      if (force) break;  // no rank can ever move: cannot happen (the oldest work is always ready somewhere)
+      for (Rank& q : ranks) q.stuck = false;
+      force = true;
+      continue;
+    }
+    Rank& k = ranks[r];
+    const double t = k.clock;
+    int best_b = -1, best_f = -1;
+    double next_input = kNever;  // the earliest later arrival this rank could use
+    if (k.fixed.empty()) {
       for (int c = 0; c < v; c++) {
         const int s = stage_of(kind, p, v, r, c), b = k.backwards[c], f = k.forwards[c];
-        if (b < f && gradient[s][b] <= t && (best_b < 0 || b < k.backwards[best_b] ||
-                                            (b == k.backwards[best_b] && s > stage_of(kind, p, v, r, best_b))))
-          best_b = c;
-        if (f < m && activation[s][f] <= t && k.sets < k.limit &&
-            (best_f < 0 || f < k.forwards[best_f] || (f == k.forwards[best_f] && s > stage_of(kind, p, v, r, best_f))))
-          best_f = c;
-      }
-      if (!k.fixed.empty()) {  // only the next of 1F1B's order may run
-        best_b = best_f = -1;
-        if (k.next < k.fixed.size()) {
-          const Compute& n = k.fixed[k.next];
-          if (!n.forward && n.microbatch == k.backwards[0] && k.backwards[0] < k.forwards[0] &&
-              gradient[stage_of(kind, p, v, r, 0)][n.microbatch] <= t)
-            best_b = 0;
-          if (n.forward && activation[stage_of(kind, p, v, r, 0)][n.microbatch] <= t && k.sets < k.limit) best_f = 0;
+        if (b < f) {
+          if (gradient[s][b] <= t) {
+            if (best_b < 0 || b < k.backwards[best_b] ||
+                (b == k.backwards[best_b] && s > stage_of(kind, p, v, r, best_b)))
+              best_b = c;
+          } else {
+            next_input = std::min(next_input, gradient[s][b]);
+          }
+        }
+        if (f < m && k.sets < k.limit) {
+          if (activation[s][f] <= t) {
+            if (best_f < 0 || f < k.forwards[best_f] ||
+                (f == k.forwards[best_f] && s > stage_of(kind, p, v, r, best_f)))
+              best_f = c;
+          } else {
+            next_input = std::min(next_input, activation[s][f]);
+          }
         }
       }
-      if (best_b >= 0 || best_f >= 0) k.next++;
-      if (best_b >= 0) {
-        const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind, p, v, r, c);
-        if (s > 0) gradient[s - 1][mb] = t + 1;
-        k.weights.push_back({mb, c});
-        k.order.push_back({false, mb, c});
-      } else if (best_f >= 0) {
-        const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind, p, v, r, c);
-        if (s + 1 < stages) activation[s + 1][mb] = t + 1;
-        else gradient[s][mb] = t + 1;  // the loss's gradient, once this F ends
-        k.sets++;
-        k.order.push_back({true, mb, c});
-      } else if (!k.weights.empty()) {
-        const auto [mb, c] = k.weights.front();
-        k.weights.pop_front();
-        k.sets--;
-        k.order.push_back({false, mb, c, true});
-      }
+    } else if (k.next < k.fixed.size()) {  // only the next of 1F1B's order may run
+      const Compute& n = k.fixed[k.next];
+      const int s = stage_of(kind, p, v, r, 0);
+      const double ready = n.forward ? activation[s][n.microbatch] : gradient[s][n.microbatch];
+      if (ready <= t && (!n.forward || k.sets < k.limit)) (n.forward ? best_f : best_b) = 0;
+      else if (ready > t) next_input = ready;
     }
-    if (all_done) break;
+    if (best_b >= 0 || best_f >= 0) k.next++;
+    if (best_b >= 0) {
+      const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind, p, v, r, c);
+      k.clock = t + cost(s, 1);
+      if (s > 0) gradient[s - 1][mb] = k.clock;
+      k.weights.push_back({mb, c});
+      k.order.push_back({false, mb, c});
+    } else if (best_f >= 0) {
+      const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind, p, v, r, c);
+      k.clock = t + cost(s, 0);
+      if (s + 1 < stages) activation[s + 1][mb] = k.clock;
+      else gradient[s][mb] = k.clock;  // the loss's gradient, once this F ends
+      k.sets++;
+      k.order.push_back({true, mb, c});
+    } else if (!k.weights.empty()) {
+      const auto [mb, c] = k.weights.front();
+      k.weights.pop_front();
+      k.sets--;
+      k.clock = t + cost(stage_of(kind, p, v, r, c), 2);
+      k.order.push_back({false, mb, c, true});
+    } else {
+      // Wait until a known input arrives or another rank has moved on, whichever is first
+      // (the other rank may send something sooner); behind ranks at the same time.
+      double others = kNever;
+      bool level = false;
+      for (int q = 0; q < p; q++) {
+        if (q == r || ranks[q].order.size() == actions) continue;
+        if (ranks[q].clock > t) others = std::min(others, ranks[q].clock);
+        else if (!ranks[q].stuck) level = true;
+      }
+      const double until = std::min(next_input, others);
+      if ((level && !force) || until == kNever) k.stuck = true;
+      else k.clock = until;
+      continue;
+    }
+    for (Rank& q : ranks) q.stuck = false;  // something happened: look again
+    force = false;
   }
   return ranks[rank].order;
 }
 
-std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank) {
+std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {
   switch (kind) {
     case ScheduleKind::kZbH1:
     case ScheduleKind::kZbV:
-      return zero_bubble_order(kind, p, m, v, rank);
+      return zero_bubble_order(kind, p, m, v, rank, costs);
     case ScheduleKind::kGpipe:
       return gpipe_order(m);
     case ScheduleKind::k1F1B: {
@@ -233,13 +279,22 @@ Status parse_schedule_kind(const std::string& name, ScheduleKind* out) {
   return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b, interleaved, zb-h1 or zb-v)");
 }
 
-Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out) {
+Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out,
+                     const PassCosts* costs) {
   RETURN_IF_ERROR(check_args(kind, p, m, v));
   if (rank < 0 || rank >= p) {
     return Status::error("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(p) + ")");
   }
+  if (costs) {
+    const size_t stages = (size_t)p * v;
+    if (costs->forward.size() != stages || costs->backward.size() != stages || costs->weight.size() != stages)
+      return Status::error("pass costs: one per stage (p x v) for the forward, B and W");
+    for (size_t s = 0; s < stages; s++)
+      if (!(costs->forward[s] > 0) || !(costs->backward[s] > 0) || !(costs->weight[s] >= 0))
+        return Status::error("pass costs must be > 0 (a W's >= 0)");
+  }
   out->clear();
-  for (const Compute& c : compute_order(kind, p, m, v, rank)) append_with_comm(kind, c, p, v, rank, out);
+  for (const Compute& c : compute_order(kind, p, m, v, rank, costs)) append_with_comm(kind, c, p, v, rank, out);
   return Status::ok();
 }
 
@@ -349,7 +404,13 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   for (size_t i = 0; i < stages; i++)
     if (!(tf[i] >= 0) || !(tb[i] >= 0) || !(tw[i] >= 0)) return Status::error("stage costs must be >= 0");
   std::vector<RankState> ranks(p);
-  for (int r = 0; r < p; ++r) RETURN_IF_ERROR(make_schedule(kind, p, m, v, r, &ranks[r].actions));
+  // A zero-bubble schedule's lists placed for these costs, as the executor places them for
+  // the costs it measured (when they can be: every F and B takes time).
+  const PassCosts costs{tf, tb, tw};
+  bool timed = splits_backward(kind);
+  for (size_t i = 0; i < stages; i++) timed = timed && tf[i] > 0 && tb[i] > 0;
+  for (int r = 0; r < p; ++r)
+    RETURN_IF_ERROR(make_schedule(kind, p, m, v, r, &ranks[r].actions, timed ? &costs : nullptr));
 
   // Times depend only on dependencies, not on the order ranks are visited, so sweeping the
   // ranks until none moves gives the exact event times; stopping early means deadlock.

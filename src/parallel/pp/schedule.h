@@ -73,7 +73,14 @@ int rank_of_stage(ScheduleKind kind, int p, int v, int stage);
 //
 // For every ordered rank pair and direction, the k-th send matches the k-th receive, so
 // FIFO point-to-point channels (one tag per direction) suffice.
-Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out);
+// Each stage's time for one micro-batch's F, B and W (p x v entries, in model order).
+struct PassCosts {
+  std::vector<double> forward, backward, weight;
+};
+// `costs` (zero-bubble schedules only; null: unit costs) lets the list scheduling place the
+// Ws for these costs: every rank must pass the same, or the lists will not pair.
+Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out,
+                     const PassCosts* costs = nullptr);
 
 // Discrete-event simulation of all p ranks executing their schedules. Each forward costs tf
 // and each backward tb (per chunk); sends take no time; a receive waits until the matching
