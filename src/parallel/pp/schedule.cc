@@ -130,26 +130,19 @@ std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, i
     int best_b = -1, best_f = -1;
     double next_input = kNever;  // the earliest later arrival this rank could use
     if (k.fixed.empty()) {
+      // Chunk c's next pass (its micro-batch mb = counts[c], its input there at `ready`)
+      // against the best so far: the oldest micro-batch, then the stage nearer the loss.
+      auto consider = [&](int c, const std::vector<int>& counts, double ready, int* best) {
+        if (ready > t) return void(next_input = std::min(next_input, ready));
+        const int mb = counts[c];
+        if (*best < 0 || mb < counts[*best] ||
+            (mb == counts[*best] && stage_of(kind, p, v, r, c) > stage_of(kind, p, v, r, *best)))
+          *best = c;
+      };
       for (int c = 0; c < v; c++) {
         const int s = stage_of(kind, p, v, r, c), b = k.backwards[c], f = k.forwards[c];
-        if (b < f) {
-          if (gradient[s][b] <= t) {
-            if (best_b < 0 || b < k.backwards[best_b] ||
-                (b == k.backwards[best_b] && s > stage_of(kind, p, v, r, best_b)))
-              best_b = c;
-          } else {
-            next_input = std::min(next_input, gradient[s][b]);
-          }
-        }
-        if (f < m && k.sets < k.limit) {
-          if (activation[s][f] <= t) {
-            if (best_f < 0 || f < k.forwards[best_f] ||
-                (f == k.forwards[best_f] && s > stage_of(kind, p, v, r, best_f)))
-              best_f = c;
-          } else {
-            next_input = std::min(next_input, activation[s][f]);
-          }
-        }
+        if (b < f) consider(c, k.backwards, gradient[s][b], &best_b);
+        if (f < m && k.sets < k.limit) consider(c, k.forwards, activation[s][f], &best_f);
       }
     } else if (k.next < k.fixed.size()) {  // only the next of 1F1B's order may run
       const Compute& n = k.fixed[k.next];
