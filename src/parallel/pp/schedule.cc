@@ -82,7 +82,9 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int r
 // B first, then an F (the oldest micro-batch, then the stage nearer the loss), else a W.
 // Events in time order: the free rank with the earliest clock acts; one with nothing ready
 // and no W waits for its next input, or for the other ranks to move.
-std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {
+// Every rank's order (one scheduling serves them all); empty if the costs lead the greedy
+// choices into a dead end (then unit costs serve, which never do).
+std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
   const int stages = p * v;
   constexpr double kNever = std::numeric_limits<double>::infinity();
   auto cost = [&](int s, int pass) {  // pass 0 F, 1 B, 2 W
@@ -96,35 +98,31 @@ std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, i
     std::vector<int> forwards, backwards;  // per chunk: how many started (in micro-batch order)
     std::deque<std::pair<int, int>> weights;  // pending Ws (micro-batch, chunk), oldest first
     int sets = 0, limit = 0;
+    std::vector<int> chunk_sets;  // per chunk: sets alive (F run, W not yet)
     std::vector<Compute> fixed;  // ZB-H1: 1F1B's order of F and B
     size_t next = 0;             // in `fixed`
     std::vector<Compute> order;
     double clock = 0;
-    bool stuck = false;  // nothing to do at `clock` until another rank acts
   };
   std::vector<Rank> ranks(p);
   for (int r = 0; r < p; r++) {
     ranks[r].forwards.assign(v, 0);
     ranks[r].backwards.assign(v, 0);
+    ranks[r].chunk_sets.assign(v, 0);
     ranks[r].limit = kind == ScheduleKind::kZbH1 ? p : 2 * p;
     if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r, nullptr);
   }
   const size_t actions = (size_t)3 * m * v;
-  bool force = false;  // every waiting rank was held back for the others: now let them move on
-  while (true) {
-    int r = -1;  // the unfinished, unstuck rank with the earliest clock
-    bool unfinished = false;
-    for (int q = 0; q < p; q++) {
-      unfinished |= ranks[q].order.size() < actions;
-      if (ranks[q].order.size() < actions && !ranks[q].stuck && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
-    }
-    if (!unfinished) break;
-    if (r < 0) {
-      if (force) break;  // no rank can ever move: cannot happen (the oldest work is always ready somewhere)
-      for (Rank& q : ranks) q.stuck = false;
-      force = true;
-      continue;
-    }
+  // No F or B takes less than this: what another rank starts at t arrives at t + shortest
+  // or later.
+  double shortest = costs ? kNever : 1.0;
+  for (int st = 0; costs && st < stages; st++) shortest = std::min({shortest, cost(st, 0), cost(st, 1)});
+  for (size_t round = 0;; round++) {
+    if (round > 64 * actions * (size_t)p + 1024) return {};  // no progress: the caller falls back
+    int r = -1;  // the unfinished rank with the earliest clock
+    for (int q = 0; q < p; q++)
+      if (ranks[q].order.size() < actions && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
+    if (r < 0) break;  // all done
     Rank& k = ranks[r];
     const double t = k.clock;
     int best_b = -1, best_f = -1;
@@ -142,7 +140,12 @@ std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, i
       for (int c = 0; c < v; c++) {
         const int s = stage_of(kind, p, v, r, c), b = k.backwards[c], f = k.forwards[c];
         if (b < f) consider(c, k.backwards, gradient[s][b], &best_b);
-        if (f < m && k.sets < k.limit) consider(c, k.forwards, activation[s][f], &best_f);
+        // The last set is kept for the second chunk while it holds none: a cheap first chunk
+        // must not take the memory the second needs to reach the loss (no gradient would
+        // ever come).
+        const bool reserve = c + 1 < v && k.chunk_sets[v - 1] == 0;
+        if (f < m && k.sets < k.limit - (reserve ? 1 : 0))
+          consider(c, k.forwards, activation[s][f], &best_f);
       }
     } else if (k.next < k.fixed.size()) {  // only the next of 1F1B's order may run
       const Compute& n = k.fixed[k.next];
@@ -163,40 +166,40 @@ std::vector<Compute> zero_bubble_order(ScheduleKind kind, int p, int m, int v, i
       k.clock = t + cost(s, 0);
       if (s + 1 < stages) activation[s + 1][mb] = k.clock;
       else gradient[s][mb] = k.clock;  // the loss's gradient, once this F ends
-      k.sets++;
+      k.sets++, k.chunk_sets[c]++;
       k.order.push_back({true, mb, c});
     } else if (!k.weights.empty()) {
       const auto [mb, c] = k.weights.front();
       k.weights.pop_front();
-      k.sets--;
+      k.sets--, k.chunk_sets[c]--;
       k.clock = t + cost(stage_of(kind, p, v, r, c), 2);
       k.order.push_back({false, mb, c, true});
     } else {
-      // Wait until a known input arrives or another rank has moved on, whichever is first
-      // (the other rank may send something sooner); behind ranks at the same time.
-      double others = kNever;
-      bool level = false;
+      // Wait until a known input arrives, or until the next moment another rank could have
+      // sent something: its clock, or for a rank at this same time, its shortest pass later.
+      double until = next_input;
       for (int q = 0; q < p; q++) {
         if (q == r || ranks[q].order.size() == actions) continue;
-        if (ranks[q].clock > t) others = std::min(others, ranks[q].clock);
-        else if (!ranks[q].stuck) level = true;
+        until = std::min(until, ranks[q].clock > t ? ranks[q].clock : t + shortest);
       }
-      const double until = std::min(next_input, others);
-      if ((level && !force) || until == kNever) k.stuck = true;
-      else k.clock = until;
+      if (until == kNever) return {};  // no rank can move: the caller falls back
+      k.clock = until;
       continue;
     }
-    for (Rank& q : ranks) q.stuck = false;  // something happened: look again
-    force = false;
   }
-  return ranks[rank].order;
+  std::vector<std::vector<Compute>> orders;
+  for (Rank& k : ranks) orders.push_back(std::move(k.order));
+  return orders;
 }
 
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {
   switch (kind) {
     case ScheduleKind::kZbH1:
-    case ScheduleKind::kZbV:
-      return zero_bubble_order(kind, p, m, v, rank, costs);
+    case ScheduleKind::kZbV: {
+      std::vector<std::vector<Compute>> orders = zero_bubble_orders(kind, p, m, v, costs);
+      if (orders.empty()) orders = zero_bubble_orders(kind, p, m, v, nullptr);
+      return orders[rank];
+    }
     case ScheduleKind::kGpipe:
       return gpipe_order(m);
     case ScheduleKind::k1F1B: {
@@ -290,6 +293,23 @@ Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vect
   for (const Compute& c : compute_order(kind, p, m, v, rank, costs)) append_with_comm(kind, c, p, v, rank, out);
   return Status::ok();
 }
+
+namespace {
+
+// Every rank's actions, as make_schedule gives them (arguments already checked); a
+// zero-bubble schedule's scheduled once for all ranks.
+std::vector<std::vector<Action>> all_schedules(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
+  std::vector<std::vector<Action>> out(p);
+  std::vector<std::vector<Compute>> orders;
+  if (splits_backward(kind)) orders = zero_bubble_orders(kind, p, m, v, costs);
+  if (splits_backward(kind) && orders.empty()) orders = zero_bubble_orders(kind, p, m, v, nullptr);
+  for (int r = 0; r < p; r++)
+    for (const Compute& c : splits_backward(kind) ? orders[r] : compute_order(kind, p, m, v, r, costs))
+      append_with_comm(kind, c, p, v, r, &out[r]);
+  return out;
+}
+
+}  // namespace
 
 namespace {
 
@@ -402,8 +422,8 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   const PassCosts costs{tf, tb, tw};
   bool timed = splits_backward(kind);
   for (size_t i = 0; i < stages; i++) timed = timed && tf[i] > 0 && tb[i] > 0;
-  for (int r = 0; r < p; ++r)
-    RETURN_IF_ERROR(make_schedule(kind, p, m, v, r, &ranks[r].actions, timed ? &costs : nullptr));
+  std::vector<std::vector<Action>> actions = all_schedules(kind, p, m, v, timed ? &costs : nullptr);
+  for (int r = 0; r < p; ++r) ranks[r].actions = std::move(actions[r]);
 
   // Times depend only on dependencies, not on the order ranks are visited, so sweeping the
   // ranks until none moves gives the exact event times; stopping early means deadlock.
@@ -422,6 +442,10 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
       return Status::error("deadlock: " + describe(r, s.actions[s.next]) + " waits on a receive from rank " +
                            std::to_string(s.actions[s.next].peer) + " that is never sent");
     }
+    // Every pass of every (micro-batch, chunk) ran: a list missing one is a bug, said loudly.
+    if (s.spans.size() != (size_t)(splits_backward(kind) ? 3 : 2) * m * v)
+      return Status::error("rank " + std::to_string(r) + "'s schedule has " + std::to_string(s.spans.size()) +
+                           " passes, not one F, B" + (splits_backward(kind) ? " and W" : "") + " per micro-batch and chunk");
   }
 
   *out = SimResult();
