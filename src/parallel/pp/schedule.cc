@@ -103,6 +103,7 @@ std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, i
     size_t next = 0;             // in `fixed`
     std::vector<Compute> order;
     double clock = 0;
+    bool blocked = false;  // waits for an input no rank has produced yet
   };
   std::vector<Rank> ranks(p);
   for (int r = 0; r < p; r++) {
@@ -113,16 +114,19 @@ std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, i
     if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r, nullptr);
   }
   const size_t actions = (size_t)3 * m * v;
-  // No F or B takes less than this: what another rank starts at t arrives at t + shortest
-  // or later.
-  double shortest = costs ? kNever : 1.0;
-  for (int st = 0; costs && st < stages; st++) shortest = std::min({shortest, cost(st, 0), cost(st, 1)});
+  // A pass producing stage st's input wakes the rank that runs st.
+  auto wake = [&](int st) { ranks[rank_of_stage(kind, p, v, st)].blocked = false; };
   for (size_t round = 0;; round++) {
     if (round > 64 * actions * (size_t)p + 1024) return {};  // no progress: the caller falls back
-    int r = -1;  // the unfinished rank with the earliest clock
-    for (int q = 0; q < p; q++)
-      if (ranks[q].order.size() < actions && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
-    if (r < 0) break;  // all done
+    int r = -1;  // the unfinished, unblocked rank with the earliest clock
+    bool unfinished = false;
+    for (int q = 0; q < p; q++) {
+      if (ranks[q].order.size() == actions) continue;
+      unfinished = true;
+      if (!ranks[q].blocked && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
+    }
+    if (!unfinished) break;
+    if (r < 0) return {};  // every rank waits for another: the caller falls back
     Rank& k = ranks[r];
     const double t = k.clock;
     int best_b = -1, best_f = -1;
@@ -158,13 +162,13 @@ std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, i
     if (best_b >= 0) {
       const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind, p, v, r, c);
       k.clock = t + cost(s, 1);
-      if (s > 0) gradient[s - 1][mb] = k.clock;
+      if (s > 0) gradient[s - 1][mb] = k.clock, wake(s - 1);
       k.weights.push_back({mb, c});
       k.order.push_back({false, mb, c});
     } else if (best_f >= 0) {
       const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind, p, v, r, c);
       k.clock = t + cost(s, 0);
-      if (s + 1 < stages) activation[s + 1][mb] = k.clock;
+      if (s + 1 < stages) activation[s + 1][mb] = k.clock, wake(s + 1);
       else gradient[s][mb] = k.clock;  // the loss's gradient, once this F ends
       k.sets++, k.chunk_sets[c]++;
       k.order.push_back({true, mb, c});
@@ -175,15 +179,10 @@ std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, i
       k.clock = t + cost(stage_of(kind, p, v, r, c), 2);
       k.order.push_back({false, mb, c, true});
     } else {
-      // Wait until a known input arrives, or until the next moment another rank could have
-      // sent something: its clock, or for a rank at this same time, its shortest pass later.
-      double until = next_input;
-      for (int q = 0; q < p; q++) {
-        if (q == r || ranks[q].order.size() == actions) continue;
-        until = std::min(until, ranks[q].clock > t ? ranks[q].clock : t + shortest);
-      }
-      if (until == kNever) return {};  // no rank can move: the caller falls back
-      k.clock = until;
+      // Wait for the next input: until it arrives if a rank has produced it, else until
+      // one does (its producer wakes this rank).
+      if (next_input < kNever) k.clock = next_input;
+      else k.blocked = true;
       continue;
     }
   }
