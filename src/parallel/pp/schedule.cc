@@ -80,10 +80,10 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int r
 // (unit costs unless given). ZB-H1 keeps 1F1B's order of Fs and Bs and only places the Ws:
 // a W runs whenever the next F or B cannot. ZB-V picks among its two chunks' ready work: a
 // B first, then an F (the oldest micro-batch, then the stage nearer the loss), else a W.
-// Events in time order: the free rank with the earliest clock acts; one with nothing ready
-// and no W waits for its next input, or for the other ranks to move.
-// Every rank's order (one scheduling serves them all); empty if the costs lead the greedy
-// choices into a dead end (then unit costs serve, which never do).
+// Events in time order: the rank with the earliest clock acts; one with nothing ready and no
+// W waits until its next input arrives, or, when no rank has produced it yet, until its
+// producer does. Returns every rank's order (one scheduling serves them all), or nothing if
+// these costs lead the greedy choices into a dead end (the callers then use unit costs).
 std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
   const int stages = p * v;
   constexpr double kNever = std::numeric_limits<double>::infinity();
