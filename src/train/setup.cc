@@ -509,7 +509,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
     const int tied_peer = !run->config.tied_head || last == 0 ? -1 : r == 0 ? last : r == last ? 0 : -1;
     run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
     run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
-        *run->gpt, run->mesh->pp(), run->schedule, run->chunks);
+        *run->gpt, run->mesh->pp(), run->schedule, run->chunks, &run->mesh->world());
   }
   if (run->precision == kernels::Precision::kFp16)
     run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);

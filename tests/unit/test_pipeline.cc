@@ -8,7 +8,7 @@
 //                          --recompute selective, pp2·dp2 --zero 1, --zero 2 (1f1b), --zero 3
 //                          (gpipe; interleaved v=2 with --zero3-gather use), pp2 gpipe, pp4 1f1b, pp2
 //                          --stage-layers 5,3, pp2 --dropout 0.1, zb-h1 at pp4, tp2·pp2 --sp
-//                          selective and pp2·dp2 ZeRO-3, zb-v at pp4 and pp2·dp2 ZeRO-3,
+//                          selective and pp2·dp2 ZeRO-3, zb-v at pp4, tp2·pp2 and pp2·dp2 ZeRO-3,
 //                          at a global batch of 8 rows
 //                          on an 8-layer tiny model: every step's loss within 1e-5 of the
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
@@ -186,6 +186,9 @@ std::vector<Layout> parity_layouts() {
       // ZB-V: two chunks per rank in a V (the last rank hands its first chunk's output to its
       // second without a message; rank 0 holds the embedding and the tied head, one copy).
       {.pp = 4, .schedule = "zb-v", .accum = 4},
+      // tp peers sit in different pipeline groups and must run the same lists (the costs the
+      // Ws are placed for are shared by every rank).
+      {.tp = 2, .pp = 2, .schedule = "zb-v", .accum = 4},
       {.pp = 2, .dp = 2, .zero = 3, .schedule = "zb-v", .accum = 2},
   };
 }

@@ -30,8 +30,8 @@ std::string span_name(char pass, int mb, int chunk, int v) {
 }
 
 PipelineExecutor::PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind,
-                                   int virtual_stages)
-    : gpt_(gpt), pp_(pp), kind_(kind), v_(virtual_stages) {
+                                   int virtual_stages, comm::Group* everyone)
+    : gpt_(gpt), pp_(pp), everyone_(everyone ? everyone : &pp), kind_(kind), v_(virtual_stages) {
   CHECK_MSG(gpt.num_chunks() == v_, "the model part must hold one chunk per virtual stage");
 }
 
@@ -200,10 +200,14 @@ void PipelineExecutor::share_stage_costs(int m) {
     const int s = stage_of(kind_, p, v_, pp_.rank(), c);
     sums[s] = times_.forward_s[c] / m, sums[S + s] = times_.backward_s[c] / m, sums[2 * S + s] = times_.weight_s[c] / m;
   }
-  pp_.all_reduce_f64(sums.data(), sums.size(), comm::ReduceOp::kSum);
-  // Rank 0's copy to every rank, so that all place their Ws from the very same numbers.
-  std::vector<float> same(sums.begin(), sums.end());
-  pp_.broadcast(same.data(), same.size(), 0);
+  // Summed over every rank (each stage once per pipeline group), averaged over the pipeline
+  // groups, and rank 0's copy sent to all: every rank of the job places its Ws from the
+  // very same numbers, so the stages' tp and dp peers run the same lists.
+  everyone_->all_reduce_f64(sums.data(), sums.size(), comm::ReduceOp::kSum);
+  const double groups = (double)everyone_->size() / p;
+  std::vector<float> same(sums.size());
+  for (size_t i = 0; i < sums.size(); i++) same[i] = (float)(sums[i] / groups);
+  everyone_->broadcast(same.data(), same.size(), 0);
   auto part = [&](int k) { return std::vector<double>(same.begin() + (size_t)k * S, same.begin() + (size_t)(k + 1) * S); };
   times_.stages = {part(0), part(1), part(2)};
 }

@@ -49,7 +49,11 @@ struct PipelineTimes {
 class PipelineExecutor {
  public:
   // `gpt` holds this rank's chunks (its part must come from rank_part() with pp's size).
-  PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind, int virtual_stages);
+  // `everyone`: every rank of the job (null: the pp group is all of it). A zero-bubble
+  // schedule's lists follow measured costs, and every pipeline group must run the same
+  // lists: the tp and dp peers of a stage meet in its collectives.
+  PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKind kind, int virtual_stages,
+                   comm::Group* everyone = nullptr);
 
   // One step of m micro-batches of B x T: forwards and backwards as the schedule orders,
   // gradients synchronised through `grads` (end_micro_batch after each backward). Returns the
@@ -79,6 +83,7 @@ class PipelineExecutor {
 
   model::Gpt& gpt_;
   comm::Group& pp_;
+  comm::Group* everyone_;
   ScheduleKind kind_;
   int v_;
   std::map<Key, Inbox> inbox_;
