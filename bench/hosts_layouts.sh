@@ -51,7 +51,7 @@ ms = statistics.median(runs)
 pred = json.load(open(sys.argv[3]))["layouts"][0]["step_s"] * 1e3
 spread = f"{min(runs):.0f}-{max(runs):.0f}"
 print(f"{sys.argv[2]:<44} {ms:10.1f} {spread:>15} {pred:10.1f} {pred / ms:6.2f}  {open(sys.argv[5]).read()}")
-open(sys.argv[4], "a").write(f"{sys.argv[2]}\t{ms}\t{pred}\n")
+open(sys.argv[4], "a").write(f"{sys.argv[2]}\t{ms}\t{pred}\t{min(runs)}\t{max(runs)}\n")
 PY
 }
 tpdp="--tp 2 --pp 1 --dp 2 --global-batch 8" ppdp="--tp 1 --pp 2 --dp 2 --global-batch 32 --zero 0 --schedule 1f1b"
@@ -75,4 +75,16 @@ order = lambda v: " < ".join(str(i + 1) for i in sorted(range(len(v)), key=v.__g
 print("ranking by measured step:  ", order(ms))
 print("ranking by predicted step: ", order(pr))
 print("within 25%:", sum(abs(p / m - 1) <= 0.25 for p, m in zip(pr, ms)), "of", len(ms))
+# Every pair of layouts the runs tell apart (their ranges of run medians do not overlap)
+# must be ordered as measured; a pair whose ranges overlap is a tie the runs cannot order.
+lo = [float(r[3]) for r in rows]; hi = [float(r[4]) for r in rows]
+wrong, ties = [], []
+for a in range(len(rows)):
+    for b in range(a + 1, len(rows)):
+        if lo[a] <= hi[b] and lo[b] <= hi[a]:
+            ties.append(f"{a + 1}~{b + 1}")
+        elif (ms[a] < ms[b]) != (pr[a] < pr[b]):
+            wrong.append(f"{a + 1}/{b + 1}")
+print("measured ties (runs' ranges overlap):", ", ".join(ties) or "none")
+print("pairs the runs order and the planner orders otherwise:", ", ".join(wrong) or "none")
 PY

@@ -15,12 +15,19 @@
 namespace meshtrain::model {
 
 enum class Pass { kForward, kBackward };
+// PipeDream-2BW's two weight versions (parallel::pp, the 2bw schedule): the ones the
+// optimizer updates, and the ones before its last update, which a step's own micro-batches
+// compute with.
+enum class WeightVersion { kCurrent, kPrevious };
 
 class ParamStore {
  public:
   virtual ~ParamStore() = default;
   // Announces the pass about to run, so a store can prefetch in the right direction.
   virtual void begin_pass(Pass pass) {}
+  // Which weight version acquire_params hands out from now on (a store that keeps one
+  // version has only the current).
+  virtual void use_weights(WeightVersion version) {}
   // Full parameters of unit u, laid out as the unit's slice of the flat layout.
   virtual const float* acquire_params(int u) = 0;
   virtual void release_params(int u) {}

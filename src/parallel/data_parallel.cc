@@ -102,8 +102,24 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
     init_half(full_params);
   }
   init_groups();
+  if (config_.weight_versions) {
+    CHECK_MSG(!half && stage < 3, "weight versions need fp32 storage and ZeRO 0-2");
+    previous_params_.allocate(MemCategory::kParams, layout_.total());
+    reset_weight_versions();
+  }
   gpt_.set_param_store(this);
   return Status::ok();
+}
+
+void DataParallel::advance_weight_versions() {
+  if (!previous_params_.empty()) std::memcpy(previous_params_.data(), full_params(), sizeof(float) * layout_.total());
+}
+
+void DataParallel::reset_weight_versions() { advance_weight_versions(); }
+
+std::vector<std::pair<float*, size_t>> DataParallel::weight_version_state() {
+  if (previous_params_.empty()) return {};
+  return {{previous_params_.data(), previous_params_.size()}};
 }
 
 // 16-bit stages 0-2: the initial parameters rounded into the words this rank keeps, and
@@ -661,7 +677,10 @@ float* DataParallel::fp32_grad_tensor(float* unit, int u, const model::ParamTens
 
 const float* DataParallel::acquire_params(int u) {
   const int stage = config_.zero_stage;
-  if (stage < 3 && !half_) return full_params() + layout_.units()[u].offset;
+  if (stage < 3 && !half_) {
+    const bool previous = version_ == model::WeightVersion::kPrevious && !previous_params_.empty();
+    return (previous ? previous_params_.data() : full_params()) + layout_.units()[u].offset;
+  }
   UnitsInUse::Unit& g = in_use_->acquire(u);
   if (files_) files_->give_back(std::move(g.source));
   if (half_ && g.data.empty()) {

@@ -126,6 +126,9 @@ struct DpConfig {
   // exact: the model computes with the decoded weights, and the update is applied to the
   // exact shard. A group of one rank sends nothing and stays exact.
   QuantizedComm quantized;
+  // PipeDream-2BW (the 2bw schedule): keep the weights before the last update beside the
+  // current ones (fp32 storage, stages 0-2, where the model holds the full parameters).
+  bool weight_versions = false;
 };
 
 // Unit u's initial parameters in the model's local layout, written to `out` (the unit's
@@ -220,8 +223,19 @@ class DataParallel : public model::ParamStore, public GradSync {
   void clip(double norm, float max_norm, double loss_scale = 1.0);
   void optimizer_step(float lr, int t);
 
+  // --- weight versions (DpConfig::weight_versions) ---
+  // Before an update: the current weights become the previous version (skipped updates
+  // too, so a version is always one update old).
+  void advance_weight_versions();
+  // The previous version set to the current (a resume without the saved version: the
+  // delay starts again).
+  void reset_weight_versions();
+  // The previous version's values (checkpoints; empty without weight versions).
+  std::vector<std::pair<float*, size_t>> weight_version_state();
+
   // --- ParamStore ---
   void begin_pass(model::Pass pass) override { pass_ = pass; }
+  void use_weights(model::WeightVersion version) override { version_ = version; }
   const float* acquire_params(int u) override;
   void release_params(int u) override;
   const uint16_t* acquired_bf16(int u) const override;
@@ -302,6 +316,8 @@ class DataParallel : public model::ParamStore, public GradSync {
   optim::AdamWConfig adamw_config_;
   std::unique_ptr<optim::AdamW> adamw_;
   model::Pass pass_ = model::Pass::kForward;
+  model::WeightVersion version_ = model::WeightVersion::kCurrent;
+  Buffer<float> previous_params_;  // weight_versions: the version before the last update
   int micro_batches_ = 1;
   std::vector<int> released_;  // per unit: micro-batches whose gradients were released
   comm::Group* pp_ = nullptr;

@@ -147,6 +147,25 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
+// PipeDream-2BW's second weight version lives beside the model's fp32 parameters, and a
+// step's list reaches into the next step's micro-batches (of the same length). On one
+// rank it is the same delayed update with nothing to pipeline: the parity reference.
+Status check_two_bw(const TrainOptions& o, const comm::MeshShape& shape, int m) {
+  const std::string why = "--schedule 2bw keeps the weights before the last update beside the current ones";
+  if (o.zero == 3) return Status::error(why + " in the model's full buffers: it runs with --zero 0, 1 or 2, not 3");
+  if (o.precision != "fp32")
+    return Status::error(why + " in fp32: it runs with --precision fp32 (16-bit storage has no second version yet)");
+  if (o.compress != "none") return Status::error("--schedule 2bw does not run with --compress yet");
+  if (o.curriculum.kind != "none")
+    return Status::error("--schedule 2bw runs the next step's first micro-batches in this step's list: every step "
+                         "must have the same length, so it does not run with --curriculum");
+  if (m < shape.pp)
+    return Status::error("--schedule 2bw needs at least as many micro-batches per step (" + std::to_string(m) +
+                         ") as pipeline stages (--pp " + std::to_string(shape.pp) +
+                         "): with fewer, a third weight version would be in use");
+  return Status::ok();
+}
+
 // The pipeline flags against the layout; m = A micro-batches go through the pipeline.
 Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m, Run* run) {
   namespace pp = parallel::pp;
@@ -162,6 +181,7 @@ Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m
     run->chunks = 2;
     if (shape.pp == 1) return Status::error("--schedule zb-v needs --pp > 1");
   }
+  if (run->schedule == pp::ScheduleKind::k2BW) RETURN_IF_ERROR(check_two_bw(o, shape, m));
   if (shape.pp == 1) {
     if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
     if (run->schedule == pp::ScheduleKind::kZbH1) return Status::error("--schedule zb-h1 needs --pp > 1");
@@ -298,12 +318,13 @@ std::string writers_layout(const std::string& dir) {
   return out;
 }
 
-// The compressor's per-rank state (error feedback, PowerSGD's warm start) comes back at the
-// layout that wrote it; at another it cannot be re-sliced and restarts from zero (the
+// The per-rank state, the compressor's (error feedback, PowerSGD's warm start) and 2bw's
+// previous weight version, comes back at the layout that wrote it; at another it cannot be
+// re-sliced: the compressor's restarts from zero and 2bw's delay starts again (the
 // startup line says which). 1-bit Adam's compressed phase keeps u = m / d in the
 // optimizer's m (parallel/dp/onebit_adam.h): such a checkpoint resumes only with the same
 // --compress onebit-adam --compress-start, and a plain one not inside that phase.
-Status restore_compressor(const std::string& dir, const TrainOptions& o, Run* run) {
+Status restore_rank_arrays(const std::string& dir, const TrainOptions& o, Run* run) {
   json index;
   RETURN_IF_ERROR(checkpoint::read_checkpoint_index(dir, &index));
   const json ts = index.value("train_state", json::object());
@@ -318,10 +339,12 @@ Status restore_compressor(const std::string& dir, const TrainOptions& o, Run* ru
                          ", past --compress-start " + std::to_string(o.compress_start) +
                          ", but was not written by 1-bit Adam's compressed phase (its moments are Adam's)");
   std::vector<std::pair<float*, size_t>> arrays = run->dp->compressor_state();
+  const auto versions = run->dp->weight_version_state();
+  arrays.insert(arrays.end(), versions.begin(), versions.end());
   const comm::MeshShape& m = run->mesh_shape;
   const std::string here = "tp " + std::to_string(m.tp) + ", pp " + std::to_string(m.pp) + ", dp " + std::to_string(m.dp);
   if (arrays.empty() || run->resumed_layout != here) return Status::ok();
-  return checkpoint::load_rank_arrays(dir, run->mesh->world().rank(), arrays, &run->compressor_restored);
+  return checkpoint::load_rank_arrays(dir, run->mesh->world().rank(), arrays, &run->rank_arrays_restored);
 }
 
 // A checkpoint without biases (saved with balancing off) starts them at zero.
@@ -467,6 +490,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   dpc.compression.seed = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 0x5057;  // the first Q: the same on every rank
   dpc.quantized.weights = o.zero_quantized_weights;
   dpc.quantized.grads = o.zero_quantized_gradients;
+  dpc.weight_versions = run->schedule == parallel::pp::ScheduleKind::k2BW;
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
@@ -521,7 +545,8 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
                                               run->dp->shards(), rank_state(*run), &run->start_step));
   run->resumed_layout = writers_layout(resume_dir);
-  RETURN_IF_ERROR(restore_compressor(resume_dir, o, run));
+  run->dp->reset_weight_versions();  // 2bw: the saved previous version replaces this where it can
+  RETURN_IF_ERROR(restore_rank_arrays(resume_dir, o, run));
   if (run->dp->half_storage()) run->dp->params_from_master();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
@@ -652,6 +677,7 @@ Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool asyn
   if (run.dp->onebit_adam() && step > o.compress_start) train_state["onebit_adam_freeze"] = o.compress_start;
   checkpoint::RankState st = rank_state(run);
   for (const auto& [data, n] : run.dp->compressor_state()) st.rank_arrays.push_back({data, n});
+  for (const auto& [data, n] : run.dp->weight_version_state()) st.rank_arrays.push_back({data, n});
   RETURN_IF_ERROR(checkpoint::begin_save(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st,
                                          world, to_json(o), o.keep_checkpoints, run.mesh_shape.pp,
                                          run.mesh->pp_rank(), train_state, async, &run.pending_save));

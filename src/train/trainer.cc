@@ -101,7 +101,7 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, float lr,
                       parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler,
-                      NonfinitePolicy* nonfinite) {
+                      NonfinitePolicy* nonfinite, bool more_steps) {
   // T places the rows (the data windows and the dropout positions); L is what is trained.
   const int B = shape.B, T = shape.T, L = shape.length(), G = shape.G();
   const double S = scaler ? scaler->scale() : 1.0;
@@ -114,10 +114,13 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   if (pipeline) {
     parallel::pp::MicroBatches mbs{
         [&](int a, int* inputs, int* targets) { data.fill(k, G, T, row(a), B, L, inputs, targets); },
-        [&](int a) { return (int64_t)row(a) * T; }};
+        [&](int a) { return (int64_t)row(a) * T; }, nullptr};
+    if (more_steps)  // 2bw's lists reach into the next step (same shape: no curriculum)
+      mbs.fill_next = [&](int a, int* inputs, int* targets) { data.fill(k + 1, G, T, row(a), B, L, inputs, targets); };
     loss_sum = pipeline->train_step(shape.A, B, L, k, mbs, loss_scale, dp);
   } else {
     std::vector<int> inputs((size_t)B * L), targets((size_t)B * L);
+    gpt.param_store()->use_weights(model::WeightVersion::kPrevious);  // a store with one version: the current
     for (int a = 0; a < shape.A; a++) {
       data.fill(k, G, T, row(a), B, L, inputs.data(), targets.data());
       gpt.set_batch_position(k, (int64_t)row(a) * T);
@@ -134,8 +137,10 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
       }
       dp.end_micro_batch();
     }
+    gpt.param_store()->use_weights(model::WeightVersion::kCurrent);
   }
   dp.finish_reductions();
+  dp.advance_weight_versions();  // 2bw: the weights this update starts from are the next step's
   dp_group.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
   StepResult r;
   r.loss = (float)(loss_sum / ((double)G * L));
@@ -183,9 +188,9 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
                       parallel::pp::PipelineExecutor* pipeline, optim::DynamicLossScaler* scaler,
-                      NonfinitePolicy* nonfinite) {
+                      NonfinitePolicy* nonfinite, bool more_steps) {
   return train_step(gpt, dp, dp_group, cfg, data, shape, k, optim::learning_rate(cfg, (int)k, total_steps), pipeline,
-                    scaler, nonfinite);
+                    scaler, nonfinite, more_steps);
 }
 
 Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result) {
@@ -241,10 +246,17 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                   o.zero_quantized_gradients ? "the gradient reduce-scatters (qgZ)" : "", parallel::DpConfig{}.quantized.block,
                   run.mesh->dp().size() == 1 ? " (one data-parallel rank: nothing is sent, nothing quantized)" : "");
     if (run.start_step > 0 && (run.dp->compression() || run.dp->onebit_adam()))
-      std::printf("compression: %s\n", run.compressor_restored
+      std::printf("compression: %s\n", run.rank_arrays_restored
                                             ? "error feedback (and PowerSGD's warm start) restored from the checkpoint"
                                             : "error feedback (and PowerSGD's warm start) restart from zero: the "
                                               "checkpoint holds none for this layout");
+    if (!run.dp->weight_version_state().empty())
+      std::printf("2bw: each step computes with the weights before the last update (W(t+1) = W(t) - lr * "
+                  "update(grad at W(t-1)))%s\n",
+                  run.start_step == 0            ? ""
+                  : run.rank_arrays_restored     ? "; the previous version restored from the checkpoint"
+                                                 : "; the checkpoint holds no previous version for this layout: the "
+                                                   "delay starts again (previous = current)");
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
     const optim::ShardStore& store = run.dp->adamw().store();
     std::string in_files;
@@ -282,7 +294,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     const int64_t tokens_per_step = (int64_t)shape.G() * step_shape.L;
     const float lr = step_learning_rate(o, shape, k, tokens_done, tokens_per_step, tokens_total);
     StepResult r = train_step(*run.gpt, *run.dp, run.mesh->dp(), o.adamw, run.train_data, step_shape, k, lr,
-                              run.pipeline.get(), run.scaler.get(), run.scaler ? nullptr : &run.nonfinite);
+                              run.pipeline.get(), run.scaler.get(), run.scaler ? nullptr : &run.nonfinite,
+                              k + 1 < o.steps);
     tokens_done += tokens_per_step;
     if (std::string newest; !r.status.is_ok() && !r.nonfinite.empty() && !o.out_dir.empty() &&
                             checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok())

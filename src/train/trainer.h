@@ -61,17 +61,22 @@ struct NonfinitePolicy {
 // With a loss `scaler` (fp16) the backward runs on the loss times its scale, the gradients
 // are unscaled while clipping, and a step whose gradients overflowed anywhere is skipped
 // (AdamW's step count t counts applied steps only, as torch's GradScaler leaves it).
+// Under 2bw (dp keeps weight versions) the micro-batches compute with the weights before
+// the last update, and with a pipeline the step's lists run on into step k + 1's first
+// micro-batches when `more_steps` says one follows.
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, float lr,
                       parallel::pp::PipelineExecutor* pipeline = nullptr,
-                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr);
+                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr,
+                      bool more_steps = false);
 // The same at the schedule by steps of a `total_steps`-step run (optim::learning_rate).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, int total_steps,
                       parallel::pp::PipelineExecutor* pipeline = nullptr,
-                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr);
+                      optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr,
+                      bool more_steps = false);
 
 // Mean loss over the first `batches` windows of B rows x T tokens of `data` (fewer if the
 // file holds fewer).

@@ -783,7 +783,7 @@ TEST_F(Pipeline, BadInputIsRejected) {
        {"--schedule interleaved needs --pp > 1"}},
       {base + " --pp 2 --schedule interleaved --virtual-stages 2 --grad-accum 3", 2,
        {"to be a multiple of --pp"}},
-      {base + " --pp 2 --schedule x", 2, {"unknown schedule 'x' (gpipe, 1f1b, interleaved, zb-h1 or zb-v)"}},
+      {base + " --pp 2 --schedule x", 2, {"unknown schedule 'x' (gpipe, 1f1b, interleaved, zb-h1, zb-v or 2bw)"}},
       {base + " --dp 2 --schedule zb-h1", 2, {"--schedule zb-h1 needs --pp > 1"}},
       {base + " --dp 2 --schedule zb-v", 2, {"--schedule zb-v needs --pp > 1"}},
       {base + " --pp 2 --schedule zb-v --virtual-stages 3", 2, {"--schedule zb-v runs 2 chunks per rank"}},

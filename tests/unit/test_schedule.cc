@@ -261,6 +261,7 @@ TEST(SimulateTest, PeakInFlight) {
         case ScheduleKind::kInterleaved: expected = std::min(warmup_of(c, r) + 1, c.m * c.v); break;
         case ScheduleKind::kZbH1:
         case ScheduleKind::kZbV: FAIL() << "zero-bubble schedules: ZeroBubbleTest";
+        case ScheduleKind::k2BW: FAIL() << "2bw: TwoBwTest";
       }
       EXPECT_EQ(sim.peak_in_flight[r], expected) << c.name() << " rank " << r;
     }
@@ -424,7 +425,91 @@ TEST(ZeroBubbleTest, InvalidArgumentsAreRejected) {
   ScheduleKind kind;
   ASSERT_TRUE(parse_schedule_kind("zb-h1", &kind).is_ok());
   EXPECT_EQ(kind, ScheduleKind::kZbH1);
-  EXPECT_NE(parse_schedule_kind("zb", &kind).message().find("zb-h1 or zb-v"), std::string::npos);
+  EXPECT_NE(parse_schedule_kind("zb", &kind).message().find("zb-h1, zb-v or 2bw"), std::string::npos);
+}
+
+// ---- PipeDream-2BW ----------------------------------------------------------------------
+
+// A run of K steps of 2bw lists, the next step's micro-batches (m..) renumbered as the
+// run's, is exactly 1F1B over the run's K x m micro-batches: one pipeline that never
+// flushes. Every send of the run pairs with its receive in order (the channels are FIFO
+// across steps), and rank r starts every step but the first with p - 1 - r forwards of it
+// already done.
+TEST(TwoBwTest, StepsJoinIntoOneUnflushedOneFOneB) {
+  for (int p : {1, 2, 4})
+    for (int m : {4, 5, 8})
+      for (int K : {1, 2, 3}) {
+        if (m < p) continue;
+        for (int r = 0; r < p; r++) {
+          SCOPED_TRACE(testing::Message() << "p " << p << " m " << m << " K " << K << " rank " << r);
+          std::vector<Action> run;
+          for (int k = 0; k < K; k++) {
+            std::vector<Action> step;
+            ASSERT_TRUE(make_schedule(ScheduleKind::k2BW, p, m, 1, r, &step, nullptr, {k == 0, k == K - 1}).is_ok());
+            for (Action a : step) {
+              a.microbatch += k * m;  // the list's m.. are the next step's 0..
+              run.push_back(a);
+            }
+          }
+          std::vector<Action> plain;
+          ASSERT_TRUE(make_schedule(ScheduleKind::k1F1B, p, K * m, 1, r, &plain).is_ok());
+          ASSERT_EQ(run.size(), plain.size());
+          for (size_t i = 0; i < run.size(); i++) {
+            EXPECT_EQ(run[i].kind, plain[i].kind) << "action " << i;
+            EXPECT_EQ(run[i].microbatch, plain[i].microbatch) << "action " << i;
+            EXPECT_EQ(run[i].peer, plain[i].peer) << "action " << i;
+          }
+          // A middle step holds m backwards of its own and m forwards, w of them the next step's.
+          if (K == 3) {
+            std::vector<Action> mid;
+            ASSERT_TRUE(make_schedule(ScheduleKind::k2BW, p, m, 1, r, &mid, nullptr, {false, false}).is_ok());
+            int own_b = 0, own_f = 0, next_f = 0;
+            for (const Action& a : mid) {
+              own_b += a.kind == ActionKind::kBackward && a.microbatch < m;
+              own_f += a.kind == ActionKind::kForward && a.microbatch < m;
+              next_f += a.kind == ActionKind::kForward && a.microbatch >= m;
+            }
+            EXPECT_EQ(own_b, m);
+            EXPECT_EQ(own_f, m - (p - 1 - r));
+            EXPECT_EQ(next_f, p - 1 - r);
+          }
+        }
+      }
+}
+
+// The steady state in time: each step ends at the optimizer's global checks (a sync), so a
+// rank's first backward waits for the gradient to come back from the last rank, p - 1
+// backwards away; the forwards of the step were done ahead. Bubble (p-1) tb / (m (tf + tb)
+// + (p-1) tb), against 1F1B's (p-1) (tf + tb) / (m (tf + tb) + (p-1) (tf + tb)); every
+// rank holds 1F1B's sets, min(p, m) = p - r at rank r.
+TEST(TwoBwTest, SteadyStateBubbleAndMemory) {
+  for (int p : {2, 4})
+    for (int m : {4, 8, 16}) {
+      for (double tb : {1.0, 2.0, 3.0}) {
+        SimResult two_bw, one_f_one_b;
+        ASSERT_TRUE(simulate(ScheduleKind::k2BW, p, m, 1, 1.0, tb, &two_bw).is_ok());
+        ASSERT_TRUE(simulate(ScheduleKind::k1F1B, p, m, 1, 1.0, tb, &one_f_one_b).is_ok());
+        const double busy = m * (1 + tb), idle = (p - 1) * tb;
+        EXPECT_NEAR(two_bw.makespan, busy + idle, 1e-9) << "p " << p << " m " << m << " tb " << tb;
+        EXPECT_NEAR(two_bw.bubble_fraction, idle / (busy + idle), 1e-12);
+        EXPECT_LT(two_bw.bubble_fraction, one_f_one_b.bubble_fraction);
+        for (int r = 0; r < p; r++) EXPECT_EQ(two_bw.peak_in_flight[r], p - r) << "rank " << r;
+      }
+    }
+}
+
+TEST(TwoBwTest, InvalidArgumentsAreRejected) {
+  std::vector<Action> out;
+  Status s = make_schedule(ScheduleKind::k2BW, 4, 3, 1, 0, &out);
+  EXPECT_NE(s.message().find("needs at least as many micro-batches as pipeline stages (m >= p), got m=3, p=4"),
+            std::string::npos)
+      << s.message();
+  EXPECT_NE(make_schedule(ScheduleKind::k2BW, 2, 4, 2, 0, &out).message().find("v != 1"), std::string::npos);
+  ScheduleKind kind;
+  ASSERT_TRUE(parse_schedule_kind("2bw", &kind).is_ok());
+  EXPECT_EQ(kind, ScheduleKind::k2BW);
+  EXPECT_TRUE(never_flushes(kind));
+  EXPECT_FALSE(never_flushes(ScheduleKind::k1F1B));
 }
 
 }  // namespace

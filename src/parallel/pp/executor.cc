@@ -37,9 +37,9 @@ PipelineExecutor::PipelineExecutor(model::Gpt& gpt, comm::Group& pp, ScheduleKin
 
 // Receives of one (kind, peer) pair arrive in the order the schedule lists them, so one tag
 // per direction keeps them apart; the key records which micro-batch a buffer is for.
-void PipelineExecutor::post_receive(const Action& a, size_t n) {
+void PipelineExecutor::post_receive(const Action& a, int id, size_t n) {
   const Kind kind = a.kind == ActionKind::kRecvActivation ? kActivation : kGrad;
-  Inbox& box = inbox_[{kind, a.microbatch, a.chunk}];
+  Inbox& box = inbox_[{kind, id, a.chunk}];
   box.data.allocate(MemCategory::kComm, n);
   box.request = pp_.irecv(box.data.data(), n, a.peer, 1 + kind);
 }
@@ -93,14 +93,22 @@ void PipelineExecutor::wait_sends(bool all) {
   outgoing_.erase(std::remove_if(outgoing_.begin(), outgoing_.end(), done), outgoing_.end());
 }
 
+int PipelineExecutor::set_id(int mb, int m, int64_t step) const {
+  if (!never_flushes(kind_)) return mb;
+  return (int)((step + mb / m) % 2) * m + mb % m;
+}
+
 double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const MicroBatches& data,
                                     float loss_scale, GradSync& grads) {
   std::vector<Action> actions;
+  const bool two_bw = never_flushes(kind_);
+  const StepInRun where{!carrying_, !(two_bw && data.fill_next)};
   const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions,
-                                    splits_backward(kind_) && measured_ ? &last_costs_ : nullptr);
+                                    splits_backward(kind_) && measured_ ? &last_costs_ : nullptr, where);
   CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
   const size_t n = gpt_.boundary_elements(B, T);
   const bool split = splits_backward(kind_);
+  model::ParamStore* store = gpt_.param_store();
   std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
   double loss_sum = 0;
   times_ = PipelineTimes{};
@@ -112,50 +120,61 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
     for (int computes = 0; posted < actions.size(); posted++) {
       const Action& a = actions[posted];
       if (is_compute(a.kind) && posted > i && ++computes > 2) break;
-      if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGrad) post_receive(a, n);
+      if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGrad)
+        post_receive(a, set_id(a.microbatch, m, step), n);
     }
     const Action& a = actions[i];
-    const int mb = a.microbatch, c = a.chunk;
+    const int c = a.chunk, id = set_id(a.microbatch, m, step);
+    // 2bw: the list's micro-batches m.. are the next step's, computed with the current
+    // weights; the step's own compute with the version before the last update.
+    const bool next = a.microbatch >= m;
+    const int mb = a.microbatch % m;
+    const int64_t mb_step = step + (next ? 1 : 0);
+    if (two_bw && is_compute(a.kind))
+      store->use_weights(next ? model::WeightVersion::kCurrent : model::WeightVersion::kPrevious);
+    const nlohmann::json where_in_step = {{"step", mb_step + 1}, {"mb", mb}, {"chunk", c}};
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad:
         break;  // posted above; waited for by the compute that needs it
       case ActionKind::kForward: {
-        if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c)) data.fill(mb, inputs.data(), targets.data());
-        gpt_.set_batch_position(step, data.first_token_row(mb));
-        const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, mb, c);
+        if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c))
+          (next ? data.fill_next : data.fill)(mb, inputs.data(), targets.data());
+        gpt_.set_batch_position(mb_step, data.first_token_row(mb));
+        const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, id, c);
         const double t0 = now_s();
         float loss;
         {
           trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', mb, c, v_), trace::category::kForward,
-                                   {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
-          loss = gpt_.forward_chunk(c, mb, inputs.data(), targets.data(), in, B, T);
+                                   where_in_step);
+          loss = gpt_.forward_chunk(c, id, inputs.data(), targets.data(), in, B, T);
         }
         times_.compute_s += now_s() - t0;
         times_.forward_s[c] += now_s() - t0;
-        if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;
-        else hand_over(kActivation, mb, c, gpt_.chunk_output(c, mb), n);
+        times_.carried += next;
+        if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;  // never a next step's: w = 0 there
+        else hand_over(kActivation, id, c, gpt_.chunk_output(c, id), n);
         times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
         break;
       }
       case ActionKind::kSendActivation:
         // The output stays in the micro-batch's activation set until its backward.
-        send(kActivation, mb, c, gpt_.chunk_output(c, mb), n, a.peer, false);
+        send(kActivation, id, c, gpt_.chunk_output(c, id), n, a.peer, false);
         break;
       case ActionKind::kBackward: {
         // The activation sent from this set must be out before the set is reused.
         for (auto& o : outgoing_)
-          if (o.key == Key{kActivation, mb, c}) o.request->wait();
-        const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, mb, c);
+          if (o.key == Key{kActivation, id, c}) o.request->wait();
+        const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, id, c);
         const double t0 = now_s();
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', mb, c, v_),
-                                   trace::category::kBackward, {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
-          gpt_.backward_chunk(c, mb, dout, loss_scale, split);
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', mb, c, v_), trace::category::kBackward,
+                                   where_in_step);
+          gpt_.backward_chunk(c, id, dout, loss_scale, split);
         }
         times_.compute_s += now_s() - t0;
         times_.backward_s[c] += now_s() - t0;
-        if (!gpt_.is_first_stage(c)) hand_over(kGrad, mb, c, gpt_.input_grad(), n);
+        if (!gpt_.is_first_stage(c)) hand_over(kGrad, id, c, gpt_.input_grad(), n);
         if (!split) grads.end_micro_batch();
         break;
       }
@@ -163,8 +182,8 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const double t0 = now_s();
         {
           trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', mb, c, v_),
-                                   trace::category::kBackwardWeight, {{"step", step + 1}, {"mb", mb}, {"chunk", c}});
-          gpt_.weight_backward_chunk(c, mb);
+                                   trace::category::kBackwardWeight, where_in_step);
+          gpt_.weight_backward_chunk(c, id);
         }
         times_.compute_s += now_s() - t0;
         times_.weight_s[c] += now_s() - t0;
@@ -172,12 +191,15 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         break;
       }
       case ActionKind::kSendGrad:
-        send(kGrad, mb, c, gpt_.input_grad(), n, a.peer, true);
+        send(kGrad, id, c, gpt_.input_grad(), n, a.peer, true);
         break;
     }
     wait_sends(false);
   }
-  wait_sends(true);
+  if (two_bw) store->use_weights(model::WeightVersion::kCurrent);
+  // 2bw: the carried forwards' activations reach the next rank in the next step's list.
+  carrying_ = times_.carried > 0;
+  wait_sends(!carrying_);
   received_.release();
   // Every pipeline rank learns the loss; waiting for the slowest rank here closes the
   // window in which this rank's idle time (the bubble) is counted.
@@ -213,6 +235,10 @@ void PipelineExecutor::share_stage_costs(int m) {
 }
 
 double PipelineExecutor::forward_only(const int* inputs, const int* targets, int B, int T) {
+  // Its own set id and message tag: under 2bw, activations of the next step's first
+  // micro-batches are in flight between the ranks (their sets kept, their messages maybe
+  // not yet received).
+  constexpr int kEvalSet = 1 << 30, kEvalTag = 3;
   const int p = pp_.size(), r = pp_.rank();
   const size_t n = gpt_.boundary_elements(B, T);
   Buffer<float> in(MemCategory::kComm, n);
@@ -221,12 +247,12 @@ double PipelineExecutor::forward_only(const int* inputs, const int* targets, int
     const int stage = stage_of(kind_, p, v_, r, c);
     const int prev = stage > 0 ? rank_of_stage(kind_, p, v_, stage - 1) : -1;
     const int next = stage + 1 < p * v_ ? rank_of_stage(kind_, p, v_, stage + 1) : -1;
-    if (prev >= 0 && prev != r) pp_.recv(in.data(), n, prev, 1 + kActivation);  // else in `in` already
-    const float l = gpt_.forward_chunk(c, 0, inputs, targets, in.data(), B, T);
+    if (prev >= 0 && prev != r) pp_.recv(in.data(), n, prev, kEvalTag);  // else in `in` already
+    const float l = gpt_.forward_chunk(c, kEvalSet, inputs, targets, in.data(), B, T);
     if (gpt_.is_last_stage(c)) loss = l;
-    if (next >= 0 && next != r) pp_.send(gpt_.chunk_output(c, 0), n, next, 1 + kActivation);
-    if (next == r) std::memcpy(in.data(), gpt_.chunk_output(c, 0), sizeof(float) * n);
-    gpt_.drop_activations(c, 0);
+    if (next >= 0 && next != r) pp_.send(gpt_.chunk_output(c, kEvalSet), n, next, kEvalTag);
+    if (next == r) std::memcpy(in.data(), gpt_.chunk_output(c, kEvalSet), sizeof(float) * n);
+    gpt_.drop_activations(c, kEvalSet);
   }
   pp_.all_reduce_f64(&loss, 1, comm::ReduceOp::kSum);
   return loss;

@@ -26,7 +26,10 @@ namespace meshtrain::parallel::pp {
 // global index of its first token row (for dropout masks).
 struct MicroBatches {
   std::function<void(int mb, int* inputs, int* targets)> fill;
-  std::function<int64_t(int mb)> first_token_row;
+  std::function<int64_t(int mb)> first_token_row;  // the same rows in every step
+  // The next step's micro-batch mb, where its first forwards run in this step's list (2bw);
+  // null: no step follows, the pipeline drains.
+  std::function<void(int mb, int* inputs, int* targets)> fill_next;
 };
 
 // Time of one rank in one step: compute (forward and backward) and the pipeline window,
@@ -44,6 +47,7 @@ struct PipelineTimes {
   std::vector<double> forward_s, backward_s, weight_s;
   // Every stage's (p x v, model order) per micro-batch, the same on every pipeline rank.
   PassCosts stages;
+  int carried = 0;  // 2bw: the next step's micro-batches this step ran forwards of
 };
 
 class PipelineExecutor {
@@ -74,12 +78,16 @@ class PipelineExecutor {
     Buffer<float> data;
     comm::RequestPtr request;
   };
-  void post_receive(const Action& a, size_t n);
+  void post_receive(const Action& a, int id, size_t n);  // id: set_id's
   const float* take(Kind kind, int mb, int chunk);
   void send(Kind kind, int mb, int chunk, const float* data, size_t n, int peer, bool copy);
   int chunk_of(int stage) const;
   void hand_over(Kind kind, int mb, int from_chunk, const float* data, size_t n);
   void wait_sends(bool all);
+  // The id a micro-batch of the schedule's list has in activation sets and messages: itself,
+  // or under 2bw (whose list numbers the next step's micro-batches m..) one that alternates
+  // between steps, so a step's sets never meet the carried ones of the step before.
+  int set_id(int mb, int m, int64_t step) const;
 
   model::Gpt& gpt_;
   comm::Group& pp_;
@@ -99,6 +107,7 @@ class PipelineExecutor {
   // (unit costs in the first): every rank holds the same numbers, so the lists pair.
   bool measured_ = false;
   PassCosts last_costs_;
+  bool carrying_ = false;  // 2bw: the last step left forwards of this one in flight
 };
 
 }  // namespace meshtrain::parallel::pp

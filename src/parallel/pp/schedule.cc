@@ -26,6 +26,10 @@ Status check_args(ScheduleKind kind, int p, int m, int v) {
     if (v != 2) return Status::error("the zb-v schedule runs 2 chunks per rank (a V), got v=" + std::to_string(v));
     return Status::ok();
   }
+  if (kind == ScheduleKind::k2BW && m < p)
+    return Status::error("the 2bw schedule needs at least as many micro-batches as pipeline stages (m >= p), got m=" +
+                         std::to_string(m) + ", p=" + std::to_string(p) +
+                         ": with fewer, a third weight version would be in use");
   if (kind != ScheduleKind::kInterleaved) {
     if (v != 1) return Status::error("only the interleaved schedule has v != 1 chunks, got v=" + std::to_string(v));
     return Status::ok();
@@ -75,6 +79,20 @@ std::vector<Compute> one_f_one_b(int n, int warmup, F forward_at, B backward_at)
 }
 
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs);
+
+// PipeDream-2BW's step on rank `rank` (schedule.h): 1F1B's pairs with the forwards w ahead,
+// running on into the next step's micro-batches (m..) unless this is the last step.
+std::vector<Compute> two_bw_order(int p, int m, int rank, StepInRun where) {
+  const int w = p - 1 - rank;
+  std::vector<Compute> order;
+  if (where.first)
+    for (int k = 0; k < w; k++) order.push_back({true, k, 0});
+  for (int k = 0; k < m; k++) {
+    if (k + w < m || !where.last) order.push_back({true, k + w, 0});
+    order.push_back({false, k, 0});
+  }
+  return order;
+}
 
 // The zero-bubble orders (schedule.h): every rank list-scheduled on the stages' costs
 // (unit costs unless given). ZB-H1 keeps 1F1B's order of Fs and Bs and only places the Ws:
@@ -201,6 +219,7 @@ std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int r
     }
     case ScheduleKind::kGpipe:
       return gpipe_order(m);
+    case ScheduleKind::k2BW:  // one step alone is 1F1B (the steady state: two_bw_order)
     case ScheduleKind::k1F1B: {
       // A rank needs p - r - 1 forwards in flight before the first gradient can reach it.
       int warmup = std::min(p - rank - 1, m);
@@ -247,11 +266,13 @@ const char* schedule_name(ScheduleKind kind) {
     case ScheduleKind::kInterleaved: return "interleaved";
     case ScheduleKind::kZbH1: return "zb-h1";
     case ScheduleKind::kZbV: return "zb-v";
+    case ScheduleKind::k2BW: return "2bw";
   }
   return "?";
 }
 
 bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::kZbH1 || kind == ScheduleKind::kZbV; }
+bool never_flushes(ScheduleKind kind) { return kind == ScheduleKind::k2BW; }
 
 int stage_of(ScheduleKind kind, int p, int v, int rank, int chunk) {
   if (kind == ScheduleKind::kZbV) return chunk == 0 ? rank : 2 * p - 1 - rank;
@@ -265,17 +286,17 @@ int rank_of_stage(ScheduleKind kind, int p, int v, int stage) {
 
 Status parse_schedule_kind(const std::string& name, ScheduleKind* out) {
   for (ScheduleKind k : {ScheduleKind::kGpipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved, ScheduleKind::kZbH1,
-                         ScheduleKind::kZbV}) {
+                         ScheduleKind::kZbV, ScheduleKind::k2BW}) {
     if (name == schedule_name(k)) {
       *out = k;
       return Status::ok();
     }
   }
-  return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b, interleaved, zb-h1 or zb-v)");
+  return Status::error("unknown schedule '" + name + "' (gpipe, 1f1b, interleaved, zb-h1, zb-v or 2bw)");
 }
 
 Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out,
-                     const PassCosts* costs) {
+                     const PassCosts* costs, StepInRun where) {
   RETURN_IF_ERROR(check_args(kind, p, m, v));
   if (rank < 0 || rank >= p) {
     return Status::error("rank " + std::to_string(rank) + " out of range [0, " + std::to_string(p) + ")");
@@ -289,7 +310,9 @@ Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vect
         return Status::error("pass costs must be > 0 (a W's >= 0)");
   }
   out->clear();
-  for (const Compute& c : compute_order(kind, p, m, v, rank, costs)) append_with_comm(kind, c, p, v, rank, out);
+  const std::vector<Compute> order =
+      never_flushes(kind) ? two_bw_order(p, m, rank, where) : compute_order(kind, p, m, v, rank, costs);
+  for (const Compute& c : order) append_with_comm(kind, c, p, v, rank, out);
   return Status::ok();
 }
 
@@ -299,6 +322,11 @@ namespace {
 // zero-bubble schedule's scheduled once for all ranks.
 std::vector<std::vector<Action>> all_schedules(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
   std::vector<std::vector<Action>> out(p);
+  if (never_flushes(kind)) {  // the steady state
+    for (int r = 0; r < p; r++)
+      for (const Compute& c : two_bw_order(p, m, r, {false, false})) append_with_comm(kind, c, p, v, r, &out[r]);
+    return out;
+  }
   std::vector<std::vector<Compute>> orders;
   if (splits_backward(kind)) orders = zero_bubble_orders(kind, p, m, v, costs);
   if (splits_backward(kind) && orders.empty()) orders = zero_bubble_orders(kind, p, m, v, nullptr);
@@ -423,10 +451,16 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   for (size_t i = 0; i < stages; i++) timed = timed && tf[i] > 0 && tb[i] > 0;
   std::vector<std::vector<Action>> actions = all_schedules(kind, p, m, v, timed ? &costs : nullptr);
   for (int r = 0; r < p; ++r) ranks[r].actions = std::move(actions[r]);
+  std::map<ChannelKey, std::deque<Message>> channels;
+  if (never_flushes(kind))  // 2BW's steady state: what the step before left in flight
+    for (int r = 0; r < p; ++r) {
+      const int w = p - 1 - r;  // forwards carried in, their sets alive
+      ranks[r].in_flight = ranks[r].peak = w;
+      if (w > 0) channels[{r, r + 1, false}].push_back({0.0, w - 1, r + 1});  // the next rank's first input
+    }
 
   // Times depend only on dependencies, not on the order ranks are visited, so sweeping the
   // ranks until none moves gives the exact event times; stopping early means deadlock.
-  std::map<ChannelKey, std::deque<Message>> channels;
   Status error;
   for (bool moved = true; moved;) {
     moved = false;

@@ -36,13 +36,28 @@ struct Action {
   int peer;   // for send/recv: the other pipeline rank; -1 for compute
 };
 
-enum class ScheduleKind { kGpipe, k1F1B, kInterleaved, kZbH1, kZbV };
+enum class ScheduleKind { kGpipe, k1F1B, kInterleaved, kZbH1, kZbV, k2BW };
 
-// "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v": the names flags and traces use.
+// "gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "2bw": the names flags and traces use.
 const char* schedule_name(ScheduleKind kind);
 Status parse_schedule_kind(const std::string& name, ScheduleKind* out);
 // Whether the schedule splits the backward into B and W actions.
 bool splits_backward(ScheduleKind kind);
+// Whether the schedule runs on over step boundaries (PipeDream-2BW): a step's list then
+// holds forwards of the next step, and its model computes with the weights of one update
+// before (parallel::DataParallel's weight versions).
+bool never_flushes(ScheduleKind kind);
+
+// PipeDream-2BW (Narayanan et al. 2021, "Memory-Efficient Pipeline-Parallel DNN Training")
+// is 1F1B without the flush: rank r runs the step's m backwards, each after a forward
+// w = p - 1 - r micro-batches ahead, so the last w forwards of a step's list are the next
+// step's micro-batches 0..w-1 (numbered m..m+w-1 in the list), whose activations stay in
+// flight over the step boundary. The first step of a run starts with those w forwards of
+// its own (1F1B's warm-up); the last has none of the next step (1F1B's cool-down), so a
+// run of one step is 1F1B. The other schedules ignore where the step lies.
+struct StepInRun {
+  bool first = true, last = true;
+};
 // The model stage that rank `rank`'s chunk `chunk` runs (p ranks, v chunks each), and the
 // rank that runs stage `stage`.
 int stage_of(ScheduleKind kind, int p, int v, int rank, int chunk);
@@ -80,7 +95,7 @@ struct PassCosts {
 // `costs` (zero-bubble schedules only; null: unit costs) lets the list scheduling place the
 // Ws for these costs: every rank must pass the same, or the lists will not pair.
 Status make_schedule(ScheduleKind kind, int p, int m, int v, int rank, std::vector<Action>* out,
-                     const PassCosts* costs = nullptr);
+                     const PassCosts* costs = nullptr, StepInRun where = {});
 
 // Discrete-event simulation of all p ranks executing their schedules. Each forward costs tf
 // and each backward tb (per chunk); sends take no time; a receive waits until the matching
@@ -109,6 +124,8 @@ struct SimResult {
   std::vector<std::vector<SimSpan>> spans;
 };
 
+// 2BW is simulated in its steady state, a step of a long run (neither first nor last): the
+// forwards carried in from the step before are done, their activations sent, at time 0.
 // Fails on invalid arguments, on a deadlock (some rank waits on a receive whose send never
 // comes) and on a receive that pairs with a send of a different micro-batch or stage.
 Status simulate(ScheduleKind kind, int p, int m, int v, double tf, double tb, SimResult* out);
