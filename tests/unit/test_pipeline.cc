@@ -9,7 +9,8 @@
 //                          (gpipe; interleaved v=2 with --zero3-gather use), pp2 gpipe, pp4 1f1b, pp2
 //                          --stage-layers 5,3, pp2 --dropout 0.1, zb-h1 at pp4, tp2·pp2 --sp
 //                          selective and pp2·dp2 ZeRO-3, zb-v at pp4, tp2·pp2 and pp2·dp2 ZeRO-3,
-//                          at a global batch of 8 rows
+//                          2bw at pp2, pp4, tp2·pp2 --sp selective and pp2·dp2 ZeRO-1 (against
+//                          the one-rank run of 2bw's delayed update), at a global batch of 8 rows
 //                          on an 8-layer tiny model: every step's loss within 1e-5 of the
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
 //                          within the tp suite's tolerances; bubble_theory and the peak
@@ -124,6 +125,9 @@ double theory_bubble(int p, int m, int v) { return (double)(p - 1) / (double)(v 
 double zb_h1_bubble(int p, int m) { return (double)(p - 1) / (double)(3 * m + p - 1); }
 // ZB-V with F = B = W per chunk, m >= p: only the first forward's way to the last rank.
 double zb_v_bubble(int p, int m) { return (double)(p - 1) / (double)(6 * m + p - 1); }
+// 2BW's steady state with B = 2F, m >= p: the step's forwards were run ahead, and only the
+// first gradient's way back from the last rank, p - 1 backwards, is idle (schedule.h).
+double two_bw_bubble(int p, int m) { return 2.0 * (p - 1) / (3.0 * m + 2.0 * (p - 1)); }
 
 // ---- Layouts -------------------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ struct Layout {
   std::string flags() const {
     std::string f = "--tp " + std::to_string(tp) + " --dp " + std::to_string(dp) + " --zero " +
                     std::to_string(zero) + (sp ? " --sp" : "") + " --recompute " + recompute;
+    if (pp == 1 && schedule == "2bw") f += " --schedule 2bw";  // the delayed update on one rank
     if (pp > 1) {
       f += " --pp " + std::to_string(pp) + " --schedule " + schedule;
       if (v > 1) f += " --virtual-stages " + std::to_string(v);
@@ -190,7 +195,18 @@ std::vector<Layout> parity_layouts() {
       // Ws are placed for are shared by every rank).
       {.tp = 2, .pp = 2, .schedule = "zb-v", .accum = 4},
       {.pp = 2, .dp = 2, .zero = 3, .schedule = "zb-v", .accum = 2},
+      // PipeDream-2BW: against the one-rank run of the same delayed update (test_two_bw.cc
+      // checks that one against the update written out by hand).
+      {.pp = 2, .schedule = "2bw", .accum = 4},
+      {.pp = 4, .schedule = "2bw", .accum = 4},
+      {.tp = 2, .pp = 2, .schedule = "2bw", .sp = true, .recompute = "selective", .accum = 2},
+      {.pp = 2, .dp = 2, .zero = 1, .schedule = "2bw", .accum = 2},
   };
+}
+
+// The single-rank run a cell is compared with: the same dropout, and 2bw's delayed update.
+Layout reference_of(const Layout& c) {
+  return Layout{.schedule = c.schedule == "2bw" ? "2bw" : "1f1b", .dropout = c.dropout};
 }
 
 // The cached run of a parity layout: model shape, layout flags, 20 steps, one eval batch.
@@ -326,17 +342,17 @@ double median_of(const Metrics& m, const char* field, int from) {
 TEST_F(Pipeline, ParityMatrix) {
   const std::vector<Layout> layouts = parity_layouts();
   std::vector<Layout> runs = layouts;
-  runs.push_back(kReference);
-  runs.push_back(Layout{.dropout = 0.1});
+  const std::vector<Layout> references = {kReference, Layout{.dropout = 0.1}, Layout{.schedule = "2bw"}};
+  runs.insert(runs.end(), references.begin(), references.end());
   ensure(runs);
   struct Reference {
     Metrics metrics;
     std::vector<float> params;
   };
-  std::map<double, Reference> refs;
-  for (double p : {0.0, 0.1}) {
-    const std::string ref_args = parity_spec(Layout{.dropout = p}).args;
-    Reference& r = refs[p];
+  std::map<std::string, Reference> refs;  // by the reference's flags
+  for (const Layout& ref : references) {
+    const std::string ref_args = parity_spec(ref).args;
+    Reference& r = refs[ref.flags()];
     r.metrics = metrics_of(ref_args);
     ASSERT_EQ(r.metrics.steps.size(), (size_t)kSteps) << ref_args;
     int64_t ref_step = 0;
@@ -346,13 +362,15 @@ TEST_F(Pipeline, ParityMatrix) {
     for (const json& j : r.metrics.steps)
       EXPECT_FALSE(j.contains("bubble") || j["comm"].contains("pp")) << "no pipeline: " << j.dump();
   }
-  EXPECT_NE(refs[0.0].metrics.steps[0]["loss"], refs[0.1].metrics.steps[0]["loss"])
+  EXPECT_NE(refs[kReference.flags()].metrics.steps[0]["loss"], refs[Layout{.dropout = 0.1}.flags()].metrics.steps[0]["loss"])
       << "dropout changes the loss";
+  EXPECT_NE(refs[kReference.flags()].metrics.steps[2]["loss"], refs[Layout{.schedule = "2bw"}.flags()].metrics.steps[2]["loss"])
+      << "2bw's delayed update changes the loss";
 
   // One cell; an ASSERT ends only this cell.
   auto check = [&](const Layout& c) {
-    const Metrics& ref = refs[c.dropout].metrics;
-    const std::vector<float>& ref_params = refs[c.dropout].params;
+    const Metrics& ref = refs[reference_of(c).flags()].metrics;
+    const std::vector<float>& ref_params = refs[reference_of(c).flags()].params;
     const std::string args = parity_spec(c).args;
     SCOPED_TRACE(c.flags());
     Metrics m = metrics_of(args);
@@ -368,13 +386,15 @@ TEST_F(Pipeline, ParityMatrix) {
       ASSERT_TRUE(j.contains("bubble_theory") && j.contains("pp_peak_sets")) << j.dump();
       const double theory = c.schedule == "zb-h1" ? zb_h1_bubble(p, mb)
                             : c.schedule == "zb-v" ? zb_v_bubble(p, mb)
+                            : c.schedule == "2bw"  ? two_bw_bubble(p, mb)
                                                    : theory_bubble(p, mb, c.v);
       EXPECT_NEAR(j["bubble_theory"].get<double>(), theory, 1e-12) << "step " << s + 1;
       const int sets = j["pp_peak_sets"].get<int>();
       if (c.schedule == "gpipe") {
         EXPECT_EQ(sets, mb) << "step " << s + 1;
       }
-      if (c.schedule == "1f1b" || c.schedule == "zb-h1") {  // zb-h1: a set lives until its W
+      // zb-h1: a set lives until its W; 2bw: p - 1 of the next step's sets carried over.
+      if (c.schedule == "1f1b" || c.schedule == "zb-h1" || c.schedule == "2bw") {
         EXPECT_EQ(sets, std::min(p, mb)) << "step " << s + 1;
       }
       if (c.schedule == "zb-v") {  // chunk sets, each half of the rank's layers
@@ -795,6 +815,12 @@ TEST_F(Pipeline, BadInputIsRejected) {
        "interleaved --virtual-stages 2 --grad-accum 2",
        2, {"every stage needs at least one"}},
       {base + " --dp 2 --stage-layers 4,4", 2, {"--stage-layers needs --pp > 1"}},
+      {base + " --pp 2 --schedule 2bw --grad-accum 1", 2,
+       {"--schedule 2bw needs at least as many micro-batches per step (1) as pipeline stages (--pp 2)"}},
+      {base + " --pp 2 --dp 2 --schedule 2bw --grad-accum 2 --zero 3", 4, {"it runs with --zero 0, 1 or 2, not 3"}},
+      {base + " --pp 2 --schedule 2bw --grad-accum 2 --precision bf16", 2, {"it runs with --precision fp32"}},
+      {base + " --pp 2 --schedule 2bw --grad-accum 2 --curriculum seqlen --curriculum-steps 4", 2,
+       {"so it does not run with --curriculum"}},
   };
   expect_all_rejected(cases, /*light=*/true);
 }
@@ -904,6 +930,39 @@ TEST_F(Pipeline, CheckpointsUnderPp) {
   Job ev_file = run_now(kBinary + " eval --checkpoint " + st + eval);
   Job ev_run = run_now(kBinary + " eval --checkpoint " + full + eval);
   expect_evals_reproduce(ev_file, ev_run, ref.evals.back()["val_loss"].get<double>());
+}
+
+// 2bw's checkpoints hold the previous weight version per rank: a pp2 2bw run interrupted
+// after step 3 resumes at pp2 bit for bit (steps 4-6, the val loss and the step-6 files);
+// at pp1 the version cannot be re-sliced yet, and the run says that the delay starts again.
+TEST_F(Pipeline, TwoBwResumesBitForBit) {
+  std::string run = kCheckpointRun + " --schedule 2bw";
+  ensure({{run, 2}});
+  const std::string full = get(run).dir;
+  Metrics ref = metrics_of(run);
+  ASSERT_EQ(ref.steps.size(), 6u);
+  const std::string same = path("2bw-pp2"), other = path("2bw-pp1");
+  copy_interrupted_run(full, same, 3, 6);
+  copy_interrupted_run(full, other, 3, 6);
+  std::string at_pp1 = run;
+  at_pp1.replace(at_pp1.find("--pp 2"), 6, "--pp 1");
+  Job a{train(run + " --out " + same + " --resume"), 2}, b{train(at_pp1 + " --out " + other + " --resume"), 1};
+  run_jobs({&a, &b}, dir_);
+  ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
+  EXPECT_NE(a.result.out.find("the previous version restored from the checkpoint"), std::string::npos)
+      << a.result.out;
+  Metrics m = read_metrics(same + "/metrics.jsonl");
+  ASSERT_EQ(m.steps.size(), 6u);
+  for (int s = 4; s <= 6; s++) {
+    EXPECT_EQ(bits(m.steps[s - 1]["loss"]), bits(ref.steps[s - 1]["loss"])) << "step " << s;
+    EXPECT_EQ(bits(m.steps[s - 1]["grad_norm"]), bits(ref.steps[s - 1]["grad_norm"])) << "step " << s;
+  }
+  ASSERT_FALSE(m.evals.empty());
+  EXPECT_EQ(bits(m.evals.back()["val_loss"]), bits(ref.evals.back()["val_loss"]));
+  for (const char* shard : {"shard_pp00_00000.bin", "shard_pp01_00000.bin"})
+    EXPECT_TRUE(read_file(step_dir(full, 6) + "/" + shard) == read_file(step_dir(same, 6) + "/" + shard)) << shard;
+  ASSERT_EQ(b.result.exit_code, 0) << describe(b.result);
+  EXPECT_NE(b.result.out.find("the delay starts again (previous = current)"), std::string::npos) << b.result.out;
 }
 
 // ---- 7. Trace and timeline -----------------------------------------------------------------
