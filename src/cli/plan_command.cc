@@ -395,7 +395,7 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--pp", f->pp, "Pipeline stages (fixed)");
   cmd->add_option("--zero", f->zero, "ZeRO stage 0-3 (fixed)");
   cmd->add_option("--micro-batch", f->micro_batch, "Sequences per micro-batch (fixed)");
-  cmd->add_option("--schedule", f->schedule, "gpipe, 1f1b, interleaved, zb-h1 or zb-v (fixed)");
+  cmd->add_option("--schedule", f->schedule, "gpipe, 1f1b, interleaved, zb-h1, zb-v or 2bw (fixed; 2bw trains with a one-step delayed update)");
   cmd->add_option("--virtual-stages", f->virtual_stages, "Chunks per pipeline rank, interleaved (fixed)");
   cmd->add_option("--stage-layers", f->stage_layers,
                   "Layers per pipeline stage, comma-separated, pp x virtual-stages of them (default: balanced "

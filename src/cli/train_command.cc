@@ -116,8 +116,10 @@ Command add_train_command(CLI::App& app) {
                   "Data-parallel ranks (default: world/(tp*pp); from a plain shell, the job "
                   "starts tp*pp*dp ranks itself through mpirun)");
   cmd->add_option("--schedule", o->schedule,
-                  "Pipeline schedule: gpipe, 1f1b, interleaved (needs --virtual-stages >= 2), or zero-bubble zb-h1 or "
-                  "zb-v (two chunks per rank in a V)")
+                  "Pipeline schedule: gpipe, 1f1b, interleaved (needs --virtual-stages >= 2), zero-bubble zb-h1 or "
+                  "zb-v (two chunks per rank in a V), or 2bw: PipeDream-2BW, 1F1B that runs the next step's first "
+                  "micro-batches before the update, computing with the weights before the last update (a one-step "
+                  "delayed update, W(t+1) = W(t) - lr*update(grad at W(t-1)); also on one rank, as its reference)")
       ->capture_default_str();
   cmd->add_option("--virtual-stages", o->virtual_stages,
                   "Model chunks per pipeline rank (interleaved schedule)")

@@ -556,6 +556,9 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
                          ": the local predictor does not model zero-bubble schedules yet (the GPU planner does)");
+  if (pp::never_flushes(l.schedule))
+    return Status::error("schedule 2bw: the local predictor does not model its second weight version yet (the GPU "
+                         "planner does)");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");

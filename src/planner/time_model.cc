@@ -171,6 +171,12 @@ Status validate(const ModelShape& m, const Layout& l) {
   } else if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1) {
     return Status::error("virtual_stages > 1 needs the interleaved schedule");
   }
+  if (pp::never_flushes(l.schedule)) {
+    if (l.zero == 3) return Status::error("the 2bw schedule keeps two whole weight versions: zero 0-2, not 3");
+    if (micro_batches < l.pp)
+      return Status::error("the 2bw schedule needs at least as many micro-batches (" + str(micro_batches) +
+                           ") as pipeline stages (" + str(l.pp) + ")");
+  }
   if (l.schedule == pp::ScheduleKind::kInterleaved) {
     if (l.virtual_stages < 2) return Status::error("the interleaved schedule needs virtual_stages >= 2");
     if (micro_batches % l.pp != 0)
@@ -612,6 +618,9 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     StateBytes state = model_state_bytes(params, dt, l.zero, d);
     const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, d / l.ep);
     state.params += expert_state.params, state.grads += expert_state.grads, state.optim += expert_state.optim;
+    // PipeDream-2BW keeps the weights before the last update beside the current ones: a
+    // second copy of the rank's parameters in their compute dtype (ZeRO 0-2 hold them whole).
+    if (pp::never_flushes(l.schedule)) state.params *= 2;
     // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
     // (its layers over v on average).
     const double sets = sim.peak_in_flight[rank];

@@ -28,8 +28,8 @@
 //                          within 0.08 (the reasons at kBubbleTol), falls with m and with v
 //                          (a timing: only with MESHTRAIN_CHECK_TIMINGS=1, bench/timings.sh);
 //                          bubble_theory is that exactly, compute within the window, always.
-//                          zb-h1 at m = 4 and 8 below 1f1b, and within 0.08 of the simulator
-//                          at its measured F/B/W costs; the bubble's parts sum to it.
+//                          zb-h1 and 2bw at m = 4 and 8 below 1f1b, and within 0.08 of the
+//                          simulator at their measured F/B/W costs; the bubble's parts sum to it.
 //   PeakActivationsFollowTheSchedule  rank 0 (first stage, not last) keeps m sets under
 //                          GPipe and min(p, m) under 1F1B, and its activation bytes are
 //                          sets × set bytes + shared scratch to the byte (also tp2 --sp
@@ -604,7 +604,7 @@ struct BubbleCase {
 };
 const std::vector<BubbleCase> kBubbleCases = {
     {"gpipe", 4, 1}, {"gpipe", 8, 1}, {"1f1b", 4, 1}, {"1f1b", 8, 1}, {"interleaved", 4, 2}, {"zb-h1", 4, 1},
-    {"zb-h1", 8, 1}};
+    {"zb-h1", 8, 1}, {"2bw", 4, 1}, {"2bw", 8, 1}};
 
 // TOLERANCE (absolute) between the measured bubble and (p−1)/(v·m+p−1): 0.08. The
 // measurement is 1 − Σ compute / Σ window over the two ranks, so everything inside a window
@@ -641,7 +641,9 @@ TEST_F(Pipeline, MeasuredBubbleMatchesTheSchedule) {
     SCOPED_TRACE(c.schedule + " m=" + std::to_string(c.m) + " v=" + std::to_string(c.v));
     Metrics m = metrics_of(c.args());
     ASSERT_EQ(m.steps.size(), (size_t)kBubbleSteps);
-    const double theory = c.schedule == "zb-h1" ? zb_h1_bubble(2, c.m) : theory_bubble(2, c.m, c.v);
+    const double theory = c.schedule == "zb-h1" ? zb_h1_bubble(2, c.m)
+                          : c.schedule == "2bw" ? two_bw_bubble(2, c.m)
+                                                : theory_bubble(2, c.m, c.v);
     std::string per_step;
     for (const json& j : m.steps) {
       EXPECT_EQ(j["bubble_theory"].get<double>(), theory) << "step " << j["step"];
@@ -671,8 +673,9 @@ TEST_F(Pipeline, MeasuredBubbleMatchesTheSchedule) {
       // Zero-bubble: against the simulator at the measured F, B and W costs (B, with the
       // attention's backward and the copies W reads, costs more than W here, so F = B = W's
       // theory does not hold), i.e. the overhead part within the tolerance.
+      // 2bw likewise: its idle time is p - 1 backwards, and B is not 2F here.
       double explained = theory;
-      if (c.schedule == "zb-h1") {
+      if (c.schedule == "zb-h1" || c.schedule == "2bw") {
         std::vector<double> v;
         for (const json& j : m.steps)
           v.push_back(j["bubble_parts"]["schedule"].get<double>() + j["bubble_parts"]["imbalance"].get<double>());
@@ -695,6 +698,8 @@ TEST_F(Pipeline, MeasuredBubbleMatchesTheSchedule) {
   EXPECT_LT(medians["interleaved4"], medians["1f1b4"]);
   EXPECT_LT(medians["zb-h14"], medians["1f1b4"]);  // the Ws fill 1F1B's idle slots
   EXPECT_LT(medians["zb-h18"], medians["1f1b8"]);
+  EXPECT_LT(medians["2bw4"], medians["1f1b4"]);  // the step's forwards ran in the step before
+  EXPECT_LT(medians["2bw8"], medians["1f1b8"]);
 }
 
 // ---- 4. Activation memory per schedule -------------------------------------------------------
