@@ -34,8 +34,54 @@ Status simulated_timeline(const TimelineArgs& a, trace::Timeline* out, std::stri
   RETURN_IF_ERROR(pp::simulate(kind, a.pp, a.micro_batches, v, 1, 2, &sim));
   *source = "simulated " + a.simulate + " p=" + std::to_string(a.pp) + " m=" + std::to_string(a.micro_batches) +
             " v=" + std::to_string(v) + ", forward 1 ms, backward 2 ms" +
-            (pp::splits_backward(kind) ? " (B and W 1 ms each)" : "");
-  return trace::analyze(pp::simulated_trace(sim), std::nullopt, out);
+            (pp::splits_backward(kind) ? " (B and W 1 ms each)" : "") +
+            (pp::never_flushes(kind) ? " (the steady state)" : "");
+  RETURN_IF_ERROR(trace::analyze(pp::simulated_trace(sim), std::nullopt, out));
+  out->pipeline = {{"schedule", a.simulate}, {"pp", a.pp}, {"micro_batches", a.micro_batches}, {"virtual_stages", v}};
+  for (trace::RankTimeline& r : out->ranks) r.pp_rank = r.rank;
+  return Status::ok();
+}
+
+// The bubble explained (pp::explain_bubble) from the step's spans: each stage's mean
+// forward, backward and W over the ranks that run it. Empty when the trace does not say
+// which schedule ran (an older trace) or misses a stage's passes.
+std::string bubble_parts_line(const trace::Timeline& t) {
+  const nlohmann::json& info = t.pipeline;
+  pp::ScheduleKind kind;
+  if (!info.is_object() || !parse_schedule_kind(info.value("schedule", ""), &kind).is_ok()) return "";
+  const int p = info.value("pp", 0), m = info.value("micro_batches", 0), v = info.value("virtual_stages", 1);
+  if (p < 1 || m < 1 || v < 1) return "";
+  const size_t S = (size_t)p * v;
+  std::vector<double> sum[3] = {std::vector<double>(S), std::vector<double>(S), std::vector<double>(S)};
+  std::vector<int> count[3] = {std::vector<int>(S), std::vector<int>(S), std::vector<int>(S)};
+  for (const trace::RankTimeline& r : t.ranks) {
+    if (r.pp_rank < 0 || r.pp_rank >= p) continue;
+    for (const trace::Block& b : r.compute) {
+      const int pass = b.category == trace::category::kForward          ? 0
+                       : b.category == trace::category::kBackward        ? 1
+                       : b.category == trace::category::kBackwardWeight ? 2
+                                                                         : -1;
+      if (pass < 0 || b.chunk >= v) continue;
+      const int st = pp::stage_of(kind, p, v, r.pp_rank, b.chunk);
+      sum[pass][st] += b.end_ms - b.start_ms, count[pass][st]++;
+    }
+  }
+  pp::PassCosts costs;
+  for (int pass = 0; pass < 3; pass++) {
+    std::vector<double>& cost = pass == 0 ? costs.forward : pass == 1 ? costs.backward : costs.weight;
+    for (size_t st = 0; st < S; st++) {
+      if (count[pass][st] == 0 && pass < 2) return "";
+      cost.push_back(count[pass][st] ? sum[pass][st] / count[pass][st] : 0.0);
+    }
+  }
+  pp::BubbleParts parts;
+  if (!pp::explain_bubble(kind, p, m, v, costs, t.bubble_fraction, &parts).is_ok()) return "";
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "bubble explained: schedule %.4f + stage imbalance %.4f + overhead %.4f (the simulator at each "
+                "stage's measured forward, backward and W)\n",
+                parts.schedule, parts.imbalance, parts.overhead);
+  return line;
 }
 
 // FILE.svg: the SVG alone. FILE.png: FILE.svg and its PNG, which must then succeed.
@@ -69,6 +115,7 @@ int run_timeline(const TimelineArgs& a) {
     std::printf("  rank %d: busy %.3f ms, idle %.3f ms\n", r.rank, r.busy_ms, r.idle_ms);
   std::printf("bubble: %.4f (idle %.2f%% of %zu ranks x %.3f ms)\n", t.bubble_fraction, 100 * t.bubble_fraction,
               t.ranks.size(), t.window_ms());
+  std::printf("%s", bubble_parts_line(t).c_str());
   std::printf("wrote %s\n", written.c_str());
   return 0;
 }

@@ -19,6 +19,7 @@ struct Event {
   double start_us = 0, end_us = 0;
   std::optional<int> step;
   int microbatch = -1, chunk = 0;
+  json pipeline;  // a step span's args.pipeline (train --trace under --pp), null otherwise
 };
 
 std::optional<int> as_int(const json& object, const char* key) {
@@ -66,6 +67,7 @@ Status parse_events(const json& events, std::vector<Event>* out) {
       ev.step = as_int(*args, "step");
       ev.microbatch = as_int(*args, "mb").value_or(-1);
       ev.chunk = std::max(0, as_int(*args, "chunk").value_or(0));
+      if (auto p = args->find("pipeline"); p != args->end() && p->is_object()) ev.pipeline = *p;
     }
     out->push_back(std::move(ev));
   }
@@ -139,6 +141,11 @@ Status analyze(const json& events, std::optional<int> step, Timeline* out) {
   for (const Event& e : all) {
     bool in_step = e.step ? *e.step == k : e.end_us > range_begin && e.start_us < range_end;
     auto rank = by_rank.find(e.pid);
+    if (in_step && e.category == category::kStep && rank != by_rank.end() && e.pipeline.is_object()) {
+      rank->second.pp_rank = as_int(e.pipeline, "pp_rank").value_or(-1);
+      t.pipeline = e.pipeline;
+      t.pipeline.erase("pp_rank");
+    }
     // A whole-step span would cover the blocks it contains; processes without compute are
     // not pipeline ranks.
     if (!in_step || e.category == category::kStep || rank == by_rank.end()) continue;

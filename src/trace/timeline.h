@@ -36,6 +36,7 @@ struct RankTimeline {
   std::vector<Block> comm;     // collective, p2p (clipped to the drawn range); by start time
   double busy_ms = 0;          // forward + backward
   double idle_ms = 0;          // window - busy
+  int pp_rank = -1;            // the rank's pipeline rank, when the trace says (train --trace)
 };
 
 struct Timeline {
@@ -48,6 +49,9 @@ struct Timeline {
   int chunks = 1;                   // 1 + the largest args.chunk: v of an interleaved run
   std::vector<RankTimeline> ranks;  // every rank with forward/backward spans in the trace, by rank
   double bubble_fraction = 0;
+  // The run's pipeline, when the trace says: {"schedule", "pp", "micro_batches",
+  // "virtual_stages"} (the step spans' args of train --trace); null otherwise.
+  nlohmann::json pipeline;
   double window_ms() const { return window_end_ms - window_start_ms; }
 };
 

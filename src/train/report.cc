@@ -34,36 +34,20 @@ json comm_time_json(const std::map<std::string, comm::AxisStats>& stats) {
   return out;
 }
 
-// The simulator's bubble for the run's schedule at the given per-stage costs (-1: failed).
-double simulated_bubble(const Run& run, const std::vector<double>& tf, const std::vector<double>& tb,
-                        const std::vector<double>& tw) {
-  parallel::pp::SimResult sim;
-  const Status s = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A, run.chunks, tf,
-                                          tb, tw, &sim);
-  return s.is_ok() ? sim.bubble_fraction : -1.0;
-}
-
-// The measured bubble explained. The simulator runs the schedule with each stage's measured
-// forward, backward and W times (per micro-batch): with every stage at their mean, the
-// schedule's own share; with each stage's own, that plus what unequal stages add. The rest
-// of the measured bubble is communication and runtime overhead (messages, waits, and time
-// in the window outside forwards and backwards).
+// The measured bubble explained (parallel::pp::explain_bubble) from each stage's measured
+// forward, backward and W times per micro-batch (-1s where the simulator fails).
 json bubble_parts_json(Run& run, double measured) {
   namespace pp = parallel::pp;
   const pp::PassCosts& stages = run.pipeline->times().stages;
-  const std::vector<double> &tf = stages.forward, &tb = stages.backward, &tw = stages.weight;
-  const int S = (int)tf.size();
-  std::vector<double> mean(3, 0.0);
-  for (int s = 0; s < S; s++) mean[0] += tf[s] / S, mean[1] += tb[s] / S, mean[2] += tw[s] / S;
-  const double schedule = simulated_bubble(run, std::vector<double>(S, mean[0]), std::vector<double>(S, mean[1]),
-                                           std::vector<double>(S, mean[2]));
-  const double staged = simulated_bubble(run, tf, tb, tw);
+  pp::BubbleParts parts;
+  if (!pp::explain_bubble(run.schedule, run.mesh_shape.pp, run.shape.A, run.chunks, stages, measured, &parts).is_ok())
+    parts = {-1, -1, -1};
   auto ms = [](std::vector<double> x) {
     for (double& e : x) e *= 1e3;
     return x;
   };
-  return {{"bubble_parts", {{"schedule", schedule}, {"imbalance", staged - schedule}, {"overhead", measured - staged}}},
-          {"pp_stage_ms", {{"forward", ms(tf)}, {"backward", ms(tb)}, {"weight", ms(tw)}}}};
+  return {{"bubble_parts", {{"schedule", parts.schedule}, {"imbalance", parts.imbalance}, {"overhead", parts.overhead}}},
+          {"pp_stage_ms", {{"forward", ms(stages.forward)}, {"backward", ms(stages.backward)}, {"weight", ms(stages.weight)}}}};
 }
 
 // The step's measured pipeline bubble over the pp group: idle time inside the pipeline

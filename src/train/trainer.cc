@@ -173,6 +173,17 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
 
 namespace {
 
+// The step span's args: the step, and under a pipeline what `meshtrain timeline` needs to
+// explain its bubble (the schedule and the rank's place in it).
+json step_trace_args(const Run& run, int64_t k) {
+  json args = {{"step", k + 1}};
+  if (run.pipeline)
+    args["pipeline"] = {{"schedule", parallel::pp::schedule_name(run.schedule)}, {"pp", run.mesh_shape.pp},
+                        {"pp_rank", run.mesh->pp_rank()}, {"micro_batches", run.shape.A},
+                        {"virtual_stages", run.chunks}};
+  return args;
+}
+
 // Step k's learning rate: by steps, or with --lr-unit tokens by the tokens trained before it
 // (`done`) and in it (`now`), the warmup lasting warmup_steps full-length steps' tokens.
 float step_learning_rate(const TrainOptions& o, const BatchShape& shape, int64_t k, int64_t done, int64_t now,
@@ -288,7 +299,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     std::optional<trace::Tracer::Span> step_span;
     if (trace::Tracer::instance().enabled())
       step_span.emplace(trace::Lane::kCompute, "step " + std::to_string(k + 1), trace::category::kStep,
-                        json{{"step", k + 1}});
+                        step_trace_args(run, k));
     BatchShape step_shape = shape;
     step_shape.L = curriculum.length(k);
     const int64_t tokens_per_step = (int64_t)shape.G() * step_shape.L;

@@ -951,7 +951,9 @@ TEST_F(Pipeline, TwoBwResumesBitForBit) {
   copy_interrupted_run(full, other, 3, 6);
   std::string at_pp1 = run;
   at_pp1.replace(at_pp1.find("--pp 2"), 6, "--pp 1");
-  Job a{train(run + " --out " + same + " --resume"), 2}, b{train(at_pp1 + " --out " + other + " --resume"), 1};
+  Job a, b;
+  a.cmd = train(run + " --out " + same + " --resume"), a.ranks = 2;
+  b.cmd = train(at_pp1 + " --out " + other + " --resume"), b.ranks = 1;
   run_jobs({&a, &b}, dir_);
   ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
   EXPECT_NE(a.result.out.find("the previous version restored from the checkpoint"), std::string::npos)
@@ -1051,6 +1053,18 @@ TEST_F(Pipeline, TraceAndTimeline) {
     const double drawn = std::atof(out.c_str() + at + 8);
     const double recorded = m.steps[step - 1]["bubble"].get<double>();
     EXPECT_NEAR(drawn, recorded, 0.1) << out;
+    // The trace says which schedule ran, and the timeline explains its bubble: the parts
+    // sum to it, and the schedule's own share is 1F1B's at the stages' measured costs.
+    double schedule = 0, imbalance = 0, overhead = 0;
+    const size_t parts = out.find("bubble explained: ");
+    ASSERT_NE(parts, std::string::npos) << out;
+    ASSERT_EQ(std::sscanf(out.c_str() + parts, "bubble explained: schedule %lf + stage imbalance %lf + overhead %lf",
+                          &schedule, &imbalance, &overhead),
+              3)
+        << out;
+    EXPECT_NEAR(schedule + imbalance + overhead, drawn, 2e-4) << out;  // each printed to 4 decimals
+    EXPECT_GT(schedule, 0) << out;
+    EXPECT_GE(imbalance, -1e-9) << out;
     if (verbose())
       std::printf("[ timeline ] step %d: timeline bubble %.4f, metrics bubble %.4f, theory %.4f\n", step, drawn,
                   recorded, theory_bubble(2, kM, 1));

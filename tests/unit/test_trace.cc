@@ -392,7 +392,19 @@ TEST(TimelineCli, DrawsASimulatedTrace) {
                            dir / "s.svg");
   ASSERT_EQ(sim.exit_code, 0) << cli_test::describe(sim);
   EXPECT_NE(sim.out.find("bubble: 0.2727"), std::string::npos) << sim.out;
+  // The simulator's own spans are all schedule: no imbalance, no overhead.
+  EXPECT_NE(sim.out.find("bubble explained: schedule 0.2727 + stage imbalance 0.0000 + overhead 0.0000"),
+            std::string::npos)
+      << sim.out;
   EXPECT_TRUE(fs::exists(dir / "s.svg"));
+  // An older trace that does not say which schedule ran is drawn without the parts.
+  EXPECT_EQ(r.out.find("bubble explained"), std::string::npos) << r.out;
+  // 2bw in its steady state: p - 1 backwards idle per rank, 6 of 30 ms.
+  auto two_bw = cli_test::run(cli_test::kBinary + " timeline --simulate 2bw --pp 4 --micro-batches 8 --out " +
+                              dir / "b.svg");
+  ASSERT_EQ(two_bw.exit_code, 0) << cli_test::describe(two_bw);
+  EXPECT_NE(two_bw.out.find("4 ranks, step window 30.000 ms"), std::string::npos) << two_bw.out;
+  EXPECT_NE(two_bw.out.find("bubble: 0.2000"), std::string::npos) << two_bw.out;
 }
 
 }  // namespace

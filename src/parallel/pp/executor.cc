@@ -132,7 +132,9 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
     const int64_t mb_step = step + (next ? 1 : 0);
     if (two_bw && is_compute(a.kind))
       store->use_weights(next ? model::WeightVersion::kCurrent : model::WeightVersion::kPrevious);
-    const nlohmann::json where_in_step = {{"step", mb_step + 1}, {"mb", mb}, {"chunk", c}};
+    // Traces number a pass as the list does (2bw: the next step's micro-batches m..), in the
+    // step whose list ran it, so a timeline shows what each step's window held.
+    const nlohmann::json where_in_step = {{"step", step + 1}, {"mb", a.microbatch}, {"chunk", c}};
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad:
@@ -145,7 +147,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const double t0 = now_s();
         float loss;
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', mb, c, v_), trace::category::kForward,
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', a.microbatch, c, v_), trace::category::kForward,
                                    where_in_step);
           loss = gpt_.forward_chunk(c, id, inputs.data(), targets.data(), in, B, T);
         }
@@ -168,7 +170,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, id, c);
         const double t0 = now_s();
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', mb, c, v_), trace::category::kBackward,
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', a.microbatch, c, v_), trace::category::kBackward,
                                    where_in_step);
           gpt_.backward_chunk(c, id, dout, loss_scale, split);
         }
@@ -181,7 +183,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
       case ActionKind::kBackwardWeight: {  // a zero-bubble schedule's W: the B's weight gradients
         const double t0 = now_s();
         {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', mb, c, v_),
+          trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', a.microbatch, c, v_),
                                    trace::category::kBackwardWeight, where_in_step);
           gpt_.weight_backward_chunk(c, id);
         }

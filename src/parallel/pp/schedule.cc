@@ -496,4 +496,18 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   return Status::ok();
 }
 
+Status explain_bubble(ScheduleKind kind, int p, int m, int v, const PassCosts& stages, double measured,
+                      BubbleParts* out) {
+  const size_t S = stages.forward.size();
+  std::vector<double> mean(3, 0.0);
+  for (size_t s = 0; s < S; s++)
+    mean[0] += stages.forward[s] / S, mean[1] += stages.backward[s] / S, mean[2] += stages.weight[s] / S;
+  SimResult even, own;
+  RETURN_IF_ERROR(simulate(kind, p, m, v, std::vector<double>(S, mean[0]), std::vector<double>(S, mean[1]),
+                           std::vector<double>(S, mean[2]), &even));
+  RETURN_IF_ERROR(simulate(kind, p, m, v, stages.forward, stages.backward, stages.weight, &own));
+  *out = {even.bubble_fraction, own.bubble_fraction - even.bubble_fraction, measured - own.bubble_fraction};
+  return Status::ok();
+}
+
 }  // namespace meshtrain::parallel::pp

@@ -138,4 +138,14 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
 Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double>& tf, const std::vector<double>& tb,
                 const std::vector<double>& tw, SimResult* out);
 
+// A measured bubble explained by the simulator: the schedule's own share (every stage at
+// the stages' mean F, B and W), what unequal stages add (each stage at its own costs, less
+// the first), and the rest, communication and runtime overhead. `stages` holds each stage's
+// costs per micro-batch (p x v entries, model order). The three sum to `measured`.
+struct BubbleParts {
+  double schedule = 0, imbalance = 0, overhead = 0;
+};
+Status explain_bubble(ScheduleKind kind, int p, int m, int v, const PassCosts& stages, double measured,
+                      BubbleParts* out);
+
 }  // namespace meshtrain::parallel::pp
