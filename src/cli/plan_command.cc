@@ -41,9 +41,9 @@ struct PlanFlags {
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
   std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
-  std::string compress = "none";  // as train --compress (the local predictor only)
+  std::string compress = "none";  // as train --compress
   int powersgd_rank = 4;
-  bool quantized_weights = false, quantized_gradients = false;  // as train's ZeRO++ flags (local only)
+  bool quantized_weights = false, quantized_gradients = false;  // as train's ZeRO++ flags
 };
 
 int memory_table(const PlanFlags& f) {
@@ -310,13 +310,6 @@ int run_plan(PlanFlags f) {
   // Placement matters once the ranks span hosts: every rank order is tried (on GPU presets
   // the default, tp inside a node, unless --rank-order fixes one).
   if (local && space.rank_orders.empty() && f.gpus > cluster.gpus_per_node) space.rank_orders = all_rank_orders();
-  if (!local && space.compression.kind != parallel::Compression::Kind::kNone)
-    return fail(Status::error("--compress is predicted on this machine's cluster (--cluster local, or a cluster file "
-                              "with base = \"local\"): the GPU time model does not model compression"));
-  if (!local && space.quantized.any())
-    return fail(Status::error("--zero-quantized-weights/--zero-quantized-gradients are predicted on this machine's "
-                              "cluster (--cluster local, or a cluster file with base = \"local\"): the GPU time model "
-                              "does not model them"));
   std::vector<Candidate> all;
   Status searched;
   if (local) {
@@ -412,14 +405,15 @@ Command add_plan_command(CLI::App& app) {
                   "local cluster file of several hosts)");
   cmd->add_option("--compress", f->compress,
                   "Gradient compression as train --compress: none, powersgd, onebit-adam (the compressed phase "
-                  "is predicted: its bytes and the compressor's compute; local clusters only)")
+                  "is predicted: its bytes and the compressor's compute, measured on a local cluster, as GEMMs and "
+                  "passes over memory on GPUs)")
       ->capture_default_str();
   cmd->add_option("--powersgd-rank", f->powersgd_rank, "PowerSGD's rank r (with --compress powersgd)")
       ->capture_default_str();
   cmd->add_flag("--zero-quantized-weights", f->quantized_weights,
-                "ZeRO++ qwZ on every ZeRO-3 layout: int8 parameter gathers (their bytes and quantization; local only)");
+                "ZeRO++ qwZ on every ZeRO-3 layout: int8 parameter gathers (their bytes and quantization)");
   cmd->add_flag("--zero-quantized-gradients", f->quantized_gradients,
-                "ZeRO++ qgZ on every ZeRO 1-3 layout: int8 gradient reduce-scatters (local only)");
+                "ZeRO++ qgZ on every ZeRO 1-3 layout: int8 gradient reduce-scatters (their bytes and quantization)");
   cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
   cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
   cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");

@@ -411,6 +411,7 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   const StateBytes state = model_state_bytes(shards, layout.total(), kFp32State, l.zero);
   Tracker tracker;
   tracker.alloc(MemCategory::kParams, state.params);
+  if (parallel::pp::never_flushes(l.schedule)) tracker.alloc(MemCategory::kParams, state.params);  // 2bw's previous version
   tracker.alloc(MemCategory::kGrads, state.grads);
   tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
   StoreReplay store(layout, shards, l.zero, m, l.pp > 1, l.quantized, &tracker);

@@ -171,6 +171,18 @@ Status validate(const ModelShape& m, const Layout& l) {
   } else if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1) {
     return Status::error("virtual_stages > 1 needs the interleaved schedule");
   }
+  // The engine's restrictions on compression (train --compress, ZeRO++'s flags).
+  using CompressionKind = parallel::Compression::Kind;
+  if ((l.compression.kind == CompressionKind::kPowerSgd && l.zero > 0) ||
+      (l.compression.kind == CompressionKind::kOneBitAdam && l.zero > 1))
+    return Status::error(std::string("--compress ") + parallel::compression_name(l.compression.kind) +
+                         " does not run with ZeRO " + str(l.zero));
+  if (l.compression.kind != CompressionKind::kNone && m.is_moe())
+    return Status::error("--compress does not run with MoE experts");
+  if (l.quantized.weights && l.zero != 3) return Status::error("quantized weight gathers need ZeRO-3");
+  if (l.quantized.grads && l.zero < 1) return Status::error("quantized gradient reduce-scatters need ZeRO 1-3");
+  if (l.quantized.any() && l.compression.kind != CompressionKind::kNone)
+    return Status::error("--compress and quantized ZeRO collectives do not run together");
   if (pp::never_flushes(l.schedule)) {
     if (l.zero == 3) return Status::error("the 2bw schedule keeps two whole weight versions: zero 0-2, not 3");
     if (micro_batches < l.pp)
@@ -393,6 +405,57 @@ StageParams stage_params(const ModelShape& m, const Layout& l) {
   return p;
 }
 
+// The 2-D weight matrices (rows x columns, tp-local) a GPU of the first pipeline rank holds:
+// each layer's attention q/k/v and output projection and its MLP's, the embedding (and
+// the position table), and with one stage an untied head. What PowerSGD compresses.
+struct Matrix {
+  double rows, cols, count;
+};
+std::vector<Matrix> first_stage_matrices(const ModelShape& m, const Layout& l, double layers, bool last_too) {
+  const double h = m.hidden, t = l.tp, hd = m.head_dim(), f = m.ffn_width() / t;
+  std::vector<Matrix> out = {{h, (m.heads + 2.0 * m.kv()) * hd / t, layers},
+                             {h / t, h, layers},
+                             {h, f, (m.swiglu ? 2.0 : 1.0) * layers},
+                             {f, h, layers},
+                             {m.vocab / t, h, 1}};
+  if (!m.rope) out.push_back({(double)m.seq, h, 1});
+  if (last_too && !m.tied_head) out.push_back({m.vocab / t, h, 1});
+  return out;
+}
+
+// The compressed phase of `train --compress` on the data-parallel ring (as the engine runs
+// it, after the last backward: exposed), `params` the GPU's gradient elements:
+//   PowerSGD: all-reduces of every P (rows x r) and Q (cols x r) in fp32 and of the
+//     elements it does not compress (rank r saves nothing on a matrix with r (n + m) >=
+//     n m) in the gradient's dtype; per matrix three GEMMs of n x m x r and five fp32
+//     passes over it (the error feedback).
+//   1-bit Adam: an all-to-all and an all-gather of sign bits with an fp32 scale per
+//     `scale_block` elements (charged as a reduce-scatter's and an all-gather's volume),
+//     and about ten fp32 passes over the gradient (error feedback, compression, the
+//     momentum, four decompressions).
+// `*comm` gets the wire time, the return value adds the compute.
+double compressed_reduction_s(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& dp_ring,
+                              double params, double layers, bool last_too, double e, double* comm) {
+  const parallel::Compression& cz = l.compression;
+  const double hbm = c.hbm_bandwidth * c.hbm_efficiency, peak = c.peak_flops(l.precision);
+  auto gemm = [&](double M, double N, double K) { return 2 * M * N * K / (peak * c.gemm.at(M, N, K)); };
+  if (cz.kind == parallel::Compression::Kind::kPowerSgd) {
+    double P = 0, Q = 0, exact = params, work = 0;
+    for (const Matrix& x : first_stage_matrices(m, l, layers, last_too)) {
+      const double r = std::min({(double)cz.rank, x.rows, x.cols});
+      if (r * (x.rows + x.cols) >= x.rows * x.cols) continue;
+      P += x.count * x.rows * r, Q += x.count * x.cols * r, exact -= x.count * x.rows * x.cols;
+      work += x.count * (gemm(x.rows, r, x.cols) + gemm(x.cols, r, x.rows) + gemm(x.rows, x.cols, r) +
+                         20 * x.rows * x.cols / hbm);
+    }
+    *comm = all_reduce_s(4 * P, dp_ring) + all_reduce_s(4 * Q, dp_ring) + all_reduce_s(e * std::max(0.0, exact), dp_ring);
+    return work;
+  }
+  const double wire = params / 8 + 4 * params / (double)cz.scale_block;
+  *comm = 2 * all_gather_s(wire, dp_ring);
+  return 40 * params / hbm;
+}
+
 }  // namespace
 
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out) {
@@ -462,6 +525,14 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // per-micro-batch costs.
   const bool once_per_step = p > 1 && d > 1 && l.zero >= 2;
   const StageParams sparams = stage_params(m, l);
+  // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather (qwZ) or reduce-scatter (qgZ)
+  // moves a byte and 4/block bytes of scale per value instead of the dtype's, and costs
+  // passes over memory: a gather quantizes the GPU's shard and decodes every value, a
+  // reduce-scatter quantizes and decodes (d-1)/d of them.
+  const double int8_e = 1.0 + 4.0 / (double)l.quantized.block;
+  const double gather_e = l.quantized.weights ? int8_e : e, scatter_e = l.quantized.grads ? int8_e : e;
+  const double gather_work = l.quantized.weights ? ((e + 1) / d + (1 + e)) / hbm : 0;
+  const double scatter_work = l.quantized.grads ? 2.0 * (d - 1) / d * (e + 1) / hbm : 0;
   std::vector<double> tf(S), tb(S), tw(S, 0.0), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
   // A zero-bubble schedule's W: the weight-gradient GEMMs, half of the linear layers'
   // backward GEMMs (the other half is B's input gradients) and the head's one of two.
@@ -473,10 +544,11 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     tw[st] = n * layer_w + (st == S - 1 ? head_w : 0);
     tb[st] = n * lt.backward() + send + (st == 0 ? emb_b : 0) + (st == S - 1 ? head_b : 0) - tw[st];
     if (l.zero == 3 && d > 1) {
-      // Gathers layer by layer: one collective per layer, the stage's edges with its first.
-      const double layer_gather = all_gather_s(sparams.per_layer * e, dp_ring);
-      const double stage_gather =
-          all_gather_s(sparams.of(st, S, n) * e, dp_ring) + (n - 1) * (d - 1) * dp_ring.latency;
+      // Gathers layer by layer: one collective per layer, the stage's edges with its first
+      // (qwZ: int8 blocks, and each GPU quantizes its shard and decodes the whole).
+      const double layer_gather = all_gather_s(sparams.per_layer * gather_e, dp_ring) + sparams.per_layer * gather_work;
+      const double stage_gather = all_gather_s(sparams.of(st, S, n) * gather_e, dp_ring) +
+                                  sparams.of(st, S, n) * gather_work + (n - 1) * (d - 1) * dp_ring.latency;
       const double exposed_f = std::max(layer_gather, stage_gather - n * lt.forward());
       const double exposed_b = std::max(layer_gather, stage_gather - n * lt.backward());
       if (once_per_step) {
@@ -513,13 +585,23 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double last_backward = over_rank(0, [&](int st) { return tb[st] + tw[st]; });  // last micro-batch
   const double first_z3_gather = over_rank(0, [&](int st) { return z3_gather[st]; });
   const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
-  double dp_total = 0, dp_exposed = 0;
-  if (d > 1) {
+  double dp_total = 0, dp_exposed = 0, compressor_s = 0;
+  // Reduce-scatters (ZeRO 1-3) of `bytes` of gradients, quantized under qgZ (whose
+  // quantization is charged below, as compute after the backward).
+  auto scatter_s = [&](double bytes) { return all_gather_s(bytes / e * scatter_e, dp_ring); };
+  if (d > 1 && l.compression.kind != parallel::Compression::Kind::kNone) {
+    // The compressed phase, after the last backward; ZeRO-1 then gathers the updated
+    // parameters as usual.
+    const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
+    compressor_s = compressed_reduction_s(m, l, c, dp_ring, first_params, first_layers, p == 1, e, &dp_total);
+    dp_exposed = dp_total;
+    if (l.zero == 1) dp_total += all_gather_s(grad_bytes, dp_ring), dp_exposed = dp_total;
+  } else if (d > 1) {
     if (l.zero <= 1 || once_per_step) {
       // Stage 0: all-reduce after the last micro-batch; stage 1 (and 2-3 under a pipeline):
       // reduce-scatter of the same gradients, then (stages 1-2) an all-gather of the updated
       // parameters after the step (ZeRO §7: the same 2 Psi volume).
-      const double per = l.zero == 0 ? all_reduce_s(bucket, dp_ring) : all_gather_s(bucket, dp_ring);
+      const double per = l.zero == 0 ? all_reduce_s(bucket, dp_ring) : scatter_s(bucket);
       dp_total = buckets * per;
       dp_exposed = l.dp_overlap ? exposed_after_window(dp_total, per, buckets, last_backward) : dp_total;
       // ZeRO-3 under a pipeline: each stage's gather once per step, its exposed part outside.
@@ -528,7 +610,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     } else {
       // Stages 2-3 keep sharded gradients: a reduce-scatter after every micro-batch's
       // backward (the engine's order), hidden behind the backward of the next ones.
-      const double per = all_gather_s(bucket, dp_ring);
+      const double per = scatter_s(bucket);
       const double one_mb = buckets * per;
       dp_total = mb * one_mb;
       const double window = mb * last_backward;
@@ -542,6 +624,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
       dp_total += ag;
       dp_exposed += ag;
     }
+    if (l.zero >= 1) compressor_s = (l.zero == 1 || once_per_step ? 1 : mb) * first_params * scatter_work;
   }
   // The routed experts' gradients reduce over their expert-data-parallel group, in the same
   // window as the dense ones (and stages 1-2 all-gather them back).
@@ -595,7 +678,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.optimizer_s =
       (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / hbm;
 
-  r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s;
+  r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s + compressor_s;
   r.tokens_per_s = l.global_batch * s / r.step_s;
   r.model_flops = model_flops(m, l.global_batch);
   r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.gpus()) / 1e12;
@@ -621,6 +704,11 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     // PipeDream-2BW keeps the weights before the last update beside the current ones: a
     // second copy of the rank's parameters in their compute dtype (ZeRO 0-2 hold them whole).
     if (pp::never_flushes(l.schedule)) state.params *= 2;
+    // The compressor's state (d > 1): PowerSGD's fp32 error feedback; 1-bit Adam's worker
+    // error, its frozen 1/d and the exchange buffer (fp32 each), and the server's error of
+    // the rank's chunk.
+    if (d > 1 && l.compression.kind == parallel::Compression::Kind::kPowerSgd) state.optim += 4 * params;
+    if (d > 1 && l.compression.kind == parallel::Compression::Kind::kOneBitAdam) state.optim += 12 * params + 4 * params / d;
     // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
     // (its layers over v on average).
     const double sets = sim.peak_in_flight[rank];

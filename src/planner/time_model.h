@@ -128,12 +128,12 @@ struct Layout {
   // The mesh's rank order, fastest-varying axis first (`--rank-order`): which groups share
   // a node (planner/placement.h).
   comm::RankOrder order = comm::kDefaultRankOrder;
-  // Gradient compression of the dp reduction (`train --compress`): the local predictor
-  // charges the compressed phase (its bytes and the compressor's measured compute); the GPU
-  // time model does not model it.
+  // Gradient compression of the dp reduction (`train --compress`): the compressed phase's
+  // bytes, and its compute (the local predictor: the compressors as measured on this
+  // machine; the GPU time model: their GEMMs and passes over memory, not measured).
   parallel::Compression compression;
-  // ZeRO++'s int8 gathers (stage 3) and reduce-scatters (stages 1-3): the local predictor
-  // charges their bytes and their quantization; the GPU time model does not model them.
+  // ZeRO++'s int8 gathers (stage 3) and reduce-scatters (stages 1-3): their bytes and
+  // their quantization (measured on this machine; on GPUs, as passes over memory).
   parallel::QuantizedComm quantized;
   int gpus() const { return tp * pp * dp; }
 };

@@ -1,6 +1,6 @@
 // The planner's local predictor (planner/local.h) held to the engine's own runs on this
-// machine: for ten layouts on 2-4 ranks covering dp (2 and 4), ZeRO 0/1/3, tp with sp,
-// selective and full recomputation, 1F1B and interleaved pipelines, tp x pp and ZeRO-3 under
+// machine: for eleven layouts on 2-4 ranks covering dp (2 and 4), ZeRO 0/1/3, tp with sp,
+// selective and full recomputation, 1F1B, interleaved and 2bw pipelines, tp x pp and ZeRO-3 under
 // a pipeline (four ranks on two cores: time-shared), the predicted peak memory of world
 // rank 0 is within 5% of the tracker's mem.total in metrics.jsonl (in fact equal).
 //
@@ -97,6 +97,9 @@ const std::vector<LocalCase>& cases() {
       {"pp2 1f1b m4", "--pp 2 --schedule 1f1b --grad-accum 4", layout(1, 2, 1, 0, 4)},
       {"pp2 interleaved v2 m4", "--pp 2 --schedule interleaved --virtual-stages 2 --grad-accum 4",
        layout(1, 2, 1, 0, 4, false, Recompute::kNone, ScheduleKind::kInterleaved, 2)},
+      // PipeDream-2BW: the previous weight version beside the parameters.
+      {"pp2 2bw m4", "--pp 2 --schedule 2bw --grad-accum 4",
+       layout(1, 2, 1, 0, 4, false, Recompute::kNone, ScheduleKind::k2BW)},
       {"tp2 pp2 m4 (4 ranks)", "--tp 2 --pp 2 --grad-accum 4", layout(2, 2, 1, 0, 4)},
       {"dp4 zero1 (4 ranks)", "--dp 4 --zero 1 --grad-accum 2", layout(1, 1, 4, 1, 2)},
       {"pp2 dp2 zero3 (4 ranks)", "--pp 2 --dp 2 --zero 3 --grad-accum 4", layout(1, 2, 2, 3, 4)},
@@ -296,7 +299,8 @@ TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
     const model::ParamLayout layout(config, c.layout.tp, 0, part);
     const parallel::ShardLayout shards(layout, c.layout.dp, 0);
     const StateBytes st = model_state_bytes(shards, layout.total(), kFp32State, c.layout.zero);
-    EXPECT_EQ(e.params, st.params);
+    // 2bw: the previous weight version beside the parameters.
+    EXPECT_EQ(e.params, (parallel::pp::never_flushes(c.layout.schedule) ? 2 : 1) * st.params);
     EXPECT_EQ(e.grads, st.grads);
     EXPECT_EQ(e.optim, st.optim);
     // Activations: whole sets of the inventory plus the shared scratch.

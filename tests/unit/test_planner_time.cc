@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 #include <vector>
 
 #include "planner/cluster.h"
@@ -243,6 +244,65 @@ TEST(PlannerTimeProperties, ZeroStagesMemoryAndVolume) {
   ASSERT_TRUE(predict(m, serial, c, &q).is_ok());
   EXPECT_DOUBLE_EQ(q.dp.exposed, q.dp.total());
   EXPECT_GT(q.step_s, p[0].step_s);
+}
+
+// The compressed reductions' volumes on the data-parallel ring (latency free: time is bytes
+// over bandwidth), against the bf16 all-reduce of the same gradients (one rank's whole
+// model: tp 1, pp 1). 1-bit Adam sends a bit and 4/2048 bytes of scale per element in each
+// of its two exchanges. PowerSGD r = 4 all-reduces P (rows x 4) and Q (cols x 4) of every
+// weight matrix in fp32 (here every matrix saves bytes at r = 4) and the other elements
+// (norms, biases) in bf16. ZeRO++'s qgZ moves ZeRO-1's reduce-scatter in int8 blocks of 256
+// with an fp32 scale each, and leaves the parameter all-gather in bf16. Each compressor's
+// state is in the optimizer's memory, and the restrictions the engine has are refused.
+TEST(PlannerTimeProperties, CompressionVolumes) {
+  const ModelShape m = shape(24, 2048, 16);  // seq 2048, vocab 51200, GELU MLP 4h, tied head
+  Cluster c = a100();
+  c.intra.latency = c.inter.latency = 0;
+  Layout l;
+  l.tp = 1, l.dp = 16, l.micro_batch = 4, l.global_batch = 64;
+  auto predicted = [&](const Layout& x) {
+    Prediction p;
+    const Status s = predict(m, x, c, &p);
+    EXPECT_TRUE(s.is_ok()) << s.message();
+    return p;
+  };
+  const Prediction plain = predicted(l);
+  const double psi = parameter_count(m);
+  Layout onebit = l;
+  onebit.compression.kind = parallel::Compression::Kind::kOneBitAdam;
+  const Prediction ob = predicted(onebit);
+  EXPECT_NEAR(ob.dp.total() / plain.dp.total(), (psi / 8 + 4 * psi / 2048) / (2 * psi), 1e-9);
+  EXPECT_NEAR(ob.memory.optim - plain.memory.optim, 12 * psi + 4 * psi / 16, 1.0);
+  EXPECT_GT(ob.step_s, plain.step_s - plain.dp.exposed) << "the compressor's compute is charged";
+
+  Layout power = l;
+  power.compression.kind = parallel::Compression::Kind::kPowerSgd;
+  power.compression.rank = 4;
+  const double h = 2048, L = 24;
+  double P = 0, Q = 0, C = 0;
+  for (auto [rows, cols, count] : std::vector<std::tuple<double, double, double>>{
+           {h, 3 * h, L}, {h, h, L}, {h, 4 * h, L}, {4 * h, h, L}, {51200, h, 1}, {2048, h, 1}})
+    P += count * rows * 4, Q += count * cols * 4, C += count * rows * cols;
+  const Prediction ps = predicted(power);
+  EXPECT_NEAR(ps.dp.total() / plain.dp.total(), (4 * P + 4 * Q + 2 * (psi - C)) / (2 * psi), 1e-9);
+  EXPECT_NEAR(ps.memory.optim - plain.memory.optim, 4 * psi, 1.0);
+
+  Layout z1 = l, qg = l;
+  z1.zero = qg.zero = 1;
+  qg.quantized.grads = true;
+  EXPECT_NEAR(predicted(qg).dp.total() / predicted(z1).dp.total(), ((1 + 4.0 / 256) / 2 + 1) / 2, 1e-9);
+  Layout z3 = l, qw = l;
+  z3.zero = qw.zero = 3;
+  qw.quantized.weights = true;
+  EXPECT_LT(predicted(qw).dp.total(), predicted(z3).dp.total());
+
+  Prediction p;
+  Layout bad = power;
+  bad.zero = 1;
+  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress powersgd does not run with ZeRO 1"), std::string::npos);
+  bad = onebit;
+  bad.zero = 2;
+  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress onebit-adam does not run with ZeRO 2"), std::string::npos);
 }
 
 // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and ZeRO-3 gathers
