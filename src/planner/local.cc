@@ -151,13 +151,16 @@ struct Costs {
     if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.rate(Link::Collective::kAllGather, bytes));
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
   }
-  // Point-to-point at the all-gather's rate (two ranks' all-gather of 2x the bytes is one
-  // exchange of `bytes` each way, as the tied embedding's swap is). Across hosts that is the
-  // cluster file's all-gather figure, which netns-2x2-1gbit.toml takes from a group of 4:
-  // a pair's rate (its all-reduce figure) predicts pp2 dp2 with pp across the link 10%
-  // fast, and ranks it ahead of dp across, against the runs (bench/README.md).
+  // Point-to-point inside a host at the all-gather's rate (two ranks' all-gather of 2x the
+  // bytes is one exchange of `bytes` each way, as the tied embedding's swap is). Across
+  // hosts at a pair's rate: the cluster file's all-reduce figure, which is one rank per
+  // host (a pair's all-reduce of 2x the bytes sends `bytes` each way), shared with the
+  // other pairs crossing at once (AxisLink::share). Until 2026-12-05 this took the
+  // all-gather figure, measured with all 4 ranks in one group, which already counts two
+  // ranks per host on the link, and then shared it again: pp2 dp2 with pp across the link
+  // was predicted at 1.24-1.36x its runs (bench/README.md).
   double p2p_s(double bytes, const AxisLink& g, bool cold = false) const {
-    if (g.inter) return over_wire(g, bytes, inter.rate(Link::Collective::kAllGather, 2 * bytes));
+    if (g.inter) return over_wire(g, bytes, inter.rate(Link::Collective::kAllReduce, 2 * bytes));
     return latency + bytes / (bus(cold).all_gather * link);
   }
 };
