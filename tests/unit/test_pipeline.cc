@@ -9,7 +9,8 @@
 //                          (gpipe; interleaved v=2 with --zero3-gather use), pp2 gpipe, pp4 1f1b, pp2
 //                          --stage-layers 5,3, pp2 --dropout 0.1, zb-h1 at pp4, tp2·pp2 --sp
 //                          selective and pp2·dp2 ZeRO-3, zb-v at pp4, tp2·pp2 and pp2·dp2 ZeRO-3,
-//                          2bw at pp2, pp4, tp2·pp2 --sp selective and pp2·dp2 ZeRO-1 (against
+//                          2bw at pp2, pp4, tp2·pp2 --sp selective, pp2·dp2 ZeRO-1 and
+//                          tp2·pp2·dp2 ZeRO-1 (against
 //                          the one-rank run of 2bw's delayed update), at a global batch of 8 rows
 //                          on an 8-layer tiny model: every step's loss within 1e-5 of the
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
@@ -201,6 +202,7 @@ std::vector<Layout> parity_layouts() {
       {.pp = 4, .schedule = "2bw", .accum = 4},
       {.tp = 2, .pp = 2, .schedule = "2bw", .sp = true, .recompute = "selective", .accum = 2},
       {.pp = 2, .dp = 2, .zero = 1, .schedule = "2bw", .accum = 2},
+      {.tp = 2, .pp = 2, .dp = 2, .zero = 1, .schedule = "2bw", .accum = 2},  // 3D: 8 ranks, B = 2
   };
 }
 
