@@ -103,8 +103,11 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
   }
   init_groups();
   if (config_.weight_versions) {
-    CHECK_MSG(!half && stage < 3, "weight versions need fp32 storage and ZeRO 0-2");
-    previous_params_.allocate(MemCategory::kParams, layout_.total());
+    CHECK_MSG(stage < 3, "weight versions need ZeRO 0-2 (whole parameters on every rank)");
+    // 16-bit storage: the previous version of the 16-bit words the model computes with
+    // (an even count, so that checkpoints can carry them as floats' bytes).
+    if (half) previous_half_.allocate(MemCategory::kParams, (layout_.total() + 1) / 2 * 2);
+    else previous_params_.allocate(MemCategory::kParams, layout_.total());
     reset_weight_versions();
   }
   gpt_.set_param_store(this);
@@ -113,11 +116,14 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
 
 void DataParallel::advance_weight_versions() {
   if (!previous_params_.empty()) std::memcpy(previous_params_.data(), full_params(), sizeof(float) * layout_.total());
+  if (!previous_half_.empty()) std::memcpy(previous_half_.data(), half_->params(), sizeof(uint16_t) * layout_.total());
 }
 
 void DataParallel::reset_weight_versions() { advance_weight_versions(); }
 
 std::vector<std::pair<float*, size_t>> DataParallel::weight_version_state() {
+  if (!previous_half_.empty())
+    return {{reinterpret_cast<float*>(previous_half_.data()), previous_half_.size() / 2}};
   if (previous_params_.empty()) return {};
   return {{previous_params_.data(), previous_params_.size()}};
 }
@@ -654,7 +660,9 @@ int next_unit_in_pass(const model::ParamLayout& layout, model::Pass pass, int u)
 }
 
 const uint16_t* DataParallel::half_unit(int u) const {
-  return config_.zero_stage == 3 ? in_use_->find(u)->half.data() : half_->params() + layout_.units()[u].offset;
+  if (config_.zero_stage == 3) return in_use_->find(u)->half.data();
+  const bool previous = version_ == model::WeightVersion::kPrevious && !previous_half_.empty();
+  return (previous ? previous_half_.data() : half_->params()) + layout_.units()[u].offset;
 }
 
 const float* DataParallel::fp32_tensor(const float* unit, int u, const model::ParamTensor& t,

@@ -127,7 +127,8 @@ struct DpConfig {
   // exact shard. A group of one rank sends nothing and stays exact.
   QuantizedComm quantized;
   // PipeDream-2BW (the 2bw schedule): keep the weights before the last update beside the
-  // current ones (fp32 storage, stages 0-2, where the model holds the full parameters).
+  // current ones (stages 0-2, where every rank holds the whole parameters; with 16-bit
+  // storage the 16-bit words the model computes with).
   bool weight_versions = false;
 };
 
@@ -318,6 +319,7 @@ class DataParallel : public model::ParamStore, public GradSync {
   model::Pass pass_ = model::Pass::kForward;
   model::WeightVersion version_ = model::WeightVersion::kCurrent;
   Buffer<float> previous_params_;  // weight_versions: the version before the last update
+  Buffer<uint16_t> previous_half_;  // the same with 16-bit storage (its words)
   int micro_batches_ = 1;
   std::vector<int> released_;  // per unit: micro-batches whose gradients were released
   comm::Group* pp_ = nullptr;

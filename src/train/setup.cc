@@ -153,8 +153,6 @@ Status check_options(const TrainOptions& o) {
 Status check_two_bw(const TrainOptions& o, const comm::MeshShape& shape, int m) {
   const std::string why = "--schedule 2bw keeps the weights before the last update beside the current ones";
   if (o.zero == 3) return Status::error(why + " in the model's full buffers: it runs with --zero 0, 1 or 2, not 3");
-  if (o.precision != "fp32")
-    return Status::error(why + " in fp32: it runs with --precision fp32 (16-bit storage has no second version yet)");
   if (o.compress != "none") return Status::error("--schedule 2bw does not run with --compress yet");
   if (o.curriculum.kind != "none")
     return Status::error("--schedule 2bw runs the next step's first micro-batches in this step's list: every step "

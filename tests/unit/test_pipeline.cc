@@ -825,7 +825,6 @@ TEST_F(Pipeline, BadInputIsRejected) {
       {base + " --pp 2 --schedule 2bw --grad-accum 1", 2,
        {"--schedule 2bw needs at least as many micro-batches per step (1) as pipeline stages (--pp 2)"}},
       {base + " --pp 2 --dp 2 --schedule 2bw --grad-accum 2 --zero 3", 4, {"it runs with --zero 0, 1 or 2, not 3"}},
-      {base + " --pp 2 --schedule 2bw --grad-accum 2 --precision bf16", 2, {"it runs with --precision fp32"}},
       {base + " --pp 2 --schedule 2bw --grad-accum 2 --curriculum seqlen --curriculum-steps 4", 2,
        {"so it does not run with --curriculum"}},
   };
@@ -940,38 +939,42 @@ TEST_F(Pipeline, CheckpointsUnderPp) {
 }
 
 // 2bw's checkpoints hold the previous weight version per rank: a pp2 2bw run interrupted
-// after step 3 resumes at pp2 bit for bit (steps 4-6, the val loss and the step-6 files);
-// at pp1 the version cannot be re-sliced yet, and the run says that the delay starts again.
+// after step 3 resumes at pp2 bit for bit (steps 4-6, the val loss and the step-6 files),
+// in fp32 and in bf16 (whose version is 16-bit words); at pp1 the version cannot be
+// re-sliced yet, and the run says that the delay starts again.
 TEST_F(Pipeline, TwoBwResumesBitForBit) {
-  std::string run = kCheckpointRun + " --schedule 2bw";
-  ensure({{run, 2}});
-  const std::string full = get(run).dir;
-  Metrics ref = metrics_of(run);
-  ASSERT_EQ(ref.steps.size(), 6u);
-  const std::string same = path("2bw-pp2"), other = path("2bw-pp1");
-  copy_interrupted_run(full, same, 3, 6);
-  copy_interrupted_run(full, other, 3, 6);
-  std::string at_pp1 = run;
-  at_pp1.replace(at_pp1.find("--pp 2"), 6, "--pp 1");
-  Job a, b;
-  a.cmd = train(run + " --out " + same + " --resume"), a.ranks = 2;
-  b.cmd = train(at_pp1 + " --out " + other + " --resume"), b.ranks = 1;
-  run_jobs({&a, &b}, dir_);
-  ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
-  EXPECT_NE(a.result.out.find("the previous version restored from the checkpoint"), std::string::npos)
-      << a.result.out;
-  Metrics m = read_metrics(same + "/metrics.jsonl");
-  ASSERT_EQ(m.steps.size(), 6u);
-  for (int s = 4; s <= 6; s++) {
-    EXPECT_EQ(bits(m.steps[s - 1]["loss"]), bits(ref.steps[s - 1]["loss"])) << "step " << s;
-    EXPECT_EQ(bits(m.steps[s - 1]["grad_norm"]), bits(ref.steps[s - 1]["grad_norm"])) << "step " << s;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    SCOPED_TRACE(precision);
+    const std::string run = kCheckpointRun + " --schedule 2bw --precision " + precision;
+    ensure({{run, 2}});
+    const std::string full = get(run).dir;
+    Metrics ref = metrics_of(run);
+    ASSERT_EQ(ref.steps.size(), 6u);
+    const std::string same = path("2bw-pp2-" + precision), other = path("2bw-pp1-" + precision);
+    copy_interrupted_run(full, same, 3, 6);
+    copy_interrupted_run(full, other, 3, 6);
+    std::string at_pp1 = run;
+    at_pp1.replace(at_pp1.find("--pp 2"), 6, "--pp 1");
+    Job a, b;
+    a.cmd = train(run + " --out " + same + " --resume"), a.ranks = 2;
+    b.cmd = train(at_pp1 + " --out " + other + " --resume"), b.ranks = 1;
+    run_jobs({&a, &b}, dir_);
+    ASSERT_EQ(a.result.exit_code, 0) << describe(a.result);
+    EXPECT_NE(a.result.out.find("the previous version restored from the checkpoint"), std::string::npos)
+        << a.result.out;
+    Metrics m = read_metrics(same + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 6u);
+    for (int s = 4; s <= 6; s++) {
+      EXPECT_EQ(bits(m.steps[s - 1]["loss"]), bits(ref.steps[s - 1]["loss"])) << "step " << s;
+      EXPECT_EQ(bits(m.steps[s - 1]["grad_norm"]), bits(ref.steps[s - 1]["grad_norm"])) << "step " << s;
+    }
+    ASSERT_FALSE(m.evals.empty());
+    EXPECT_EQ(bits(m.evals.back()["val_loss"]), bits(ref.evals.back()["val_loss"]));
+    for (const char* shard : {"shard_pp00_00000.bin", "shard_pp01_00000.bin"})
+      EXPECT_TRUE(read_file(step_dir(full, 6) + "/" + shard) == read_file(step_dir(same, 6) + "/" + shard)) << shard;
+    ASSERT_EQ(b.result.exit_code, 0) << describe(b.result);
+    EXPECT_NE(b.result.out.find("the delay starts again (previous = current)"), std::string::npos) << b.result.out;
   }
-  ASSERT_FALSE(m.evals.empty());
-  EXPECT_EQ(bits(m.evals.back()["val_loss"]), bits(ref.evals.back()["val_loss"]));
-  for (const char* shard : {"shard_pp00_00000.bin", "shard_pp01_00000.bin"})
-    EXPECT_TRUE(read_file(step_dir(full, 6) + "/" + shard) == read_file(step_dir(same, 6) + "/" + shard)) << shard;
-  ASSERT_EQ(b.result.exit_code, 0) << describe(b.result);
-  EXPECT_NE(b.result.out.find("the delay starts again (previous = current)"), std::string::npos) << b.result.out;
 }
 
 // ---- 7. Trace and timeline -----------------------------------------------------------------

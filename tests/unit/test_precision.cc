@@ -7,7 +7,8 @@
 //                            of the fp32 loss, and the mean of the last 20 within 0.001.
 //   Bf16LayoutsMatchOneRank  tp2·pp2·dp2 ZeRO-1, tp2 --sp, dp2 ZeRO-3 and pp2 interleaved,
 //                            all in bf16: every step's loss within 1e-3 of the one-rank bf16
-//                            run (the bound).
+//                            run (the bound); pp2·dp2 ZeRO-1 2bw of the one-rank
+//                            bf16 2bw run.
 //   Fp16TracksFp32           --precision fp16 (operands rounded to IEEE half, dynamic loss
 //                            scaling) over the same 200 steps: within the same bounds.
 //   Fp16SkipsOverflowingSteps  a loss scale far too large overflows: those steps are skipped
@@ -181,19 +182,26 @@ TEST_F(MixedPrecision, Bf16LayoutsMatchOneRank) {
       "--model tiny --layers 4 --seq-len 64 --global-batch 8 --steps 20 --eval-batches 1 "
       "--precision bf16";
   const std::string one = common + " --micro-batch 8";
+  // 2bw (its 16-bit second weight version) against the one-rank run of its delayed update.
+  const std::string two_bw = " --schedule 2bw", one_two_bw = one + two_bw;
   const std::vector<RunSpec> layouts = {
       {common + " --tp 2 --pp 2 --dp 2 --zero 1 --micro-batch 1", 8},
       {common + " --tp 2 --sp --micro-batch 8", 2},
       {common + " --dp 2 --zero 3 --micro-batch 2", 2},
       {common + " --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2", 2},
+      {common + " --pp 2 --dp 2 --zero 1 --micro-batch 2" + two_bw, 4},
   };
   std::vector<RunSpec> all = layouts;
   all.push_back({one, 1});
+  all.push_back({one_two_bw, 1});
   ensure(all);
-  const auto ref = losses(one);
-  ASSERT_EQ(ref.size(), 20u);
+  const auto plain_ref = losses(one), two_bw_ref = losses(one_two_bw);
+  ASSERT_EQ(plain_ref.size(), 20u);
+  ASSERT_EQ(two_bw_ref.size(), 20u);
+  EXPECT_NE(plain_ref[2], two_bw_ref[2]) << "2bw's delayed update changes the loss";
   for (const auto& l : layouts) {
     SCOPED_TRACE(l.args);
+    const auto& ref = l.args.find(two_bw) != std::string::npos ? two_bw_ref : plain_ref;
     const auto got = losses(l.args);
     ASSERT_EQ(got.size(), ref.size());
     double worst = 0;
