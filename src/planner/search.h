@@ -19,6 +19,10 @@ struct SearchSpace {
   std::optional<bool> sp;
   std::optional<Recompute> recompute;
   std::optional<parallel::pp::ScheduleKind> schedule;
+  // Only schedules that train exactly as one rank does: 2bw (a one-step delayed update) is
+  // searched only when this is off or the schedule is fixed to it. `train --plan auto`
+  // sets it, so that it never changes how a run trains without being asked.
+  bool exact_updates = false;
   // Not searched: the attention kernel the stack has, and layers per stage (with a fixed pp;
   // empty: each layout's balanced split).
   Attention attention = Attention::kFused;

@@ -45,8 +45,10 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   cluster.memory_bytes = budget, cluster.reserved_bytes = 0;
   const int rows = o->global_batch > 0 ? o->global_batch : o->micro_batch * std::max(1, o->grad_accum) * ranks;
   std::vector<planner::Candidate> all;
+  planner::SearchSpace space = fixed;
+  space.exact_updates = true;  // never 2bw's delayed update unless --schedule 2bw asks for it
   RETURN_IF_ERROR(planner::search_layouts(
-      planner::model_shape(config, T), ranks, rows, precision, ranks, fixed,
+      planner::model_shape(config, T), ranks, rows, precision, ranks, space,
       [&](const planner::Layout& l, planner::Prediction* p) { return planner::predict_local(config, l, run, cluster, p); },
       &all));
   const planner::Candidate& best = all.front();

@@ -14,6 +14,8 @@
 //                            names a budget nothing fits and a missing --ranks before any step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
@@ -22,6 +24,8 @@
 
 namespace meshtrain::planner::test_planner_search {
 namespace {
+
+using parallel::pp::ScheduleKind;
 
 Cluster a100() {
   Cluster c;
@@ -86,6 +90,20 @@ TEST(PlannerSearch, RankingAndFixedChoices) {
   EXPECT_TRUE(seen_misfit) << "24 GB leaves some layouts out";
   EXPECT_TRUE(seen_zero_under_pp);
   EXPECT_TRUE(all.front().prediction.fits());
+  // 2bw (a one-step delayed update) is searched, but not where only exact updates may be
+  // chosen (train --plan auto), unless the schedule is fixed to it.
+  auto count_2bw = [&](const SearchSpace& space) {
+    std::vector<Candidate> found;
+    EXPECT_TRUE(search_layouts(m, 16, 256, Precision::kBf16, c, space, &found).is_ok());
+    return std::count_if(found.begin(), found.end(),
+                         [](const Candidate& x) { return x.layout.schedule == ScheduleKind::k2BW; });
+  };
+  EXPECT_GT(count_2bw(fixed), 0);
+  SearchSpace exact = fixed;
+  exact.exact_updates = true;
+  EXPECT_EQ(count_2bw(exact), 0);
+  exact.schedule = ScheduleKind::k2BW;
+  EXPECT_GT(count_2bw(exact), 0);
 }
 
 TEST(PlannerSearch, NothingFitsSaysByHowMuch) {
