@@ -167,10 +167,12 @@ void print_summary(Run& run, comm::Group& world, const json& pipeline) {
     if (!split.empty()) split += ',';
     split += std::to_string(n);
   }
-  std::printf("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f, "
-              "schedule %.3f\n",
-              parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(),
-              run.shape.A, pipeline.value("bubble", 0.0), pipeline.value("bubble_theory", 0.0));
+  const json parts = pipeline.value("bubble_parts", json::object());
+  std::printf("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f = "
+              "schedule %.3f + stage imbalance %.3f + overhead %.3f (at the measured stage costs; theory %.3f)\n",
+              parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(), run.shape.A,
+              pipeline.value("bubble", 0.0), parts.value("schedule", 0.0), parts.value("imbalance", 0.0),
+              parts.value("overhead", 0.0), pipeline.value("bubble_theory", 0.0));
 }
 
 std::vector<std::string> gather_host_names(comm::Group& world) {

@@ -1120,11 +1120,16 @@ TEST_F(Pipeline, SummaryPrintsMemoryAndBubble) {
     std::snprintf(want, sizeof want, "  rank %2d (tp %d pp %d dp 0) |", r, r % 2, r / 2);
     EXPECT_NE(out.find(want), std::string::npos) << "'" << want << "' in\n" << out;
   }
-  char pipeline[160];
+  // The last step's bubble and its parts (metrics.jsonl's), and the theory.
+  const json& final_step = m.steps.back();
+  char pipeline[320];
   std::snprintf(pipeline, sizeof pipeline,
-                "pipeline: 1f1b, 2 stages of layers 7,1, m=4 micro-batches | bubble (last step) measured %.3f, "
-                "schedule %.3f",
-                m.steps.back()["bubble"].get<double>(), theory_bubble(2, 4, 1));
+                "pipeline: 1f1b, 2 stages of layers 7,1, m=4 micro-batches | bubble (last step) measured %.3f = "
+                "schedule %.3f + stage imbalance %.3f + overhead %.3f (at the measured stage costs; theory %.3f)",
+                final_step["bubble"].get<double>(), final_step["bubble_parts"]["schedule"].get<double>(),
+                final_step["bubble_parts"]["imbalance"].get<double>(),
+                final_step["bubble_parts"]["overhead"].get<double>(),
+                theory_bubble(2, 4, 1));
   EXPECT_EQ(count_of(out, "pipeline: "), 1u) << out;
   EXPECT_NE(out.find(pipeline), std::string::npos) << "'" << pipeline << "' in\n" << out;
 }
