@@ -93,6 +93,10 @@ void matmul_forward(float* out, GemmInput inp, GemmInput weight, const float* bi
 // is a zero-bubble schedule's B or W.)
 void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float* dout, GemmInput inp,
                      GemmInput weight, int N, int C, int OC, Precision p = Precision::kFp32);
+// The backward's weight GEMM alone, dweight += dout^T @ inp, from dout as the backward
+// hands it to that GEMM (at kBf16 already rounded: a zero-bubble W keeps it so).
+void matmul_backward_weight(GradOutput dweight, GemmInput dout, GemmInput inp, int N, int C, int OC,
+                            Precision p = Precision::kFp32);
 
 // The same forward in fp32 with each output element summed in one fixed order, whatever N,
 // the thread count or the instruction set (cpu/matmul_rowwise.cc): a row's result does not

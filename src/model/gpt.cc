@@ -710,12 +710,24 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
                        precision_);
     return;
   }
-  k::matmul_backward(dinp, k::GradOutput(static_cast<float*>(nullptr)), nullptr, dout, inp, weight, N, C, OC,
-                     precision_);
+  // At bf16 the weight GEMM reads dout rounded once (matmul_backward): W keeps those words,
+  // half the bytes, for the same product; the bias's gradient, an fp32 sum of dout, is
+  // taken here in B (into the unit's gradient, in the order the Ws would add it).
+  const bool bf16 = precision_ == k::Precision::kBf16;
+  k::matmul_backward(dinp, k::GradOutput(static_cast<float*>(nullptr)), bf16 && b ? grad(u, gunit, *b) : nullptr, dout,
+                     inp, weight, N, C, OC, precision_);
   DeferredWeightGrad d;
   d.unit = u;
-  d.dout.allocate(MemCategory::kActivations, (size_t)N * OC);
-  std::memcpy(d.dout.data(), dout, sizeof(float) * N * OC);
+  k::GemmInput kept_dout((const float*)nullptr);
+  if (bf16) {
+    d.dout16.allocate(MemCategory::kActivations, (size_t)N * OC);
+    k::to_bf16(dout, d.dout16.data(), (size_t)N * OC);
+    kept_dout = k::GemmInput((const uint16_t*)d.dout16.data());
+  } else {
+    d.dout.allocate(MemCategory::kActivations, (size_t)N * OC);
+    std::memcpy(d.dout.data(), dout, sizeof(float) * N * OC);
+    kept_dout = k::GemmInput((const float*)d.dout.data());
+  }
   k::GemmInput kept = inp;
   if (set_->holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
     // In the set, which stays until the W (no copy).
@@ -728,10 +740,13 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
     std::memcpy(d.inp.data(), inp.fp32, sizeof(float) * N * C);
     kept = k::GemmInput((const float*)d.inp.data());
   }
-  const float* grad_out = d.dout.data();  // the buffers move with d, their data does not
-  d.add = [this, u, &w, b, grad_out, kept, N, C, OC](float* g) {
-    k::matmul_backward(nullptr, weight_grad(u, g, w), b ? grad(u, g, *b) : nullptr, grad_out, kept,
-                       k::GemmInput((const float*)nullptr), N, C, OC, precision_);
+  // The buffers move with d, their data does not.
+  d.add = [this, u, &w, b, bf16, kept_dout, kept, N, C, OC](float* g) {
+    k::matmul_backward_weight(weight_grad(u, g, w), kept_dout, kept, N, C, OC, precision_);
+    if (b && !bf16) {  // fp32: the bias's gradient from the kept dout (bf16: added in B)
+      k::matmul_backward(nullptr, k::GradOutput(static_cast<float*>(nullptr)), grad(u, g, *b), kept_dout.fp32, kept,
+                         k::GemmInput((const float*)nullptr), N, C, OC, precision_);
+    }
   };
   deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
 }

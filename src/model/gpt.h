@@ -380,10 +380,11 @@ class Gpt {
   struct DeferredWeightGrad {
     int unit = -1;
     std::function<void(float* unit_grads)> add;
-    // Copies of what it reads that the next B would overwrite: the output gradient, and the
-    // input unless it lies in the micro-batch's set (fp32 or bf16).
+    // Copies of what it reads that the next B would overwrite: the output gradient (fp32,
+    // or at bf16 precision the rounded words the weight GEMM reads), and the input unless
+    // it lies in the micro-batch's set (fp32 or bf16).
     Buffer<float> dout, inp;
-    Buffer<uint16_t> inp16;
+    Buffer<uint16_t> dout16, inp16;
   };
   bool defer_weights_ = false;  // the backward running is a B
   std::map<std::pair<int, int>, std::vector<DeferredWeightGrad>> deferred_;  // by (chunk, micro-batch)

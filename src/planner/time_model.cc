@@ -336,13 +336,15 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
   lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
   lt.gemm_w = qkv + proj + mlp_gemm;
-  // What the engine keeps for a W (fp32): each linear layer's output gradient (the
-  // projections' full rows, q k v's and MLP-in's tp slices), and the inputs not in the
-  // micro-batch's set: the gathered rows under sp, attention's output when recomputed.
+  // What the engine keeps for a W: each linear layer's output gradient (the projections'
+  // full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
+  // GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set: the
+  // gathered rows under sp, attention's output when recomputed.
   const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
   const double w_dout = 2 * h + (heads_local + 2 * kv_local) * hd + mlp_in * f;
   const double w_inputs = (l.sp || full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
-  lt.w_copy_bytes = 4 * bs * (w_dout + w_inputs);
+  const double dout_bytes = l.precision == Precision::kBf16 ? 2 : 4;
+  lt.w_copy_bytes = bs * (dout_bytes * w_dout + 4 * w_inputs);
   // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
   // rank's share) to the experts' ranks and combines them back, in the forward and again
   // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the

@@ -7,8 +7,8 @@
 //                            of the fp32 loss, and the mean of the last 20 within 0.001.
 //   Bf16LayoutsMatchOneRank  tp2·pp2·dp2 ZeRO-1, tp2 --sp, dp2 ZeRO-3 and pp2 interleaved,
 //                            all in bf16: every step's loss within 1e-3 of the one-rank bf16
-//                            run (the bound); pp2·dp2 ZeRO-1 2bw of the one-rank
-//                            bf16 2bw run.
+//                            run (the bound), and zb-h1 and zb-v at pp2; pp2·dp2
+//                            ZeRO-1 2bw of the one-rank bf16 2bw run.
 //   Fp16TracksFp32           --precision fp16 (operands rounded to IEEE half, dynamic loss
 //                            scaling) over the same 200 steps: within the same bounds.
 //   Fp16SkipsOverflowingSteps  a loss scale far too large overflows: those steps are skipped
@@ -190,6 +190,9 @@ TEST_F(MixedPrecision, Bf16LayoutsMatchOneRank) {
       {common + " --dp 2 --zero 3 --micro-batch 2", 2},
       {common + " --pp 2 --schedule interleaved --virtual-stages 2 --micro-batch 2", 2},
       {common + " --pp 2 --dp 2 --zero 1 --micro-batch 2" + two_bw, 4},
+      // Zero-bubble: each W's output gradient kept as the bf16 words its GEMM reads.
+      {common + " --pp 2 --schedule zb-h1 --micro-batch 2", 2},
+      {common + " --pp 2 --schedule zb-v --micro-batch 2", 2},
   };
   std::vector<RunSpec> all = layouts;
   all.push_back({one, 1});

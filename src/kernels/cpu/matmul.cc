@@ -24,8 +24,7 @@ void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float*
     d = GemmInput(dout16.data());
   }
   if (dinp) gemm(p, false, false, N, C, OC, 1.0f, d, OC, weight, C, 0.0f, dinp, C);
-  if (dweight.bf16) gemm_accumulate_bf16(true, false, OC, C, N, d, OC, inp, C, dweight.bf16, C);
-  else if (dweight.fp32) gemm(p, true, false, OC, C, N, 1.0f, d, OC, inp, C, 1.0f, dweight.fp32, C);
+  matmul_backward_weight(dweight, d, inp, N, C, OC, p);
   if (dbias) {
     // Column ranges per thread: a fixed summation order whatever the thread count.
     constexpr int kChunk = 64;
@@ -39,6 +38,12 @@ void matmul_backward(float* dinp, GradOutput dweight, float* dbias, const float*
       }
     }
   }
+}
+
+void matmul_backward_weight(GradOutput dweight, GemmInput dout, GemmInput inp, int N, int C, int OC, Precision p) {
+  CHECK_MSG(!dweight.bf16 || p == Precision::kBf16, "a bf16 weight gradient needs bf16 GEMMs");
+  if (dweight.bf16) gemm_accumulate_bf16(true, false, OC, C, N, dout, OC, inp, C, dweight.bf16, C);
+  else if (dweight.fp32) gemm(p, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight.fp32, C);
 }
 
 GemmInput advanced(GemmInput x, size_t elements) {
