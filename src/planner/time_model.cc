@@ -587,6 +587,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double last_backward = over_rank(0, [&](int st) { return tb[st] + tw[st]; });  // last micro-batch
   const double first_z3_gather = over_rank(0, [&](int st) { return z3_gather[st]; });
   const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
+  const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
   double dp_total = 0, dp_exposed = 0, compressor_s = 0;
   // Reduce-scatters (ZeRO 1-3) of `bytes` of gradients, quantized under qgZ (whose
   // quantization is charged below, as compute after the backward).
@@ -594,7 +595,6 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   if (d > 1 && l.compression.kind != parallel::Compression::Kind::kNone) {
     // The compressed phase, after the last backward; ZeRO-1 then gathers the updated
     // parameters as usual.
-    const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
     compressor_s = compressed_reduction_s(m, l, c, dp_ring, first_params, first_layers, p == 1, e, &dp_total);
     dp_exposed = dp_total;
     if (l.zero == 1) dp_total += all_gather_s(grad_bytes, dp_ring), dp_exposed = dp_total;
@@ -653,7 +653,6 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
 
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
-  const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
   r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1)) + expert_tp_sum;
   r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum

@@ -134,7 +134,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
       store->use_weights(next ? model::WeightVersion::kCurrent : model::WeightVersion::kPrevious);
     // Traces number a pass as the list does (2bw: the next step's micro-batches m..), in the
     // step whose list ran it, so a timeline shows what each step's window held.
-    const nlohmann::json where_in_step = {{"step", step + 1}, {"mb", a.microbatch}, {"chunk", c}};
+    auto where_in_step = [&] { return nlohmann::json{{"step", step + 1}, {"mb", a.microbatch}, {"chunk", c}}; };
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGrad:
@@ -148,7 +148,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         float loss;
         {
           trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', a.microbatch, c, v_), trace::category::kForward,
-                                   where_in_step);
+                                   where_in_step());
           loss = gpt_.forward_chunk(c, id, inputs.data(), targets.data(), in, B, T);
         }
         times_.compute_s += now_s() - t0;
@@ -171,7 +171,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const double t0 = now_s();
         {
           trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', a.microbatch, c, v_), trace::category::kBackward,
-                                   where_in_step);
+                                   where_in_step());
           gpt_.backward_chunk(c, id, dout, loss_scale, split);
         }
         times_.compute_s += now_s() - t0;
@@ -184,7 +184,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
         const double t0 = now_s();
         {
           trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', a.microbatch, c, v_),
-                                   trace::category::kBackwardWeight, where_in_step);
+                                   trace::category::kBackwardWeight, where_in_step());
           gpt_.weight_backward_chunk(c, id);
         }
         times_.compute_s += now_s() - t0;
