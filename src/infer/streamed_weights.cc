@@ -235,7 +235,10 @@ float* StreamedWeights::acquire_grads(int) {
 }
 
 StreamedWeights::Stats StreamedWeights::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  // Reads still in flight (a read-ahead past the last layer) are finished first, so what is
+  // reported does not depend on how far the reading thread has got.
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ >= submitted_; });
   return stats_;
 }
 

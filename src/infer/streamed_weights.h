@@ -60,7 +60,7 @@ class StreamedWeights : public model::ParamStore {
     double read_s = 0;  // the reading thread's time in pread
     double wait_s = 0;  // the decoder's time waiting for a layer (the reading not hidden)
   };
-  Stats stats() const;
+  Stats stats() const;  // after the reads in flight finish
 
  private:
   StreamedWeights(const model::ParamLayout& layout, int read_ahead);
@@ -90,7 +90,7 @@ class StreamedWeights : public model::ParamStore {
 
   // The reading thread and its FIFO of reads.
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  mutable std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   uint64_t submitted_ = 0, done_ = 0;
   bool stop_ = false;
