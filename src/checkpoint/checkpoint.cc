@@ -27,7 +27,9 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kKinds = kNumSections;  // params, m, v: the sections of a shard file, in this order
+// The sections a rank's shard file holds: params, m, v, and the previous weight version
+// when the run keeps one.
+int sections_of(const RankState& st) { return st.with_previous ? kMaxSections : kNumSections; }
 
 std::string step_dir_name(int64_t step) {
   char buf[32];
@@ -38,15 +40,21 @@ std::string step_dir_name(int64_t step) {
 json model_json(const model::GptConfig& c) { return model::config_json(c); }
 
 // Where unit u's owned slice of one kind of state sits in its buffer (element offset).
+bool section_full(const RankState& st, int kind) {
+  return kind == 0 ? st.params_full : kind == kPreviousSection ? true : st.moments_full;
+}
+
 size_t owned_offset(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
-  const bool full = kind == 0 ? st.params_full : st.moments_full;
+  const bool full = section_full(st, kind);
   return full ? shards.own_begin(u) : shards.units()[u].local_offset;
 }
 
 // Offloaded sections move through a buffer of this many elements (4 MiB).
 constexpr size_t kPieceElements = 1 << 20;
 
-float* section_base(const RankState& st, int kind) { return kind == 0 ? st.params : kind == 1 ? st.m : st.v; }
+float* section_base(const RankState& st, int kind) {
+  return kind == 0 ? st.params : kind == 1 ? st.m : kind == 2 ? st.v : st.previous;
+}
 
 // Writes this rank's shard file (owned slices of params, then m, then v, unit by unit)
 // straight from the state's buffers, or through state.read in pieces of at most 4 MiB for
@@ -56,7 +64,7 @@ Status write_shard(const std::string& path, const RankState& state, const parall
                    uint64_t* bytes, uint64_t* checksum) {
   size_t elements = 0;
   for (int u = 0; u < (int)shards.units().size(); u++) elements += shards.own_end(u) - shards.own_begin(u);
-  *bytes = (uint64_t)(kKinds * elements * sizeof(float));
+  *bytes = (uint64_t)(sections_of(state) * elements * sizeof(float));
   Checksum64 sum(*bytes);
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return Status::error("cannot create " + path + ": " + std::strerror(errno));
@@ -67,7 +75,7 @@ Status write_shard(const std::string& path, const RankState& state, const parall
     if (s.is_ok()) s = write_all(fd, data, n * sizeof(float));
     sum.update(data, n * sizeof(float));
   };
-  for (int kind = 0; kind < kKinds && s.is_ok(); kind++)
+  for (int kind = 0; kind < sections_of(state) && s.is_ok(); kind++)
     for (int u = 0; u < (int)shards.units().size(); u++) {
       const size_t offset = owned_offset(state, shards, kind, u);
       const size_t n = shards.own_end(u) - shards.own_begin(u);
@@ -141,9 +149,9 @@ Status not_saved(int64_t step, const std::string& out_dir, const Status& why) {
 Buffer<float> snapshot_shard(const RankState& state, const parallel::ShardLayout& shards) {
   size_t elements = 0;
   for (int u = 0; u < (int)shards.units().size(); u++) elements += shards.own_end(u) - shards.own_begin(u);
-  Buffer<float> out(MemCategory::kWorkspace, kKinds * elements);
+  Buffer<float> out(MemCategory::kWorkspace, sections_of(state) * elements);
   float* at = out.data();
-  for (int kind = 0; kind < kKinds; kind++)
+  for (int kind = 0; kind < sections_of(state); kind++)
     for (int u = 0; u < (int)shards.units().size(); u++) {
       const size_t offset = owned_offset(state, shards, kind, u);
       const size_t n = shards.own_end(u) - shards.own_begin(u);
@@ -311,7 +319,7 @@ Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLa
               {"ep_size", layout.ep()},
               {"expert_tp", layout.experts_replicated() ? 1 : layout.tp()},
               {"units", units_json(WriterLayout(whole, shards.world(), layout.ep()))},
-              {"shard_sections", {"params", "adam_m", "adam_v"}},
+              {"shard_sections", std::vector<std::string>(kSectionNames, kSectionNames + sections_of(state))},
               {"run_config", run_config},
               {"train_state", train_state}};
 
@@ -448,10 +456,12 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());
   TpResliceReader reader(dir, index, config, whole);
   Buffer<float> piece;  // sections filled through state.write
-  for (int kind = 0; kind < kKinds; kind++) {
+  const bool previous = state.with_previous && index.sections > kPreviousSection;
+  if (state.previous_loaded) *state.previous_loaded = previous;
+  for (int kind = 0; kind < (previous ? kMaxSections : kNumSections); kind++) {
     float* base = section_base(state, kind);
     if ((!base && !state.write) || (kind > 0 && state.params_only)) continue;
-    const bool full = kind == 0 ? state.params_full : state.moments_full;
+    const bool full = section_full(state, kind);
     for (int u = 0; u < layout.num_units(); u++) {
       const auto& unit = layout.units()[u];
       // Unit u's elements [begin, end) (all, or the owned shard) go to element `at` onward.

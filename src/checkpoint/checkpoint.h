@@ -46,7 +46,7 @@ struct RankState {
   bool moments_full = true;
   // Saving only: a section whose pointer is null is read through this instead, in pieces
   // (optimizer state offloaded to disk): copies `count` elements of section `kind` (0
-  // params, 1 m, 2 v) starting at element `offset` of the buffer the pointer would address.
+  // params, 1 m, 2 v, 3 the previous weight version) starting at element `offset` of the buffer the pointer would address.
   std::function<void(int kind, size_t offset, size_t count, float* dst)> read;
   // Loading: the same for filling such a section in pieces. A null section with neither is
   // not wanted (loading weights only).
@@ -57,6 +57,13 @@ struct RankState {
   // feedback), written as rank_WWWWW.bin (the world rank) beside the shards; read back with
   // load_rank_arrays.
   std::vector<std::pair<const float*, size_t>> rank_arrays = {};
+  // A second weight version (PipeDream-2BW's parameters before the last update), section 3,
+  // laid out as the parameters and re-sliced as they are: saved when `with_previous`, from
+  // `previous` (full, indexed by global offset) or through read/write with kind 3; loaded
+  // when `with_previous` and the checkpoint holds one (*previous_loaded says which).
+  bool with_previous = false;
+  float* previous = nullptr;
+  bool* previous_loaded = nullptr;
 };
 
 // Reads back what world rank `world_rank` saved as RankState::rank_arrays into `arrays`

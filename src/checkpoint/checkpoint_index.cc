@@ -217,14 +217,19 @@ Status check_tensors(const json& root, const model::ParamLayout& layout) {
   return Status::ok();
 }
 
-// The loader reads every shard as params, then m, then v.
-Status check_sections(const json& root) {
+// The loader reads every shard as params, then m, then v, then (when written) the
+// previous weight version.
+Status check_sections(const json& root, int* count) {
   const json* sections = nullptr;
   RETURN_IF_ERROR(member(root, "", "shard_sections", &sections));
+  for (int n = kNumSections; n <= kMaxSections; n++)
+    if (*sections == json(std::vector<std::string>(kSectionNames, kSectionNames + n))) {
+      *count = n;
+      return Status::ok();
+    }
   const json want = json(std::vector<std::string>(kSectionNames, kSectionNames + kNumSections));
-  if (*sections != want)
-    return Status::error("shard_sections is " + shown(*sections) + ", but the loader reads " + want.dump());
-  return Status::ok();
+  return Status::error("shard_sections is " + shown(*sections) + ", but the loader reads " + want.dump() +
+                       ", optionally followed by \"" + kSectionNames[kPreviousSection] + "\"");
 }
 
 // ---- Shard files -------------------------------------------------------------------------
@@ -281,8 +286,8 @@ Status parse_file(const json& j, const std::string& where, const CheckpointIndex
   RETURN_IF_ERROR(uint_field(j, where, "bytes", &f->bytes));
   uint64_t elements = 0;
   for (int u : f->units) elements += writers.own_end(u, f->dp) - writers.own_begin(u, f->dp);
-  RETURN_IF_ERROR(expect_equal(where + ".bytes", f->bytes, elements * kNumSections * sizeof(float),
-                               "its units' owned elements in 3 fp32 sections take"));
+  const std::string what = "its units' owned elements in " + std::to_string(idx.sections) + " fp32 sections take";
+  RETURN_IF_ERROR(expect_equal(where + ".bytes", f->bytes, elements * idx.sections * sizeof(float), what.c_str()));
   RETURN_IF_ERROR(string_field(j, where, "checksum", &f->checksum));
   return check_checksum(where, f->checksum);
 }
@@ -349,7 +354,7 @@ Status parse_fields(const json& root, CheckpointIndex* idx) {
   const WriterLayout writers(whole, idx->dp_size, idx->ep_size);
   RETURN_IF_ERROR(check_units(root, writers));
   RETURN_IF_ERROR(check_tensors(root, whole));
-  RETURN_IF_ERROR(check_sections(root));
+  RETURN_IF_ERROR(check_sections(root, &idx->sections));
   RETURN_IF_ERROR(parse_files(root, writers, idx));
   return check_train_state(root);
 }

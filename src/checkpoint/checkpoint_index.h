@@ -21,9 +21,13 @@ namespace meshtrain::checkpoint {
 inline constexpr int kCheckpointFormatVersion = 3;
 
 // The sections of every shard file, in this order: parameters, Adam m, Adam v (RankState's
-// `kind` 0, 1, 2).
-inline constexpr int kNumSections = 3;
-inline constexpr const char* kSectionNames[kNumSections] = {"params", "adam_m", "adam_v"};
+// `kind` 0, 1, 2), and, in a checkpoint of a run that keeps a second weight version
+// (PipeDream-2BW's), the parameters before the last update (kind 3). That version is laid
+// out like the parameters, so it re-slices to any layout as they do.
+inline constexpr int kNumSections = 3;      // always present
+inline constexpr int kMaxSections = 4;      // with the previous weight version
+inline constexpr int kPreviousSection = 3;
+inline constexpr const char* kSectionNames[kMaxSections] = {"params", "adam_m", "adam_v", "params_previous"};
 
 // shard_[tpTT_][ppPP_]RRRRR.bin: the tp and pp parts only when those axes are split.
 std::string shard_file_name(int tp, int tp_rank, int pp, int pp_rank, int dp_rank);
@@ -68,6 +72,7 @@ struct CheckpointIndex {
     return expert_tp == 1 && tp_size > 1 ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
   }
   std::vector<IndexFile> files;  // dp_size x tp_size x pp_size of them
+  int sections = kNumSections;   // 3, or 4 with the previous weight version
   nlohmann::json json;           // the whole document (run_config, train_state, ...)
 };
 
@@ -82,10 +87,10 @@ struct CheckpointIndex {
 //   - "units" has layers + 2 entries, each {"offset", "numel", "shard"} equal to the
 //     model's unit table at tp rank 0 split over dp_size ranks; "total_elements" and
 //     "tensors" (name, non-negative shape, offset of each) equal the model's layout;
-//   - "shard_sections" is ["params", "adam_m", "adam_v"];
+//   - "shard_sections" is ["params", "adam_m", "adam_v"], or those and "params_previous";
 //   - each file has the name the writer at its "tp", "pp", "dp" (each in range, each
 //     triple once) gives it, "units" ascending ids of the model's units (version 2: absent,
-//     all units), "bytes" exactly 12 x the elements of those units its dp rank owns, and a
+//     all units), "bytes" exactly 4 x sections x the elements of those units its dp rank owns, and a
 //     16-hex-digit "checksum"; for every tp and dp rank, every unit with elements at that
 //     dp rank is held by some file;
 //   - "train_state", when present, an object.

@@ -59,7 +59,7 @@ Status ShardReader::open(int f, const ByteSource** file) {
     const std::string path = (std::filesystem::path(dir_) / meta.name).string();
     std::shared_ptr<const ByteSource> source;
     RETURN_IF_ERROR(open_(meta.name, &source));
-    if (source->size() != meta.bytes || meta.bytes != section_offset(kNumSections, f, meta.dp) * sizeof(float))
+    if (source->size() != meta.bytes || meta.bytes != section_offset(index_.sections, f, meta.dp) * sizeof(float))
       return Status::error(path + " is truncated or has the wrong size (" + std::to_string(source->size()) +
                            " bytes, index says " + std::to_string(meta.bytes) + ")");
     // The checksum over the whole file, in pieces: nothing of it stays in memory.

@@ -30,7 +30,7 @@ class ShardReader {
               OpenFile open = {});
 
   // Copies the elements [begin, end) of unit `id` (offsets inside the unit) of `section`
-  // (0 params, 1 Adam m, 2 Adam v) into dst.
+  // (0 params, 1 Adam m, 2 Adam v, 3 the previous weight version) into dst.
   Status copy(int section, int id, size_t begin, size_t end, float* dst);
 
  private:

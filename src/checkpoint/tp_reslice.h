@@ -3,7 +3,7 @@
 // straight out of the shard files of the reader's tp rank. Otherwise each unit is
 // reassembled whole from every writer tp rank's slice (model::local_to_global), then cut to
 // the reader's slice (model::global_to_local). Parameters and both Adam moments are
-// elementwise over the same layout, so one re-slicing serves all three sections, and the
+// elementwise over the same layout, so one re-slicing serves every section, and the
 // load is exact: no element is recomputed, only moved.
 #pragma once
 #include <cstddef>
@@ -27,7 +27,7 @@ class TpResliceReader {
                   const model::ParamLayout& target);
 
   // Copies the elements [begin, end) of unit `id` (offsets inside the target's unit) of
-  // `section` (0 params, 1 Adam m, 2 Adam v) into dst.
+  // `section` (0 params, 1 Adam m, 2 Adam v, 3 the previous weight version) into dst.
   Status copy(int section, int id, size_t begin, size_t end, float* dst);
 
   // Whether units are re-sliced (the writers' tp layout differs from the target's).

@@ -121,11 +121,16 @@ void DataParallel::advance_weight_versions() {
 
 void DataParallel::reset_weight_versions() { advance_weight_versions(); }
 
-std::vector<std::pair<float*, size_t>> DataParallel::weight_version_state() {
-  if (!previous_half_.empty())
-    return {{reinterpret_cast<float*>(previous_half_.data()), previous_half_.size() / 2}};
-  if (previous_params_.empty()) return {};
-  return {{previous_params_.data(), previous_params_.size()}};
+void DataParallel::read_previous(size_t offset, size_t n, float* dst) const {
+  CHECK(offset + n <= layout_.total());
+  if (!previous_params_.empty()) std::memcpy(dst, previous_params_.data() + offset, n * sizeof(float));
+  else kernels::from_half(config_.storage, previous_half_.data() + offset, dst, n);
+}
+
+void DataParallel::write_previous(size_t offset, size_t n, const float* src) {
+  CHECK(offset + n <= layout_.total());
+  if (!previous_params_.empty()) std::memcpy(previous_params_.data() + offset, src, n * sizeof(float));
+  else kernels::to_half(config_.storage, src, previous_half_.data() + offset, n);
 }
 
 // 16-bit stages 0-2: the initial parameters rounded into the words this rank keeps, and

@@ -231,8 +231,13 @@ class DataParallel : public model::ParamStore, public GradSync {
   // The previous version set to the current (a resume without the saved version: the
   // delay starts again).
   void reset_weight_versions();
-  // The previous version's values (checkpoints; empty without weight versions).
-  std::vector<std::pair<float*, size_t>> weight_version_state();
+  bool keeps_weight_versions() const { return !previous_params_.empty() || !previous_half_.empty(); }
+  // Checkpoints: the previous version laid out as the full parameters (global offsets of
+  // this rank's layout). In memory as fp32 (null with 16-bit storage, whose version is read
+  // and written through these, converting exactly: the values are 16-bit ones).
+  float* previous_params() { return previous_params_.empty() ? nullptr : previous_params_.data(); }
+  void read_previous(size_t offset, size_t n, float* dst) const;
+  void write_previous(size_t offset, size_t n, const float* src);
 
   // --- ParamStore ---
   void begin_pass(model::Pass pass) override { pass_ = pass; }

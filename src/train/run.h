@@ -45,7 +45,8 @@ struct Run {
   std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;
   int64_t start_step = 0;
   std::string resumed_layout;  // --resume: the checkpoint writers' layout, e.g. "tp 2, pp 2, dp 2"
-  bool rank_arrays_restored = false;  // --resume: the per-rank state (compressor, 2bw version) came back
+  bool rank_arrays_restored = false;  // --resume: the compressor's per-rank state came back
+  bool previous_weights_restored = false;  // --resume: 2bw's previous weight version came back
   double peak_gflops = 0;
   int threads = 1;
   bool is_main = true;  // world rank 0 prints and writes run files

@@ -316,9 +316,8 @@ std::string writers_layout(const std::string& dir) {
   return out;
 }
 
-// The per-rank state, the compressor's (error feedback, PowerSGD's warm start) and 2bw's
-// previous weight version, comes back at the layout that wrote it; at another it cannot be
-// re-sliced: the compressor's restarts from zero and 2bw's delay starts again (the
+// The compressor's per-rank state (error feedback, PowerSGD's warm start) comes back at the
+// layout that wrote it; at another it cannot be re-sliced and restarts from zero (the
 // startup line says which). 1-bit Adam's compressed phase keeps u = m / d in the
 // optimizer's m (parallel/dp/onebit_adam.h): such a checkpoint resumes only with the same
 // --compress onebit-adam --compress-start, and a plain one not inside that phase.
@@ -336,9 +335,7 @@ Status restore_rank_arrays(const std::string& dir, const TrainOptions& o, Run* r
     return Status::error(dir + " is at step " + std::to_string(run->start_step) +
                          ", past --compress-start " + std::to_string(o.compress_start) +
                          ", but was not written by 1-bit Adam's compressed phase (its moments are Adam's)");
-  std::vector<std::pair<float*, size_t>> arrays = run->dp->compressor_state();
-  const auto versions = run->dp->weight_version_state();
-  arrays.insert(arrays.end(), versions.begin(), versions.end());
+  const std::vector<std::pair<float*, size_t>> arrays = run->dp->compressor_state();
   const comm::MeshShape& m = run->mesh_shape;
   const std::string here = "tp " + std::to_string(m.tp) + ", pp " + std::to_string(m.pp) + ", dp " + std::to_string(m.dp);
   if (arrays.empty() || run->resumed_layout != here) return Status::ok();
@@ -388,10 +385,17 @@ checkpoint::RankState rank_state(Run& run) {
            : half ? optim::kMasterWeights : optim::kShardParams;
   };
   optim::ShardStore* store = &adamw.store();
-  st.read = [store, array_of](int section, size_t offset, size_t count, float* dst) {
+  parallel::DataParallel* dp = run.dp.get();
+  // Section 3, 2bw's previous weight version: in memory at fp32, else 16-bit words that the
+  // data-parallel object converts.
+  st.with_previous = dp->keeps_weight_versions();
+  st.previous = dp->previous_params();
+  st.read = [store, array_of, dp](int section, size_t offset, size_t count, float* dst) {
+    if (section == checkpoint::kPreviousSection) return dp->read_previous(offset, count, dst);
     store->read(array_of(section), offset, count, dst);
   };
-  st.write = [store, array_of](int section, size_t offset, size_t count, const float* src) {
+  st.write = [store, array_of, dp](int section, size_t offset, size_t count, const float* src) {
+    if (section == checkpoint::kPreviousSection) return dp->write_previous(offset, count, src);
     store->write(array_of(section), offset, count, src);
   };
   return st;
@@ -540,12 +544,15 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
   RETURN_IF_ERROR(restore_nonfinite_skips(resume_dir, &run->nonfinite));
   if (run->config.is_moe()) RETURN_IF_ERROR(restore_expert_bias(resume_dir, run));
-  RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config,
-                                              run->dp->shards(), rank_state(*run), &run->start_step));
+  checkpoint::RankState state = rank_state(*run);
+  state.previous_loaded = &run->previous_weights_restored;
+  RETURN_IF_ERROR(checkpoint::load_checkpoint(resume_dir, run->gpt->layout(), run->config, run->dp->shards(), state,
+                                              &run->start_step));
   run->resumed_layout = writers_layout(resume_dir);
-  run->dp->reset_weight_versions();  // 2bw: the saved previous version replaces this where it can
   RETURN_IF_ERROR(restore_rank_arrays(resume_dir, o, run));
   if (run->dp->half_storage()) run->dp->params_from_master();
+  // 2bw from a checkpoint without the previous version: the delay starts again.
+  if (!run->previous_weights_restored) run->dp->reset_weight_versions();
   if (run->start_step >= o.steps)
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
                          ", already >= --steps " + std::to_string(o.steps));
@@ -675,7 +682,6 @@ Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool asyn
   if (run.dp->onebit_adam() && step > o.compress_start) train_state["onebit_adam_freeze"] = o.compress_start;
   checkpoint::RankState st = rank_state(run);
   for (const auto& [data, n] : run.dp->compressor_state()) st.rank_arrays.push_back({data, n});
-  for (const auto& [data, n] : run.dp->weight_version_state()) st.rank_arrays.push_back({data, n});
   RETURN_IF_ERROR(checkpoint::begin_save(o.out_dir, step, run.gpt->layout(), run.config, run.dp->shards(), st,
                                          world, to_json(o), o.keep_checkpoints, run.mesh_shape.pp,
                                          run.mesh->pp_rank(), train_state, async, &run.pending_save));

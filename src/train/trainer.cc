@@ -261,13 +261,13 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                                             ? "error feedback (and PowerSGD's warm start) restored from the checkpoint"
                                             : "error feedback (and PowerSGD's warm start) restart from zero: the "
                                               "checkpoint holds none for this layout");
-    if (!run.dp->weight_version_state().empty())
+    if (run.dp->keeps_weight_versions())
       std::printf("2bw: each step computes with the weights before the last update (W(t+1) = W(t) - lr * "
                   "update(grad at W(t-1)))%s\n",
-                  run.start_step == 0            ? ""
-                  : run.rank_arrays_restored     ? "; the previous version restored from the checkpoint"
-                                                 : "; the checkpoint holds no previous version for this layout: the "
-                                                   "delay starts again (previous = current)");
+                  run.start_step == 0              ? ""
+                  : run.previous_weights_restored ? "; the previous version restored from the checkpoint"
+                                                   : "; the checkpoint holds no previous version: the delay starts "
+                                                     "again (previous = current)");
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
     const optim::ShardStore& store = run.dp->adamw().store();
     std::string in_files;
