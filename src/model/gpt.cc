@@ -780,18 +780,24 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W
   // (checked below: a copy would be N x vocabulary).
   const float* lnf = set_->lnf_full;
-  auto head_weight = [this, H, &head, dlogits, ld, lnf, N, C](float* g) {
-    k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, grad(H, g, head), C);
+  auto head_weight = [this, dlogits, ld, lnf, N, C](float* dst) {
+    k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, dst, C);
   };
   const bool defer_head = defer_weights_ && (untied || !layout_.has_layer(0));
   if (defer_head) {
     CHECK(set_->holds(lnf) && set_->holds(dlogits.bf16 ? (const void*)dlogits.bf16 : (const void*)dlogits.fp32));
     DeferredWeightGrad d;
     d.unit = H;
-    d.add = head_weight;
+    d.add = [this, head_weight, H, tensor = &head](float* g) { head_weight(grad(H, g, *tensor)); };
     deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
+  } else if (separate_tied_head()) {
+    if (tied_head_grad_.empty()) {
+      tied_head_grad_.allocate(MemCategory::kGrads, head.numel);
+      std::memset(tied_head_grad_.data(), 0, sizeof(float) * head.numel);
+    }
+    head_weight(tied_head_grad_.data());
   } else {
-    head_weight(hg);
+    head_weight(grad(H, hg, head));
   }
   if (!untied) {
     store_->release_params(E);
@@ -815,10 +821,27 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
 void Gpt::embedding_backward(int B, int T) {
   const int E = layout_.embedding_unit();
   float* gemb = store_->acquire_grads(E);
-  k::encoder_backward(grad(E, gemb, layout_.wte()), layout_.has_wpe() ? grad(E, gemb, layout_.wpe()) : nullptr,
+  float* gwte = grad(E, gemb, layout_.wte());
+  k::encoder_backward(gwte, layout_.has_wpe() ? grad(E, gemb, layout_.wpe()) : nullptr,
                       gather_rows(dropout_grad(dresidual_, 0), gathered_), set_->inputs.data(), B,
                       T, config_.dim, vb_, Vl_);
+  if (separate_tied_head() && set_->micro_batch == last_micro_batch_) {
+    // Every micro-batch's head backward ran before this (its own stage 2p-1 before stage 0).
+    CHECK_MSG(!tied_head_grad_.empty(), "the step's tied head gradient is missing");
+    float* head = tied_head_grad_.data();
+    for (size_t i = 0; i < tied_head_grad_.size(); i++) gwte[i] += head[i], head[i] = 0;
+  }
   store_->release_grads(E);
+}
+
+bool Gpt::separate_tied_head() const {
+  if (layout_.has_untied_head() || chunks_.size() < 2) return false;
+  int first = -1, last = -1;
+  for (int c = 0; c < (int)chunks_.size(); c++) {
+    if (is_first_stage(c)) first = c;
+    if (is_last_stage(c)) last = c;
+  }
+  return first >= 0 && last >= 0 && first != last;
 }
 
 void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights) {

@@ -241,6 +241,10 @@ class Gpt {
   void backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights = false);
   void weight_backward_chunk(int c, int mb);
   const float* input_grad() const { return dresidual_; }
+  // A pipeline executor's, before each step's passes: the set id of the step's last
+  // micro-batch, where a tied head's gradient summed apart (separate_tied_head) joins the
+  // embedding's.
+  void set_last_micro_batch(int id) { last_micro_batch_ = id; }
   // Frees the set of a forward that will have no backward (evaluation).
   void drop_activations(int c, int mb) { find_set(c, mb).micro_batch = -1; }
   // Micro-batches whose activations are held (forward done, backward, or W, not yet).
@@ -311,6 +315,15 @@ class Gpt {
   void head_forward(const float* residual, int B, int T);
   void head_backward(int c, int B, int T, float loss_scale);
   void embedding_backward(int B, int T);
+  // A rank that runs the embedding and the tied head in different chunks (zb-v's rank 0, in
+  // the V): their backwards interleave as the schedule's list orders them, and zb-v places
+  // its list for measured costs, so one gradient taking both would be summed in an order
+  // that follows the timings. The head's part adds up in tied_head_grad_ instead, in
+  // micro-batch order, and joins the embedding's gradient at the step's last embedding
+  // backward: the same sums whatever the list, so runs repeat bit for bit.
+  bool separate_tied_head() const;
+  Buffer<float> tied_head_grad_;  // [this rank's vocabulary rows, C], fp32
+  int last_micro_batch_ = -1;
   BlockActivations& acts(int l) { return set_->blocks[l - chunks_[cur_chunk_].begin]; }
   int cur_chunk_ = 0;
 

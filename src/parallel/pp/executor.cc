@@ -113,6 +113,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
   double loss_sum = 0;
   times_ = PipelineTimes{};
   times_.forward_s.assign(v_, 0.0), times_.backward_s.assign(v_, 0.0), times_.weight_s.assign(v_, 0.0);
+  gpt_.set_last_micro_batch(set_id(m - 1, m, step));
   const double start = now_s();
   size_t posted = 0;  // actions up to here have had their receives posted
   for (size_t i = 0; i < actions.size(); i++) {
