@@ -6,6 +6,8 @@
 #
 #   scripts/hosts.sh up N [--rate R] [--name P] [--net A.B.C]  N hosts P0..P(N-1), link rate R
 #                                                 (tc tbf, e.g. 1gbit, 100mbit; default none)
+#                        [--burst B]              tbf's bucket (default 32kb): bytes that pass
+#                                                 at once after the link was idle
 #   scripts/hosts.sh down [--name P]              removes them (and every process inside)
 #   scripts/hosts.sh exec HOST CMD...             runs CMD on HOST (Open MPI's launch agent:
 #                                                 CMD arrives as ssh passes it, one shell string)
@@ -25,6 +27,7 @@ set -euo pipefail
 name="mt"
 net="10.231.7"
 rate=""
+burst=32kb
 slots=2
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -39,6 +42,7 @@ parse_common() {
       --name) name="$2"; shift 2 ;;
       --net) net="$2"; shift 2 ;;
       --rate) rate="$2"; shift 2 ;;
+      --burst) burst="$2"; shift 2 ;;
       --slots) slots="$2"; shift 2 ;;
       *) rest+=("$1"); shift ;;
     esac
@@ -53,10 +57,14 @@ shape() {
   for dev in "$host-v" ; do tc qdisc del dev "$dev" root 2>/dev/null || true; done
   ip netns exec "$host" tc qdisc del dev eth0 root 2>/dev/null || true
   [ "$r" = none ] || [ -z "$r" ] && return 0
-  # burst: enough for one GSO segment (64 KiB) and ~1 ms at the rate; latency: queueing
-  # delay before tbf drops, kept short so the link behaves like a NIC, not a bufferbloat.
-  tc qdisc add dev "$host-v" root tbf rate "$r" burst 256kb latency 20ms
-  ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$r" burst 256kb latency 20ms
+  # burst (default 32kb, 0.26 ms at 1 Gbit/s): what passes at the veth's memory speed after
+  # the link was idle. A NIC has no such allowance; with 256kb, tp's ~130 KB activations
+  # crossed between compute phases faster than the rate, and tp2 dp2 with tp across the
+  # link stepped in 166-185 ms against 215-240 at 32kb (2026-12-05, bench/README.md).
+  # Larger packets (GSO) are split to fit. latency: queueing delay before tbf drops, kept
+  # short so the link behaves like a NIC, not a bufferbloat.
+  tc qdisc add dev "$host-v" root tbf rate "$r" burst "$burst" latency 20ms
+  ip netns exec "$host" tc qdisc add dev eth0 root tbf rate "$r" burst "$burst" latency 20ms
 }
 
 cmd_up() {
