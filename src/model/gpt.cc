@@ -415,6 +415,14 @@ int Gpt::sets_in_flight() const {
   return n;
 }
 
+int64_t Gpt::pending_weight_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [key, work] : deferred_)
+    for (const DeferredWeightGrad& d : work)
+      bytes += (int64_t)((d.dout.size() + d.inp.size()) * sizeof(float) + (d.dout16.size() + d.inp16.size()) * 2);
+  return bytes;
+}
+
 int64_t Gpt::activation_set_bytes(int c) const { return (int64_t)(set_capacity(c) * sizeof(float)); }
 
 size_t Gpt::boundary_elements(int B, int T) const {
@@ -669,8 +677,9 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   auto G = [&](LayerTensor t) { return layout_.has(l, t) ? grad(u, gunit, layout_.layer(l, t)) : nullptr; };
   auto Gw = [&](LayerTensor t) { return weight_grad(u, gunit, layout_.layer(l, t)); };
   auto T_ = [&](LayerTensor t) { return layout_.has(l, t) ? &layout_.layer(l, t) : nullptr; };
-  auto linear = [&](float* dinp, LayerTensor w, LayerTensor b, const float* dout, k::GemmInput inp, int in, int out) {
-    linear_backward(dinp, u, gunit, layout_.layer(l, w), T_(b), dout, inp, Wg(w), N, in, out);
+  auto linear = [&](float* dinp, LayerTensor w, LayerTensor b, const float* dout, k::GemmInput inp, int in, int out,
+                    const float* local_rows = nullptr) {
+    linear_backward(dinp, u, gunit, layout_.layer(l, w), T_(b), dout, inp, Wg(w), N, in, out, local_rows);
   };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
@@ -682,7 +691,7 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
            mlp_hidden(a), Fl_, C);
     activation_backward(dfch_, a.fch, dfch_gelu_, N, Fl_);
     // The weight gradient needs the fc input of every row: gathered again (not stored).
-    linear(partial_, kFcW, kFcB, dfch_, gather_rows(a.ln2, gathered_), C, Fcl_);
+    linear(partial_, kFcW, kFcB, dfch_, gather_rows(a.ln2, gathered_), C, Fcl_, sp_ ? a.ln2 : nullptr);
   }
   const float* dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean, a.ln2_rstd, Nl);
@@ -695,7 +704,7 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
   rotate_qk(dqkv_, B, T, /*inverse=*/true);  // to the gradients of the unrotated q and k
   const float* ln1_rows = gather_rows(a.ln1, gathered_);
-  linear(partial_, kQkvW, kQkvB, dqkv_, ln1_rows, C, Ql_);
+  linear(partial_, kQkvW, kQkvB, dqkv_, ln1_rows, C, Ql_, sp_ ? a.ln1 : nullptr);
   if (kv_replicas_ > 1) add_kv_replica_grads(Gw(kQkvW), G(kQkvB), ln1_rows, N);
   dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean, a.ln1_rstd, Nl);
@@ -704,7 +713,8 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
 }
 
 void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
-                          const float* dout, k::GemmInput inp, k::GemmInput weight, int N, int C, int OC) {
+                          const float* dout, k::GemmInput inp, k::GemmInput weight, int N, int C, int OC,
+                          const float* local_rows) {
   if (!defer_weights_) {
     k::matmul_backward(dinp, weight_grad(u, gunit, w), b ? grad(u, gunit, *b) : nullptr, dout, inp, weight, N, C, OC,
                        precision_);
@@ -729,8 +739,9 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
     kept_dout = k::GemmInput((const float*)d.dout.data());
   }
   k::GemmInput kept = inp;
-  if (set_->holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
-    // In the set, which stays until the W (no copy).
+  const bool regather = local_rows && set_->holds(local_rows);
+  if (regather || set_->holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
+    // In the set, which stays until the W (no copy); gathered rows are gathered again there.
   } else if (inp.bf16) {
     d.inp16.allocate(MemCategory::kActivations, (size_t)N * C);
     std::memcpy(d.inp16.data(), inp.bf16, sizeof(uint16_t) * N * C);
@@ -741,10 +752,12 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
     kept = k::GemmInput((const float*)d.inp.data());
   }
   // The buffers move with d, their data does not.
-  d.add = [this, u, &w, b, bf16, kept_dout, kept, N, C, OC](float* g) {
-    k::matmul_backward_weight(weight_grad(u, g, w), kept_dout, kept, N, C, OC, precision_);
+  const float* rows = regather ? local_rows : nullptr;
+  d.add = [this, u, &w, b, bf16, kept_dout, kept, rows, N, C, OC](float* g) {
+    const k::GemmInput in = rows ? k::GemmInput(gather_rows(rows, gathered_)) : kept;
+    k::matmul_backward_weight(weight_grad(u, g, w), kept_dout, in, N, C, OC, precision_);
     if (b && !bf16) {  // fp32: the bias's gradient from the kept dout (bf16: added in B)
-      k::matmul_backward(nullptr, k::GradOutput(static_cast<float*>(nullptr)), grad(u, g, *b), kept_dout.fp32, kept,
+      k::matmul_backward(nullptr, k::GradOutput(static_cast<float*>(nullptr)), grad(u, g, *b), kept_dout.fp32, in,
                          k::GemmInput((const float*)nullptr), N, C, OC, precision_);
     }
   };

@@ -234,10 +234,11 @@ class Gpt {
   // gradients are left for weight_backward_chunk(c, mb) (its W), which adds them in the
   // same order, releases the units' gradients to the store and frees the set. What W reads
   // is kept: each linear layer's output gradient copied out of the scratch, which the next
-  // B overwrites, and its input too unless it lies in the micro-batch's set (gathered rows
-  // under sp, and recomputed activations, do not); the head's reads stay in the set. A tied head's weight gradient
-  // on a rank that also runs the embedding stays in B: the embedding unit's gradient would
-  // otherwise be released before the head adds to it.
+  // B overwrites, and its input too unless it lies in the micro-batch's set (recomputed
+  // activations do not; rows gathered under sp are gathered again from the stored shard);
+  // the head's reads stay in the set. A tied head's weight gradient on a rank that also
+  // runs the embedding stays in B: the embedding unit's gradient would otherwise be
+  // released before the head adds to it.
   void backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights = false);
   void weight_backward_chunk(int c, int mb);
   const float* input_grad() const { return dresidual_; }
@@ -249,6 +250,8 @@ class Gpt {
   void drop_activations(int c, int mb) { find_set(c, mb).micro_batch = -1; }
   // Micro-batches whose activations are held (forward done, backward, or W, not yet).
   int sets_in_flight() const;
+  // Bytes the Bs whose W has not run keep for it (output gradients, inputs not in a set).
+  int64_t pending_weight_bytes() const;
 
   // FLOPs per token of forward + backward, llm.c's convention: 6N + 6*L*T*C.
   double flops_per_token(int T) const;
@@ -386,9 +389,13 @@ class Gpt {
   Recompute recompute_of(int l) const;
   void count_block_flops(int l, int B, int T, bool recomputing, bool attention_only);
   // A linear layer's backward on unit u: the input gradient now (if dinp), the weight and
-  // bias gradients now, or deferred to the micro-batch's W (backward_chunk).
+  // bias gradients now, or deferred to the micro-batch's W (backward_chunk). `local_rows`:
+  // under sequence parallelism, the sequence shard that `inp` was all-gathered from; a W
+  // gathers it again when it lies in the micro-batch's set, instead of keeping a copy of
+  // every row (the tp ranks run the same lists, so they meet in that all-gather).
   void linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
-                       const float* dout, kernels::GemmInput inp, kernels::GemmInput weight, int N, int C, int OC);
+                       const float* dout, kernels::GemmInput inp, kernels::GemmInput weight, int N, int C, int OC,
+                       const float* local_rows = nullptr);
   // Weight-gradient work a B left for its W: adds to unit `unit`'s gradients.
   struct DeferredWeightGrad {
     int unit = -1;

@@ -260,7 +260,7 @@ struct LayerTime {
   double ep_f = 0, ep_b = 0;                 // the MoE all-to-all (dispatch + combine), exposed
   // A zero-bubble schedule's W: the weight-gradient GEMMs (inside gemm_b), and the bytes the
   // engine copies for them between B and W (each linear layer's input and output gradient).
-  double gemm_w = 0, w_copy_bytes = 0;
+  double gemm_w = 0, comm_w = 0, w_copy_bytes = 0;  // comm_w: inside comm_b
   double forward() const { return gemm_f + mem_f + comm_f + ep_f; }
   double backward() const { return gemm_b + mem_b + comm_b + ep_b + recompute + recompute_comm; }
 };
@@ -338,11 +338,13 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   lt.gemm_w = qkv + proj + mlp_gemm;
   // What the engine keeps for a W: each linear layer's output gradient (the projections'
   // full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
-  // GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set: the
-  // gathered rows under sp, attention's output when recomputed.
+  // GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set:
+  // recomputed ones (the norms' outputs under full recompute, attention's output under
+  // either). Under sp the W gathers the stored norm outputs' rows again (below) rather
+  // than keeping them.
   const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
   const double w_dout = 2 * h + (heads_local + 2 * kv_local) * hd + mlp_in * f;
-  const double w_inputs = (l.sp || full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
+  const double w_inputs = (full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
   const double dout_bytes = l.precision == Precision::kBf16 ? 2 : 4;
   lt.w_copy_bytes = bs * (dout_bytes * w_dout + 4 * w_inputs);
   // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
@@ -371,6 +373,10 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   const double one = l.sp ? 2 * all_gather_s(act, tp_ring) : all_reduce_s(act, tp_ring);
   lt.comm_f = 2 * one;
   lt.comm_b = 2 * one + (l.sp ? 2 * all_gather_s(act, tp_ring) : 0);
+  // A zero-bubble W under sp gathers the QKV and fc1 inputs once more (model/gpt.h,
+  // linear_backward), unless full recompute left them as scratch it keeps.
+  if (l.sp && !full && pp::splits_backward(l.schedule)) lt.comm_w = 2 * all_gather_s(act, tp_ring);
+  lt.comm_b += lt.comm_w;
   switch (l.recompute) {
     case Recompute::kNone:
       break;
@@ -539,7 +545,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // A zero-bubble schedule's W: the weight-gradient GEMMs, half of the linear layers'
   // backward GEMMs (the other half is B's input gradients) and the head's one of two.
   const bool split = pp::splits_backward(l.schedule);
-  const double layer_w = split ? lt.gemm_w : 0.0, head_w = split ? head_gemm : 0.0, w_copy_per_layer = lt.w_copy_bytes;
+  const double layer_w = split ? lt.gemm_w + lt.comm_w : 0.0, head_w = split ? head_gemm : 0.0, w_copy_per_layer = lt.w_copy_bytes;
   for (int st = 0; st < S; st++) {
     const int n = layers[st];
     tf[st] = n * lt.forward() + send + (st == 0 ? emb_f : 0) + (st == S - 1 ? head_f : 0);

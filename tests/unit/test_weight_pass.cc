@@ -1,18 +1,26 @@
-// A rank that holds the first and the last stage in two chunks (zb-v's rank 0, in the V)
+// A zero-bubble schedule's W (Gpt::weight_backward_chunk): the weight gradients a B left.
+//
+// TiedHead: a rank that holds the first and the last stage in two chunks (zb-v's rank 0, in the V)
 // with a tied head: both chunks' backwards add into the embedding's gradient, and their
 // interleaving follows the schedule's list, which zb-v places for measured costs. The
 // gradient must not depend on that interleaving (runs repeat bit for bit), and it must be
 // the whole model's gradient (the one-chunk model's, within float rounding).
+//
+// SequenceParallelW: under sp the QKV and fc1 weight gradients read every row of their
+// input, which each tp rank holds a sequence shard of; the W gathers the rows again from the
+// stored shard instead of keeping a gathered copy from its B.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <vector>
 
+#include "comm/mesh.h"
+#include "comm/thread_group.h"
 #include "data/loader.h"
 #include "model/gpt.h"
 #include "thread_ranks_test_util.h"
 
-namespace meshtrain::test_tied_head {
+namespace meshtrain::test_weight_pass {
 namespace {
 
 constexpr int kB = 2, kT = 16, kMicroBatches = 3;
@@ -82,5 +90,62 @@ TEST(TiedHead, TwoChunksSumTheSameWhateverTheirOrder) {
   EXPECT_LE(worst, 1e-6 * largest) << "largest gradient " << largest;
 }
 
+
+// What a B keeps for its W, and the gradient after the W, on each of 2 tp ranks (threads),
+// with and without sequence parallelism; and the same rank's gradient from a plain backward.
+struct TpPass {
+  int64_t kept = 0;                      // bytes a B keeps for its W
+  std::vector<float> deferred, at_once;  // gradients: B then W, and one backward
+};
+
+std::vector<TpPass> tp_passes(bool sp) {
+  const model::GptConfig c = testing_util::small_gpt(2);
+  model::Gpt whole(c);
+  whole.init_weights(9);
+  const data::TokenLoader data = testing_util::random_tokens(4000);
+  std::vector<int> inputs(kB * kT), targets(kB * kT);
+  data.fill(0, kB, kT, 0, kB, kT, inputs.data(), targets.data());
+  constexpr int kTp = 2;
+  comm::ThreadWorld world(kTp);
+  comm::MeshShape shape;
+  shape.tp = kTp;
+  std::vector<TpPass> out(kTp);
+  comm::run_ranks(kTp, [&](int r) {
+    auto group = world.group(r);
+    comm::Mesh mesh(*group, shape);
+    model::Gpt gpt(c, model::Gpt::LocalState::kParamsAndGrads, &mesh.tp(), sp);
+    gpt.set_from_global(whole.params());
+    const float scale = 1.0f / (kB * kT);
+    gpt.zero_grads();
+    gpt.forward_chunk(0, 0, inputs.data(), targets.data(), nullptr, kB, kT);
+    gpt.backward_chunk(0, 0, nullptr, scale, /*defer_weights=*/true);
+    out[r].kept = gpt.pending_weight_bytes();
+    gpt.weight_backward_chunk(0, 0);
+    EXPECT_EQ(gpt.pending_weight_bytes(), 0);
+    out[r].deferred.assign(gpt.grads(), gpt.grads() + gpt.layout().total());
+    gpt.zero_grads();
+    gpt.forward_chunk(0, 0, inputs.data(), targets.data(), nullptr, kB, kT);
+    gpt.backward_chunk(0, 0, nullptr, scale);
+    out[r].at_once.assign(gpt.grads(), gpt.grads() + gpt.layout().total());
+  });
+  return out;
+}
+
+TEST(SequenceParallelW, GathersItsInputsAgainInsteadOfKeepingThem) {
+  const std::vector<TpPass> plain = tp_passes(false), sp = tp_passes(true);
+  for (int r = 0; r < 2; r++) {
+    SCOPED_TRACE("tp rank " + std::to_string(r));
+    // The output gradients are the same full rows either way; the inputs are in the set
+    // (the norms' outputs without sp, their shard with sp), so nothing more is kept.
+    EXPECT_GT(sp[r].kept, 0);
+    EXPECT_EQ(sp[r].kept, plain[r].kept);
+    // And the W's gradient is the one-pass backward's, bit for bit.
+    for (const TpPass* p : {&plain[r], &sp[r]}) {
+      ASSERT_EQ(p->deferred.size(), p->at_once.size());
+      EXPECT_EQ(std::memcmp(p->deferred.data(), p->at_once.data(), p->deferred.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 }  // namespace
-}  // namespace meshtrain::test_tied_head
+}  // namespace meshtrain::test_weight_pass
