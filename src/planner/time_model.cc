@@ -714,7 +714,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
     // zb-v's rank 0 runs the embedding and a tied head in two chunks: the head's gradient
     // adds up in an fp32 buffer of its own until the step's last embedding backward (so the
     // sums do not follow the list's timings, model/gpt.h).
-    if (l.schedule == pp::ScheduleKind::kZbV && rank == 0 && m.tied_head) state.grads += 4 * m.vocab / t * m.hidden;
+    if (l.schedule == pp::ScheduleKind::kZbV && rank == 0 && m.tied_head) state.grads += 4.0 * m.vocab / t * m.hidden;
     // The compressor's state (d > 1): PowerSGD's fp32 error feedback; 1-bit Adam's worker
     // error, its frozen 1/d and the exchange buffer (fp32 each), and the server's error of
     // the rank's chunk.
