@@ -39,11 +39,13 @@ std::string step_dir_name(int64_t step) {
 
 json model_json(const model::GptConfig& c) { return model::config_json(c); }
 
-// Where unit u's owned slice of one kind of state sits in its buffer (element offset).
+// Whether a section's buffer is indexed by global offset (else by the shard's local one);
+// the previous weight version is always whole.
 bool section_full(const RankState& st, int kind) {
-  return kind == 0 ? st.params_full : kind == kPreviousSection ? true : st.moments_full;
+  return kind == 0 ? st.params_full : kind == kPreviousSection || st.moments_full;
 }
 
+// Where unit u's owned slice of one kind of state sits in its buffer (element offset).
 size_t owned_offset(const RankState& st, const parallel::ShardLayout& shards, int kind, int u) {
   const bool full = section_full(st, kind);
   return full ? shards.own_begin(u) : shards.units()[u].local_offset;

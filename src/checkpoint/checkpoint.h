@@ -46,7 +46,8 @@ struct RankState {
   bool moments_full = true;
   // Saving only: a section whose pointer is null is read through this instead, in pieces
   // (optimizer state offloaded to disk): copies `count` elements of section `kind` (0
-  // params, 1 m, 2 v, 3 the previous weight version) starting at element `offset` of the buffer the pointer would address.
+  // params, 1 m, 2 v, 3 the previous weight version) starting at element `offset` of the
+  // buffer the pointer would address.
   std::function<void(int kind, size_t offset, size_t count, float* dst)> read;
   // Loading: the same for filling such a section in pieces. A null section with neither is
   // not wanted (loading weights only).

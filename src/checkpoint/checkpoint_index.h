@@ -90,8 +90,8 @@ struct CheckpointIndex {
 //   - "shard_sections" is ["params", "adam_m", "adam_v"], or those and "params_previous";
 //   - each file has the name the writer at its "tp", "pp", "dp" (each in range, each
 //     triple once) gives it, "units" ascending ids of the model's units (version 2: absent,
-//     all units), "bytes" exactly 4 x sections x the elements of those units its dp rank owns, and a
-//     16-hex-digit "checksum"; for every tp and dp rank, every unit with elements at that
+//     all units), "bytes" exactly 4 x sections x the elements of those units its dp rank
+//     owns, and a 16-hex-digit "checksum"; for every tp and dp rank, every unit with elements at that
 //     dp rank is held by some file;
 //   - "train_state", when present, an object.
 Status parse_checkpoint_index(const std::string& text, const std::string& path, CheckpointIndex* out);

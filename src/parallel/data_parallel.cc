@@ -104,9 +104,8 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
   init_groups();
   if (config_.weight_versions) {
     CHECK_MSG(stage < 3, "weight versions need ZeRO 0-2 (whole parameters on every rank)");
-    // 16-bit storage: the previous version of the 16-bit words the model computes with
-    // (an even count, so that checkpoints can carry them as floats' bytes).
-    if (half) previous_half_.allocate(MemCategory::kParams, (layout_.total() + 1) / 2 * 2);
+    // 16-bit storage: the previous version of the 16-bit words the model computes with.
+    if (half) previous_half_.allocate(MemCategory::kParams, layout_.total());
     else previous_params_.allocate(MemCategory::kParams, layout_.total());
     reset_weight_versions();
   }
