@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <atomic>
 #include <map>
 #include <thread>
@@ -389,20 +390,59 @@ Status save_checkpoint(const std::string& out_dir, int64_t step, const model::Pa
   return finish_save(&pending, world, /*wait=*/true, &finished);
 }
 
-Status find_latest_checkpoint(const std::string& out_dir, std::string* dir) {
+std::vector<std::string> list_checkpoints(const std::string& out_dir) {
   const fs::path root = fs::path(out_dir) / "checkpoints";
-  std::string best;
+  std::vector<std::string> dirs;
   std::error_code ec;
-  if (fs::is_directory(root, ec)) {
-    for (auto& e : fs::directory_iterator(root)) {
-      auto name = e.path().filename().string();
-      if (e.is_directory() && name.starts_with("step_") && !name.ends_with(".tmp") &&
-          fs::exists(e.path() / "index.json") && name > fs::path(best).filename().string())
-        best = e.path().string();
+  if (fs::is_directory(root, ec))
+    for (auto& e : fs::directory_iterator(root, ec)) {
+      const std::string name = e.path().filename().string();
+      if (e.is_directory(ec) && name.starts_with("step_") && !name.ends_with(".tmp")) dirs.push_back(e.path().string());
     }
+  // step_NNNNNNNN: zero-padded, so the names sort as the steps do.
+  std::sort(dirs.begin(), dirs.end(), std::greater<>());
+  return dirs;
+}
+
+Status find_latest_checkpoint(const std::string& out_dir, std::string* dir, std::string* passed_over) {
+  std::string skipped;
+  for (const std::string& candidate : list_checkpoints(out_dir)) {
+    CheckpointIndex index;
+    if (Status s = read_checkpoint_index(candidate, &index); !s.is_ok()) {
+      skipped += (skipped.empty() ? "" : "; ") + fs::path(candidate).filename().string() + " is not a complete checkpoint (" +
+                 s.message() + ")";
+      continue;
+    }
+    *dir = candidate;
+    if (passed_over) *passed_over = skipped;
+    return Status::ok();
   }
-  if (best.empty()) return Status::error("no checkpoint found under " + root.string());
-  *dir = best;
+  return Status::error("no checkpoint found under " + (fs::path(out_dir) / "checkpoints").string() +
+                       (skipped.empty() ? "" : " (" + skipped + ")"));
+}
+
+Status verify_checkpoint(const std::string& dir, int part, int parts) {
+  CheckpointIndex index;
+  RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
+  constexpr size_t kPiece = 4 << 20;
+  std::string piece;
+  for (size_t i = (size_t)part; i < index.files.size(); i += (size_t)parts) {
+    const IndexFile& f = index.files[i];
+    const std::string path = (fs::path(dir) / f.name).string();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::error(path + " cannot be read: " + errno_text());
+    piece.resize((size_t)std::min<uint64_t>(kPiece, f.bytes));
+    Checksum64 sum(f.bytes);
+    Status read = Status::ok();
+    for (uint64_t at = 0; at < f.bytes && read.is_ok(); at += kPiece) {
+      const size_t n = (size_t)std::min<uint64_t>(kPiece, f.bytes - at);
+      read = read_exact(fd, piece.data(), n);
+      if (read.is_ok()) sum.update(piece.data(), n);
+    }
+    ::close(fd);
+    RETURN_IF_ERROR(read.with_context(path));
+    if (to_hex(sum.finish()) != f.checksum) return Status::error(path + " is corrupt: checksum mismatch");
+  }
   return Status::ok();
 }
 

@@ -104,8 +104,15 @@ Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLa
                   const nlohmann::json& train_state, bool async, PendingSavePtr* out);
 Status finish_save(PendingSavePtr* pending, comm::Group& world, bool wait, bool* finished);
 
-// Newest complete checkpoint directory under out_dir/checkpoints; error if there is none.
-Status find_latest_checkpoint(const std::string& out_dir, std::string* dir);
+// The step_* folders under out_dir/checkpoints, newest first (staged ".tmp" folders left out).
+std::vector<std::string> list_checkpoints(const std::string& out_dir);
+// Newest complete checkpoint directory under out_dir/checkpoints: the newest whose index.json
+// reads and whose shard files have the sizes it records; error if there is none.
+// `passed_over` (optional) names the newer folders that are not, and why.
+Status find_latest_checkpoint(const std::string& out_dir, std::string* dir, std::string* passed_over = nullptr);
+// Whether `dir` is intact: its index holds (read_checkpoint_index) and the checksums of the
+// shard files it lists match, of every file i with i % parts == part (ranks share the reading).
+Status verify_checkpoint(const std::string& dir, int part = 0, int parts = 1);
 
 // Reads and validates DIR/index.json (every field, see parse_checkpoint_index in
 // checkpoint_index.h), and that every shard file it lists exists with the size it records,

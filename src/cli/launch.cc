@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,9 +38,16 @@ std::vector<std::string>& args() {
 }
 
 std::atomic<int> g_interrupt{0};  // the signal that asked the supervisor to stop (0: none)
-extern "C" void on_interrupt(int sig) { g_interrupt.store(sig); }
+std::atomic<int> g_interrupts{0};  // how many arrived
+extern "C" void on_interrupt(int sig) {
+  g_interrupt.store(sig);
+  g_interrupts.fetch_add(1);
+}
 
-std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vector<std::string>& rank_args, bool resume) {
+// `restart`: the ranks resume from the newest checkpoint (`resume`), else start over in the
+// run folder the failed attempt wrote to; either waits for that attempt's lock to go.
+std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vector<std::string>& rank_args, bool restart,
+                                        bool resume) {
   const int cores = (int)std::max(1u, std::thread::hardware_concurrency());
   const int threads = o.threads_per_rank > 0 ? o.threads_per_rank : std::max(1, cores / o.ranks);
   std::error_code ec;
@@ -54,6 +62,9 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vecto
   for (std::string word; extra >> word;) cmd.push_back(word);
   cmd.insert(cmd.end(), {"-x", "OMP_NUM_THREADS=" + std::to_string(threads)});
   cmd.insert(cmd.end(), {"-x", std::string("MESHTRAIN_STDOUT_TTY=") + (isatty(STDOUT_FILENO) ? "1" : "0")});
+  // A restart's rank 0 waits a while for the failed attempt's rank 0 to let go of the run
+  // folder's lock (train/run_folder.h): it may still be exiting.
+  if (restart) cmd.insert(cmd.end(), {"-x", "MESHTRAIN_LOCK_WAIT_S=60"});
 #ifdef MESHTRAIN_SANITIZED
   // Open MPI 4.1 dlcloses its plugins in MPI_Finalize, so LeakSanitizer reports their
   // one-time allocations from "<unknown module>" frames that no suppression can match.
@@ -64,7 +75,11 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vecto
 #endif
   cmd.push_back(self);
   cmd.insert(cmd.end(), rank_args.begin(), rank_args.end());
-  if (resume && std::find(cmd.begin(), cmd.end(), "--resume") == cmd.end()) cmd.push_back("--resume");
+  const bool has_resume = std::find(cmd.begin(), cmd.end(), "--resume") != cmd.end();
+  if (restart && resume && !has_resume) cmd.push_back("--resume");
+  // No checkpoint yet: the failed attempt's metrics would make the folder "another run".
+  if (restart && !resume && !has_resume && std::find(cmd.begin(), cmd.end(), "--overwrite") == cmd.end())
+    cmd.push_back("--overwrite");
   return cmd;
 }
 
@@ -123,11 +138,22 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
   }
   std::fflush(stdout);
   std::fflush(stderr);
+  const pid_t parent = getpid();
   const pid_t pid = fork();
   if (pid == 0) {
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
     close(fds[1]);
+    // mpirun ends its job when this process dies, however it dies (SIGKILL included).
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);  // it died before the line above
+    if (o.graceful_stop) {
+      setpgid(0, 0);  // the terminal's Ctrl-C is this process's to pass on
+      // A process group in the background that reads the terminal is stopped (SIGTTIN):
+      // the ranks of train read nothing from stdin.
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    }
     std::vector<char*> argv;
     for (const auto& c : cmd) argv.push_back(const_cast<char*>(c.c_str()));
     argv.push_back(nullptr);
@@ -139,7 +165,7 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   std::optional<Clock::time_point> hung_since, term_sent;
   int status = 0;
-  bool exited = false, pipe_open = true;
+  bool exited = false, pipe_open = true, forwarded = false;
   for (;;) {
     pollfd p = {fds[0], POLLIN, 0};
     if (pipe_open && poll(&p, 1, 200) > 0) {
@@ -160,7 +186,13 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
       }
       break;
     }
-    const bool interrupted = g_interrupt.load() != 0;
+    // A graceful stop: the first signal goes on to the ranks, which stop between steps; a
+    // second one ends mpirun as any interruption does.
+    if (o.graceful_stop && g_interrupts.load() == 1 && !forwarded) {
+      kill(pid, g_interrupt.load() == SIGINT ? SIGUSR1 : SIGUSR2);
+      forwarded = true;
+    }
+    const bool interrupted = g_interrupt.load() != 0 && (!o.graceful_stop || g_interrupts.load() > 1);
     const bool hung = hung_since && std::chrono::duration<double>(Clock::now() - *hung_since).count() > kHungGraceS;
     const double running_s = std::chrono::duration<double>(Clock::now() - launched).count();
     started = started || all_ranks_started(o, running_s);
@@ -289,6 +321,12 @@ Status elastic_shape(const LaunchOptions& o, const std::string& failed_host, con
 
 void set_original_args(int argc, char** argv) { args().assign(argv, argv + argc); }
 
+void end_with_parent() {
+  const pid_t parent = getppid();
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) ::kill(getpid(), SIGKILL);  // it died before the line above
+}
+
 FailureReport read_failure(const std::string& text) {
   FailureReport f;
   std::smatch m;
@@ -330,7 +368,7 @@ int supervise(const LaunchOptions& options) {
   std::vector<std::string> rank_args(args().begin() + 1, args().end());
   std::string resume_from;  // a restart's checkpoint ("": start as the user asked)
   for (int attempt = 0;; attempt++) {
-    const std::vector<std::string> cmd = mpirun_command(o, rank_args, !resume_from.empty());
+    const std::vector<std::string> cmd = mpirun_command(o, rank_args, attempt > 0, !resume_from.empty());
     if (attempt == 0) {
       std::fprintf(stderr, "meshtrain: starting %d ranks:", o.ranks);
       for (const auto& c : cmd) std::fprintf(stderr, " %s", c.c_str());

@@ -30,7 +30,16 @@ struct LaunchOptions {
   int dp = 1;
   int micro_batch = 1;
   int global_batch = 1;    // rows per step: micro-batch x grad-accum x dp
+  // train: mpirun runs in a process group of its own, so the terminal's Ctrl-C reaches this
+  // process alone, which passes SIGINT and SIGTERM on as SIGUSR1 and SIGUSR2 (mpirun
+  // forwards those to every rank; train/interrupt.h): the ranks stop between steps. A second
+  // signal ends mpirun at once. Without it, mpirun gets the signals as they come.
+  bool graceful_stop = false;
 };
+
+// For a rank under mpirun: the rank ends (SIGKILL) when its parent (mpirun, or Open MPI's
+// daemon on another host) dies, so no rank trains on orphaned after its launcher is gone.
+void end_with_parent();
 
 // An elastic restart's job: `ranks` ranks of `dp` replicas on `hostfile`, the grad-accum
 // that keeps the global batch.

@@ -6,6 +6,7 @@
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "cli/launch.h"
+#include "comm/group.h"
 #include "core/cpu_info.h"
 
 namespace {
@@ -32,6 +33,7 @@ int run_main(int argc, char** argv) {
       add_bench_command(app),  add_plot_command(app),     add_timeline_command(app), add_plan_command(app),
       add_serve_command(app)};
   set_original_args(argc, argv);
+  if (meshtrain::comm::launched_by_mpi()) end_with_parent();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (auto s = expand_config_args(app, &args); !s.is_ok()) return fail(s);
   std::vector<const char*> expanded = {argv[0]};

@@ -5,6 +5,7 @@
 #include "cli/launch.h"
 #include "comm/group.h"
 #include "train/auto_plan.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -92,7 +93,19 @@ Command add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--keep-checkpoints", o->keep_checkpoints, "Newest checkpoints kept (0: all)")
       ->capture_default_str();
-  cmd->add_flag("--resume", o->resume, "Continue from the newest checkpoint in --out");
+  cmd->add_flag("--resume", o->resume,
+                "Continue from the newest intact checkpoint in --out (a damaged newer one is passed over, and "
+                "the resume line says which and why)");
+  cmd->add_flag("--resume-strict", o->resume_strict,
+                "With --resume: refuse to start when the newest checkpoint is damaged, instead of taking the "
+                "newest intact one");
+  cmd->add_flag("--overwrite", o->overwrite,
+                "Start a new run in an --out that holds another run: its checkpoints, metrics and heartbeats are "
+                "deleted once every check has passed (without it, or --resume, such a folder is refused)");
+  cmd->add_option("--save-on-exit", o->save_on_exit,
+                  "On SIGINT (Ctrl-C) or SIGTERM the run stops after the current step on every rank; it saves a "
+                  "checkpoint then on: sigterm (what schedulers send before killing), always, never")
+      ->capture_default_str();
   cmd->add_flag("--async-save", o->async_save,
                 "Checkpoints (but the last) are copied into memory and written while training goes on; each is "
                 "committed at a later step, once every rank's shard is on disk");
@@ -218,6 +231,9 @@ Command add_train_command(CLI::App& app) {
                   "the step and the units, or skip it (fp16 overflow: the loss scaler skips)")
       ->check(CLI::IsMember({"stop", "skip"}))
       ->capture_default_str();
+  cmd->add_option("--max-skipped-steps", o->max_skipped_steps,
+                  "--on-nonfinite skip: stop (exit code 1, naming the steps) after this many skipped steps in a row")
+      ->capture_default_str();
   cmd->add_option("--debug-nonfinite-step", o->debug_nonfinite_step,
                   "Testing: a NaN in the gradient of --debug-nonfinite-unit at this step");
   cmd->add_option("--debug-nonfinite-unit", o->debug_nonfinite_unit,
@@ -261,6 +277,10 @@ Command add_train_command(CLI::App& app) {
               }
               if (Status s = check_launch(*launch, *o); !s.is_ok()) return fail(s);
               if (ranks > 1 || launch->max_restarts > 0 || !launch->hostfile.empty()) {
+                // Said once here before any rank starts (the ranks check again, under the lock).
+                if (Status s = train::check_run_folder_free(o->out_dir); !s.is_ok()) return fail(s);
+                if (Status s = train::check_not_mixed(o->out_dir, o->resume, o->overwrite); !s.is_ok()) return fail(s);
+                launch->graceful_stop = true;
                 launch->ranks = ranks;
                 launch->threads_per_rank = o->threads;
                 launch->out_dir = o->out_dir;
@@ -274,8 +294,8 @@ Command add_train_command(CLI::App& app) {
               }
             }
             o->resolved_config_toml = resolved_config_toml(
-                cmd, {"config", "resume", "quiet", "debug-stall-rank", "debug-stall-step", "debug-nonfinite-step",
-                      "debug-nonfinite-unit"});
+                cmd, {"config", "resume", "resume-strict", "overwrite", "quiet", "debug-stall-rank", "debug-stall-step",
+                      "debug-nonfinite-step", "debug-nonfinite-unit"});
             auto world = comm::init_world(nullptr, nullptr);
             Status s = Status::ok();
             if (!o->plan.empty()) {
@@ -284,8 +304,10 @@ Command add_train_command(CLI::App& app) {
                                   std::to_string(world->size()) + " ranks");
               if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed);
             }
-            if (s.is_ok()) s = train::run_training(*o, *world);
-            int rc = s.is_ok() ? 0 : fail(s);
+            train::TrainResult result;
+            if (s.is_ok()) s = train::run_training(*o, *world, &result);
+            // Stopped between steps by a signal: the shell's code for it, on every rank.
+            int rc = !s.is_ok() ? fail(s) : result.interrupted_by ? 128 + result.interrupted_by : 0;
             world.reset();
             comm::finalize();
             return rc;

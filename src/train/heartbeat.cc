@@ -91,7 +91,7 @@ Heartbeat::~Heartbeat() {
   }
   cv_.notify_all();
   thread_.join();
-  beat(done_ ? "finished" : "failed");
+  beat(final_state_);
 }
 
 void Heartbeat::loop() {
@@ -112,7 +112,7 @@ bool Heartbeat::beat(const char* state) {
   const fs::path dir = fs::path(path_).parent_path();
   std::error_code ec;
   if (!fs::is_directory(dir.parent_path(), ec)) return false;
-  fs::create_directories(dir, ec);
+  fs::create_directory(dir, ec);  // not its parents: a run folder removed stays removed
   const comm::WaitState wait = comm::current_wait();
   const json record = {{"rank", rank_},       {"host", host_name()},     {"pid", (int64_t)getpid()},
                        {"state", state},      {"step", comm::current_step()}, {"op", wait.op},

@@ -28,9 +28,11 @@ class Heartbeat {
  public:
   // Starts beating into heartbeat_dir(out_dir) every `interval_s` seconds.
   Heartbeat(const std::string& out_dir, int rank, double interval_s);
-  // Stops the thread and records the rank as finished (`done`) or not.
+  // Stops the thread and records how the rank ended: finished, failed (the default), or what
+  // finish_as says ("interrupted": a signal stopped the run between steps).
   ~Heartbeat();
-  void finish(bool done) { done_ = done; }
+  void finish(bool done) { final_state_ = done ? "finished" : "failed"; }
+  void finish_as(const char* state) { final_state_ = state; }
   Heartbeat(const Heartbeat&) = delete;
   Heartbeat& operator=(const Heartbeat&) = delete;
 
@@ -41,7 +43,7 @@ class Heartbeat {
   std::string path_;
   int rank_;
   double interval_s_;
-  bool done_ = false;
+  const char* final_state_ = "failed";
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -52,7 +54,7 @@ class Heartbeat {
 struct RankBeat {
   int rank = 0;
   bool present = false;  // the file exists and parses
-  std::string host, state;  // state: running | finished | failed
+  std::string host, state;  // state: running | finished | failed | interrupted
   int64_t pid = 0, step = 0;
   std::string op, axis;  // the collective it waits in ("": not waiting)
   double waited_s = 0;

@@ -71,6 +71,8 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"async_save", o.async_save},
           {"rank_order", o.rank_order},
           {"on_nonfinite", o.on_nonfinite},
+          {"max_skipped_steps", o.max_skipped_steps},
+          {"save_on_exit", o.save_on_exit},
           {"steps", o.steps},
           {"seed", o.seed},
           {"threads", o.threads},

@@ -101,6 +101,8 @@ struct TrainOptions {
   // scaler's): "stop" ends the run before the update, naming the step and the units;
   // "skip" leaves the weights and moments as they were and goes on.
   std::string on_nonfinite = "stop";
+  // "skip" gives up after this many skipped steps in a row (a diverged run, not a spike).
+  int max_skipped_steps = 5;
   // Testing aid: at this step every rank's gradient of whole-model unit debug_nonfinite_unit
   // gets a NaN (0: never).
   int debug_nonfinite_step = 0, debug_nonfinite_unit = 1;
@@ -121,6 +123,11 @@ struct TrainOptions {
   int save_every = 0;    // 0: no periodic checkpoints
   int keep_checkpoints = 2;
   bool resume = false;
+  bool resume_strict = false;  // --resume refuses a damaged newest checkpoint (else: the newest intact)
+  bool overwrite = false;      // start again in an --out that holds a run (its checkpoints go)
+  // On SIGINT/SIGTERM the run stops after the current step; it saves a checkpoint then on
+  // "sigterm" (the default: schedulers send it before killing), "always" or "never".
+  std::string save_on_exit = "sigterm";
   // Checkpoints (but the last) are snapshotted into memory and written by a thread while
   // training goes on; committed at a later step once every rank's shard is on disk.
   bool async_save = false;

@@ -3,6 +3,7 @@
 // step (every check on every rank, agreed over the world); report.cc writes what a run
 // tells its user beyond metrics.jsonl's basics.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "parallel/pp/executor.h"
 #include "train/curriculum.h"
 #include "train/options.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace meshtrain::train {
@@ -52,13 +54,27 @@ struct Run {
   bool is_main = true;  // world rank 0 prints and writes run files
   std::vector<std::string> hosts;  // every world rank's host name
   checkpoint::PendingSavePtr pending_save;  // --async-save: a save still being written
+  std::unique_ptr<RunFolderLock> folder_lock;  // world rank 0, with --out: the run folder is this job's
+  bool created_folder = false;  // --out did not exist: a run that fails its setup removes it again
+  std::string resume_note;  // --resume: which checkpoint was taken, and why the newer ones were not
 };
 
 
 // --- setup.cc ---
+// Collective, before anything is written: with --out, every rank can write the folder,
+// world rank 0 holds its lock (waiting MESHTRAIN_LOCK_WAIT_S seconds for a holder to end,
+// which the launcher sets for its restarts), and the folder holds no other run unless
+// --resume or --overwrite says what to do with it.
+Status guard_run_folder(const TrainOptions& o, comm::Group& world, Run* run);
+// Collective: --resume's checkpoint, the newest whose index, shard sizes and checksums hold
+// (each rank checks a share of the files); `note` says which one and why newer ones were
+// passed over. --resume-strict refuses a damaged newest one instead.
+Status choose_resume_checkpoint(const TrainOptions& o, comm::Group& world, std::string* dir, std::string* note);
 // Every check that can fail happens here, before any training work, on every rank; then
-// the mesh, the model part, the optimizer, the pipeline and (on --resume) the checkpoint.
-Status prepare(const TrainOptions& o, comm::Group& world, Run* run);
+// the run folder's guards (guard_run_folder), after which `folder_ready` runs (the
+// heartbeat starts); then the mesh, the model part, the optimizer, the pipeline and (on
+// --resume) the newest intact checkpoint.
+Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready = {});
 // Every rank reaches the same verdict: an error on any rank stops all of them, each with a
 // message, and none is left waiting in a collective.
 Status agree(comm::Group& world, const Status& mine);
@@ -69,6 +85,22 @@ Status save_run_checkpoint(Run& run, comm::Group& world, int64_t step, bool asyn
 // Collective: commits run.pending_save once every rank wrote its shard (with `wait`, after
 // waiting for its own); nothing to do without one.
 Status finish_run_save(Run& run, comm::Group& world, bool wait);
+
+// --- run_end.cc ---
+// Collective: a stop asked for by `sig` before step k + 1 (steps up to k are trained, and
+// `saved_step` is the newest checkpoint's): saves step k when --save-on-exit asks and it is
+// not saved yet, then world rank 0 says where the run stopped and how to continue it.
+Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig);
+// --on-nonfinite skip gave up: `in_row` steps up to `step` were skipped in a row (every rank
+// reaches it at the same step). The error names the steps, the last one's cause and the
+// newest checkpoint.
+Status too_many_skips(const Run& run, int64_t step, int64_t in_row, const std::string& last_cause);
+// World rank 0, at the end of a run: its last lines (final loss, wall time, the checkpoint,
+// how to continue and use it).
+void print_run_end(const Run& run, const TrainResult& result, double wall_s);
+// "meshtrain train --config OUT/config.toml --resume --steps N": the command that continues
+// the run in `out_dir` (N: twice its steps when it is finished).
+std::string continue_command(const TrainOptions& o, int64_t steps);
 
 // --- report.cc ---
 // Bytes and calls per axis for metrics.jsonl; wait/busy milliseconds summed over axes.

@@ -12,6 +12,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/model_file.h"
+#include "comm/strings.h"
 #include "core/check.h"
 #include "core/file_io.h"
 #include "data/tokenizer_files.h"
@@ -106,6 +107,11 @@ Status check_options(const TrainOptions& o) {
   RETURN_IF_ERROR(positive("--steps", o.steps));
   if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip")
     return Status::error("--on-nonfinite must be stop or skip, got '" + o.on_nonfinite + "'");
+  RETURN_IF_ERROR(positive("--max-skipped-steps", o.max_skipped_steps));
+  if (o.save_on_exit != "sigterm" && o.save_on_exit != "always" && o.save_on_exit != "never")
+    return Status::error("--save-on-exit must be sigterm, always or never, got '" + o.save_on_exit + "'");
+  if (o.resume_strict && !o.resume) return Status::error("--resume-strict goes with --resume");
+  if (o.overwrite && o.out_dir.empty()) return Status::error("--overwrite needs --out DIR");
   RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
   if (o.global_batch < 0) return Status::error("--global-batch must be >= 1 (or 0: B*A*dp)");
   if (o.threads < 0) return Status::error("--threads must be >= 0");
@@ -590,7 +596,7 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
 }
 
 // Checks without communication: flags, layout arithmetic, model shape, data files.
-Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::string* resume_dir) {
+Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
   RETURN_IF_ERROR(check_options(o));
   RETURN_IF_ERROR(parse_precision_flag(o.precision, &run->precision));
   run->opt = o;
@@ -629,7 +635,6 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run, std::s
         return Status::error("--sp needs micro-batch x every curriculum length divisible by --tp " +
                              std::to_string(run->mesh_shape.tp) + "; length " + std::to_string(L) + " gives " +
                              std::to_string(run->shape.B * L) + " tokens (choose --curriculum-step a multiple of it)");
-  if (o.resume) RETURN_IF_ERROR(checkpoint::find_latest_checkpoint(o.out_dir, resume_dir));
   if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
 
   const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
@@ -656,12 +661,69 @@ Status agree(comm::Group& world, const Status& mine) {
                        ": stopping because another rank rejected the run (its message says why)");
 }
 
+// Damaged checkpoints that resume passed over, renamed checkpoints/damaged_step_N: kept for
+// a look, and out of the way of the resumed run's own saves of those steps.
+Status move_aside(const std::vector<std::string>& dirs) {
+  for (const std::string& d : dirs) {
+    const fs::path from(d), to = from.parent_path() / ("damaged_" + from.filename().string());
+    std::error_code ec;
+    fs::remove_all(to, ec);
+    fs::rename(from, to, ec);
+    if (ec) return Status::error("cannot move the damaged checkpoint " + d + " aside: " + ec.message());
+  }
+  return Status::ok();
+}
+
+Status choose_resume_checkpoint(const TrainOptions& o, comm::Group& world, std::string* dir, std::string* note) {
+  std::string passed_over;
+  std::vector<std::string> damaged_dirs;
+  for (const std::string& candidate : checkpoint::list_checkpoints(o.out_dir)) {
+    const Status mine = checkpoint::verify_checkpoint(candidate, world.rank(), world.size());
+    double damaged = mine.is_ok() ? 0 : 1;
+    world.all_reduce_f64(&damaged, 1, comm::ReduceOp::kMax);
+    const std::string name = fs::path(candidate).filename().string();
+    if (damaged == 0) {
+      *dir = candidate;
+      if (!passed_over.empty())
+        *note = "the newest intact checkpoint, " + name + ", was taken: " + passed_over + " (moved aside as damaged_*)";
+      return world.rank() == 0 ? move_aside(damaged_dirs) : Status::ok();
+    }
+    damaged_dirs.push_back(candidate);
+    std::string why;  // the first rank's that found damage
+    for (const std::string& r : comm::gather_strings(world, mine.is_ok() ? "" : mine.message()))
+      if (why.empty()) why = r;
+    if (o.resume_strict)
+      return Status::error("--resume-strict: the newest checkpoint " + candidate + " is damaged (" + why +
+                           "); without --resume-strict the run resumes from the newest intact one before it");
+    passed_over += (passed_over.empty() ? "" : "; ") + name + " is damaged (" + why + ")";
+  }
+  return Status::error("--resume: no intact checkpoint under " + (fs::path(o.out_dir) / "checkpoints").string() +
+                       (passed_over.empty() ? "" : " (" + passed_over + ")"));
+}
+
+Status guard_run_folder(const TrainOptions& o, comm::Group& world, Run* run) {
+  if (o.out_dir.empty()) return Status::ok();
+  std::error_code ec;
+  run->created_folder = !fs::exists(o.out_dir, ec);
+  Status mine = check_writable(o.out_dir, world.rank());
+  if (mine.is_ok() && world.rank() == 0) {
+    const char* wait = std::getenv("MESHTRAIN_LOCK_WAIT_S");
+    mine = RunFolderLock::acquire(o.out_dir, wait ? std::atof(wait) : 0.0, &run->folder_lock);
+    if (mine.is_ok()) mine = check_not_mixed(o.out_dir, o.resume, o.overwrite);
+  }
+  return agree(world, mine);
+}
+
 // Every check that can fail happens here, before any training work, on every rank.
-Status prepare(const TrainOptions& o, comm::Group& world, Run* run) {
+Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready) {
   std::string resume_dir;
-  RETURN_IF_ERROR(agree(world, prepare_local(o, world, run, &resume_dir)));
+  RETURN_IF_ERROR(agree(world, prepare_local(o, world, run)));
+  RETURN_IF_ERROR(guard_run_folder(o, world, run));
+  if (folder_ready) folder_ready();
+  if (o.resume) RETURN_IF_ERROR(agree(world, choose_resume_checkpoint(o, world, &resume_dir, &run->resume_note)));
   run->mesh = std::make_unique<comm::Mesh>(world, run->mesh_shape);
   RETURN_IF_ERROR(agree(world, build_state(o, resume_dir, run)));
+  if (o.overwrite && run->is_main) RETURN_IF_ERROR(clear_earlier_run(o.out_dir));
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
                                        : machine::cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
                                                                           run->precision);

@@ -14,6 +14,7 @@
 #include "machine/describe.h"
 #include "machine/peak.h"
 #include "train/heartbeat.h"
+#include "train/interrupt.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/run.h"
@@ -206,9 +207,18 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
 
 Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result) {
   Run run;
-  // Beating from the start: a rank stuck in setup (loading a checkpoint) is seen too.
-  std::unique_ptr<Heartbeat> heartbeat = start_flight_recorder(options, world);
-  RETURN_IF_ERROR(prepare(options, world, &run));
+  install_stop_handlers();
+  // Beating from the moment the run folder is this job's (guard_run_folder): a rank stuck
+  // in setup (loading a checkpoint) is seen too.
+  std::unique_ptr<Heartbeat> heartbeat;
+  if (Status s = prepare(options, world, &run, [&] { heartbeat = start_flight_recorder(options, world); });
+      !s.is_ok()) {
+    heartbeat.reset();
+    // A run that fails its setup leaves no folder behind, as before it had one.
+    std::error_code ec;
+    if (run.created_folder && run.is_main) fs::remove_all(options.out_dir, ec);
+    return s;
+  }
   const TrainOptions& o = run.opt;
   run.hosts = gather_host_names(world);
   MetricsWriter metrics;
@@ -234,8 +244,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     std::printf("machine: %s | %s | oneDNN ISA %s | %s\n", cpu_info().model.c_str(), cpu_info().flags().c_str(),
                 kernels::onednn_isa_name(), machine::mfu_basis(run.precision).c_str());
     if (run.start_step > 0)
-      std::printf("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where it differs)\n",
-                  (long long)run.start_step, run.resumed_layout.c_str());
+      std::printf("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where it differs)%s\n",
+                  (long long)run.start_step, run.resumed_layout.c_str(),
+                  run.resume_note.empty() ? "" : ("; " + run.resume_note).c_str());
     if (const parallel::CompressedReduction* c = run.dp->compression()) {
       std::printf("compression: powersgd rank %d from step %lld: %zu matrices at rank r, %zu elements exact, "
                   "%.2f MB per rank and step (the plain all-reduce: %.2f MB)\n",
@@ -284,11 +295,21 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       std::printf("curriculum: %s; LR schedule by %s\n", curriculum.describe().c_str(), o.lr_unit.c_str());
   }
   Progress progress(run.start_step, o.steps, quiet);
+  const auto started = std::chrono::steady_clock::now();
   TrainResult local;
   TrainResult& res = result ? *result : local;
   const int world_size = world.size();
   json last_pipeline;
+  int64_t saved_step = run.start_step;  // the newest checkpoint's step (start_step: none, or the resumed one)
+  int64_t skipped_in_row = 0;           // --on-nonfinite skip: consecutive skipped steps
   for (int64_t k = run.start_step; k < o.steps; k++) {
+    // Every rank looks at the signals here, between steps, and stops after the same step.
+    if (const int sig = agreed_stop_signal(world); sig != 0) {
+      res.interrupted_by = sig;
+      RETURN_IF_ERROR(stop_on_signal(run, world, k, saved_step, sig));
+      if (heartbeat) heartbeat->finish_as("interrupted");
+      return Status::ok();
+    }
     comm::set_current_step(k + 1);
     if (world.rank() == o.debug_stall_rank && k + 1 == o.debug_stall_step)
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the watchdog test
@@ -327,6 +348,8 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                        " GFLOP/s");
     if (!r.nonfinite.empty())
       progress.message("step " + std::to_string(k + 1) + ": " + r.nonfinite + "; skipped (--on-nonfinite skip)");
+    skipped_in_row = r.nonfinite.empty() ? 0 : skipped_in_row + 1;
+    if (skipped_in_row >= o.max_skipped_steps) return too_many_skips(run, k + 1, skipped_in_row, r.nonfinite);
     if (!std::isfinite(r.loss) && r.nonfinite.empty())
       return Status::error("loss is " + std::to_string(r.loss) + " at step " + std::to_string(k + 1) +
                            " (diverged; try a lower --lr)");
@@ -413,10 +436,12 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     const bool save = !o.out_dir.empty() && ((o.save_every > 0 && (k + 1) % o.save_every == 0) || last);
     RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/save));
     if (save) RETURN_IF_ERROR(save_run_checkpoint(run, world, k + 1, o.async_save && !last));
+    if (save) saved_step = k + 1;
   }
   RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/true));
   if (!o.trace_file.empty()) RETURN_IF_ERROR(agree(world, write_trace(o.trace_file, world)));
   if (!o.quiet && world.size() > 1) print_summary(run, world, last_pipeline);
+  if (!quiet) print_run_end(run, res, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   if (heartbeat) heartbeat->finish(true);
   return Status::ok();
 }

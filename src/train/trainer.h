@@ -18,6 +18,7 @@ struct TrainResult {
   std::vector<float> losses;      // per optimizer step run in this call
   std::vector<float> grad_norms;
   float final_val_loss = -1;      // -1 when no validation ran
+  int interrupted_by = 0;         // SIGINT or SIGTERM stopped it between steps (0: it ran to the end)
 };
 
 struct BatchShape {

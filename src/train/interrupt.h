@@ -1,0 +1,26 @@
+// Stopping a run cleanly on a signal. SIGINT (Ctrl-C) and SIGTERM (what schedulers send
+// before they kill) only raise a flag; the training loop looks at it at each step boundary,
+// where every rank agrees on it (one small all-reduce), so every rank stops after the same
+// step, saves if asked and exits with 128 + the signal. A second SIGINT or SIGTERM ends the
+// process at once (the default action). Under the launcher (cli/launch.h) the terminal's
+// signal reaches the launcher alone, which passes it on to the ranks as SIGUSR1 (for SIGINT)
+// or SIGUSR2 (for SIGTERM): mpirun forwards those two to every rank, where it would abort
+// the job on SIGINT or SIGTERM itself.
+#pragma once
+#include "comm/group.h"
+
+namespace meshtrain::train {
+
+// Installs the handlers (idempotent). Before it, a signal has its default effect.
+void install_stop_handlers();
+// The signal that asked this process to stop (SIGINT or SIGTERM), or 0.
+int stop_signal();
+// Collective over `world` (every rank, at the same step): the signal any rank received
+// (SIGTERM over SIGINT when both), or 0. One rank: no communication.
+int agreed_stop_signal(comm::Group& world);
+// "SIGINT" or "SIGTERM".
+const char* stop_signal_name(int sig);
+// Testing: as if `sig` had arrived.
+void request_stop(int sig);
+
+}  // namespace meshtrain::train
