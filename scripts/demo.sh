@@ -7,7 +7,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/setup.sh"
 cd "$root"
 [ -f data/brown/train.bin ] || ./build/meshtrain prep --brown --out data/brown
-./build/meshtrain train --config configs/demo.toml --data data/brown --out runs/demo "$@"
+# A second demo starts over in runs/demo (--overwrite), unless asked to --resume it.
+fresh=(--overwrite)
+for a in "$@"; do [ "$a" = --resume ] && fresh=(); done
+./build/meshtrain train --config configs/demo.toml --data data/brown --out runs/demo "${fresh[@]}" "$@"
 ./build/meshtrain plot runs/demo --out runs/demo/curves.svg
 echo "--- sample from runs/demo ---"
 ./build/meshtrain generate --checkpoint runs/demo --prompt "The jury said" --max-new-tokens 60 --seed 7

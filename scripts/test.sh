@@ -74,6 +74,9 @@ multi_rank="$multi_rank|CompressCli\.(PowerSgd|OneBitAdam|BothTrain|ZeroPlusPlus
 # here (Cli.ResumeIsBitwiseExact, Cli.ExportAndInitFromRoundTrip), left to the native stage
 # for time (33 s and 31 s under the sanitizers).
 multi_rank="$multi_rank|Cli\.ResumeAtAnotherPrecision|CliPractitioner\.LlamaExportsAsAHuggingFaceFolder"
+# The run-safety tests that start ranks under mpirun (a signal at pp 2 and dp 2, the
+# launcher killed at dp 2); their one-rank cases run here.
+multi_rank="$multi_rank|RunSafety\.(SignalsStopEveryRankAtTheSameStep|RanksEndWithTheirLauncher)"
 # generate's and serve's tp, pp and dp runs (mpirun; the decoder's split runs here on thread
 # ranks).
 multi_rank="$multi_rank|CliPractitioner\.(GenerateOnAnyLayoutPrintsOneRanksText|ServeOnTensorAndPipelineRanksAnswersAsOneRank)"

@@ -297,7 +297,12 @@ Status begin_save(const std::string& out_dir, int64_t step, const model::ParamLa
     fs::create_directories(p->tmp_dir, ec);
   }
   world.barrier();
-  if (!fs::is_directory(p->tmp_dir)) return Status::error("cannot create checkpoint directory " + p->tmp_dir.string());
+  if (!fs::is_directory(p->tmp_dir)) {
+    // Rank 0 could not make it: each rank asks the file system itself for the reason.
+    fs::create_directories(p->tmp_dir, ec);
+    return Status::error("cannot create checkpoint directory " + p->tmp_dir.string() +
+                         (ec ? ": " + ec.message() : std::string()));
+  }
 
   // Which slice each world rank writes: (tp rank, pp rank, dp rank) and its units.
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());

@@ -1,6 +1,9 @@
 #include "checkpoint/model_file.h"
 
+#include <cstdio>
 #include <filesystem>
+#include <map>
+#include <mutex>
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_gpt2.h"
@@ -18,6 +21,34 @@ namespace {
 
 enum class Kind { kCheckpointDir, kLlmc, kSafetensors };
 
+// A run folder's newest checkpoint whose index, shard sizes and checksums hold: a damaged
+// newer one is passed over, with a note on stderr naming it and why. Remembered per run
+// folder: a command asks several times (the shape, then the weights), and reads it once.
+Status newest_intact_checkpoint(const std::string& run_dir, std::string* resolved) {
+  static std::mutex mu;
+  static std::map<std::string, std::string> verified;
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = verified.find(run_dir); it != verified.end()) {
+    *resolved = it->second;
+    return Status::ok();
+  }
+  std::string passed_over;
+  for (const std::string& candidate : list_checkpoints(run_dir)) {
+    if (Status s = verify_checkpoint(candidate); !s.is_ok()) {
+      passed_over += (passed_over.empty() ? "" : "; ") + fs::path(candidate).filename().string() + " is damaged (" +
+                     s.message() + ")";
+      continue;
+    }
+    if (!passed_over.empty())
+      std::fprintf(stderr, "meshtrain: note: using %s, the newest intact checkpoint of %s: %s\n", candidate.c_str(),
+                   run_dir.c_str(), passed_over.c_str());
+    verified[run_dir] = *resolved = candidate;
+    return Status::ok();
+  }
+  return Status::error("no intact checkpoint found under " + (fs::path(run_dir) / "checkpoints").string() +
+                       (passed_over.empty() ? "" : " (" + passed_over + ")"));
+}
+
 // Resolves a run folder to its newest checkpoint folder, and a Hugging Face model folder
 // (no index.json: model.safetensors, or shards named by model.safetensors.index.json) to
 // its weights file or its shards' index.
@@ -34,7 +65,7 @@ Status classify(const std::string& path, Kind* kind, std::string* resolved) {
   }
   if (fs::is_directory(path, ec)) {
     *kind = Kind::kCheckpointDir;
-    if (!fs::exists(fs::path(path) / "index.json")) return find_latest_checkpoint(path, resolved);
+    if (!fs::exists(fs::path(path) / "index.json")) return newest_intact_checkpoint(path, resolved);
     return Status::ok();
   }
   if (!fs::exists(path, ec))

@@ -697,7 +697,8 @@ Status choose_resume_checkpoint(const TrainOptions& o, comm::Group& world, std::
                            "); without --resume-strict the run resumes from the newest intact one before it");
     passed_over += (passed_over.empty() ? "" : "; ") + name + " is damaged (" + why + ")";
   }
-  return Status::error("--resume: no intact checkpoint under " + (fs::path(o.out_dir) / "checkpoints").string() +
+  return Status::error("--resume: " + std::string(passed_over.empty() ? "no checkpoint found" : "no intact checkpoint") +
+                       " under " + (fs::path(o.out_dir) / "checkpoints").string() +
                        (passed_over.empty() ? "" : " (" + passed_over + ")"));
 }
 

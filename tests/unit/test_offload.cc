@@ -213,7 +213,9 @@ TEST_F(Offload, Zero3ShardsInFilesTrainAsInMemory) {
   // through them.
   for (const std::string layout : {" --dp 2", " --pp 2 --dp 2 --grad-accum 2", " --pp 2 --dp 2 --grad-accum 2 --precision bf16"}) {
     SCOPED_TRACE(layout);
-    const std::string args = "--model tiny --seq-len 32 --micro-batch 2 --steps 4 --eval-batches 1 --quiet --zero 3" + layout;
+    // --overwrite: each layout's runs start again in the same two folders.
+    const std::string args =
+        "--model tiny --seq-len 32 --micro-batch 2 --steps 4 --eval-batches 1 --quiet --zero 3 --overwrite" + layout;
     const Metrics dmem = train_ok(args, path("dmem"));
     const Metrics doff = train_ok(args + all, path("doff"));
     ASSERT_EQ(doff.steps.size(), 4u);

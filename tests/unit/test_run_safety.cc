@@ -95,12 +95,12 @@ TEST_F(RunSafety, ASecondJobOnTheFolderIsRefusedNamingTheFirst) {
   for (size_t i = 0; i < m.steps.size(); i++) EXPECT_EQ(m.steps[i]["step"].get<int>(), (int)i + 1);
 }
 
-// SIGINT (Ctrl-C) and SIGTERM at 2 ranks: every rank stops after the same step, the exit
+// SIGINT (Ctrl-C) at pp 2 and SIGTERM at dp 2: every rank stops after the same step, the exit
 // code is the shell's for the signal, the heartbeats say so, and SIGTERM saves the step.
 TEST_F(RunSafety, SignalsStopEveryRankAtTheSameStep) {
-  for (const char* sig : {"INT", "TERM"}) {
+  for (const auto& [sig, layout] : {std::pair{"INT", " --pp 2"}, std::pair{"TERM", " --dp 2"}}) {
     const std::string out = path(std::string("run_") + sig);
-    RunResult r = run(signal_after_steps(train(kTiny + " --dp 2 --steps 100000 --out " + out), out, 3, sig));
+    RunResult r = run(signal_after_steps(train(kTiny + layout + " --steps 100000 --out " + out), out, 3, sig));
     const int code = std::string(sig) == "INT" ? 130 : 143;
     EXPECT_NE(r.out.find("exit " + std::to_string(code)), std::string::npos) << describe(r);
     const json b0 = heartbeat(out, 0), b1 = heartbeat(out, 1);
@@ -146,6 +146,12 @@ TEST_F(RunSafety, ResumeTakesTheNewestIntactCheckpointAndSaysWhy) {
   write_file(shard, bytes);
   fs::remove(out + "/checkpoints/step_00000004/index.json");
 
+  // Every command given the run folder takes the newest intact checkpoint, and says so.
+  RunResult gen = run(kBinary + " generate --checkpoint " + out + " --prompt Hi --max-new-tokens 2 --threads 1");
+  EXPECT_EQ(gen.exit_code, 0) << describe(gen);
+  EXPECT_NE(gen.err.find("note: using " + out + "/checkpoints/step_00000002, the newest intact checkpoint of " + out +
+                         ": step_00000006 is damaged"),
+            std::string::npos) << gen.err;
   RunResult strict = run(train(flags + " --steps 8 --resume --resume-strict"));
   expect_failure(strict, {"--resume-strict: the newest checkpoint " + out + "/checkpoints/step_00000006 is damaged",
                           "checksum mismatch"});
