@@ -5,6 +5,7 @@
 #include "cli/launch.h"
 #include "comm/group.h"
 #include "train/auto_plan.h"
+#include "train/interrupt.h"
 #include "train/run_folder.h"
 #include "train/trainer.h"
 
@@ -296,6 +297,8 @@ Command add_train_command(CLI::App& app) {
             o->resolved_config_toml = resolved_config_toml(
                 cmd, {"config", "resume", "resume-strict", "overwrite", "quiet", "debug-stall-rank", "debug-stall-step",
                       "debug-nonfinite-step", "debug-nonfinite-unit"});
+            // Before MPI or OpenMP start threads: they inherit the blocked stop signals.
+            train::install_stop_handlers();
             auto world = comm::init_world(nullptr, nullptr);
             Status s = Status::ok();
             if (!o->plan.empty()) {

@@ -1,5 +1,5 @@
 // Stopping a run cleanly on a signal. SIGINT (Ctrl-C) and SIGTERM (what schedulers send
-// before they kill) only raise a flag; the training loop looks at it at each step boundary,
+// before they kill) only raise a flag, set by a thread that waits for them; the training loop looks at it at each step boundary,
 // where every rank agrees on it (one small all-reduce), so every rank stops after the same
 // step, saves if asked and exits with 128 + the signal. A second SIGINT or SIGTERM ends the
 // process at once (the default action). Under the launcher (cli/launch.h) the terminal's
@@ -11,7 +11,10 @@
 
 namespace meshtrain::train {
 
-// Installs the handlers (idempotent). Before it, a signal has its default effect.
+// Blocks the stop signals in the calling thread, and so in every thread it starts later,
+// and starts the one thread that waits for them (idempotent). Call it before any other
+// thread starts (MPI's, OpenMP's). Before it, a signal has its default effect; a process
+// that never calls it (an in-process caller of run_training) is never asked to stop.
 void install_stop_handlers();
 // The signal that asked this process to stop (SIGINT or SIGTERM), or 0.
 int stop_signal();

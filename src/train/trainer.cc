@@ -207,7 +207,6 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
 
 Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result) {
   Run run;
-  install_stop_handlers();
   // Beating from the moment the run folder is this job's (guard_run_folder): a rank stuck
   // in setup (loading a checkpoint) is seen too.
   std::unique_ptr<Heartbeat> heartbeat;
