@@ -118,6 +118,7 @@ struct HttpServer::Connection {
   std::string in, out;  // received and not yet a request; to send from the loop
   Phase phase = Phase::kHeaders;
   Clock::time_point deadline;
+  size_t need = 0;  // kBody: the bytes of `in` that make the request whole
   bool continue_sent = false, write_shut = false;
   bool counted = true;  // one of the open connections (a connection refused as busy is not)
 };
@@ -292,24 +293,30 @@ void HttpServer::on_writable(Connection& c) {
 }
 
 void HttpServer::on_readable(Connection& c) {
+  // Parsed after every read, so that a refusal (413 from Content-Length) goes out before
+  // the rest of a large body is read, and a whole request goes to a handler at once.
+  const int fd = c.fd;
   char buf[65536];
-  bool ended = false;
   for (;;) {
-    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    const ssize_t n = ::recv(fd, buf, sizeof buf, MSG_DONTWAIT);
     if (n > 0) {
-      if (c.phase != Connection::Phase::kClosing) c.in.append(buf, (size_t)n);
-      if (c.in.size() > limits_.parse.max_header_bytes + limits_.parse.max_body_bytes) break;
+      if (c.phase == Connection::Phase::kClosing) continue;  // lingering: read and dropped
+      c.in.append(buf, (size_t)n);
+      // Parse again only when it can say more: a header line has ended, or the body is all
+      // in. A client sending a byte at a time then costs no parse of all it sent per byte.
+      using Phase = Connection::Phase;
+      const bool line_ended = std::memchr(buf, '\n', (size_t)n) != nullptr;
+      if (c.phase == Phase::kHeaders && !line_ended && c.in.size() < limits_.parse.max_header_bytes) continue;
+      if (c.phase == Phase::kBody && c.in.size() < c.need) continue;
+      advance(c);
+      if (!conns_.count(fd)) return;  // a handler has it now (or it was closed)
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    ended = n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
-    break;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    // The client has closed (or reset): nothing more can be answered.
+    return close_connection(fd);
   }
-  const int fd = c.fd;
-  if (c.phase != Connection::Phase::kClosing) advance(c);
-  // The client has closed (or reset): nothing more can be answered, unless a whole request
-  // just went to a handler, which then finds the client gone.
-  if (ended && conns_.count(fd)) close_connection(fd);
 }
 
 void HttpServer::advance(Connection& c) {
@@ -329,6 +336,7 @@ void HttpServer::advance(Connection& c) {
         c.phase = Phase::kBody;
         c.deadline = after(limits_.body_timeout_s);
       }
+      c.need = r.consumed + r.body_bytes;
       if (request.expect_continue && !c.continue_sent) {  // the client waits for it before its body
         c.continue_sent = true;
         c.out += "HTTP/1.1 100 Continue\r\n\r\n";
@@ -337,6 +345,7 @@ void HttpServer::advance(Connection& c) {
       return;
     case ParseState::kDone:
       c.in.erase(0, r.consumed);
+      c.need = 0;
       return dispatch(c, std::move(request));
     case ParseState::kError:
       return refuse(c, r.status, r.message);
