@@ -3,6 +3,7 @@
 // test controls every byte and sees a reset as a reset.
 #pragma once
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,6 +15,8 @@
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
+#include <algorithm>
 
 namespace meshtrain::http_test {
 
@@ -33,6 +36,45 @@ inline int connect_to(int port, double timeout_s = 10) {
     return -1;
   }
   return fd;
+}
+
+// `n` connections to 127.0.0.1:port started at once (non-blocking connects), each made
+// blocking with timeouts once it completes; -1 for each not completed within `seconds`.
+inline std::vector<int> connect_all(int port, int n, double seconds, double timeout_s = 60) {
+  std::vector<int> fds(n, -1);
+  std::vector<pollfd> pending;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((uint16_t)port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  for (int i = 0; i < n; i++) {
+    fds[i] = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (::connect(fds[i], (sockaddr*)&addr, sizeof addr) != 0 && errno != EINPROGRESS) continue;
+    pending.push_back({fds[i], POLLOUT, 0});
+  }
+  std::vector<bool> done(n, false);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  for (size_t left = pending.size(); left > 0 && std::chrono::steady_clock::now() < deadline;) {
+    if (::poll(pending.data(), pending.size(), 20) <= 0) continue;
+    for (pollfd& p : pending)
+      if (p.revents & POLLOUT) left--, p.events = 0, p.revents = 0, p.fd = -p.fd - 1;  // done: poll skips it
+  }
+  for (int i = 0; i < n; i++) {
+    int error = 0;
+    socklen_t len = sizeof error;
+    const bool connected = std::any_of(pending.begin(), pending.end(), [&](const pollfd& p) { return p.fd == -fds[i] - 1; }) &&
+                           ::getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &error, &len) == 0 && error == 0;
+    if (!connected) {
+      ::close(fds[i]);
+      fds[i] = -1;
+      continue;
+    }
+    ::fcntl(fds[i], F_SETFL, ::fcntl(fds[i], F_GETFL) & ~O_NONBLOCK);
+    timeval tv{(time_t)timeout_s, 0};
+    ::setsockopt(fds[i], SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fds[i], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  }
+  return fds;
 }
 
 inline bool send_text(int fd, std::string_view data) {
