@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 
 namespace meshtrain::net {
 
@@ -82,10 +83,11 @@ ParseResult parse_request_line(std::string_view line, HttpRequest* out) {
   return {};
 }
 
-// Content-Length's decimal digits (at most 19: no overflow), or -1.
+// Content-Length's decimal digits, or -1 if it is not a number. More than 18 digits (which
+// could overflow) is a number over any limit: the largest long long stands for it.
 long long content_length_of(std::string_view v) {
-  if (v.empty() || v.size() > 19 || !std::all_of(v.begin(), v.end(), [](char c) { return std::isdigit((unsigned char)c); }))
-    return -1;
+  if (v.empty() || !std::all_of(v.begin(), v.end(), [](char c) { return std::isdigit((unsigned char)c); })) return -1;
+  if (v.size() > 18) return std::numeric_limits<long long>::max();
   long long n = 0;
   for (char c : v) n = n * 10 + (c - '0');
   return n;
