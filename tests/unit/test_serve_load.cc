@@ -4,8 +4,9 @@
 // nor outlive the header deadline, size limits (413 for a body, a huge prompt refused before
 // it is tokenized and the memory back afterwards), unknown fields refused naming them, a
 // second server on a port in use failing, /health and /metrics reporting the queue and
-// moving, and a client that hangs up stopping its decoding. The model is a tiny one with a
-// context of 512 tokens, so that a completion can decode long enough to be interrupted.
+// moving, a client that hangs up stopping its decoding, and generate's sampling defaults.
+// The model is a tiny one with a context of 512 tokens, so that a completion can decode
+// long enough to be interrupted.
 #include <gtest/gtest.h>
 #include <poll.h>
 
@@ -208,6 +209,20 @@ TEST_F(ServeLoad, OversizedAndUnknownRequestsAreRefusedEarly) {
       port, "POST", "/v1/completions",
       R"({"prompt": "It was", "max_tokens": 2, "model": "x", "user": "u", "n": 1, "echo": false, "presence_penalty": 0})");
   EXPECT_EQ(openai.status, 200) << openai.body;
+}
+
+// A request that names no sampling settings gets generate's defaults (one definition,
+// cli::kDefaultSampling): the same text as `generate` with the same seed. serve sampled at
+// temperature 1 over the whole vocabulary, generate at 0.8 among the top 40.
+TEST_F(ServeLoad, DefaultSamplingIsGeneratesDefault) {
+  const int port = serve();
+  ASSERT_GT(port, 0) << log();
+  const http_test::Reply r = http_test::request(port, "POST", "/v1/completions", R"({"prompt": "It was", "max_tokens": 8, "seed": 5})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const cli_test::RunResult alone = cli_test::run(cli_test::kBinary + " generate --checkpoint " + model() +
+                                                  " --threads 1 --prompt 'It was' --max-new-tokens 8 --seed 5 --json");
+  ASSERT_EQ(alone.exit_code, 0) << cli_test::describe(alone);
+  EXPECT_EQ(json::parse(r.body)["choices"][0]["text"], json::parse(alone.out)["text"]);
 }
 
 // A second server on the port of a running one fails at once, naming host:port; with
