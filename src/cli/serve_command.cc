@@ -273,8 +273,11 @@ Status check_limits(const net::ServerLimits& l) {
   if (l.parse.max_body_bytes < 1) return Status::error("--max-request-bytes must be >= 1");
   if (l.parse.max_header_bytes < 64) return Status::error("--max-header-bytes must be >= 64");
   if (l.max_connections < 1 || l.max_in_flight < 1) return Status::error("--max-connections and --max-in-flight must be >= 1");
-  if (!(l.header_timeout_s > 0 && l.body_timeout_s > 0 && l.idle_timeout_s > 0))
-    return Status::error("--header-timeout, --body-timeout and --idle-timeout must be > 0 seconds");
+  // (A day at most: the deadlines are clock times, and infinity has none.)
+  for (const auto& [flag, seconds] : {std::pair{"--header-timeout", l.header_timeout_s},
+                                      {"--body-timeout", l.body_timeout_s}, {"--idle-timeout", l.idle_timeout_s}})
+    if (!(seconds > 0 && seconds <= 86400))
+      return Status::error(std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(seconds));
   return Status::ok();
 }
 
