@@ -7,10 +7,10 @@ cd "$root"
 
 apt_packages=(g++ cmake make pkg-config libdnnl-dev libopenblas-dev openmpi-bin libopenmpi-dev
   nlohmann-json3-dev libgtest-dev libcli11-dev libicu-dev python3 python3-torch python3-numpy
-  librsvg2-bin clang libclang-rt-14-dev iproute2 libtomlplusplus-dev libcpp-httplib-dev curl)
+  librsvg2-bin clang libclang-rt-14-dev iproute2 libtomlplusplus-dev curl)
 # iproute2 (ip, tc): the hosts of scripts/hosts.sh, which the Hosts test suite brings up.
 # libtomlplusplus-dev: the cluster files of `meshtrain plan --cluster FILE` (nested tables).
-# libcpp-httplib-dev: `meshtrain serve`'s HTTP server; curl: its tests and the user guide.
+# curl: `meshtrain serve`'s tests and the user guide (serve's HTTP server is its own, src/net/).
 # clang and its runtime (libFuzzer, the sanitizers): the test command's fuzzing stage.
 # Node.js and npm may come from elsewhere (a nodesource build ships npm inside nodejs).
 command -v npm >/dev/null || apt_packages+=(nodejs npm)

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "comm/strings.h"
@@ -64,7 +65,8 @@ void BatchLoop::submit(std::vector<CompletionBatch::Member> members) {
 json BatchLoop::stats() {
   std::lock_guard<std::mutex> lock(mu_);
   return {{"max_batch", max_batch_}, {"running", running_}, {"waiting", waiting_.size()},
-          {"joined", joined_},      {"steps", steps_},     {"largest_batch", largest_}};
+          {"joined", joined_},      {"steps", steps_},     {"largest_batch", largest_},
+          {"busy_seconds", busy_s_}};
 }
 
 void BatchLoop::join(Joining j) {
@@ -105,10 +107,12 @@ void BatchLoop::run(int threads) {
       comm::broadcast_string(*world_, plan.dump(), 0);
     }
     if (stop) return;
+    const auto start = std::chrono::steady_clock::now();
     for (Joining& j : joining) join(std::move(j));
     batch_.step();
     std::lock_guard<std::mutex> lock(mu_);
     running_ = batch_.size();
+    busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 }
 

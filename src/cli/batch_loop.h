@@ -35,7 +35,7 @@ class BatchLoop {
   // The members of one request, queued together: they join the same step when there is room.
   void submit(std::vector<CompletionBatch::Member> members);
   // What the loop has done so far (GET /stats): max_batch, running, waiting, joined, steps,
-  // largest_batch.
+  // largest_batch, busy_seconds (time spent in decode steps).
   nlohmann::json stats();
 
  private:
@@ -63,6 +63,7 @@ class BatchLoop {
   bool stopping_ = false;
   int running_ = 0, largest_ = 0;  // sequences in the batch: now, and at most
   int64_t joined_ = 0, steps_ = 0;
+  double busy_s_ = 0;
   std::thread thread_;  // last: starts once the rest is built
 };
 

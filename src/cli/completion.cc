@@ -177,8 +177,13 @@ Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok,
   if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) return Status::error("top_p must be in (0, 1] (1 = no cut)");
   if (r.logprobs > 20) return Status::error("logprobs must be 0-20, got " + std::to_string(r.logprobs));
   if (r.prompt.empty()) return Status::error("the prompt is empty");
-  c->prompt_tokens = tok.encode(r.prompt);
   const int context = gpt.config().max_seq_len;
+  const int64_t fewest_tokens = ((int64_t)r.prompt.size() + tok.longest_token_bytes() - 1) / tok.longest_token_bytes();
+  if (fewest_tokens + std::max(0, r.max_tokens - 1) > context)
+    return Status::error("the prompt (" + std::to_string(r.prompt.size()) + " bytes, so at least " +
+                         std::to_string(fewest_tokens) + " tokens) plus max_tokens " + std::to_string(r.max_tokens) +
+                         " exceeds the model's context of " + std::to_string(context) + " tokens");
+  c->prompt_tokens = tok.encode(r.prompt);
   for (int id : c->prompt_tokens)
     if (id >= gpt.config().vocab)
       return Status::error("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " +

@@ -23,11 +23,16 @@
 
 namespace meshtrain::cli {
 
+// The sampling a completion gets when it asks for none, the same for `generate`'s flags and
+// `serve`'s request fields: one definition, so that a seed gives one text through either.
+inline constexpr infer::SampleOptions kDefaultSampling{0.8f, 40, 1.0f};
+inline constexpr uint64_t kDefaultSeed = 1337;
+
 struct CompletionRequest {
   std::string prompt;
   int max_tokens = 16;
-  infer::SampleOptions sampling;
-  uint64_t seed = 1337;
+  infer::SampleOptions sampling = kDefaultSampling;
+  uint64_t seed = kDefaultSeed;
   std::vector<std::string> stop;
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N likeliest alternatives
 };
@@ -75,7 +80,9 @@ std::string memory_report(const WeightPlacement& w, const LoadedModel& model, co
 
 // The request's settings and its prompt against the model and the tokenizer: the prompt's
 // tokens (in c->prompt_tokens) inside the vocabulary, prompt plus max_tokens inside the
-// context. Nothing is sampled.
+// context. A prompt whose bytes alone prove it over the context (each token is at most the
+// tokenizer's longest in bytes) is refused before it is encoded: a megabyte of text costs
+// no tokenizing. Nothing is sampled.
 Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
                           Completion* c);
 // Completions decoded together on one model (continuous batching): a completion joins

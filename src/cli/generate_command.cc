@@ -23,14 +23,14 @@ struct GenerateOptions {
   std::string model, prompt = "<|endoftext|>", tokenizer;  // "": the run's own (find_tokenizer)
   std::string prompts_file;  // one prompt per line (instead of --prompt)
   std::vector<std::string> stop;
-  int max_new_tokens = 100, top_k = 40, threads = 0;
+  int max_new_tokens = 100, top_k = kDefaultSampling.top_k, threads = 0;
   int batch = 8;  // --prompts decoded together
   int tp = 1, pp = 1, dp = 1;  // the ranks' layout (tp x pp a model group; dp replicas)
   int micro_batches = 1;       // with pp: groups of sequences that follow each other
   WeightPlacement weights;
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N most likely alternatives
-  float temperature = 0.8f, top_p = 1.0f;
-  uint64_t seed = 1337;
+  float temperature = kDefaultSampling.temperature, top_p = kDefaultSampling.top_p;
+  uint64_t seed = kDefaultSeed;
   bool json = false;
 };
 

@@ -1,12 +1,15 @@
-// `meshtrain serve`: an OpenAI-compatible completions server over HTTP (cpp-httplib, from
-// Debian's libcpp-httplib-dev). POST /v1/completions takes OpenAI's fields (prompt or a list
-// of prompts, max_tokens, temperature, top_p, top_k, seed, stop, logprobs, stream) and
-// answers with OpenAI's shape, or with server-sent events when stream is true; GET /health
-// answers {"status": "ok"}, GET /stats the batching loop's counters. A bad request gets a 400 and a JSON error naming the field, and
-// the server goes on serving. Requests are batched continuously (cli/batch_loop.h): each
-// one's text is what `generate` gives for the same prompt and seed, whatever else is decoded
-// beside it, on one rank or a tp x pp model group (--tp, --pp; rank 0 serves). SIGINT or
+// `meshtrain serve`: an OpenAI-compatible completions server over HTTP, on the project's
+// own epoll server (net/http_server.h: slow or idle clients cost no thread, and every limit
+// answers with a status). POST /v1/completions takes OpenAI's fields (cli/serve_request.h:
+// an unknown one is a 400 naming it) and answers with OpenAI's shape, or with server-sent
+// events when stream is true; GET /health gives the queue, GET /stats the batching loop's
+// counters, GET /metrics Prometheus's text. A bad request gets a 400 and a JSON error naming
+// the field, and the server goes on serving. Requests are batched continuously
+// (cli/batch_loop.h): each one's text is what `generate` gives for the same prompt and
+// seed, whatever else is decoded beside it, on one rank or a tp x pp model group (--tp,
+// --pp; rank 0 serves). A client that hangs up leaves the batch at the next step. SIGINT or
 // SIGTERM stops it after the requests in progress.
+#include <malloc.h>
 #include <omp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -23,19 +26,19 @@
 #include <cstdio>
 #include <mutex>
 #include <thread>
-#include <type_traits>
-
-#include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/batch_loop.h"
 #include "cli/commands.h"
 #include "cli/launch.h"
+#include "cli/serve_metrics.h"
+#include "cli/serve_request.h"
 #include "comm/mesh.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
 #include "data/bpe.h"
+#include "net/http_server.h"
 
 namespace meshtrain::cli {
 
@@ -49,74 +52,14 @@ struct ServeOptions {
   int tp = 1, pp = 1;  // the model group's layout
   int micro_batches = 1;  // with pp: groups of sequences that follow each other
   WeightPlacement weights;
+  net::ServerLimits limits;
 };
 
-// Field `key` of `body`, a string or a list of strings, appended to `out`.
-Status strings_of(const json& body, const char* key, std::vector<std::string>* out) {
-  const json& v = body[key];
-  const Status wrong = Status::error(std::string("'") + key + "' must be a string or a list of strings");
-  if (v.is_string()) {
-    out->push_back(v.get<std::string>());
-    return Status::ok();
-  }
-  if (!v.is_array()) return wrong;
-  for (const json& x : v) {
-    if (!x.is_string()) return wrong;
-    out->push_back(x.get<std::string>());
-  }
-  return Status::ok();
-}
+constexpr auto kPollClient = std::chrono::milliseconds(50);  // how often a waiting handler looks for a hang-up
 
-// A request's fields, checked by type and range, into completion requests (one per prompt).
-Status parse_request(const json& body, std::vector<CompletionRequest>* out, bool* stream) {
-  if (!body.is_object()) return Status::error("the request body must be a JSON object");
-  std::vector<std::string> prompts;
-  if (!body.contains("prompt")) return Status::error("'prompt' is required");
-  RETURN_IF_ERROR(strings_of(body, "prompt", &prompts));
-  if (prompts.empty()) return Status::error("'prompt' must be a string or a non-empty list of strings");
-  CompletionRequest r;
-  auto integer = [&](const char* key, int64_t lo, int64_t hi, auto* v) -> Status {
-    if (!body.contains(key) || body[key].is_null()) return Status::ok();
-    if (!body[key].is_number_integer())
-      return Status::error(std::string("'") + key + "' must be an integer, got " + body[key].dump());
-    const int64_t x = body[key].get<int64_t>();
-    if (x < lo || x > hi)
-      return Status::error(std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " + std::to_string(x));
-    *v = static_cast<std::remove_reference_t<decltype(*v)>>(x);
-    return Status::ok();
-  };
-  auto number = [&](const char* key, float* v) -> Status {
-    if (!body.contains(key) || body[key].is_null()) return Status::ok();
-    if (!body[key].is_number()) return Status::error(std::string("'") + key + "' must be a number, got " + body[key].dump());
-    *v = body[key].get<float>();
-    return Status::ok();
-  };
-  RETURN_IF_ERROR(integer("max_tokens", 0, 1 << 20, &r.max_tokens));
-  RETURN_IF_ERROR(integer("top_k", 0, 1 << 30, &r.sampling.top_k));
-  RETURN_IF_ERROR(integer("seed", 0, INT64_MAX, &r.seed));
-  RETURN_IF_ERROR(integer("logprobs", 0, 20, &r.logprobs));
-  RETURN_IF_ERROR(number("temperature", &r.sampling.temperature));
-  RETURN_IF_ERROR(number("top_p", &r.sampling.top_p));
-  if (body.contains("n") && body["n"] != 1) return Status::error("'n' other than 1 is not supported");
-  if (body.contains("stop") && !body["stop"].is_null()) RETURN_IF_ERROR(strings_of(body, "stop", &r.stop));
-  *stream = false;
-  if (body.contains("stream") && !body["stream"].is_null()) {
-    if (!body["stream"].is_boolean()) return Status::error("'stream' must be true or false");
-    *stream = body["stream"].get<bool>();
-  }
-  if (*stream && prompts.size() > 1) return Status::error("'stream' takes a single prompt");
-  for (const std::string& text : prompts) {
-    out->push_back(r);
-    out->back().prompt = text;
-  }
-  return Status::ok();
-}
-
-void send_error(httplib::Response& res, int status, const std::string& message) {
-  res.status = status;
-  res.set_content(dump_json({{"error", {{"message", message}, {"type", "invalid_request_error"}}}}), "application/json");
-}
+// A request body at least this large is followed by malloc_trim: its pieces (the body, the
+// parsed JSON, the prompt) go back to the system, not only to malloc's free lists.
+constexpr size_t kTrimAfterBytes = 64 * 1024;
 
 // What one completion sends back to its handler thread: pieces of text, then done.
 struct Outbox {
@@ -144,120 +87,199 @@ struct Outbox {
     m.abandoned = [self] { return self->abandoned.load(); };
     return m;
   }
-  void wait_done() {
+  // Waits for the completion; a client that hangs up meanwhile makes it leave the batch at
+  // the next step (its answer is then not sent).
+  void wait_done(const net::Exchange& client) {
     std::unique_lock<std::mutex> lock(mu);
-    ready.wait(lock, [&] { return done; });
+    while (!ready.wait_for(lock, kPollClient, [&] { return done; }))
+      if (!abandoned && client.client_gone()) abandoned = true;
   }
 };
+
+// A JSON error as OpenAI sends it; returns the status for the request's record.
+int send_error(net::Exchange& ex, int status, const std::string& message) {
+  ex.respond(status, "application/json", net::error_json(message));
+  return status;
+}
 
 class Server {
  public:
   Server(const ServeOptions& o, const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups,
          comm::Group* world)
-      : options_(o), gpt_(gpt), tok_(tok), loop_(gpt, tok, o.max_batch, o.threads, groups, world) {
-    http_.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
-    });
-    http_.Get("/stats", [this](const httplib::Request&, httplib::Response& res) {
-      res.set_content(dump_json(loop_.stats()), "application/json");
-    });
-    http_.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { complete(req, res); });
-    http_.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-      if (res.status == 404) send_error(res, 404, "no such endpoint: " + req.method + " " + req.path);
-    });
-  }
+      : options_(o), gpt_(gpt), tok_(tok), loop_(gpt, tok, o.max_batch, o.threads, groups, world),
+        http_(o.limits, [this](net::Exchange& ex) { handle(ex); }) {}
 
   Status listen() {
-    const int port = options_.port == 0 ? http_.bind_to_any_port(options_.host) : options_.port;
-    if (options_.port != 0 && !http_.bind_to_port(options_.host, port))
-      return Status::error("cannot listen on " + options_.host + ":" + std::to_string(port) + " (in use?)");
-    if (port < 0) return Status::error("cannot listen on " + options_.host);
-    std::printf("serving %s on http://%s:%d (POST /v1/completions, GET /health, GET /stats; up to %d sequences decoded together)\n",
-                options_.model.c_str(), options_.host.c_str(), port, options_.max_batch);
+    RETURN_IF_ERROR(http_.listen(options_.host, options_.port));
+    std::printf("serving %s on http://%s:%d (POST /v1/completions, GET /health, GET /stats, GET /metrics; up to %d "
+                "sequences decoded together)\n",
+                options_.model.c_str(), options_.host.c_str(), http_.port(), options_.max_batch);
     std::fflush(stdout);
-    if (!http_.listen_after_bind()) return Status::error("the server stopped with an error");
+    http_.run();
     return Status::ok();
   }
   void stop() { http_.stop(); }
 
  private:
-  void complete(const httplib::Request& req, httplib::Response& res) {
-    json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-    if (body.is_discarded()) return send_error(res, 400, "the request body is not valid JSON");
+  // Every request: routed, then counted with its status and latency.
+  void handle(net::Exchange& ex) {
+    const auto start = std::chrono::steady_clock::now();
+    const net::HttpRequest& req = ex.request();
+    const bool completion = req.path == "/v1/completions";
+    const int status = route(ex);
+    metrics_.request(status, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                     completion);
+    if (req.body.size() >= kTrimAfterBytes) malloc_trim(0);
+  }
+
+  int route(net::Exchange& ex) {
+    const net::HttpRequest& req = ex.request();
+    const bool get = req.method == "GET" || req.method == "HEAD";
+    if (req.path == "/v1/completions") return req.method == "POST" ? complete(ex) : send_error(ex, 405, "use POST for /v1/completions");
+    if (req.path == "/health" && get) return json_reply(ex, health());
+    if (req.path == "/stats" && get) return json_reply(ex, loop_.stats());
+    if (req.path == "/metrics" && get) {
+      ex.respond(200, "text/plain; version=0.0.4", metrics_.prometheus(loop_.stats(), http_.stats()));
+      return 200;
+    }
+    return send_error(ex, 404, "no such endpoint: " + req.method + " " + req.path);
+  }
+
+  int json_reply(net::Exchange& ex, const json& j) {
+    ex.respond(200, "application/json", dump_json(j));
+    return 200;
+  }
+
+  // The queue as a client or a load balancer wants it: the sequences decoding and waiting,
+  // the requests waiting for a handler, the open connections.
+  json health() {
+    const json loop = loop_.stats();
+    const net::ServerStats http = http_.stats();
+    return {{"status", "ok"},         {"running", loop["running"]},     {"waiting", loop["waiting"]},
+            {"queued", http.queued},  {"in_flight", http.in_flight},    {"connections", http.connections},
+            {"max_batch", options_.max_batch}};
+  }
+
+  int complete(net::Exchange& ex) {
+    json body = json::parse(ex.request().body, nullptr, /*allow_exceptions=*/false);
+    if (body.is_discarded()) return send_error(ex, 400, "the request body is not valid JSON");
     std::vector<CompletionRequest> requests;
     bool stream = false;
-    if (Status s = parse_request(body, &requests, &stream); !s.is_ok()) return send_error(res, 400, s.message());
+    if (Status s = parse_completion_body(body, &requests, &stream); !s.is_ok()) return send_error(ex, 400, s.message());
+    body = json();  // the prompts are in `requests` now
     std::vector<std::shared_ptr<Outbox>> boxes;
     for (size_t i = 0; i < requests.size(); i++) {
       boxes.push_back(std::make_shared<Outbox>());
       boxes[i]->request = requests[i];
       if (Status s = prepare_completion(gpt_, tok_, requests[i], &boxes[i]->completion); !s.is_ok())
-        return send_error(res, 400, requests.size() > 1 ? "prompt " + std::to_string(i) + ": " + s.message() : s.message());
+        return send_error(ex, 400, requests.size() > 1 ? "prompt " + std::to_string(i) + ": " + s.message() : s.message());
     }
     const int64_t id = ++next_id_;
     const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch()).count();
     json head = {{"id", "cmpl-" + std::to_string(id)}, {"object", "text_completion"}, {"created", created},
                  {"model", options_.model}};
-    if (stream) return complete_streamed(boxes[0], head, res);
+    if (stream) return complete_streamed(ex, boxes[0], head);
     // Every prompt joins the batch at once; the answer waits for the last.
     std::vector<CompletionBatch::Member> members;
     for (auto& box : boxes) members.push_back(box->member(box, false));
     loop_.submit(std::move(members));
     json choices = json::array();
     int64_t prompt_tokens = 0, completion_tokens = 0;
+    bool gone = false;
     for (size_t i = 0; i < boxes.size(); i++) {
-      boxes[i]->wait_done();
+      if (gone) boxes[i]->abandoned = true;
+      boxes[i]->wait_done(ex);
+      gone = gone || boxes[i]->abandoned;
       const Completion& c = boxes[i]->completion;
       choices.push_back(completion_choice(tok_, (int)i, requests[i], c));
       prompt_tokens += (int64_t)c.prompt_tokens.size();
       completion_tokens += (int64_t)c.tokens.size();
     }
+    metrics_.tokens(prompt_tokens, completion_tokens);
+    if (gone) return 499;  // nobody to answer
     head["choices"] = choices;
     head["usage"] = {{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion_tokens},
                      {"total_tokens", prompt_tokens + completion_tokens}};
-    res.set_content(dump_json(head), "application/json");
+    ex.respond(200, "application/json", dump_json(head));
+    return 200;
   }
 
   // Server-sent events: one chunk per piece of text as it is sampled, the last with the
   // finish reason, then [DONE]. A client that goes away leaves the batch at its next step.
-  void complete_streamed(std::shared_ptr<Outbox> box, const json& head, httplib::Response& res) {
-    res.set_chunked_content_provider("text/event-stream", [this, box, head](size_t, httplib::DataSink& sink) {
-      auto event = [&](const json& choice) {
-        json chunk = head;
-        chunk["choices"] = json::array({choice});
-        const std::string text = "data: " + dump_json(chunk) + "\n\n";
-        return sink.write(text.data(), text.size());
-      };
-      loop_.submit({box->member(box, true)});
-      for (;;) {
-        std::unique_lock<std::mutex> lock(box->mu);
-        box->ready.wait(lock, [&] { return box->done || !box->pieces.empty(); });
-        if (box->pieces.empty()) break;  // done, and everything sent
-        const std::string piece = std::move(box->pieces.front());
-        box->pieces.pop_front();
-        lock.unlock();
-        if (!event({{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}})) {
-          box->abandoned = true;
-          return false;
-        }
+  int complete_streamed(net::Exchange& ex, std::shared_ptr<Outbox> box, const json& head) {
+    auto event = [&](const json& choice) {
+      json chunk = head;
+      chunk["choices"] = json::array({choice});
+      return ex.write("data: " + dump_json(chunk) + "\n\n");
+    };
+    const bool open = ex.begin_stream(200, "text/event-stream");
+    loop_.submit({box->member(box, true)});
+    if (!open) box->abandoned = true;
+    for (;;) {
+      std::unique_lock<std::mutex> lock(box->mu);
+      if (!box->ready.wait_for(lock, kPollClient, [&] { return box->done || !box->pieces.empty(); })) {
+        if (!box->abandoned && ex.client_gone()) box->abandoned = true;
+        continue;
       }
-      event({{"index", 0}, {"text", ""}, {"logprobs", nullptr},
-             {"finish_reason", box->completion.stopped ? "stop" : "length"}});
-      const std::string done = "data: [DONE]\n\n";
-      sink.write(done.data(), done.size());
-      sink.done();
-      return true;
-    });
+      if (box->pieces.empty()) break;  // done, and everything sent
+      const std::string piece = std::move(box->pieces.front());
+      box->pieces.pop_front();
+      lock.unlock();
+      if (!box->abandoned && !event({{"index", 0}, {"text", piece}, {"logprobs", nullptr}, {"finish_reason", nullptr}}))
+        box->abandoned = true;
+    }
+    const Completion& c = box->completion;
+    metrics_.tokens((int64_t)c.prompt_tokens.size(), (int64_t)c.tokens.size());
+    if (box->abandoned) return 499;
+    event({{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", c.stopped ? "stop" : "length"}});
+    ex.write("data: [DONE]\n\n");
+    ex.end_stream();
+    return 200;
   }
 
   ServeOptions options_;
   const model::Gpt& gpt_;
   const data::Gpt2Tokenizer& tok_;
+  ServeMetrics metrics_;
   BatchLoop loop_;  // outlives the HTTP server's handlers: they wait on it
-  httplib::Server http_;
+  net::HttpServer http_;
   std::atomic<int64_t> next_id_{0};
 };
+
+// The HTTP server's limits (docs/serving.md: what a client sees at each).
+void add_limit_flags(CLI::App* cmd, net::ServerLimits* l) {
+  cmd->add_option("--max-request-bytes", l->parse.max_body_bytes, "Largest request body; a larger one gets 413")
+      ->capture_default_str();
+  cmd->add_option("--max-header-bytes", l->parse.max_header_bytes,
+                  "Largest request line and headers together; larger get 431")
+      ->capture_default_str();
+  cmd->add_option("--max-connections", l->max_connections,
+                  "Connections open at once; more get 503 with Retry-After and are closed")
+      ->capture_default_str();
+  cmd->add_option("--max-in-flight", l->max_in_flight,
+                  "Requests handled at once (handler threads); more wait in arrival order, costing no thread")
+      ->capture_default_str();
+  cmd->add_option("--header-timeout", l->header_timeout_s,
+                  "Seconds for a request's whole line and headers (not per read); later: 408, closed")
+      ->capture_default_str();
+  cmd->add_option("--body-timeout", l->body_timeout_s, "Seconds for a request's whole body after its headers; later: 408")
+      ->capture_default_str();
+  cmd->add_option("--idle-timeout", l->idle_timeout_s, "Seconds a kept-alive connection may wait for its next request")
+      ->capture_default_str();
+}
+
+Status check_limits(const net::ServerLimits& l) {
+  if (l.parse.max_body_bytes < 1) return Status::error("--max-request-bytes must be >= 1");
+  if (l.parse.max_header_bytes < 64) return Status::error("--max-header-bytes must be >= 64");
+  if (l.max_connections < 1 || l.max_in_flight < 1) return Status::error("--max-connections and --max-in-flight must be >= 1");
+  // (A day at most: the deadlines are clock times, and infinity has none.)
+  for (const auto& [flag, seconds] : {std::pair{"--header-timeout", l.header_timeout_s},
+                                      {"--body-timeout", l.body_timeout_s}, {"--idle-timeout", l.idle_timeout_s}})
+    if (!(seconds > 0 && seconds <= 86400))
+      return Status::error(std::string(flag) + " must be in (0, 86400] seconds, got " + std::to_string(seconds));
+  return Status::ok();
+}
 
 // SIGINT and SIGTERM write a byte to a pipe, whichever thread they land on (OpenMP's
 // workers included), and one thread reading it stops the server: nothing runs inside the
@@ -273,6 +295,7 @@ extern "C" void on_stop_signal(int) {
 Status serve(const ServeOptions& o, comm::Group& world) {
   if (o.port < 0 || o.port > 65535) return Status::error("--port must be 0-65535 (0: any free port)");
   if (o.max_batch < 1) return Status::error("--max-batch must be >= 1 (sequences decoded together)");
+  RETURN_IF_ERROR(check_limits(o.limits));
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, 1, &shape));
   if (o.threads > 0) omp_set_num_threads(o.threads);
@@ -324,7 +347,7 @@ Status serve(const ServeOptions& o, comm::Group& world) {
 
 Command add_serve_command(CLI::App& app) {
   auto o = std::make_shared<ServeOptions>();
-  auto* cmd = app.add_subcommand("serve", "An OpenAI-compatible completions server (POST /v1/completions, GET /health)");
+  auto* cmd = app.add_subcommand("serve", "An OpenAI-compatible completions server (POST /v1/completions, GET /health, /stats, /metrics)");
   add_config_option(cmd);
   cmd->add_option("--checkpoint", o->model, "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
   cmd->add_option("--port", o->port, "TCP port (0: any free port; the startup line names it)")->capture_default_str();
@@ -334,6 +357,7 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--max-batch", o->max_batch,
                   "Sequences decoded together (continuous batching; 1: one at a time). Texts do not depend on it")
       ->capture_default_str();
+  add_limit_flags(cmd, &o->limits);
   add_weight_flags(cmd, &o->weights);
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (split by key/value heads; same text)")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline stages (split by layers; same text)")->capture_default_str();

@@ -309,7 +309,9 @@ Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& pat
       return Status::error(path + ": token '" + key + "' is outside GPT-2's byte alphabet");
     }
     encoder_.emplace(key, int(id));
+    longest_token_bytes_ = std::max<int>(longest_token_bytes_, (int)token_bytes_[id].size());
   }
+  longest_token_bytes_ = std::max<int>(longest_token_bytes_, (int)kEndOfText.size());
 
   const auto eot = encoder_.find(std::string(kEndOfText));
   if (eot == encoder_.end())

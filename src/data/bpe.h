@@ -50,6 +50,9 @@ class Gpt2Tokenizer {
 
   int eot_id() const { return eot_id_; }
   int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
+  // The most bytes of text one token stands for ("<|endoftext|>" included): a text of B
+  // bytes is at least ceil(B / longest_token_bytes()) tokens, known without encoding it.
+  int longest_token_bytes() const { return longest_token_bytes_; }
 
  private:
   struct Merge {
@@ -74,6 +77,7 @@ class Gpt2Tokenizer {
   int byte_ids_[256] = {};                        // raw byte -> id of its one-byte token
   std::unordered_map<uint64_t, Merge> merges_;    // pair_key(left id, right id) -> merge
   int eot_id_ = -1;
+  int longest_token_bytes_ = 1;
 };
 
 }  // namespace meshtrain::data

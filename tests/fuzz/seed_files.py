@@ -3,6 +3,7 @@
   seed_files.py token-data DIR            train.bin / val.bin with ids < 100 for a tiny run
   seed_files.py handmade CORPUS TRAIN_BIN hand-built files for several targets
   seed_files.py bpe TOKENIZER_DIR OUT_DIR an excerpt of GPT-2's encoder.json and vocab.bpe
+  seed_files.py http OUT_DIR              HTTP requests as clients of `meshtrain serve` send them
 """
 import json
 import os
@@ -103,5 +104,27 @@ def bpe(tokenizer_dir, out, merges=300):
     write(os.path.join(out, "minimal"), minimal + "\0#version: 0.2\n\u0120 t\n\0 tt t")
 
 
+def http_requests(out):
+    """What curl, Python's urllib and OpenAI's clients send to `meshtrain serve`, and a few
+    requests the parser must refuse."""
+    os.makedirs(out, exist_ok=True)
+    body = json.dumps({"prompt": "It was", "max_tokens": 5, "temperature": 0.9, "seed": 4})
+    seeds = {
+        "curl_post": "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nUser-Agent: curl/7.88.1\r\n"
+                     "Accept: */*\r\nContent-Length: %d\r\nContent-Type: application/x-www-form-urlencoded\r\n\r\n%s"
+                     % (len(body), body),
+        "urllib_post": "POST /v1/completions HTTP/1.1\r\nAccept-Encoding: identity\r\nContent-Type: application/json\r\n"
+                       "Content-Length: %d\r\nHost: localhost\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+        "pipelined": "GET /health HTTP/1.1\r\nHost: a\r\n\r\nGET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\n",
+        "http10": "GET /stats HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+        "expect": "POST /v1/completions HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 100\r\n\r\n",
+        "chunked": "POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+        "folded": "GET / HTTP/1.1\r\nA: b\r\n c\r\n\r\n",
+        "bare_lf": "GET / HTTP/1.1\nHost: a\n\n",
+    }
+    for name, text in seeds.items():
+        write(os.path.join(out, name + ".http"), text)
+
+
 if __name__ == "__main__":
-    {"token-data": token_data, "handmade": handmade, "bpe": bpe}[sys.argv[1]](*sys.argv[2:])
+    {"token-data": token_data, "handmade": handmade, "bpe": bpe, "http": http_requests}[sys.argv[1]](*sys.argv[2:])

@@ -138,6 +138,44 @@ inline Metrics read_metrics(const std::string& path) {
 // shortest round-trip form, so equal bits mean equal values as computed).
 inline uint64_t bits(const nlohmann::json& v) { return std::bit_cast<uint64_t>(v.get<double>()); }
 
+// ---- meshtrain serve -------------------------------------------------------------------
+
+// A `meshtrain serve` in the background: its pid, and the URL and port its startup line
+// names (empty and 0 if it did not start within a minute: the sanitizers' build loads slowly).
+struct Served {
+  std::string pid, url;
+  int port = 0;
+};
+
+// `meshtrain serve ARGS`, its output in `out`.
+inline Served start_serve(const std::string& args, const std::string& out) {
+  Served s;
+  RunResult started = run("sh -c '" + kBinary + " serve " + args + " > " + out + " 2>&1 & echo $!'");
+  if (started.exit_code != 0) return s;
+  s.pid = lines_of(started.out).at(0);
+  for (int i = 0; i < 600 && s.url.empty(); i++) {
+    const std::string text = read_file(out);
+    if (const size_t at = text.find("http://127.0.0.1:"); at != std::string::npos && text.find(" (POST", at) != std::string::npos)
+      s.url = text.substr(at, text.find(' ', at) - at);
+    else
+      ::usleep(100000);
+  }
+  if (!s.url.empty()) s.port = std::stoi(s.url.substr(s.url.rfind(':') + 1));
+  return s;
+}
+
+// SIGTERM, then its "stopped" line within 10 s (else a SIGKILL and a failure).
+inline void stop_serve(const Served& s, const std::string& out) {
+  EXPECT_EQ(run("kill -TERM " + s.pid).exit_code, 0);
+  bool stopped = false;
+  for (int i = 0; i < 100 && !stopped; i++) {
+    stopped = read_file(out).find("stopped") != std::string::npos && run("kill -0 " + s.pid).exit_code != 0;
+    if (!stopped) ::usleep(100000);
+  }
+  EXPECT_TRUE(stopped) << read_file(out);
+  if (!stopped) (void)run("kill -9 " + s.pid);
+}
+
 // ---- Fixture ---------------------------------------------------------------------------
 
 // Something the tests only read, made once per build of the binary and shared by every test

@@ -86,26 +86,10 @@ class CliPractitioner : public cli_test::CliTest {
     return kBinary + " generate --checkpoint " + model + " --threads 1 " + args;
   }
 
-  // `meshtrain serve` on the base run in the background, its output in `out`: its pid and the
-  // URL its startup line names (empty if it did not start within a minute: the sanitizers'
-  // build loads slowly).
-  struct Served {
-    std::string pid, url;
-  };
+  // `meshtrain serve` on the base run in the background, its output in `out`.
+  using Served = cli_test::Served;
   Served start_serve(const std::string& out, const std::string& args) {
-    Served s;
-    RunResult started = run("sh -c '" + kBinary + " serve --checkpoint " + base_run() + " --port 0 --threads 1 " + args +
-                            " > " + out + " 2>&1 & echo $!'");
-    if (started.exit_code != 0) return s;
-    s.pid = lines_of(started.out).at(0);
-    for (int i = 0; i < 600 && s.url.empty(); i++) {
-      const std::string text = read_file(out);
-      if (const size_t at = text.find("http://127.0.0.1:"); at != std::string::npos && text.find(" (POST", at) != std::string::npos)
-        s.url = text.substr(at, text.find(' ', at) - at);
-      else
-        ::usleep(100000);
-    }
-    return s;
+    return cli_test::start_serve("--checkpoint " + base_run() + " --port 0 --threads 1 " + args, out);
   }
   // A Python client script (its argument the server's URL): `clients` threads send `requests`
   // completions each, request k with seed seed0 + k, then the same requests one at a time;
@@ -128,17 +112,8 @@ print(json.dumps({"alone": [ask(seed0 + k) for k in range(requests)],
                   "concurrent": [[results[(c, k)] for k in range(requests)] for c in range(clients)]}))
 )");
   }
-  // SIGTERM, then its "stopped" line within 10 s (else a SIGKILL and a failure).
-  void stop_serve(const Served& s, const std::string& out) {
-    EXPECT_EQ(run("kill -TERM " + s.pid).exit_code, 0);
-    bool stopped = false;
-    for (int i = 0; i < 100 && !stopped; i++) {
-      stopped = read_file(out).find("stopped") != std::string::npos && run("kill -0 " + s.pid).exit_code != 0;
-      if (!stopped) ::usleep(100000);
-    }
-    EXPECT_TRUE(stopped) << read_file(out);
-    if (!stopped) (void)run("kill -9 " + s.pid);
-  }
+  void stop_serve(const Served& s, const std::string& out) { cli_test::stop_serve(s, out); }
+
 
   static inline std::string base_dir_;
   static inline bool base_ok_ = false;
@@ -614,7 +589,7 @@ TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
   auto json_of = [](const RunResult& r) { return json::parse(lines_of(r.out).front()); };
 
   RunResult health = run("curl -s " + url + "/health");
-  EXPECT_EQ(health.out, "{\"status\":\"ok\"}");
+  EXPECT_EQ(json::parse(health.out)["status"], "ok") << health.out;
   const std::string settings = "\"max_tokens\": 6, \"temperature\": 0.9, \"top_k\": 0, \"seed\": 4";
   RunResult one = post("{\"prompt\": \"It was\", " + settings + ", \"logprobs\": 1}");
   ASSERT_EQ(status_of(one), "200") << one.out;
@@ -683,7 +658,7 @@ TEST_F(CliPractitioner, ServeAnswersAsGenerateDoesAndSurvivesBadRequests) {
     EXPECT_EQ(status_of(r), "400") << r.out;
     EXPECT_NE(r.out.find(b.reason), std::string::npos) << r.out;
   }
-  EXPECT_EQ(run("curl -s " + url + "/health").out, "{\"status\":\"ok\"}");
+  EXPECT_EQ(json::parse(run("curl -s " + url + "/health").out)["status"], "ok");
 
   stop_serve(served, out);
 }
