@@ -118,12 +118,12 @@ MemoryLimit usable_memory(int ranks_on_host) {
   };
   if (const char* env = std::getenv("MESHTRAIN_MEMORY_LIMIT_GB"); env && *env) {
     consider(std::atof(env) * 1e9, "MESHTRAIN_MEMORY_LIMIT_GB");
-  } else {
-    consider(parse_mem_available(slurp("/proc/meminfo")), "the host's available memory (MemAvailable)");
-    std::string where;
-    const double cg = cgroup_limit(&where);
-    if (cg < kNoLimit) consider(cg, "the cgroup limit (" + where + ")");
+    return out;  // said explicitly: it replaces every detected figure
   }
+  consider(parse_mem_available(slurp("/proc/meminfo")), "the host's available memory (MemAvailable)");
+  std::string where;
+  const double cg = cgroup_limit(&where);
+  if (cg < kNoLimit) consider(cg, "the cgroup limit (" + where + ")");
   std::string which;
   const double rl = rlimit_bytes(&which);
   if (rl < out.bytes) out = {rl, which + " " + gb(rl) + " of this process"};

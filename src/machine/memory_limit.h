@@ -16,9 +16,9 @@ struct MemoryLimit {
 
 // The smallest of: MemAvailable and the cgroup limit, each shared by `ranks_on_host` ranks,
 // and this process's RLIMIT_AS / RLIMIT_DATA. The environment variable
-// MESHTRAIN_MEMORY_LIMIT_GB (decimal GB for the whole host) replaces the host's two figures:
-// for tests, and to leave room for other jobs. A figure that cannot be read is left out;
-// with none, bytes is +infinity.
+// MESHTRAIN_MEMORY_LIMIT_GB (decimal GB for the whole host, shared by its ranks) replaces
+// every detected figure: to leave room for other jobs, or in tests. A figure that cannot be
+// read is left out; with none, bytes is +infinity.
 MemoryLimit usable_memory(int ranks_on_host);
 
 // The figures parsed from their files' text (exposed for tests): MemAvailable in bytes from

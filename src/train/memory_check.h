@@ -11,8 +11,9 @@
 namespace meshtrain::train {
 
 // OK when this rank's predicted peak fits, or when the local planner does not model the
-// run (16-bit storage, zero-bubble schedules, expert parallelism: see predict_local); then
-// a failed allocation still names itself (core/memory.h). With --offload or
+// run (zero-bubble schedules, expert parallelism: see predict_local); then a failed
+// allocation still names itself (core/memory.h). 16-bit storage is checked against a
+// lower bound from the fp32 replay. With --offload or
 // --memory-budget the state that can go to files is left out of the figure (a lower
 // bound). --memory-budget itself is not the limit: it decides what goes to files, and
 // place_state() checks it once the state is placed.

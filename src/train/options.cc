@@ -208,7 +208,7 @@ Status check_real_flags(const TrainOptions& o) {
       {"--offload-chunk-mb", o.offload_chunk_mb, 0, kMax, true, false, "a finite size > 0"},
       {"--memory-budget", o.memory_budget_gb, 0, kMax, false, false, "a finite number of GB >= 0 (0: none)"},
       {"--peak-gflops", o.peak_gflops, 0, kMax, false, false, "a finite number >= 0 (0: measured)"},
-      {"--rope-theta", o.rope_theta, 0, kMax, false, false, "a finite number > 1 (or unset for the preset's)"},
+      {"--rope-theta", o.rope_theta, 0, kMax, false, false, "a finite number >= 0 (0: the preset's)"},
       {"--loss-scale", ls.initial, 0, kMax, true, false, "a finite number > 0"},
       {"--loss-scale-min", ls.min_scale, 0, kMax, true, false, "a finite number > 0"},
       {"--loss-scale-backoff", ls.backoff, 0, 1, true, true, "in (0, 1)"},

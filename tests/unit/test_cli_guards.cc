@@ -51,6 +51,9 @@ TEST_F(Guards, RunTooLargeForMemoryIsRefusedBeforeStepOne) {
                        "MESHTRAIN_MEMORY_LIMIT_GB", "refused before any allocation", "Changes that fit: ",
                        "--micro-batch 1 --grad-accum 2", "--seq-len "});
   EXPECT_FALSE(fs::exists(path("big/metrics.jsonl"))) << describe(big);
+  // 16-bit storage: a lower bound from the fp32 replay (activations are fp32 at any precision).
+  expect_failure(run(limit + train(kTinyAnyT + " --seq-len 2048 --precision bf16 --steps 1")),
+                 {"rank 0 would need at least ", "(16-bit storage: a lower bound from the fp32 replay)"});
   const RunResult small = run(limit + train(kTiny + " --steps 1 --quiet"));
   EXPECT_EQ(small.exit_code, 0) << describe(small);
 }
@@ -65,13 +68,15 @@ TEST_F(Guards, AddressSpaceLimitIsReadAsTheMemoryToUse) {
   expect_failure(r, {"rank 0 would need ", "ulimit -v (RLIMIT_AS)", "refused before any allocation"});
 }
 
-// A run the planner does not model (16-bit storage) is not checked up front; when its
-// allocation fails, the error names the buffer's category and size, not "std::bad_alloc".
+// An allocation that fails (the check told, through MESHTRAIN_MEMORY_LIMIT_GB, that the host
+// has memory that ulimit -v does not give) names the buffer's category and size, not
+// "std::bad_alloc".
 TEST_F(Guards, OutOfMemoryNamesTheAllocation) {
 #ifdef MESHTRAIN_SANITIZED
   GTEST_SKIP() << "AddressSanitizer needs more address space than ulimit -v leaves, and aborts on a failed allocation";
 #endif
-  const RunResult r = run("ulimit -v 1500000 && " + train(kTinyAnyT + " --precision bf16 --seq-len 8192 --steps 1"));
+  const RunResult r = run("ulimit -v 1500000 && MESHTRAIN_MEMORY_LIMIT_GB=1000 " +
+                          train(kTinyAnyT + " --seq-len 8192 --steps 1"));
   expect_failure(r, {"meshtrain: error: out of memory: allocating ", " GB for ", " failed; this process's tracked "
                      "buffers held "});
   EXPECT_EQ(r.err.find("std::bad_alloc"), std::string::npos) << describe(r);
