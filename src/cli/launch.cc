@@ -377,8 +377,8 @@ int supervise(const LaunchOptions& options) {
     if (!retryable(a, f)) return a.exit_code;
     const std::string newest = newest_checkpoint(o.out_dir);
     const std::string where = newest.empty() ? "no checkpoint was saved" : "the newest complete checkpoint is " + newest;
-    std::fprintf(stderr, "meshtrain: error: the job failed: %s; %s%s\n", describe_failure(a, f, o).c_str(), where.c_str(),
-                 timeout_heartbeats(f, o).c_str());
+    std::fprintf(stderr, "meshtrain: error: the job failed: %s; %s%s\n", describe_failure(a, f, o).c_str(),
+                 where.c_str(), timeout_heartbeats(f, o).c_str());
     if (attempt >= o.max_restarts) {
       std::fprintf(stderr, "meshtrain: %s%s\n",
                    o.max_restarts > 0 ? ("no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); ").c_str() : "",

@@ -91,8 +91,10 @@ std::string describe_tracked_memory() {
   std::string parts;
   for (int c = 0; c < kNumMemCategories; c++)
     if (s.current[c] > 0)
-      parts += (parts.empty() ? "" : ", ") + std::string(mem_category_name((MemCategory)c)) + " " + gb((double)s.current[c]);
-  return "this process's tracked buffers held " + gb((double)s.total_current) + (parts.empty() ? "" : " (" + parts + ")") +
+      parts += (parts.empty() ? "" : ", ") + std::string(mem_category_name((MemCategory)c)) + " " +
+               gb((double)s.current[c]);
+  return "this process's tracked buffers held " + gb((double)s.total_current) +
+         (parts.empty() ? "" : " (" + parts + ")") +
          ", its peak resident set was " + gb((double)peak_rss_bytes());
 }
 

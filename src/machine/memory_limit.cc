@@ -80,7 +80,8 @@ double cgroup_limit(std::string* where) {
 // ulimit -v and -d bind this process alone, whatever the host's ranks share.
 double rlimit_bytes(std::string* which) {
   double best = kNoLimit;
-  for (auto [resource, name] : {std::pair{RLIMIT_AS, "ulimit -v (RLIMIT_AS)"}, {RLIMIT_DATA, "ulimit -d (RLIMIT_DATA)"}}) {
+  for (auto [resource, name] :
+       {std::pair{RLIMIT_AS, "ulimit -v (RLIMIT_AS)"}, {RLIMIT_DATA, "ulimit -d (RLIMIT_DATA)"}}) {
     struct rlimit r {};
     if (getrlimit(resource, &r) != 0 || r.rlim_cur == RLIM_INFINITY) continue;
     if ((double)r.rlim_cur < best) best = (double)r.rlim_cur, *which = name;

@@ -237,10 +237,10 @@ std::string diagnose_ranks(const std::vector<RankBeat>& beats, int me, double st
   for (const SameState& g : groups) {
     out += "\n  rank" + std::string(g.ranks.size() > 1 ? "s " : " ") + rank_list(g.ranks) +
            (g.host.empty() ? "" : " on " + g.host) + ": " + g.state;
-    if (g.oldest_s > 0 && g.state.find("silent") == std::string::npos)  // a silent rank's line has its age
-      out += " (beat " + (g.oldest_s - g.newest_s < 0.05 ? seconds_text(g.oldest_s)
-                                                          : seconds_text(g.newest_s) + " to " + seconds_text(g.oldest_s)) +
-             " ago)";
+    if (g.oldest_s > 0 && g.state.find("silent") == std::string::npos) {  // a silent rank's line has its age
+      const bool one = g.oldest_s - g.newest_s < 0.05;
+      out += " (beat " + (one ? "" : seconds_text(g.newest_s) + " to ") + seconds_text(g.oldest_s) + " ago)";
+    }
   }
   auto hosts_of = [&](const std::vector<int>& ranks) {
     std::string h;

@@ -120,7 +120,8 @@ std::string fitting_changes(const Need& need, const planner::Layout& l, int T, d
     planner::Layout x = l;
     x.micro_batch = mb;
     if (!fits(x, T, &b)) continue;
-    out.push_back("--micro-batch " + std::to_string(mb) + " --grad-accum " + std::to_string(rows / mb) + " (" + gb(b) + ")");
+    out.push_back("--micro-batch " + std::to_string(mb) + " --grad-accum " + std::to_string(rows / mb) + " (" +
+                  gb(b) + ")");
     break;
   }
   // The longest sequence that fits, to a multiple of 64 (the attention kernel's block).

@@ -62,7 +62,8 @@ TEST_F(Guards, RunTooLargeForMemoryIsRefusedBeforeStepOne) {
 // its own figures before any work (the verdict is agreed, so neither waits for the other).
 TEST_F(Guards, EveryRankRefusesARunTooLargeForItsShare) {
   const RunResult r = run("MESHTRAIN_MEMORY_LIMIT_GB=0.5 " + train(kTinyAnyT + " --seq-len 1024 --dp 2 --steps 1"));
-  expect_failure(r, {"more than the 0.25 GB it can use (MESHTRAIN_MEMORY_LIMIT_GB 0.5 GB shared by 2 ranks on this host)"});
+  expect_failure(r, {"more than the 0.25 GB it can use (MESHTRAIN_MEMORY_LIMIT_GB 0.5 GB shared by 2 ranks "
+                     "on this host)"});
   for (const char* rank : {"rank 0 would need ", "rank 1 would need "})
     EXPECT_NE(r.err.find(rank), std::string::npos) << describe(r);
 }
