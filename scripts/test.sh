@@ -84,6 +84,8 @@ multi_rank="$multi_rank|Offload\.(OffloadedTrainingIsBitIdentical|ResumeAfterACr
 # ZeRO-Infinity's CLI runs too (70 s natively); its in-process test (the I/O thread, the
 # shard buffers, every rank count) runs here.
 multi_rank="$multi_rank|Zero3ShardsInFilesTrainAsInMemory|MemoryBudgetMovesShardsToo))"
+# The guards' two-rank runs.
+multi_rank="$multi_rank|Guards\.(WatchdogSummaryBlamesTheRankBehind|EveryRankRefusesARunTooLargeForItsShare)"
 ONEDNN_MAX_CPU_ISA=AVX2 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   LSAN_OPTIONS="suppressions=$root/tests/sanitize/lsan.supp:print_suppressions=0" \
   ctest --test-dir "$root/build-asan" --output-on-failure -j "$jobs" -E "$multi_rank"

@@ -37,6 +37,9 @@ int run_on_ranks(int ranks, int threads, const std::function<Status(comm::Group&
 
 // Model shape, batch, optimizer and machine flags shared by train and bench step.
 void add_model_flags(CLI::App* app, train::TrainOptions* options);
+// The model's preset, architecture and shape flags alone (part of add_model_flags; export
+// --init describes its model with them).
+void add_shape_flags(CLI::App* app, train::TrainOptions* options);
 
 Command add_prep_command(CLI::App& app);
 Command add_tokenize_command(CLI::App& app);

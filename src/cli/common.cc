@@ -72,7 +72,7 @@ int fail(const Status& s) {
   return 1;
 }
 
-void add_model_flags(CLI::App* app, train::TrainOptions* o) {
+void add_shape_flags(CLI::App* app, train::TrainOptions* o) {
   app->add_option("--model", o->model_preset,
                   "Model preset: tiny, small, gpt2-124m, gpt2-350m (GPT-2); llama-tiny, llama-124m (Llama parts)")
       ->capture_default_str();
@@ -110,6 +110,10 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
                   "Sequence length T; also the rows of the position embedding unless "
                   "--init-from brings more (default: the preset's)");
   app->add_option("--vocab", o->vocab, "Vocabulary size (default 50257, GPT-2's)");
+}
+
+void add_model_flags(CLI::App* app, train::TrainOptions* o) {
+  add_shape_flags(app, o);
   app->add_option("--init-from", o->init_from,
                   "Start from this model: Hugging Face GPT-2 .safetensors, llm.c .bin (detected "
                   "by content) or a run/checkpoint folder; its shapes define the model");

@@ -1,6 +1,7 @@
 #include "cli/config_file.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <set>
 #include <sstream>
@@ -144,6 +145,22 @@ bool toml_value(const std::string& key, const std::vector<std::string>& values, 
   return false;
 }
 
+// A binary file would reach the TOML reader, whose message stops at the first NUL and
+// carries the raw bytes after it: text is checked first, and the message shows the
+// offending byte escaped, with its line and column.
+Status check_config_text(const std::string& text, const std::string& path) {
+  const size_t at = first_non_text_byte(text);
+  if (at == std::string::npos) return Status::ok();
+  const size_t line = 1 + (size_t)std::count(text.begin(), text.begin() + (long)at, '\n');
+  const size_t line_start = text.rfind('\n', at == 0 ? 0 : at - 1);
+  const size_t column = at + 1 - (line_start == std::string::npos || at == 0 ? 0 : line_start + 1);
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", (unsigned char)text[at]);
+  return Status::error("config file " + path + " is not a UTF-8 text TOML file: byte " + byte + " at line " +
+                       std::to_string(line) + ", column " + std::to_string(column) + " (offset " +
+                       std::to_string(at) + "), near \"" + escaped_excerpt(text, at) + "\"");
+}
+
 }  // namespace
 
 void add_config_option(CLI::App* cmd) {
@@ -171,6 +188,7 @@ Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
   if (!std::filesystem::exists(path)) return Status::error("config file not found: " + path);
   std::string text;
   RETURN_IF_ERROR(read_file(path, &text));
+  RETURN_IF_ERROR(check_config_text(text, path));
   std::vector<CLI::ConfigItem> items;
   RETURN_IF_ERROR(parse_config_toml(text, path, &items));
   std::vector<std::string> tokens;

@@ -7,6 +7,7 @@
 #include "checkpoint/safetensors_model.h"
 #include "cli/commands.h"
 #include "data/tokenizer_files.h"
+#include "train/options.h"
 
 namespace meshtrain::cli {
 
@@ -17,7 +18,40 @@ namespace fs = std::filesystem;
 struct ExportOptions {
   std::string in, out, format = "hf", tokenizer;
   double max_shard_gb = checkpoint::kHfMaxShardBytes / 1e9;
+  // --init: the seeded initial weights of the model the shape flags describe (train's own
+  // initialisation for --seed), instead of a checkpoint's.
+  bool init = false;
+  train::TrainOptions shape;
 };
+
+// Exactly one source, and a folder for the output: its parents are made here, so that
+// "--out new/dir/model.bin" works as a user expects.
+Status check_export(const ExportOptions& o) {
+  if (o.init == !o.in.empty())
+    return Status::error(o.init ? "--init exports a new model's initial weights: drop --checkpoint"
+                                : "give --checkpoint (a run, checkpoint or model file) or --init with the model flags");
+  const fs::path parent = fs::path(o.out).parent_path();
+  std::error_code ec;
+  if (!parent.empty()) fs::create_directories(parent, ec);
+  if (ec) return Status::error("cannot create the folder of --out " + o.out + ": " + ec.message());
+  return Status::ok();
+}
+
+// The model to export: the checkpoint's, or a new one at its seeded initialisation (the
+// weights `train --seed N` starts from, at any layout).
+Status source_model(const ExportOptions& o, std::unique_ptr<model::Gpt>* gpt, std::string* source) {
+  if (!o.init) {
+    RETURN_IF_ERROR(checkpoint::resolve_model_path(o.in, source));
+    return checkpoint::open_model_file(o.in, 0, gpt);
+  }
+  model::GptConfig config;
+  int seq_len = 0;
+  RETURN_IF_ERROR(train::resolve_model(o.shape, &config, &seq_len));
+  *gpt = std::make_unique<model::Gpt>(config, model::Gpt::LocalState::kParamsOnly);
+  (*gpt)->init_weights(o.shape.seed);
+  *source = "the initial weights of --model " + o.shape.model_preset + " (seed " + std::to_string(o.shape.seed) + ")";
+  return Status::ok();
+}
 
 // The tokenizer travels with the weights where the format has a place for it: into an HF
 // folder as vocab.json + merges.txt, next to an llm.c model as <stem>_tokenizer.bin. A bare
@@ -47,10 +81,10 @@ Status export_tokenizer(const ExportOptions& o, const std::string& source, bool 
 }
 
 Status run_export(const ExportOptions& o) {
+  RETURN_IF_ERROR(check_export(o));
   std::string source;
-  RETURN_IF_ERROR(checkpoint::resolve_model_path(o.in, &source));
   std::unique_ptr<model::Gpt> gpt;
-  RETURN_IF_ERROR(checkpoint::open_model_file(o.in, 0, &gpt));
+  RETURN_IF_ERROR(source_model(o, &gpt, &source));
   const bool hf_folder = o.format == "hf" && !o.out.ends_with(".safetensors");
   if (o.format == "llmc")
     RETURN_IF_ERROR(checkpoint::export_llmc_model(*gpt, o.out));
@@ -63,6 +97,8 @@ Status run_export(const ExportOptions& o) {
               !hf_folder ? ""
               : sharded  ? " folder: model-*-of-*.safetensors, model.safetensors.index.json, config.json"
                          : " folder: model.safetensors, config.json");
+  // A new model has no tokenizer of its own: only --tokenizer adds one.
+  if (o.init && o.tokenizer.empty()) return Status::ok();
   return export_tokenizer(o, o.in, hf_folder);
 }
 
@@ -73,8 +109,12 @@ Command add_export_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "export", "Write a model as a Hugging Face GPT-2 folder or .safetensors, or an llm.c .bin (fp32)");
   cmd->add_option("--checkpoint", o->in,
-                  "Run folder (newest checkpoint), checkpoint folder, HF folder, .safetensors or llm.c .bin")
-      ->required();
+                  "Run folder (newest checkpoint), checkpoint folder, HF folder, .safetensors or llm.c .bin");
+  cmd->add_flag("--init", o->init,
+                "Instead of --checkpoint: the initial weights train --seed starts from, for the model that "
+                "the flags below describe (--model, --layers, --dim, --seq-len, --arch, ... as train's)");
+  add_shape_flags(cmd, &o->shape);
+  cmd->add_option("--seed", o->shape.seed, "--init: the seed (as train's --seed)")->capture_default_str();
   cmd->add_option("--out", o->out,
                   "Output: for hf, a folder (model.safetensors, config.json, vocab.json, merges.txt) or a "
                   "file ending in .safetensors (weights only); for llmc, the model .bin (the tokenizer goes "

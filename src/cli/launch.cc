@@ -224,6 +224,33 @@ bool retryable(const Attempt& a, const FailureReport& f) {
   return a.ended_hung || a.exit_code == comm::kExitCommFailure || a.exit_code > 128 || f.signal > 0;
 }
 
+// A watchdog's timeout: the rank it fired on only waited. Every rank's heartbeat names the
+// one holding the others up (train::rank_behind), and the list lets the user see why.
+int timeout_rank_behind(const LaunchOptions& o, std::vector<train::RankBeat>* beats) {
+  *beats = train::read_heartbeats(o.out_dir, o.ranks);
+  return train::rank_behind(*beats, train::stale_after(train::heartbeat_interval(o.comm_timeout)));
+}
+
+std::string describe_timeout(const FailureReport& f, const LaunchOptions& o) {
+  const std::string fired = (f.rank >= 0 ? "rank " + std::to_string(f.rank) + "'s watchdog fired: " : "") + f.timeout;
+  if (o.out_dir.empty()) return fired;
+  std::vector<train::RankBeat> beats;
+  const int behind = timeout_rank_behind(o, &beats);
+  std::string verdict = "no rank is behind the others (every rank waits at the same step: the network)";
+  if (behind >= 0) {
+    const train::RankBeat& b = beats[behind];
+    verdict = "the rank behind is rank " + std::to_string(behind) + (b.host.empty() ? "" : " on host " + b.host) +
+              (b.present ? " (step " + std::to_string(b.step) + ")" : " (no heartbeat)");
+  }
+  return fired + "; " + verdict;
+}
+
+// After the one-line error of a timeout: every rank's last heartbeat, a line each.
+std::string timeout_heartbeats(const FailureReport& f, const LaunchOptions& o) {
+  if (f.timeout.empty() || o.out_dir.empty()) return "";
+  return "\nthe ranks' last heartbeats:\n" + train::list_heartbeats(train::read_heartbeats(o.out_dir, o.ranks), "  ");
+}
+
 // "rank 3 on host mt1 was killed by signal 9 (Killed) at step 5", from mpirun's words and
 // the rank's heartbeat.
 std::string describe_failure(const Attempt& a, const FailureReport& f, const LaunchOptions& o) {
@@ -241,14 +268,19 @@ std::string describe_failure(const Attempt& a, const FailureReport& f, const Lau
   if (f.signal > 0 && f.rank >= 0)
     return who + " was killed by signal " + std::to_string(f.signal) + " (" + f.signal_name + ")" + at;
   if (a.never_started) return "not every rank started within " + std::to_string((int)start_timeout_s(o)) + " s";
-  if (!f.timeout.empty())
-    return (f.rank >= 0 ? who + "'s watchdog fired" + at + ": " : "") + f.timeout;
+  if (!f.timeout.empty()) return describe_timeout(f, o);
   if (f.rank >= 0) return who + " failed" + at + " (exit code " + std::to_string(a.exit_code) + ")";
   return "mpirun ended with exit code " + std::to_string(a.exit_code);
 }
 
-// The host of the rank that failed: mpirun's words, else its last heartbeat.
+// The host of the rank that failed: mpirun's words, else its last heartbeat; for a
+// timeout, the host of the rank behind (the rank whose watchdog fired only waited).
 std::string failed_host(const FailureReport& f, const LaunchOptions& o) {
+  if (!f.timeout.empty() && f.host.empty() && !o.out_dir.empty()) {
+    std::vector<train::RankBeat> beats;
+    const int behind = timeout_rank_behind(o, &beats);
+    return behind >= 0 ? beats[behind].host : "";
+  }
   if (!f.host.empty() || f.rank < 0 || o.out_dir.empty()) return f.host;
   const auto beats = train::read_heartbeats(o.out_dir, f.rank + 1);
   return beats[f.rank].present ? beats[f.rank].host : "";
@@ -383,7 +415,8 @@ int supervise(const LaunchOptions& options) {
     if (!retryable(a, f)) return a.exit_code;
     const std::string newest = newest_checkpoint(o.out_dir);
     const std::string where = newest.empty() ? "no checkpoint was saved" : "the newest complete checkpoint is " + newest;
-    std::fprintf(stderr, "meshtrain: error: the job failed: %s; %s\n", describe_failure(a, f, o).c_str(), where.c_str());
+    std::fprintf(stderr, "meshtrain: error: the job failed: %s; %s%s\n", describe_failure(a, f, o).c_str(),
+                 where.c_str(), timeout_heartbeats(f, o).c_str());
     if (attempt >= o.max_restarts) {
       std::fprintf(stderr, "meshtrain: %s%s\n",
                    o.max_restarts > 0 ? ("no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); ").c_str() : "",

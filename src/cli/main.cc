@@ -8,6 +8,7 @@
 #include "cli/launch.h"
 #include "comm/group.h"
 #include "core/cpu_info.h"
+#include "core/memory.h"
 
 namespace {
 
@@ -47,12 +48,17 @@ int run_main(int argc, char** argv) {
 }  // namespace
 
 // Recoverable errors arrive as Status; this last catch turns anything thrown past them (a
-// parser's exception that escaped its Status wrapper, std::bad_alloc for a model too large
-// for memory) into the same one-line error and exit code 1 instead of std::terminate's
-// abort. Every rank of a multi-rank run runs main, so each reports and exits this way.
+// parser's exception that escaped its Status wrapper, an out-of-memory error, which names
+// the allocation that failed) into the same one-line error and exit code 1 instead of
+// std::terminate's abort. Every rank of a multi-rank run runs main, so each reports and exits this way.
 int main(int argc, char** argv) {
   try {
     return run_main(argc, argv);
+  } catch (const meshtrain::AllocationError& e) {  // a tracked buffer: it names itself
+    std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
+  } catch (const std::bad_alloc&) {  // elsewhere: say what the tracked buffers held
+    std::fprintf(stderr, "meshtrain: error: out of memory in an allocation outside the tracked buffers; %s\n",
+                 meshtrain::describe_tracked_memory().c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "meshtrain: error: %s\n", e.what());
   } catch (...) {

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -113,8 +114,12 @@ bool launched_by_mpi();  // environment says this process is one rank of an MPI 
 // did not finish within <s> s", then what the timeout report (if set) says, with exit code
 // kExitCommFailure.
 void set_comm_timeout(double seconds);
-void set_current_step(int64_t step);  // for the watchdog message
+void set_current_step(int64_t step);  // for the watchdog message and the heartbeat
 int64_t current_step();
+// Called by set_current_step when the step changes (nullptr: none), so that a flight
+// recorder records a new step at once rather than at its next timed beat. It must return
+// quickly: it runs on the training thread.
+void set_step_listener(std::function<void()> listener);
 // What this rank's compute thread is blocked in, for a flight recorder (train/heartbeat.h):
 // `op` is empty while it is not waiting for communication.
 struct WaitState {

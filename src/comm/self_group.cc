@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <string>
 
@@ -25,6 +26,9 @@ std::atomic<std::string (*)()> g_timeout_report{nullptr};
 std::mutex g_wait_mu;
 WaitState g_wait;
 std::chrono::steady_clock::time_point g_wait_since;
+// set_step_listener's callback, called under its mutex (set and called from any thread).
+std::mutex g_listener_mu;
+std::function<void()> g_step_listener;
 
 // A request that was finished when it was made.
 class DoneRequest final : public Request {
@@ -189,7 +193,15 @@ std::unique_ptr<Group> SelfGroup::split(int color, int key, const std::string& a
 // ---- process-wide state ----
 
 void set_comm_timeout(double seconds) { g_comm_timeout.store(seconds > 0 ? seconds : 0.0); }
-void set_current_step(int64_t step) { g_current_step.store(step); }
+void set_current_step(int64_t step) {
+  if (g_current_step.exchange(step) == step) return;
+  std::lock_guard<std::mutex> lk(g_listener_mu);
+  if (g_step_listener) g_step_listener();
+}
+void set_step_listener(std::function<void()> listener) {
+  std::lock_guard<std::mutex> lk(g_listener_mu);
+  g_step_listener = std::move(listener);
+}
 int64_t current_step() { return g_current_step.load(); }
 void set_timeout_report(std::string (*report)()) { g_timeout_report.store(report); }
 

@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -69,11 +70,39 @@ void zero_bytes(void* p, size_t bytes) {
   for (size_t b = 0; b < bytes; b += kBlock) std::memset(c + b, 0, std::min(kBlock, bytes - b));
 }
 
+namespace {
+
+std::string gb(double bytes) {
+  char t[32];
+  std::snprintf(t, sizeof t, bytes >= 1e8 ? "%.2f GB" : "%.3g MB", bytes >= 1e8 ? bytes / 1e9 : bytes / 1e6);
+  return t;
+}
+
+std::string allocation_failure(MemCategory category, size_t bytes) {
+  return "out of memory: allocating " + gb((double)bytes) + " for " + std::string(mem_category_name(category)) +
+         " failed; " + describe_tracked_memory() +
+         " (a smaller --micro-batch, --seq-len or model, --recompute full, or more ranks need less)";
+}
+
+}  // namespace
+
+std::string describe_tracked_memory() {
+  const MemStats s = MemoryTracker::instance().stats();
+  std::string parts;
+  for (int c = 0; c < kNumMemCategories; c++)
+    if (s.current[c] > 0)
+      parts += (parts.empty() ? "" : ", ") + std::string(mem_category_name((MemCategory)c)) + " " +
+               gb((double)s.current[c]);
+  return "this process's tracked buffers held " + gb((double)s.total_current) +
+         (parts.empty() ? "" : " (" + parts + ")") +
+         ", its peak resident set was " + gb((double)peak_rss_bytes());
+}
+
 void* tracked_alloc(MemCategory category, size_t bytes) {
   if (bytes == 0) return nullptr;
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  if (!p) throw std::bad_alloc();
+  if (!p) throw AllocationError(allocation_failure(category, bytes));
   zero_bytes(p, rounded);
   MemoryTracker::instance().on_alloc(category, static_cast<int64_t>(bytes));
   return p;

@@ -5,7 +5,10 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <new>
+#include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace meshtrain {
@@ -124,6 +127,24 @@ class BufferPool {
   std::vector<Buffer<T>> spares_;
 };
 
+// A tracked allocation that failed: a std::bad_alloc whose what() names the buffer's
+// category and size and what the tracked buffers held then, so that the error a user sees
+// says which allocation ran out of memory rather than "std::bad_alloc".
+class AllocationError : public std::bad_alloc {
+ public:
+  explicit AllocationError(std::string message) : message_(std::move(message)) {}
+  const char* what() const noexcept override { return message_.c_str(); }
+
+ private:
+  std::string message_;
+};
+
+// "the tracked buffers held 1.2 GB (params 0.4 GB, ...); peak resident set 1.5 GB": the
+// words for an out-of-memory error from an allocation outside the tracker (a std::vector,
+// a library), which cannot name itself.
+std::string describe_tracked_memory();
+
+// Throws AllocationError when the memory is not there.
 void* tracked_alloc(MemCategory category, size_t bytes);
 void tracked_free(MemCategory category, void* ptr, size_t bytes);
 

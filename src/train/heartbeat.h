@@ -26,7 +26,9 @@ std::string heartbeat_dir(const std::string& out_dir);
 
 class Heartbeat {
  public:
-  // Starts beating into heartbeat_dir(out_dir) every `interval_s` seconds.
+  // Starts beating into heartbeat_dir(out_dir) every `interval_s` seconds, and at once
+  // whenever the step changes (comm::set_current_step): a rank that dies mid-step is
+  // reported at that step, not at the one its last timed beat saw.
   Heartbeat(const std::string& out_dir, int rank, double interval_s);
   // Stops the thread and records how the rank ended: finished, failed (the default), or what
   // finish_as says ("interrupted": a signal stopped the run between steps).
@@ -39,6 +41,7 @@ class Heartbeat {
  private:
   bool beat(const char* state);  // false: no run folder yet
   void loop();
+  void step_changed();  // wakes the thread to beat now (comm::set_step_listener)
 
   std::string path_;
   int rank_;
@@ -47,6 +50,7 @@ class Heartbeat {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool step_changed_ = false;
   std::thread thread_;  // last: starts after the members above exist
 };
 
@@ -66,6 +70,18 @@ std::vector<RankBeat> read_heartbeats(const std::string& out_dir, int world);
 double stale_after(double interval_s);
 // The interval a run with this --comm-timeout beats at: a tenth of it, within [0.5, 5] s.
 double heartbeat_interval(double comm_timeout_s);
+
+// The rank that holds the others up, judged from the beats (whichever rank reported the
+// failure): the one whose beat is oldest among those gone stale (it died, or its host did);
+// else one alive but not in a collective while others wait (stuck in computation); else
+// the one at the lowest step, when it is below the others'. -1 when none stands out: every
+// live rank waits at the same step (the network), or there are no beats.
+int rank_behind(const std::vector<RankBeat>& beats, double stale_s);
+
+// Every rank's last beat, one line each after `indent`: "rank 1 on mt1: step 3, 0.4 s ago,
+// waiting in all_reduce on dp for 6.1 s" (or "running, not in a collective", "finished",
+// "no heartbeat file").
+std::string list_heartbeats(const std::vector<RankBeat>& beats, const std::string& indent);
 
 // What the beats say about a stuck job, seen from rank `me`: one line per group of ranks in
 // the same state on the same host, then the verdict (who is at fault).

@@ -1,6 +1,8 @@
 #include "train/options.h"
 
 #include <cmath>
+#include <cstdio>
+#include <limits>
 
 #include "checkpoint/model_file.h"
 
@@ -167,6 +169,56 @@ Status check_moe_training(const TrainOptions& o, const model::GptConfig& c) {
 }
 
 }  // namespace
+
+namespace {
+
+// A real-valued flag's check: finite, and within its range ("lo" and "hi" closed unless
+// the flag says otherwise). NaN fails every comparison, so each test is written to pass.
+struct RealRule {
+  const char* flag;
+  double value, lo, hi;
+  bool lo_open, hi_open;
+  const char* meaning;  // what the range means, for the message
+};
+
+Status check_rule(const RealRule& r) {
+  const bool above = r.lo_open ? r.value > r.lo : r.value >= r.lo;
+  const bool below = r.hi_open ? r.value < r.hi : r.value <= r.hi;
+  if (std::isfinite(r.value) && above && below) return Status::ok();
+  char got[48];
+  std::snprintf(got, sizeof got, "%g", r.value);
+  return Status::error(std::string(r.flag) + " must be " + r.meaning + ", got " + got);
+}
+
+}  // namespace
+
+Status check_real_flags(const TrainOptions& o) {
+  constexpr double kMax = std::numeric_limits<double>::max();
+  const optim::AdamWConfig& a = o.adamw;
+  const optim::LossScaleConfig& ls = o.loss_scale;
+  const RealRule rules[] = {
+      {"--lr", a.lr, 0, kMax, false, false, "a finite number >= 0"},
+      {"--min-lr", a.min_lr, 0, kMax, false, false, "a finite number >= 0"},
+      {"--weight-decay", a.weight_decay, 0, kMax, false, false, "a finite number >= 0"},
+      {"--beta1", a.beta1, 0, 1, false, true, "in [0, 1) (--beta1 and --beta2 are moment decays)"},
+      {"--beta2", a.beta2, 0, 1, false, true, "in [0, 1) (--beta1 and --beta2 are moment decays)"},
+      {"--eps", a.eps, 0, kMax, true, false, "a finite number > 0"},
+      {"--grad-clip", a.grad_clip, 0, kMax, false, false, "a finite norm > 0, or 0 for no clipping"},
+      {"--dropout", o.dropout, 0, 1, false, true, "in [0, 1)"},
+      {"--comm-timeout", o.comm_timeout, 0, kMax, false, false, "a finite number of seconds >= 0 (0: never)"},
+      {"--bucket-mb", o.bucket_mb, 0, kMax, true, false, "a finite size > 0"},
+      {"--offload-chunk-mb", o.offload_chunk_mb, 0, kMax, true, false, "a finite size > 0"},
+      {"--memory-budget", o.memory_budget_gb, 0, kMax, false, false, "a finite number of GB >= 0 (0: none)"},
+      {"--peak-gflops", o.peak_gflops, 0, kMax, false, false, "a finite number >= 0 (0: measured)"},
+      {"--rope-theta", o.rope_theta, 0, kMax, false, false, "a finite number >= 0 (0: the preset's)"},
+      {"--loss-scale", ls.initial, 0, kMax, true, false, "a finite number > 0"},
+      {"--loss-scale-min", ls.min_scale, 0, kMax, true, false, "a finite number > 0"},
+      {"--loss-scale-backoff", ls.backoff, 0, 1, true, true, "in (0, 1)"},
+      {"--curriculum-root", o.curriculum.root, -kMax, kMax, false, false, "a finite number"},
+  };
+  for (const RealRule& r : rules) RETURN_IF_ERROR(check_rule(r));
+  return Status::ok();
+}
 
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {
   for (auto [flag, v] : {std::pair{"--layers", o.layers}, {"--heads", o.heads}, {"--dim", o.dim},

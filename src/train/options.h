@@ -156,6 +156,10 @@ model::MoeTraining moe_training(const TrainOptions& o);
 model::ExpertTp expert_tp(const TrainOptions& o);
 Status check_expert_tp(const TrainOptions& o, const model::GptConfig& c, int tp);
 
+// Every real-valued flag of train in one place: NaN and infinity are refused by name, and
+// each flag's range (--lr >= 0, --beta1 in [0, 1), --grad-clip > 0 or 0 for off, ...).
+Status check_real_flags(const TrainOptions& o);
+
 // Resolves preset + flags (+ the --init-from file) into the model shape and T.
 Status resolve_model(const TrainOptions& o, model::GptConfig* config, int* seq_len);
 

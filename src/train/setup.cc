@@ -21,6 +21,7 @@
 #include "machine/peak.h"
 #include "model/config_json.h"
 #include "model/initial_weights.h"
+#include "train/memory_check.h"
 #include "train/run.h"
 #include "trace/trace.h"
 
@@ -102,6 +103,7 @@ Status check_options(const TrainOptions& o) {
     if (v < 1) return Status::error(std::string(flag) + " must be >= 1, got " + std::to_string(v));
     return Status::ok();
   };
+  RETURN_IF_ERROR(check_real_flags(o));  // every real-valued flag (train/options.h)
   RETURN_IF_ERROR(positive("--micro-batch", o.micro_batch));
   if (o.grad_accum < 0) return Status::error("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   RETURN_IF_ERROR(positive("--steps", o.steps));
@@ -120,14 +122,11 @@ Status check_options(const TrainOptions& o) {
   if (o.resume && o.out_dir.empty()) return Status::error("--resume needs --out DIR");
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
   if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
-  if (!(o.bucket_mb > 0)) return Status::error("--bucket-mb must be > 0");
   RETURN_IF_ERROR(check_compression(o));
   RETURN_IF_ERROR(check_quantized_comm(o));
   if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
     return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
-  if (!(o.dropout >= 0 && o.dropout < 1)) return Status::error("--dropout must be in [0, 1)");
-  if (!(o.comm_timeout >= 0)) return Status::error("--comm-timeout must be >= 0 (0: never)");
   const auto& ls = o.loss_scale;
   if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
     return Status::error("--loss-scale must be >= --loss-scale-min > 0");
@@ -139,17 +138,10 @@ Status check_options(const TrainOptions& o) {
     return Status::error("--memory-budget needs --offload-dir DIR (where the state goes when it does not fit)");
   if (o.offload_read_ahead < 1) return Status::error("--offload-read-ahead must be >= 1");
   if (tiers.any() || o.memory_budget_gb > 0) RETURN_IF_ERROR(check_offload_dir(o.offload_dir));
-  if (!(o.offload_chunk_mb > 0)) return Status::error("--offload-chunk-mb must be > 0");
-  if (!(o.memory_budget_gb >= 0)) return Status::error("--memory-budget must be >= 0 (0: none)");
   const auto& a = o.adamw;
-  if (!(a.lr >= 0) || !(a.min_lr >= 0)) return Status::error("--lr and --min-lr must be >= 0");
   if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
   if (o.lr_unit != "steps" && o.lr_unit != "tokens")
     return Status::error("--lr-unit must be steps or tokens, got '" + o.lr_unit + "'");
-  if (!(a.beta1 >= 0 && a.beta1 < 1) || !(a.beta2 >= 0 && a.beta2 < 1))
-    return Status::error("--beta1 and --beta2 must be in [0, 1)");
-  if (!(a.eps > 0)) return Status::error("--eps must be > 0");
-  if (!(a.weight_decay >= 0)) return Status::error("--weight-decay must be >= 0");
   return Status::ok();
 }
 
@@ -719,6 +711,7 @@ Status guard_run_folder(const TrainOptions& o, comm::Group& world, Run* run) {
 Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready) {
   std::string resume_dir;
   RETURN_IF_ERROR(agree(world, prepare_local(o, world, run)));
+  RETURN_IF_ERROR(agree(world, check_memory_fits(o, *run, world.rank())));  // before any large allocation
   RETURN_IF_ERROR(guard_run_folder(o, world, run));
   if (folder_ready) folder_ready();
   if (o.resume) RETURN_IF_ERROR(agree(world, choose_resume_checkpoint(o, world, &resume_dir, &run->resume_note)));
