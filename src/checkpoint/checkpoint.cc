@@ -426,9 +426,13 @@ Status find_latest_checkpoint(const std::string& out_dir, std::string* dir, std:
                        (skipped.empty() ? "" : " (" + skipped + ")"));
 }
 
-Status verify_checkpoint(const std::string& dir, int part, int parts) {
+Status verify_checkpoint(const std::string& dir, int part, int parts, uint64_t* bytes) {
   CheckpointIndex index;
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
+  if (bytes) {
+    *bytes = 0;
+    for (const IndexFile& f : index.files) *bytes += f.bytes;
+  }
   constexpr size_t kPiece = 4 << 20;
   std::string piece;
   for (size_t i = (size_t)part; i < index.files.size(); i += (size_t)parts) {

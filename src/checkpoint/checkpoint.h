@@ -112,7 +112,8 @@ std::vector<std::string> list_checkpoints(const std::string& out_dir);
 Status find_latest_checkpoint(const std::string& out_dir, std::string* dir, std::string* passed_over = nullptr);
 // Whether `dir` is intact: its index holds (read_checkpoint_index) and the checksums of the
 // shard files it lists match, of every file i with i % parts == part (ranks share the reading).
-Status verify_checkpoint(const std::string& dir, int part = 0, int parts = 1);
+// `bytes` (optional): the size of every shard file it lists, all parts together.
+Status verify_checkpoint(const std::string& dir, int part = 0, int parts = 1, uint64_t* bytes = nullptr);
 
 // Reads and validates DIR/index.json (every field, see parse_checkpoint_index in
 // checkpoint_index.h), and that every shard file it lists exists with the size it records,

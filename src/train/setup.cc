@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -669,15 +670,21 @@ Status move_aside(const std::vector<std::string>& dirs) {
 Status choose_resume_checkpoint(const TrainOptions& o, comm::Group& world, std::string* dir, std::string* note) {
   std::string passed_over;
   std::vector<std::string> damaged_dirs;
+  const auto started = std::chrono::steady_clock::now();
   for (const std::string& candidate : checkpoint::list_checkpoints(o.out_dir)) {
-    const Status mine = checkpoint::verify_checkpoint(candidate, world.rank(), world.size());
+    uint64_t bytes = 0;
+    const Status mine = checkpoint::verify_checkpoint(candidate, world.rank(), world.size(), &bytes);
     double damaged = mine.is_ok() ? 0 : 1;
     world.all_reduce_f64(&damaged, 1, comm::ReduceOp::kMax);
     const std::string name = fs::path(candidate).filename().string();
     if (damaged == 0) {
       *dir = candidate;
+      char verified[96];
+      std::snprintf(verified, sizeof verified, "its %.3g GB checked (checksums) in %.2f s", bytes / 1e9,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      *note = verified;
       if (!passed_over.empty())
-        *note = "the newest intact checkpoint, " + name + ", was taken: " + passed_over + " (moved aside as damaged_*)";
+        *note += "; the newest intact checkpoint, " + name + ", was taken: " + passed_over + " (moved aside as damaged_*)";
       return world.rank() == 0 ? move_aside(damaged_dirs) : Status::ok();
     }
     damaged_dirs.push_back(candidate);
