@@ -27,7 +27,8 @@ read_rate() {  # MB/s of dd reading every shard file with the given flag
 cached="$(read_rate '')"
 direct="$(read_rate iflag=direct 2>/dev/null || echo n/a)"
 start=$(date +%s.%N)
-line="$("$bin" train "${flags[@]}" --steps 2 --resume 2>&1 | grep -m1 'resumed at step')"
+"$bin" train "${flags[@]}" --steps 2 --resume >"$dir/resumed.out" 2>&1
+line="$(grep -m1 'resumed at step' "$dir/resumed.out")"
 end=$(date +%s.%N)
 echo "$line" | grep -oE 'its [0-9.]+ GB checked \(checksums\) in [0-9.]+ s'
 checked_s="$(echo "$line" | grep -oE 'in [0-9.]+ s' | head -1 | grep -oE '[0-9.]+')"
