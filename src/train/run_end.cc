@@ -87,7 +87,7 @@ void print_run_end(const Run& run, const TrainResult& result, double wall_s) {
     std::string newest;
     if (checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok()) std::printf("checkpoint: %s\n", newest.c_str());
     std::printf("continue with: %s\n", continue_command(o, 2 * (int64_t)o.steps).c_str());
-    std::printf("use it: meshtrain generate --checkpoint %s --prompt \"...\" | meshtrain eval --checkpoint %s\n",
+    std::printf("use it: meshtrain generate --checkpoint %s --prompt \"...\"; meshtrain eval --checkpoint %s\n",
                 o.out_dir.c_str(), o.out_dir.c_str());
   }
   std::fflush(stdout);
