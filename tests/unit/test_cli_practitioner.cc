@@ -989,6 +989,9 @@ TEST_F(CliPractitioner, ProgressIsOnePlainLinePerStepWhenNotATerminal) {
   for (const auto& line : lines_of(r.out)) {
     if (line.starts_with("model:") || line.starts_with("machine:")) continue;  // the run header
     if (line.starts_with("done: steps 1-3 in ")) continue;                      // the run's end (no --out)
+    // A quiet AMX machine can run this tiny step above the --peak-gflops 100 the test gives,
+    // and the run then says it raised the peak: a note, not a progress line.
+    if (line.starts_with("note: this step ran above")) continue;
     ASSERT_TRUE(line.starts_with("step")) << "'" << line << "' in\n" << r.out;
     (line.find("val loss") != std::string::npos ? evals : steps).push_back(line);
   }
