@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -83,6 +84,19 @@ Status open_file_source(const std::string& path, std::shared_ptr<const ByteSourc
 
 std::shared_ptr<const ByteSource> memory_source(std::string bytes) {
   return std::make_shared<const MemorySource>(std::move(bytes));
+}
+
+Status check_checksum(const ByteSource& source, const std::string& expected_hex, const std::string& path) {
+  constexpr size_t kPiece = 4 << 20;
+  std::string piece(std::min<uint64_t>(kPiece, source.size()), '\0');
+  Checksum64 sum(source.size());
+  for (uint64_t at = 0; at < source.size(); at += kPiece) {
+    const size_t n = (size_t)std::min<uint64_t>(kPiece, source.size() - at);
+    RETURN_IF_ERROR(source.read(at, piece.data(), n));
+    sum.update(piece.data(), n);
+  }
+  if (to_hex(sum.finish()) != expected_hex) return Status::error(path + " is corrupt: checksum mismatch");
+  return Status::ok();
 }
 
 }  // namespace meshtrain::checkpoint

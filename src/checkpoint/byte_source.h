@@ -25,4 +25,8 @@ class ByteSource {
 Status open_file_source(const std::string& path, std::shared_ptr<const ByteSource>* out);
 std::shared_ptr<const ByteSource> memory_source(std::string bytes);
 
+// Whether the whole of `source` has the checksum `expected_hex` (to_hex(checksum64)), read
+// in pieces so that none of it stays in memory; else "`path` is corrupt: checksum mismatch".
+Status check_checksum(const ByteSource& source, const std::string& expected_hex, const std::string& path);
+
 }  // namespace meshtrain::checkpoint

@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/byte_source.h"
 #include "checkpoint/tp_reslice.h"
 #include "core/check.h"
 #include "core/file_io.h"
@@ -433,24 +434,11 @@ Status verify_checkpoint(const std::string& dir, int part, int parts, uint64_t* 
     *bytes = 0;
     for (const IndexFile& f : index.files) *bytes += f.bytes;
   }
-  constexpr size_t kPiece = 4 << 20;
-  std::string piece;
   for (size_t i = (size_t)part; i < index.files.size(); i += (size_t)parts) {
-    const IndexFile& f = index.files[i];
-    const std::string path = (fs::path(dir) / f.name).string();
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::error(path + " cannot be read: " + errno_text());
-    piece.resize((size_t)std::min<uint64_t>(kPiece, f.bytes));
-    Checksum64 sum(f.bytes);
-    Status read = Status::ok();
-    for (uint64_t at = 0; at < f.bytes && read.is_ok(); at += kPiece) {
-      const size_t n = (size_t)std::min<uint64_t>(kPiece, f.bytes - at);
-      read = read_exact(fd, piece.data(), n);
-      if (read.is_ok()) sum.update(piece.data(), n);
-    }
-    ::close(fd);
-    RETURN_IF_ERROR(read.with_context(path));
-    if (to_hex(sum.finish()) != f.checksum) return Status::error(path + " is corrupt: checksum mismatch");
+    const std::string path = (fs::path(dir) / index.files[i].name).string();
+    std::shared_ptr<const ByteSource> source;
+    RETURN_IF_ERROR(open_file_source(path, &source));
+    RETURN_IF_ERROR(check_checksum(*source, index.files[i].checksum, path));
   }
   return Status::ok();
 }

@@ -62,16 +62,7 @@ Status ShardReader::open(int f, const ByteSource** file) {
     if (source->size() != meta.bytes || meta.bytes != section_offset(index_.sections, f, meta.dp) * sizeof(float))
       return Status::error(path + " is truncated or has the wrong size (" + std::to_string(source->size()) +
                            " bytes, index says " + std::to_string(meta.bytes) + ")");
-    // The checksum over the whole file, in pieces: nothing of it stays in memory.
-    constexpr size_t kPiece = 4 << 20;
-    std::string piece(std::min<uint64_t>(kPiece, source->size()), '\0');
-    Checksum64 sum(source->size());
-    for (uint64_t at = 0; at < source->size(); at += kPiece) {
-      const size_t n = (size_t)std::min<uint64_t>(kPiece, source->size() - at);
-      RETURN_IF_ERROR(source->read(at, piece.data(), n));
-      sum.update(piece.data(), n);
-    }
-    if (to_hex(sum.finish()) != meta.checksum) return Status::error(path + " is corrupt: checksum mismatch");
+    RETURN_IF_ERROR(check_checksum(*source, meta.checksum, path));
     it = files_.emplace(f, std::move(source)).first;
   }
   *file = it->second.get();
