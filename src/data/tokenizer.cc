@@ -1,0 +1,72 @@
+#include "data/tokenizer.h"
+
+#include <filesystem>
+
+#include "core/check.h"
+#include "data/bpe.h"
+
+namespace meshtrain::data {
+
+namespace fs = std::filesystem;
+
+std::vector<int> Tokenizer::encode_with_special(std::string_view text) const {
+  std::vector<int> ids;
+  if (info_.add_bos && info_.bos_id >= 0) ids.push_back(info_.bos_id);
+  const std::vector<int> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  if (info_.add_eos && info_.eos_id >= 0) ids.push_back(info_.eos_id);
+  return ids;
+}
+
+std::vector<int> Tokenizer::encode_document(std::string_view text) const {
+  const bool own_bos = info_.bos_id >= 0 && info_.bos_id != info_.eos_id;
+  std::vector<int> ids;
+  if (own_bos) {
+    ids.push_back(info_.bos_id);
+  } else if (document_separator() >= 0) {
+    ids.push_back(document_separator());
+  }
+  const std::vector<int> body = encode(text);
+  ids.insert(ids.end(), body.begin(), body.end());
+  if (own_bos && info_.eos_id >= 0) ids.push_back(info_.eos_id);
+  return ids;
+}
+
+std::string Tokenizer::decode(std::span<const int> ids) const {
+  std::string out;
+  for (int id : ids) {
+    CHECK_MSG(id >= 0 && id < vocab_size(), "token id out of range in Tokenizer::decode");
+    out += token_bytes(id);
+  }
+  if (info_.strip_leading_space && !out.empty() && out[0] == ' ') out.erase(0, 1);
+  return out;
+}
+
+Status Tokenizer::decode_checked(std::span<const int> ids, std::string* out) const {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size()) {
+      return Status::error("token id " + std::to_string(ids[i]) + " at position " + std::to_string(i) +
+                           " is outside the vocabulary [0, " + std::to_string(vocab_size()) + ")");
+    }
+  }
+  *out = decode(ids);
+  return Status::ok();
+}
+
+bool tokenizer_files_in(const std::string& path) { return Gpt2Tokenizer::files_in(path); }
+
+Status load_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return Status::error("tokenizer " + path + " does not exist");
+  if (Gpt2Tokenizer::files_in(path)) {
+    auto tok = std::make_unique<Gpt2Tokenizer>();
+    RETURN_IF_ERROR(Gpt2Tokenizer::load(path, tok.get()));
+    *out = std::move(tok);
+    return Status::ok();
+  }
+  return Status::error("no tokenizer found at " + path +
+                       " (looked for tokenizer.json, tokenizer.model, *.tiktoken, encoder.json + vocab.bpe, "
+                       "vocab.json + merges.txt)");
+}
+
+}  // namespace meshtrain::data
