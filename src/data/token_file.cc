@@ -3,6 +3,7 @@
 #include "core/file_io.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 namespace meshtrain::data {
 
@@ -158,6 +160,61 @@ Status parse_token_file(std::string_view bytes, std::vector<Token>* tokens) {
   RETURN_IF_ERROR(check_header(header, bytes.size(), &count, &width));
   widen(bytes.data() + kTokenFileHeaderBytes, count, width, tokens);
   return Status::ok();
+}
+
+MappedTokenFile& MappedTokenFile::operator=(MappedTokenFile&& other) noexcept {
+  if (this != &other) {
+    this->~MappedTokenFile();
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    count_ = std::exchange(other.count_, 0);
+    width_ = other.width_;
+  }
+  return *this;
+}
+
+MappedTokenFile::~MappedTokenFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+}
+
+Status MappedTokenFile::open(const std::string& path, MappedTokenFile* out) {
+  MappedTokenFile file;
+  file.path_ = path;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Status::error("token file " + path + ": cannot open: " + errno_text());
+  struct stat st;
+  Status status = ::fstat(fd, &st) == 0 ? check_header_size(uint64_t(st.st_size))
+                                        : Status::error("fstat failed: " + errno_text());
+  std::array<int32_t, kTokenFileHeaderInts> header{};
+  if (status.is_ok()) status = read_exact(fd, header.data(), kTokenFileHeaderBytes);
+  size_t count = 0;
+  if (status.is_ok()) status = check_header(header, uint64_t(st.st_size), &count, &file.width_);
+  if (status.is_ok()) {
+    file.map_bytes_ = size_t(st.st_size);
+    file.map_ = ::mmap(nullptr, file.map_bytes_, PROT_READ, MAP_SHARED, fd, 0);
+    if (file.map_ == MAP_FAILED) {
+      file.map_ = nullptr;
+      status = Status::error("mmap failed: " + errno_text());
+    }
+  }
+  ::close(fd);
+  if (!status.is_ok()) return status.with_context("token file " + path);
+  file.count_ = count;
+  file.tokens_ = static_cast<const char*>(file.map_) + kTokenFileHeaderBytes;
+  *out = std::move(file);
+  return Status::ok();
+}
+
+void MappedTokenFile::read(uint64_t from, uint64_t n, Token* out) const {
+  if (width_ == sizeof(Token)) {
+    std::memcpy(out, tokens_ + from * width_, n * width_);
+    return;
+  }
+  const uint16_t* narrow = reinterpret_cast<const uint16_t*>(tokens_) + from;
+  for (uint64_t i = 0; i < n; i++) out[i] = narrow[i];
 }
 
 }  // namespace meshtrain::data

@@ -37,4 +37,34 @@ Status read_token_file(const std::string& path, std::vector<Token>* tokens);
 // The same checks on a whole file's bytes in memory (the fuzz target's entry).
 Status parse_token_file(std::string_view bytes, std::vector<Token>* tokens);
 
+// A token file mapped read-only, for corpora larger than memory: the same header checks as
+// read_token_file, then the tokens are read in place. Movable, not copyable.
+class MappedTokenFile {
+ public:
+  MappedTokenFile() = default;
+  MappedTokenFile(MappedTokenFile&& other) noexcept { *this = std::move(other); }
+  MappedTokenFile& operator=(MappedTokenFile&& other) noexcept;
+  ~MappedTokenFile();
+
+  static Status open(const std::string& path, MappedTokenFile* out);
+  uint64_t size() const { return count_; }
+  Token at(uint64_t i) const {
+    return width_ == 2 ? Token(reinterpret_cast<const uint16_t*>(tokens_)[i]) : reinterpret_cast<const Token*>(tokens_)[i];
+  }
+  // Tokens [from, from + n) into out.
+  void read(uint64_t from, uint64_t n, Token* out) const;
+  // The token bytes as stored (what a shard's checksum covers) and their width.
+  std::string_view token_bytes_view() const { return {tokens_, count_ * width_}; }
+  size_t width() const { return width_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const char* tokens_ = nullptr;
+  uint64_t count_ = 0;
+  size_t width_ = 2;
+};
+
 }  // namespace meshtrain::data

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "core/file_io.h"
 #include "data/tokenizer_files.h"
+#include "data/training_data.h"
 #include "parallel/pp/stages.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
@@ -571,8 +572,15 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
                                  {"grad_accum", run.shape.A}, {"global_batch", run.shape.G()}};
   // Where the tokens came from, absolute, so that generate, eval and export given this run
   // find the data folder's tokenizer from anywhere.
-  resolved["data_path"] = fs::absolute(o.data_dir).lexically_normal().string();
-  const std::string data_tokenizer = (fs::path(o.data_dir) / data::kTokenizerFolder).string();
+  // A mixture's sources share one tokenizer (open_training_data checked): the first one's.
+  std::vector<data::MixtureSpec> sources;
+  RETURN_IF_ERROR(data::parse_mixture(o.data_dir, &sources));
+  resolved["data_path"] = fs::absolute(sources[0].dir).lexically_normal().string();
+  if (sources.size() > 1)
+    for (const data::MixtureSpec& s : sources)
+      resolved["data_mixture"].push_back(
+          {{"name", s.name}, {"dir", fs::absolute(s.dir).lexically_normal().string()}, {"weight", s.weight}});
+  const std::string data_tokenizer = (fs::path(sources[0].dir) / data::kTokenizerFolder).string();
   resolved["tokenizer"] = nullptr;
   if (data::has_tokenizer_copy(data_tokenizer)) {
     RETURN_IF_ERROR(data::verify_tokenizer_copy(data_tokenizer));
@@ -585,6 +593,42 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
   RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.json").string(), resolved.dump(2) + "\n"));
   if (!o.resolved_config_toml.empty())
     RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.toml").string(), o.resolved_config_toml));
+  return Status::ok();
+}
+
+// The data's tokenizer must be the model's: no more ids than its vocabulary, and, when a run
+// goes on, the tokenizer it was trained with.
+Status check_data_tokenizer(const TrainOptions& o, const data::TrainingData& data, int vocab) {
+  if (data.tokenizer_vocab > vocab)
+    return Status::error("--data " + o.data_dir + " was tokenized with a vocabulary of " +
+                         std::to_string(data.tokenizer_vocab) + " ids, more than the model's " + std::to_string(vocab) +
+                         " (give the model a vocabulary of at least " + std::to_string(data.tokenizer_vocab) + ")");
+  const std::string run_tokenizer = (fs::path(o.out_dir) / data::kTokenizerFolder).string();
+  if (!o.resume || o.out_dir.empty() || data.tokenizer_fingerprint.empty() || !data::has_tokenizer_copy(run_tokenizer))
+    return Status::ok();
+  std::string trained_with;
+  RETURN_IF_ERROR(data::verify_tokenizer_copy(run_tokenizer, &trained_with));
+  if (trained_with != data.tokenizer_fingerprint)
+    return Status::error("--data " + o.data_dir + " was prepared with another tokenizer than the one the run in " +
+                         o.out_dir + " was trained with (" + run_tokenizer + "); prepare the data with that tokenizer");
+  return Status::ok();
+}
+
+// Opens --data (one folder or a mixture). Each rank verifies its share of the shards; a
+// damaged shard on any rank stops every rank (agree()).
+Status open_data(const TrainOptions& o, comm::Group& world, Run* run) {
+  data::TrainingData data;
+  RETURN_IF_ERROR(data::open_training_data(o.data_dir, &data));
+  RETURN_IF_ERROR(check_data_tokenizer(o, data, run->config.vocab));
+  const int part = world.rank(), parts = world.size();
+  RETURN_IF_ERROR(data.train.check(run->shape.G(), run->shape.T, run->config.vocab, part, parts));
+  run->train_data = std::move(data.train);
+  if (data.has_val) {
+    RETURN_IF_ERROR(data.val.verify(run->config.vocab, part, parts));
+    // A val split too small for one micro-batch is left out of evaluation.
+    run->has_val = data.val.check_fits(run->shape.B, run->shape.T).is_ok();
+    run->val_data = std::move(data.val);
+  }
   return Status::ok();
 }
 
@@ -630,14 +674,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
                              std::to_string(run->shape.B * L) + " tokens (choose --curriculum-step a multiple of it)");
   if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
 
-  const std::string train_path = (fs::path(o.data_dir) / "train.bin").string();
-  const std::string val_path = (fs::path(o.data_dir) / "val.bin").string();
-  RETURN_IF_ERROR(data::TokenLoader::open(train_path, &run->train_data));
-  RETURN_IF_ERROR(run->train_data.check(run->shape.G(), run->shape.T, run->config.vocab));
-  if (fs::exists(val_path)) {
-    RETURN_IF_ERROR(data::TokenLoader::open(val_path, &run->val_data));
-    run->has_val = run->val_data.check(run->shape.B, run->shape.T, run->config.vocab).is_ok();
-  }
+  return open_data(o, world, run);
   return Status::ok();
 }
 

@@ -1,5 +1,7 @@
 #include "train/trainer.h"
 
+#include "data/training_data.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -242,6 +244,9 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                 run.peak_gflops);
     std::printf("machine: %s | %s | oneDNN ISA %s | %s\n", cpu_info().model.c_str(), cpu_info().flags().c_str(),
                 kernels::onednn_isa_name(), machine::mfu_basis(run.precision).c_str());
+    if (run.train_data.is_mixture())
+      std::printf("data: a mixture of %s (by rows; realised over the run's %lld steps: %s)\n", o.data_dir.c_str(),
+                  (long long)o.steps, data::describe_shares(run.train_data, o.steps, shape.G()).c_str());
     if (run.start_step > 0)
       std::printf("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where it differs)%s\n",
                   (long long)run.start_step, run.resumed_layout.c_str(),
@@ -378,6 +383,11 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
     const json moe = moe_json(run, moe_stats);
     record.update(moe);
     if (peak_raised) record["peak_raised"] = true;
+    if (run.train_data.is_mixture()) {
+      // The share of each source in the rows of steps 1..k+1: what the mixture really read.
+      const std::vector<double> shares = run.train_data.realised_shares(k + 1, shape.G());
+      for (size_t d = 0; d < shares.size(); d++) record["data_mix"][run.train_data.source_names()[d]] = shares[d];
+    }
     if (optim::ShardStore& store = run.dp->adamw().store(); store.any_in_file(~0u)) {
       // Every file-backed array of this rank's shard: the optimizer's streaming and ZeRO-3's
       // per-unit reads and writes. Exposed: what compute waited for; hidden: the rest.

@@ -1,0 +1,55 @@
+#include "data/training_data.h"
+
+#include <cstdio>
+
+#include "data/dataset.h"
+
+namespace meshtrain::data {
+
+Status open_training_data(const std::string& data_arg, TrainingData* out) {
+  RETURN_IF_ERROR(parse_mixture(data_arg, &out->sources));
+  std::vector<TokenStream> train, val;
+  std::vector<std::string> names;
+  std::vector<double> weights;
+  std::string fp_source;
+  out->has_val = true;
+  for (const MixtureSpec& s : out->sources) {
+    Dataset d;
+    RETURN_IF_ERROR(open_dataset(s.dir, &d).with_context(out->sources.size() > 1 ? "--data " + s.name : "--data"));
+    if (!d.tokenizer_fingerprint.empty()) {
+      if (out->tokenizer_fingerprint.empty()) {
+        out->tokenizer_fingerprint = d.tokenizer_fingerprint, fp_source = s.name;
+        out->tokenizer_vocab = d.tokenizer_vocab;
+      } else if (d.tokenizer_fingerprint != out->tokenizer_fingerprint) {
+        return Status::error("--data: '" + s.name + "' (" + s.dir + ") was prepared with another tokenizer than '" +
+                             fp_source + "'; a mixture's sources must share one tokenizer");
+      }
+    }
+    names.push_back(out->sources.size() > 1 ? s.name : s.dir);
+    weights.push_back(s.weight);
+    out->has_val = out->has_val && d.has_val;
+    train.push_back(std::move(d.train));
+    val.push_back(std::move(d.val));
+  }
+  if (out->sources.size() == 1) {
+    out->train = TokenLoader::from_stream(std::move(train[0]), names[0]);
+    if (out->has_val) out->val = TokenLoader::from_stream(std::move(val[0]), names[0]);
+    return Status::ok();
+  }
+  RETURN_IF_ERROR(TokenLoader::mixture(std::move(train), names, weights, &out->train));
+  if (out->has_val) RETURN_IF_ERROR(TokenLoader::mixture(std::move(val), names, weights, &out->val));
+  return Status::ok();
+}
+
+std::string describe_shares(const TokenLoader& loader, int64_t steps, int G) {
+  const std::vector<double> shares = loader.realised_shares(steps, G);
+  std::string text;
+  for (size_t d = 0; d < shares.size(); d++) {
+    char part[64];
+    std::snprintf(part, sizeof(part), "%s%s %.4f", d ? ", " : "", loader.source_names()[d].c_str(), shares[d]);
+    text += part;
+  }
+  return text;
+}
+
+}  // namespace meshtrain::data

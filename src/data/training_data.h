@@ -1,0 +1,27 @@
+// What `train --data` names, opened: one dataset folder, or a weighted mixture of several
+// (data/mixture.h), as the train and val loaders. Every source must come from one
+// tokenizer (the manifests' fingerprints agree).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+#include "data/loader.h"
+#include "data/mixture.h"
+
+namespace meshtrain::data {
+
+struct TrainingData {
+  std::vector<MixtureSpec> sources;
+  TokenLoader train, val;
+  bool has_val = false;               // every source has a val split
+  std::string tokenizer_fingerprint;  // empty when no source's manifest names one
+  int tokenizer_vocab = 0;
+};
+
+Status open_training_data(const std::string& data_arg, TrainingData* out);
+
+// The realised shares as JSON-ready text: "web 0.7000, books 0.3000".
+std::string describe_shares(const TokenLoader& loader, int64_t steps, int G);
+
+}  // namespace meshtrain::data
