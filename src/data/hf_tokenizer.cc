@@ -2,10 +2,9 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "core/file_io.h"
 #include "data/bpe_pipeline.h"
 #include "data/byte_text.h"
 
@@ -23,16 +22,6 @@ namespace {
 // GPT-2's pre-tokenization pattern, which ByteLevel's use_regex means.
 constexpr std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-
-Status read_file(const std::string& path, std::string* out) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::error("cannot open " + path);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  if (in.bad()) return Status::error("error reading " + path);
-  *out = std::move(buf).str();
-  return Status::ok();
-}
 
 Status parse_json(std::string_view text, const std::string& name, json* out) {
   try {

@@ -3,8 +3,8 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
+#include "core/file_io.h"
 #include "data/bpe_pipeline.h"
 
 namespace meshtrain::data {
@@ -149,14 +149,12 @@ Status TiktokenTokenizer::load(const std::string& path, TiktokenTokenizer* out) 
     return Status::error(path + ": no tiktoken rank file (a *.tiktoken file, exactly one in a folder, or a "
                                 "tokenizer.model of \"<base64> <rank>\" lines)");
   }
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return Status::error("cannot open " + file);
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  std::string ranks;
+  RETURN_IF_ERROR(read_file(file, &ranks));
   const fs::path p(file);
   const std::string encoding = p.filename() == "tokenizer.model" ? "llama3" : p.stem().string();
   TiktokenTokenizer tok;
-  RETURN_IF_ERROR(from_string(buf.str(), encoding, file, &tok));
+  RETURN_IF_ERROR(from_string(ranks, encoding, file, &tok));
   tok.source_files_ = {fs::absolute(p).lexically_normal().string()};
   *out = std::move(tok);
   return Status::ok();
