@@ -322,6 +322,7 @@ TEST_F(SentencePieceCli, ARunCarriesItsSentencePieceTokenizer) {
     shown += tok->token_bytes(id);
   }
   if (completion.back() == 2) EXPECT_EQ(j["finish_reason"], "stop");
+  EXPECT_GT(shown.size(), prompt.size() + 3) << "a few tokens of text to check: " << r.out;
   // Streamed token by token: the prompt's text, then the new tokens' bytes ...
   r = run(gen);
   ASSERT_EQ(r.exit_code, 0) << describe(r);
@@ -336,6 +337,19 @@ TEST_F(SentencePieceCli, ARunCarriesItsSentencePieceTokenizer) {
   r = run(kBinary + " generate --checkpoint " + path("run") + " --max-new-tokens 3 --threads 1 --json");
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   EXPECT_EQ(json::parse(r.out)["prompt"], "<s>") << r.out;
+
+  // Export: a Hugging Face folder carries tokenizer.model and samples the same text; llm.c's
+  // table cannot hold a SentencePiece model, and export says so.
+  r = run(kBinary + " export --checkpoint " + path("run") + " --out " + path("hf"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_EQ(read_file(path("hf/tokenizer.model")), read_file(model_));
+  r = run(kBinary + " generate --checkpoint " + path("hf") + " --max-new-tokens 10 --temperature 0 --threads 1 " +
+          "--prompt " + quoted(prompt));
+  EXPECT_EQ(r.out, shown + "\n") << describe(r);
+  r = run(kBinary + " export --checkpoint " + path("run") + " --format llmc --out " + path("m.bin"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  EXPECT_NE(r.out.find("no llm.c tokenizer file for brown.model (sentencepiece)"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(path("m_tokenizer.bin")));
 
   // GPT-2's 50257 ids on a 400-row model.
   cli_test::expect_failure(run(kBinary + " generate --checkpoint " + path("run") + " --tokenizer " + kGpt2Dir +
