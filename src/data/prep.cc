@@ -326,7 +326,7 @@ Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
   if (ec) return Status::error("cannot create " + o.out_dir + ": " + ec.message());
   // The tokens mean nothing without their tokenizer: it goes with them.
   const std::string tokenizer_copy = (fs::path(o.out_dir) / kTokenizerFolder).string();
-  RETURN_IF_ERROR(save_tokenizer_copy(o.tokenizer_dir, tokenizer_copy));
+  RETURN_IF_ERROR(save_tokenizer_copy(*tok, tokenizer_copy));
   std::string fingerprint;
   RETURN_IF_ERROR(verify_tokenizer_copy(tokenizer_copy, &fingerprint));
   const json identity = prep_identity(o, files, fingerprint);

@@ -1,10 +1,14 @@
 #include "data/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "data/bpe.h"
 #include "data/hf_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "data/tiktoken_tokenizer.h"
 
 namespace meshtrain::data {
@@ -57,9 +61,11 @@ Status Tokenizer::decode_checked(std::span<const int> ids, std::string* out) con
 
 namespace {
 
-// Each format's detection is one small function, tried in load_tokenizer's order.
+// Each format's detection is one small function, tried in load_tokenizer's order. tiktoken
+// comes before SentencePiece: Meta's Llama 3 tokenizer.model is a tiktoken rank file.
 bool hf_json_in(const std::string& path) { return HfTokenizer::files_in(path); }
 bool tiktoken_in(const std::string& path) { return !TiktokenTokenizer::rank_file_in(path).empty(); }
+bool sentencepiece_in(const std::string& path) { return !SentencePieceTokenizer::model_file_in(path).empty(); }
 
 template <typename T>
 Status load_as(const std::string& path, std::unique_ptr<Tokenizer>* out) {
@@ -69,17 +75,35 @@ Status load_as(const std::string& path, std::unique_ptr<Tokenizer>* out) {
   return Status::ok();
 }
 
-}  // namespace
-
-bool tokenizer_files_in(const std::string& path) {
-  return hf_json_in(path) || tiktoken_in(path) || Gpt2Tokenizer::files_in(path);
+// A tokenizer copy (tokenizer_files.h) of one file keeps that file's own name (x.model,
+// cl100k_base.tiktoken): its manifest.json names it. The folder itself otherwise.
+std::string single_file_of_copy(const std::string& path) {
+  std::error_code ec;
+  const fs::path manifest = fs::path(path) / "manifest.json";
+  if (!fs::is_regular_file(manifest, ec)) return path;
+  std::ifstream in(manifest);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_object() || j["files"].size() != 1) return path;
+  const std::string name = j["files"].begin().key();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return path;
+  return (fs::path(path) / name).string();
 }
 
-Status load_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+}  // namespace
+
+bool tokenizer_files_in(const std::string& given) {
+  const std::string path = single_file_of_copy(given);
+  return hf_json_in(path) || tiktoken_in(path) || sentencepiece_in(path) || Gpt2Tokenizer::files_in(path);
+}
+
+Status load_tokenizer(const std::string& given, std::unique_ptr<Tokenizer>* out) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::error("tokenizer " + path + " does not exist");
+  if (!fs::exists(given, ec)) return Status::error("tokenizer directory or file " + given + " does not exist");
+  const std::string path = single_file_of_copy(given);
   if (hf_json_in(path)) return load_as<HfTokenizer>(path, out);
   if (tiktoken_in(path)) return load_as<TiktokenTokenizer>(path, out);
+  if (sentencepiece_in(path))
+    return load_as<SentencePieceTokenizer>(SentencePieceTokenizer::model_file_in(path), out);
   if (Gpt2Tokenizer::files_in(path)) return load_as<Gpt2Tokenizer>(path, out);
   return Status::error("no tokenizer found at " + path +
                        " (looked for tokenizer.json, tokenizer.model, *.tiktoken, encoder.json + vocab.bpe, "

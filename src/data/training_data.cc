@@ -1,8 +1,10 @@
 #include "data/training_data.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "data/dataset.h"
+#include "data/tokenizer_files.h"
 
 namespace meshtrain::data {
 
@@ -16,10 +18,17 @@ Status open_training_data(const std::string& data_arg, TrainingData* out) {
   for (const MixtureSpec& s : out->sources) {
     Dataset d;
     RETURN_IF_ERROR(open_dataset(s.dir, &d).with_context(out->sources.size() > 1 ? "--data " + s.name : "--data"));
+    // A folder from an earlier prep has no manifest, but may have its tokenizer's copy.
+    const std::string copy = (std::filesystem::path(s.dir) / kTokenizerFolder).string();
+    if (d.tokenizer_fingerprint.empty() && has_tokenizer_copy(copy)) {
+      RETURN_IF_ERROR(verify_tokenizer_copy(copy, &d.tokenizer_fingerprint));
+      RETURN_IF_ERROR(tokenizer_copy_vocab(copy, &d.tokenizer_vocab));
+    }
     if (!d.tokenizer_fingerprint.empty()) {
       if (out->tokenizer_fingerprint.empty()) {
         out->tokenizer_fingerprint = d.tokenizer_fingerprint, fp_source = s.name;
         out->tokenizer_vocab = d.tokenizer_vocab;
+        out->tokenizer_source = copy;
       } else if (d.tokenizer_fingerprint != out->tokenizer_fingerprint) {
         return Status::error("--data: '" + s.name + "' (" + s.dir + ") was prepared with another tokenizer than '" +
                              fp_source + "'; a mixture's sources must share one tokenizer");

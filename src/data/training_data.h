@@ -15,8 +15,9 @@ struct TrainingData {
   std::vector<MixtureSpec> sources;
   TokenLoader train, val;
   bool has_val = false;               // every source has a val split
-  std::string tokenizer_fingerprint;  // empty when no source's manifest names one
+  std::string tokenizer_fingerprint;  // empty when no source names its tokenizer
   int tokenizer_vocab = 0;
+  std::string tokenizer_source;       // where those two came from
 };
 
 Status open_training_data(const std::string& data_arg, TrainingData* out);

@@ -599,10 +599,13 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
 // The data's tokenizer must be the model's: no more ids than its vocabulary, and, when a run
 // goes on, the tokenizer it was trained with.
 Status check_data_tokenizer(const TrainOptions& o, const data::TrainingData& data, int vocab) {
+  // A tokenizer with more ids than the model has rows would hand it tokens it cannot embed,
+  // and text sampled from it could not reach the tokenizer's upper ids.
   if (data.tokenizer_vocab > vocab)
-    return Status::error("--data " + o.data_dir + " was tokenized with a vocabulary of " +
-                         std::to_string(data.tokenizer_vocab) + " ids, more than the model's " + std::to_string(vocab) +
-                         " (give the model a vocabulary of at least " + std::to_string(data.tokenizer_vocab) + ")");
+    return Status::error("the model's vocabulary of " + std::to_string(vocab) + " is smaller than the " +
+                         std::to_string(data.tokenizer_vocab) + " ids of the data's tokenizer (" +
+                         data.tokenizer_source + "): give --vocab " + std::to_string(data.tokenizer_vocab) +
+                         " or more");
   const std::string run_tokenizer = (fs::path(o.out_dir) / data::kTokenizerFolder).string();
   if (!o.resume || o.out_dir.empty() || data.tokenizer_fingerprint.empty() || !data::has_tokenizer_copy(run_tokenizer))
     return Status::ok();
@@ -675,7 +678,6 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
   if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
 
   return open_data(o, world, run);
-  return Status::ok();
 }
 
 }  // namespace
@@ -750,6 +752,10 @@ Status guard_run_folder(const TrainOptions& o, comm::Group& world, Run* run) {
   }
   return agree(world, mine);
 }
+
+namespace {
+
+}  // namespace
 
 // Every check that can fail happens here, before any training work, on every rank.
 Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready) {

@@ -301,7 +301,7 @@ TEST_F(Dataset, BadDataIsRefusedBeforeStepOne) {
                  {"--data web", "has no training shards"});
   // More ids than the model's vocabulary.
   expect_failure(run(train("--model tiny --seq-len 32 --micro-batch 2 --vocab 1000 --steps 1", path("d"))),
-                 {"vocabulary of 50257 ids", "more than the model's 1000"});
+                 {"the model's vocabulary of 1000 is smaller than the 50257 ids", "give --vocab 50257 or more"});
 }
 
 // A run goes on only with the tokenizer it was trained with.
