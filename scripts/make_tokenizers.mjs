@@ -31,7 +31,7 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 // Bump when any output changes, so that existing files are made again.
-const kVersion = 1;
+const kVersion = 2;
 
 const dataDir = path.resolve(process.argv[2] ?? path.join(import.meta.dirname, '..', 'data'));
 const npmDir = path.join(dataDir, 'npm', 'node_modules');
@@ -309,7 +309,16 @@ async function makeQwen2Style() {
     local.sort((x, y) => x[0] - y[0] || x[1] - y[1]);
     for (const [left, right] of local) merges.push(`${byId[left]} ${byId[right]}`);
   }
-  const added = Object.entries(specials).sort((a, b) => a[1] - b[1]).map(([content, id]) => addedToken(id, content));
+  // cl100k_base leaves ids 100256 and 100261-100275 unused. Hugging Face's Rust tokenizers
+  // give added tokens consecutive ids after the vocabulary whatever "id" says, so the gaps are
+  // filled with reserved tokens (as Llama 3's and Qwen2's files do): every id is then the
+  // same in both libraries, and the vocabulary has cl100k_base's n_vocab, 100277.
+  const byIdAdded = new Map(Object.entries(specials).map(([content, id]) => [id, content]));
+  const last = Math.max(...byIdAdded.keys());
+  const added = [];
+  for (let id = bytes.length; id <= last; ++id) {
+    added.push(addedToken(id, byIdAdded.get(id) ?? `<|reserved_special_token_${id}|>`));
+  }
   writeJson('qwen2-style/tokenizer.json', {
     ...tokenizerJson({
       added,
