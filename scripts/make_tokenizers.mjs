@@ -31,7 +31,7 @@ import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 // Bump when any output changes, so that existing files are made again.
-const kVersion = 2;
+const kVersion = 3;
 
 const dataDir = path.resolve(process.argv[2] ?? path.join(import.meta.dirname, '..', 'data'));
 const npmDir = path.join(dataDir, 'npm', 'node_modules');
@@ -377,16 +377,17 @@ function makeSpmBrown() {
     fs.writeFileSync(input, brownSentences());
     // Llama's training options at a small size: BPE, byte fallback, digits split, no
     // normalization (identity keeps every text as it is), whitespace kept as written. One
-    // thread and no sampling or shuffling: the same model every time.
+    // thread and no sampling or shuffling, and paths relative to the work folder (the model
+    // records them): the same bytes every time.
     const args = [
-      `--input=${input}`, `--model_prefix=${path.join(work, 'tokenizer')}`, '--model_type=bpe',
+      '--input=brown.txt', '--model_prefix=tokenizer', '--model_type=bpe',
       '--vocab_size=4000', '--byte_fallback=true', '--split_digits=true', '--character_coverage=1.0',
       '--normalization_rule_name=identity', '--remove_extra_whitespaces=false', '--add_dummy_prefix=true',
       '--allow_whitespace_only_pieces=true', '--input_sentence_size=0', '--shuffle_input_sentence=false',
       '--num_threads=1', '--unk_id=0', '--bos_id=1', '--eos_id=2', '--pad_id=-1', '--minloglevel=2',
     ];
     try {
-      execFileSync('spm_train', args, { stdio: ['ignore', 'pipe', 'pipe'] });
+      execFileSync('spm_train', args, { cwd: work, stdio: ['ignore', 'pipe', 'pipe'] });
     } catch (e) {
       const why = e.code === 'ENOENT' ? 'spm_train is not installed (Debian package sentencepiece)' :
         `spm_train failed: ${String(e.stderr ?? e.message).trim().split('\n').slice(-5).join('\n')}`;
