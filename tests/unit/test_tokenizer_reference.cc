@@ -176,7 +176,7 @@ std::string nfc(const std::string& s) {
 
 // A string as a C++ literal would spell it, for messages: control characters and invalid
 // bytes escaped, valid UTF-8 as it is.
-std::string quoted(std::string_view s, size_t limit = 120) {
+std::string shown(std::string_view s, size_t limit = 120) {
   std::string out = "\"";
   size_t sub;
   for (size_t i = 0; i < s.size() && i < limit;) {
@@ -276,7 +276,7 @@ std::vector<Text> hard_texts_for_js() {
   std::vector<Text> out;
   for (size_t i = 0; i < hard_valid().size(); ++i) out.push_back({"hard string " + std::to_string(i), hard_valid()[i]});
   for (size_t i = 0; i < hard_invalid().size(); ++i) {
-    out.push_back({"invalid UTF-8 " + std::to_string(i) + " " + quoted(hard_invalid()[i]) + " as JavaScript decodes it",
+    out.push_back({"invalid UTF-8 " + std::to_string(i) + " " + shown(hard_invalid()[i]) + " as JavaScript decodes it",
                    replace_invalid(hard_invalid()[i], false)});
   }
   return out;
@@ -365,10 +365,15 @@ std::string context(const Tokenizer& tok, const Ids& ids, size_t from, size_t to
   std::string text, numbers;
   for (size_t i = from; i < std::min(to, ids.size()); ++i) {
     const int id = ids[i];
-    text += id >= 0 && id < tok.vocab_size() ? std::string(tok.token_bytes(id)) : "<" + std::to_string(id) + "?>";
-    numbers += (i > from ? " " : "") + std::to_string(id);
+    if (id >= 0 && id < tok.vocab_size()) {
+      text.append(tok.token_bytes(id));
+    } else {
+      text.append("<").append(std::to_string(id)).append("?>");
+    }
+    if (i > from) numbers.push_back(' ');
+    numbers.append(std::to_string(id));
   }
-  return quoted(text, 400) + " [" + numbers + "]";
+  return shown(text, 400) + " [" + numbers + "]";
 }
 
 // Expects ours == reference for every text; reports the first few that differ in full (the
@@ -377,17 +382,17 @@ void expect_equal_ids(const Tokenizer& tok, const std::string& reference, const 
                       const std::vector<Ids>& ours, const std::vector<Ids>& expected) {
   ASSERT_EQ(ours.size(), texts.size());
   ASSERT_EQ(expected.size(), texts.size());
-  int shown = 0, differing = 0;
+  int reported = 0, differing = 0;
   for (size_t d = 0; d < texts.size(); ++d) {
     const Ids& a = ours[d];
     const Ids& e = expected[d];
     if (a == e) continue;
     ++differing;
-    if (shown++ >= 5) continue;
+    if (reported++ >= 5) continue;
     const size_t at = size_t(std::mismatch(a.begin(), a.end(), e.begin(), e.end()).first - a.begin());
     const size_t from = at >= 6 ? at - 6 : 0;
     ADD_FAILURE() << texts[d].label << ": ids differ from " << reference << " at token " << at << " (ours "
-                  << a.size() << " tokens, reference " << e.size() << ")\ntext:      " << quoted(texts[d].text, 200)
+                  << a.size() << " tokens, reference " << e.size() << ")\ntext:      " << shown(texts[d].text, 200)
                   << "\nours:      " << context(tok, a, from, at + 6) << "\nreference: " << context(tok, e, from, at + 6);
   }
   EXPECT_EQ(differing, 0) << differing << " of " << texts.size() << " texts differ from " << reference;
@@ -431,7 +436,7 @@ void compare_with_js(const std::string& tokenizer_path, const std::string& famil
       ASSERT_GE(i, 500u) << texts[i].label << " falls under a known divergence of " << reference << ": " << div->why;
       for (const auto& [text, ids] : div->original_ids) {
         if (text == texts[i].text) {
-          EXPECT_EQ(tok->encode(text), ids) << texts[i].label << " " << quoted(text) << ": " << div->why;
+          EXPECT_EQ(tok->encode(text), ids) << texts[i].label << " " << shown(text) << ": " << div->why;
         }
       }
       continue;
@@ -459,7 +464,7 @@ void check_round_trip(const std::string& tokenizer_path, bool nfc_normalizer = f
     const Ids ids = tok->encode(t.text);
     const bool in_range = std::all_of(ids.begin(), ids.end(), [&](int id) { return id >= 0 && id < tok->vocab_size(); });
     if (!in_range) {
-      ADD_FAILURE() << t.label << " " << quoted(t.text) << ": an id outside [0, " << tok->vocab_size() << ")";
+      ADD_FAILURE() << t.label << " " << shown(t.text) << ": an id outside [0, " << tok->vocab_size() << ")";
       if (++failures >= 5) return;
       continue;
     }
@@ -470,9 +475,9 @@ void check_round_trip(const std::string& tokenizer_path, bool nfc_normalizer = f
     if (back != want) {
       const size_t at = size_t(std::mismatch(back.begin(), back.end(), want.begin(), want.end()).first - back.begin());
       ADD_FAILURE() << t.label << ": decode(encode(x)) differs from " << (want == t.text ? "x" : "x normalized")
-                    << " at byte " << at << "\nx:       " << quoted(t.text, 200)
-                    << "\nwanted:  " << quoted(want.substr(at >= 40 ? at - 40 : 0, 120))
-                    << "\ndecoded: " << quoted(back.substr(std::min(back.size(), at >= 40 ? at - 40 : 0), 120));
+                    << " at byte " << at << "\nx:       " << shown(t.text, 200)
+                    << "\nwanted:  " << shown(want.substr(at >= 40 ? at - 40 : 0, 120))
+                    << "\ndecoded: " << shown(back.substr(std::min(back.size(), at >= 40 ? at - 40 : 0), 120));
       if (++failures >= 5) return;
     }
   }
@@ -677,8 +682,8 @@ TEST(TokenizerRoundTrip, SpmBrown) { check_round_trip(kSpmBrown, false, /*invali
 
 // The hard strings' own checks: they are what the comments say they are.
 TEST(TokenizerReference, HardStringsAreWhatTheySay) {
-  for (const std::string& s : hard_valid()) EXPECT_TRUE(valid_utf8(s)) << quoted(s);
-  for (const std::string& s : hard_invalid()) EXPECT_FALSE(valid_utf8(s)) << quoted(s);
+  for (const std::string& s : hard_valid()) EXPECT_TRUE(valid_utf8(s)) << shown(s);
+  for (const std::string& s : hard_invalid()) EXPECT_FALSE(valid_utf8(s)) << shown(s);
   EXPECT_NE(nfc("e\u0301"), "e\u0301");
   EXPECT_EQ(nfc("e\u0301"), "\u00e9");
   EXPECT_EQ(replace_invalid("\xe2\x82x", false), "\xEF\xBF\xBDx");  // one maximal subpart
