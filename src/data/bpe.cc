@@ -4,94 +4,18 @@
 
 #include <algorithm>
 #include <array>
-#include <climits>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <sstream>
 
 #include "core/check.h"
+#include "data/byte_text.h"
 
 namespace meshtrain::data {
 namespace {
 
 constexpr std::string_view kEndOfText = "<|endoftext|>";
-
-// Pieces longer than this use the O(n log n) heap merger; shorter ones (nearly all
-// real words) use the simpler quadratic loop, which is faster at small n.
-constexpr size_t kLongPiece = 64;
-
-// ---------------------------------------------------------------------------------
-// GPT-2's byte <-> unicode table: printable Latin-1 bytes map to themselves, the rest
-// to code points from U+0100 up, so every byte has a visible, non-space character.
-
-std::array<char32_t, 256> bytes_to_unicode() {
-  std::array<char32_t, 256> table{};
-  std::array<bool, 256> printable{};
-  for (int b = 0; b < 256; ++b) {
-    printable[b] = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
-  }
-  char32_t next_extra = 256;
-  for (int b = 0; b < 256; ++b) table[b] = printable[b] ? char32_t(b) : next_extra++;
-  return table;
-}
-
-void append_utf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(char(cp));
-  } else if (cp < 0x800) {
-    out->push_back(char(0xC0 | (cp >> 6)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(char(0xE0 | (cp >> 12)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(char(0xF0 | (cp >> 18)));
-    out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(char(0x80 | (cp & 0x3F)));
-  }
-}
-
-bool is_continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
-
-// Decodes one well-formed UTF-8 sequence at s[i]. Returns its byte length, or 0 for an
-// invalid byte (bad lead, truncated, overlong, surrogate or > U+10FFFF); the caller then
-// treats that single byte as a character of its own.
-size_t decode_utf8(std::string_view s, size_t i, char32_t* cp) {
-  const auto at = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char b0 = at(i);
-  const size_t left = s.size() - i;
-  if (b0 < 0x80) {
-    *cp = b0;
-    return 1;
-  }
-  if (b0 >= 0xC2 && b0 <= 0xDF) {
-    if (left < 2 || !is_continuation(at(i + 1))) return 0;
-    *cp = (char32_t(b0 & 0x1F) << 6) | (at(i + 1) & 0x3F);
-    return 2;
-  }
-  if (b0 >= 0xE0 && b0 <= 0xEF) {
-    if (left < 3 || !is_continuation(at(i + 1)) || !is_continuation(at(i + 2))) return 0;
-    const unsigned char b1 = at(i + 1);
-    if ((b0 == 0xE0 && b1 < 0xA0) || (b0 == 0xED && b1 > 0x9F)) return 0;  // overlong, surrogate
-    *cp = (char32_t(b0 & 0x0F) << 12) | (char32_t(b1 & 0x3F) << 6) | (at(i + 2) & 0x3F);
-    return 3;
-  }
-  if (b0 >= 0xF0 && b0 <= 0xF4) {
-    if (left < 4 || !is_continuation(at(i + 1)) || !is_continuation(at(i + 2)) ||
-        !is_continuation(at(i + 3)))
-      return 0;
-    const unsigned char b1 = at(i + 1);
-    if ((b0 == 0xF0 && b1 < 0x90) || (b0 == 0xF4 && b1 > 0x8F)) return 0;  // overlong, > U+10FFFF
-    *cp = (char32_t(b0 & 0x07) << 18) | (char32_t(b1 & 0x3F) << 12) |
-          (char32_t(at(i + 2) & 0x3F) << 6) | (at(i + 3) & 0x3F);
-    return 4;
-  }
-  return 0;
-}
 
 // ---------------------------------------------------------------------------------
 // Pre-tokenization: a hand-written matcher for GPT-2's pattern
@@ -186,27 +110,6 @@ size_t match_end(std::string_view text, size_t pos) {
   return whitespace_end(text, pos);
 }
 
-// ---------------------------------------------------------------------------------
-// Heap-based merging for long pieces. Semantics match encoder.py exactly: each step
-// takes the lowest-ranked pair and merges all its non-overlapping occurrences left to
-// right before any newly formed pair is considered ("rounds").
-
-struct HeapEntry {
-  int rank;
-  int left;  // node index of the left symbol
-  int left_id;
-  int right_id;
-  bool operator>(const HeapEntry& o) const {
-    return rank != o.rank ? rank > o.rank : left > o.left;
-  }
-};
-
-struct Node {
-  int id;  // -1 once merged into its left neighbour
-  int prev;
-  int next;  // -1 at the ends
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------
@@ -268,24 +171,6 @@ Status Gpt2Tokenizer::from_strings(std::string_view encoder_json, std::string_vi
   return Status::ok();
 }
 
-namespace {
-
-// Maps a byte-alphabet token string back to raw bytes; false if it holds a character
-// outside the 256-symbol alphabet.
-bool unmap_token(std::string_view token, const std::array<int, 324>& byte_of, std::string* out) {
-  out->clear();
-  for (size_t i = 0; i < token.size();) {
-    char32_t cp = 0;
-    const size_t n = decode_utf8(token, i, &cp);
-    if (n == 0 || cp >= byte_of.size() || byte_of[cp] < 0) return false;
-    out->push_back(char(byte_of[cp]));
-    i += n;
-  }
-  return true;
-}
-
-}  // namespace
-
 Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& path) {
   const nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return Status::error(path + ": not valid JSON");
@@ -293,9 +178,7 @@ Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& pat
     return Status::error(path + ": expected a non-empty object");
 
   const auto table = bytes_to_unicode();
-  std::array<int, 324> byte_of;  // mapped code point -> raw byte (the table's range is 0..323)
-  byte_of.fill(-1);
-  for (int b = 0; b < 256; ++b) byte_of[table[b]] = b;
+  const auto byte_of = unicode_to_bytes();
 
   const size_t size = json.size();
   token_bytes_.assign(size, std::string());
@@ -309,7 +192,7 @@ Status Gpt2Tokenizer::load_encoder(std::string_view text, const std::string& pat
                            " without repeats; bad id " + std::to_string(id) + " for '" + key + "'");
     }
     seen[id] = true;
-    if (!unmap_token(key, byte_of, &token_bytes_[id])) {
+    if (!unmap_byte_alphabet(key, byte_of, &token_bytes_[id])) {
       return Status::error(path + ": token '" + key + "' is outside GPT-2's byte alphabet");
     }
     encoder_.emplace(key, int(id));
@@ -360,7 +243,7 @@ Status Gpt2Tokenizer::load_merges(std::string_view text, const std::string& path
                            "' uses a token missing from encoder.json");
     }
     // Like encoder.py's dict(zip(merges, range)), a repeated merge keeps its last rank.
-    merges_[pair_key(l->second, r->second)] = Merge{rank++, m->second};
+    merges_.set(l->second, r->second, MergeRule{rank++, m->second});
   }
   if (merges_.empty()) return Status::error(path + ": no merges");
   return Status::ok();
@@ -368,11 +251,6 @@ Status Gpt2Tokenizer::load_merges(std::string_view text, const std::string& path
 
 // ---------------------------------------------------------------------------------
 // Encoding
-
-const Gpt2Tokenizer::Merge* Gpt2Tokenizer::find_merge(int left, int right) const {
-  const auto it = merges_.find(pair_key(left, right));
-  return it == merges_.end() ? nullptr : &it->second;
-}
 
 std::vector<int> Gpt2Tokenizer::encode(std::string_view text) const {
   std::vector<int> ids;
@@ -398,78 +276,6 @@ void Gpt2Tokenizer::encode_ordinary(std::string_view text, std::vector<int>* ids
   }
 }
 
-namespace {
-
-// Quadratic merger for short pieces; mirrors encoder.py's bpe() loop directly.
-template <typename FindMerge>
-void merge_short(std::vector<int>* symbols, const FindMerge& find_merge) {
-  std::vector<int>& s = *symbols;
-  while (s.size() > 1) {
-    int best_rank = INT_MAX, merged = -1;
-    size_t best = 0;
-    for (size_t i = 0; i + 1 < s.size(); ++i) {
-      const auto* m = find_merge(s[i], s[i + 1]);
-      if (m && m->rank < best_rank) best_rank = m->rank, merged = m->merged_id, best = i;
-    }
-    if (merged < 0) return;
-    const int a = s[best], b = s[best + 1];
-    size_t w = best;
-    for (size_t i = best; i < s.size();) {
-      if (i + 1 < s.size() && s[i] == a && s[i + 1] == b) {
-        s[w++] = merged;
-        i += 2;
-      } else {
-        s[w++] = s[i++];
-      }
-    }
-    s.resize(w);
-  }
-}
-
-template <typename FindMerge>
-void merge_long(std::vector<int>* symbols, const FindMerge& find_merge) {
-  std::vector<int>& s = *symbols;
-  const int n = int(s.size());
-  std::vector<Node> nodes(n);
-  for (int i = 0; i < n; ++i) nodes[i] = Node{s[i], i - 1, i + 1 < n ? i + 1 : -1};
-
-  std::priority_queue<HeapEntry, std::vector<HeapEntry>, std::greater<>> heap;
-  std::vector<HeapEntry> pending;  // pairs formed this round, considered from the next one
-  const auto consider = [&](int left, std::vector<HeapEntry>* into) {
-    if (left < 0 || nodes[left].next < 0) return;
-    const int left_id = nodes[left].id, right_id = nodes[nodes[left].next].id;
-    if (const auto* m = find_merge(left_id, right_id))
-      into->push_back({m->rank, left, left_id, right_id});
-  };
-  for (int i = 0; i + 1 < n; ++i) consider(i, &pending);
-  for (const HeapEntry& e : pending) heap.push(e);
-  pending.clear();
-
-  while (!heap.empty()) {
-    const int rank = heap.top().rank;
-    while (!heap.empty() && heap.top().rank == rank) {  // ascending position within a rank
-      const HeapEntry e = heap.top();
-      heap.pop();
-      Node& left = nodes[e.left];
-      if (left.id != e.left_id || left.next < 0 || nodes[left.next].id != e.right_id)
-        continue;  // stale
-      const int right = left.next;
-      left.id = find_merge(e.left_id, e.right_id)->merged_id;
-      left.next = nodes[right].next;
-      if (left.next >= 0) nodes[left.next].prev = e.left;
-      nodes[right].id = -1;
-      consider(left.prev, &pending);
-      consider(e.left, &pending);
-    }
-    for (const HeapEntry& e : pending) heap.push(e);
-    pending.clear();
-  }
-  s.clear();
-  for (int i = 0; i >= 0; i = nodes[i].next) s.push_back(nodes[i].id);
-}
-
-}  // namespace
-
 void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int>* ids) const {
   if (piece.size() == 1) {
     ids->push_back(byte_ids_[static_cast<unsigned char>(piece[0])]);
@@ -479,12 +285,7 @@ void Gpt2Tokenizer::encode_piece(std::string_view piece, std::vector<int>* ids) 
   thread_local std::vector<int> symbols;
   symbols.clear();
   for (char c : piece) symbols.push_back(byte_ids_[static_cast<unsigned char>(c)]);
-  const auto find = [this](int l, int r) { return find_merge(l, r); };
-  if (piece.size() <= kLongPiece) {
-    merge_short(&symbols, find);
-  } else {
-    merge_long(&symbols, find);
-  }
+  apply_merges(&symbols, merges_, MergeOrder::kRounds);
   ids->insert(ids->end(), symbols.begin(), symbols.end());
 }
 

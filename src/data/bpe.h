@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/status.h"
+#include "data/bpe_merge.h"
 #include "data/tokenizer.h"
 
 namespace meshtrain::data {
@@ -53,27 +54,16 @@ class Gpt2Tokenizer : public Tokenizer {
   int longest_token_bytes() const { return longest_token_bytes_; }
 
  private:
-  struct Merge {
-    int rank;
-    int merged_id;
-  };
-
   Status load_encoder(std::string_view text, const std::string& path);
   Status load_merges(std::string_view text, const std::string& path);
   // Appends the ids of one pre-tokenized piece (no special tokens inside).
   void encode_piece(std::string_view piece, std::vector<int>* ids) const;
   void encode_ordinary(std::string_view text, std::vector<int>* ids) const;
-  const Merge* find_merge(int left, int right) const;
-
-  static uint64_t pair_key(int left, int right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
-           static_cast<uint32_t>(right);
-  }
 
   std::unordered_map<std::string, int> encoder_;  // token string (byte-mapped) -> id
   std::vector<std::string> token_bytes_;          // id -> raw bytes
   int byte_ids_[256] = {};                        // raw byte -> id of its one-byte token
-  std::unordered_map<uint64_t, Merge> merges_;    // pair_key(left id, right id) -> merge
+  PairMerges merges_;                             // (left id, right id) -> rank, merged id
   int eot_id_ = -1;
   int longest_token_bytes_ = 1;
 };

@@ -4,6 +4,8 @@
 
 #include "core/check.h"
 #include "data/bpe.h"
+#include "data/hf_tokenizer.h"
+#include "data/tiktoken_tokenizer.h"
 
 namespace meshtrain::data {
 
@@ -53,17 +55,32 @@ Status Tokenizer::decode_checked(std::span<const int> ids, std::string* out) con
   return Status::ok();
 }
 
-bool tokenizer_files_in(const std::string& path) { return Gpt2Tokenizer::files_in(path); }
+namespace {
+
+// Each format's detection is one small function, tried in load_tokenizer's order.
+bool hf_json_in(const std::string& path) { return HfTokenizer::files_in(path); }
+bool tiktoken_in(const std::string& path) { return !TiktokenTokenizer::rank_file_in(path).empty(); }
+
+template <typename T>
+Status load_as(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+  auto tok = std::make_unique<T>();
+  RETURN_IF_ERROR(T::load(path, tok.get()));
+  *out = std::move(tok);
+  return Status::ok();
+}
+
+}  // namespace
+
+bool tokenizer_files_in(const std::string& path) {
+  return hf_json_in(path) || tiktoken_in(path) || Gpt2Tokenizer::files_in(path);
+}
 
 Status load_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return Status::error("tokenizer " + path + " does not exist");
-  if (Gpt2Tokenizer::files_in(path)) {
-    auto tok = std::make_unique<Gpt2Tokenizer>();
-    RETURN_IF_ERROR(Gpt2Tokenizer::load(path, tok.get()));
-    *out = std::move(tok);
-    return Status::ok();
-  }
+  if (hf_json_in(path)) return load_as<HfTokenizer>(path, out);
+  if (tiktoken_in(path)) return load_as<TiktokenTokenizer>(path, out);
+  if (Gpt2Tokenizer::files_in(path)) return load_as<Gpt2Tokenizer>(path, out);
   return Status::error("no tokenizer found at " + path +
                        " (looked for tokenizer.json, tokenizer.model, *.tiktoken, encoder.json + vocab.bpe, "
                        "vocab.json + merges.txt)");
