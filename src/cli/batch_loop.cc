@@ -41,7 +41,7 @@ CompletionRequest request_of(const json& j) {
 
 }  // namespace
 
-BatchLoop::BatchLoop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, int max_batch, int threads,
+BatchLoop::BatchLoop(const model::Gpt& gpt, const data::Tokenizer& tok, int max_batch, int threads,
                      infer::DecodeGroups groups, comm::Group* world)
     : batch_(gpt, tok, groups), max_batch_(max_batch), world_(world), thread_([this, threads] { run(threads); }) {}
 
@@ -116,7 +116,7 @@ void BatchLoop::run(int threads) {
   }
 }
 
-void follow_batch_loop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups,
+void follow_batch_loop(const model::Gpt& gpt, const data::Tokenizer& tok, infer::DecodeGroups groups,
                        comm::Group& world) {
   CompletionBatch batch(gpt, tok, groups);
   struct Follower {

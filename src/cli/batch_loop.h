@@ -28,7 +28,7 @@ namespace meshtrain::cli {
 class BatchLoop {
  public:
   // `world`: the model group's ranks when there are several (this is rank 0), else null.
-  BatchLoop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, int max_batch, int threads,
+  BatchLoop(const model::Gpt& gpt, const data::Tokenizer& tok, int max_batch, int threads,
             infer::DecodeGroups groups, comm::Group* world);
   // Finishes the completions in progress and stops, the followers with it.
   ~BatchLoop();
@@ -68,7 +68,7 @@ class BatchLoop {
 };
 
 // Ranks 1.. of the model group: runs every step rank 0's BatchLoop plans, until it stops.
-void follow_batch_loop(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups,
+void follow_batch_loop(const model::Gpt& gpt, const data::Tokenizer& tok, infer::DecodeGroups groups,
                        comm::Group& world);
 
 }  // namespace meshtrain::cli

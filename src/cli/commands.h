@@ -3,10 +3,12 @@
 #pragma once
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "comm/group.h"
 #include "core/status.h"
+#include "data/tokenizer.h"
 #include "train/options.h"
 
 namespace meshtrain::cli {
@@ -20,11 +22,19 @@ struct Command {
 std::string data_dir();
 std::string default_tokenizer_dir();
 
-// The tokenizer folder for a model given as `model_path` (a run folder, a checkpoint in
-// one, or a file): `flag` when the user gave --tokenizer; else the run's own copy
+// The tokenizer (a folder or a file, anything data::load_tokenizer reads) for a model given
+// as `model_path` (a run folder, a checkpoint in one, or a file): `flag` when the user gave
+// --tokenizer; else a Hugging Face model folder's own tokenizer files, the run's own copy
 // (<run>/tokenizer), the copy in the data folder its config.json records, or the data
-// packages setup.sh installed beside this build, in that order.
-Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* dir);
+// packages setup.sh installed beside this build, in that order. A copy found or given must
+// still match its manifest.
+Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* path);
+// find_tokenizer's tokenizer, loaded.
+Status load_model_tokenizer(const std::string& model_path, const std::string& flag,
+                            std::unique_ptr<data::Tokenizer>* tokenizer);
+// A model with fewer embedding rows than the tokenizer has ids cannot read or write all of
+// its tokens: an error naming both numbers.
+Status check_tokenizer_fits_model(const data::Tokenizer& tokenizer, int model_vocab);
 // The data folder a run recorded in its config.json ("" when the path is not a run).
 std::string run_data_dir(const std::string& model_path);
 

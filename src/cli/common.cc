@@ -41,30 +41,50 @@ std::string run_data_dir(const std::string& model_path) {
   return config["data_path"].get<std::string>();
 }
 
-Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* dir) {
-  if (!flag.empty()) return *dir = flag, Status::ok();
+Status find_tokenizer(const std::string& model_path, const std::string& flag, std::string* path) {
+  if (!flag.empty()) {
+    *path = flag;
+    // A copy made by prep or train must still be the tokenizer it was.
+    return data::has_tokenizer_copy(flag) ? data::verify_tokenizer_copy(flag) : Status::ok();
+  }
   std::vector<std::string> tried;
   auto found = [&](const std::string& candidate) {
     if (candidate.empty()) return false;
     tried.push_back(candidate);
-    return data::Gpt2Tokenizer::files_in(candidate);
+    return data::tokenizer_files_in(candidate);
   };
   const std::string run = run_dir_of(model_path), data = run_data_dir(model_path);
-  // A Hugging Face model folder holds its tokenizer itself (vocab.json, merges.txt).
+  // A Hugging Face model folder holds its tokenizer itself (tokenizer.json, tokenizer.model,
+  // or GPT-2's vocab.json and merges.txt).
   std::error_code ec;
-  const bool hf_folder = !run.empty() && fs::is_regular_file(fs::path(run) / "model.safetensors", ec);
+  const bool hf_folder = !run.empty() && fs::is_regular_file(fs::path(run) / "model.safetensors", ec) &&
+                         fs::is_regular_file(fs::path(run) / "config.json", ec);
   for (const std::string& candidate :
        {hf_folder ? run : "", run.empty() ? "" : (fs::path(run) / data::kTokenizerFolder).string(),
         data.empty() ? "" : (fs::path(data) / data::kTokenizerFolder).string(), default_tokenizer_dir()})
     if (found(candidate)) {
-      *dir = candidate;
-      // A copy made by prep or train must still be the tokenizer it was.
+      *path = candidate;
       return data::has_tokenizer_copy(candidate) ? data::verify_tokenizer_copy(candidate) : Status::ok();
     }
   std::string where;
   for (const auto& t : tried) where += "\n  " + t;
-  return Status::error("no tokenizer (encoder.json and vocab.bpe) found for " + model_path + "; looked in:" + where +
-                       "\ngive one with --tokenizer DIR");
+  return Status::error("no tokenizer (tokenizer.json, tokenizer.model, a *.tiktoken file, encoder.json + vocab.bpe, "
+                       "or vocab.json + merges.txt) found for " + model_path + "; looked in:" + where +
+                       "\ngive one with --tokenizer (a folder or a file)");
+}
+
+Status load_model_tokenizer(const std::string& model_path, const std::string& flag,
+                            std::unique_ptr<data::Tokenizer>* tokenizer) {
+  std::string path;
+  RETURN_IF_ERROR(find_tokenizer(model_path, flag, &path));
+  return data::load_tokenizer(path, tokenizer);
+}
+
+Status check_tokenizer_fits_model(const data::Tokenizer& tokenizer, int model_vocab) {
+  if (model_vocab >= tokenizer.vocab_size()) return Status::ok();
+  return Status::error("the model's vocabulary of " + std::to_string(model_vocab) + " is smaller than the " +
+                       std::to_string(tokenizer.vocab_size()) + " ids of its tokenizer " + tokenizer.info().name +
+                       " (" + tokenizer.info().format + "): give the tokenizer it was trained with (--tokenizer)");
 }
 
 int fail(const Status& s) {

@@ -101,13 +101,12 @@ Status load_shard(const std::string& path, std::vector<infer::FlatRange> rows, s
 
 Status load_for_completion(const std::string& model_path, const std::string& tokenizer_flag,
                            const WeightPlacement& placement, const infer::DecodeGroups& at, LoadedModel* out,
-                           data::Gpt2Tokenizer* tok) {
+                           std::unique_ptr<data::Tokenizer>* tok) {
   const int tp = at.tp_size(), pp = at.stages();
-  std::string tokenizer_dir;
-  RETURN_IF_ERROR(find_tokenizer(model_path, tokenizer_flag, &tokenizer_dir));
-  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(tokenizer_dir, tok));
+  RETURN_IF_ERROR(load_model_tokenizer(model_path, tokenizer_flag, tok));
   model::GptConfig config;
   RETURN_IF_ERROR(checkpoint::model_file_config(model_path, 0, &config));
+  RETURN_IF_ERROR(check_tokenizer_fits_model(**tok, config.vocab).with_context(model_path));
   // The layout first, with no buffer: where the weights go depends on their size.
   auto gpt = std::make_unique<model::Gpt>(config, model::Gpt::LocalState::kNone);
   RETURN_IF_ERROR(check_decode_layout(config, tp, pp));
@@ -169,7 +168,12 @@ std::string memory_report(const WeightPlacement& w, const LoadedModel& model, co
   return out;
 }
 
-Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+int document_start_token(const data::Tokenizer& tok) {
+  const data::TokenizerInfo& info = tok.info();
+  return info.bos_id >= 0 && info.bos_id != info.eos_id ? info.bos_id : tok.document_separator();
+}
+
+Status prepare_completion(const model::Gpt& gpt, const data::Tokenizer& tok, const CompletionRequest& r,
                           Completion* c) {
   if (r.max_tokens < 0) return Status::error("max_tokens must be >= 0");
   if (!(r.sampling.temperature >= 0)) return Status::error("temperature must be >= 0 (0 = greedy)");
@@ -178,12 +182,23 @@ Status prepare_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok,
   if (r.logprobs > 20) return Status::error("logprobs must be 0-20, got " + std::to_string(r.logprobs));
   if (r.prompt.empty()) return Status::error("the prompt is empty");
   const int context = gpt.config().max_seq_len;
-  const int64_t fewest_tokens = ((int64_t)r.prompt.size() + tok.longest_token_bytes() - 1) / tok.longest_token_bytes();
-  if (fewest_tokens + std::max(0, r.max_tokens - 1) > context)
+  // The bound holds where every byte of the text is encoded; SentencePiece's normalizer may
+  // drop some (runs of spaces), so its prompts are counted by encoding them.
+  const int longest = tok.info().longest_token_bytes;
+  const int64_t fewest_tokens = ((int64_t)r.prompt.size() + longest - 1) / longest;
+  if (!r.document_start && tok.info().format != "sentencepiece" &&
+      fewest_tokens + std::max(0, r.max_tokens - 1) > context)
     return Status::error("the prompt (" + std::to_string(r.prompt.size()) + " bytes, so at least " +
                          std::to_string(fewest_tokens) + " tokens) plus max_tokens " + std::to_string(r.max_tokens) +
                          " exceeds the model's context of " + std::to_string(context) + " tokens");
-  c->prompt_tokens = tok.encode(r.prompt);
+  if (r.document_start) {
+    const int start = document_start_token(tok);
+    if (start < 0) return Status::error("the tokenizer has no BOS or end-of-text token to start a document: give a prompt");
+    c->prompt_tokens = {start};
+  } else {
+    c->prompt_tokens = tok.encode_with_special(r.prompt);
+  }
+  if (c->prompt_tokens.empty()) return Status::error("the prompt encodes to no tokens");
   for (int id : c->prompt_tokens)
     if (id >= gpt.config().vocab)
       return Status::error("the prompt has token " + std::to_string(id) + ", outside the model's vocabulary of " +
@@ -203,6 +218,7 @@ struct CompletionBatch::State {
   std::mt19937_64 rng;  // the request's own
   bool prefilled = false;
   int next = 0;  // the last sampled token, fed at the next step
+  bool eos = false;  // the last sampled token is the tokenizer's EOS
   State(Member member, int seq)
       : m(std::move(member)), id(seq), stops(m.request.stop), rng(m.request.seed) {}
   void show(const std::string& piece) {
@@ -211,7 +227,7 @@ struct CompletionBatch::State {
   }
 };
 
-CompletionBatch::CompletionBatch(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups)
+CompletionBatch::CompletionBatch(const model::Gpt& gpt, const data::Tokenizer& tok, infer::DecodeGroups groups)
     : gpt_(gpt), tok_(tok), decoder_(std::make_unique<infer::BatchDecoder>(gpt, groups)) {}
 CompletionBatch::~CompletionBatch() = default;
 
@@ -224,7 +240,7 @@ void CompletionBatch::join(Member m) {
 
 void CompletionBatch::finish(State& s) {
   s.show(s.stops.finish());
-  s.m.completion->stopped = s.stops.stopped();
+  s.m.completion->stopped = s.stops.stopped() || s.eos;
   decoder_->remove(s.id);
   if (s.m.on_done) s.m.on_done();
 }
@@ -256,14 +272,16 @@ void CompletionBatch::step() {
       c->logprobs.push_back(infer::token_logprob(logits, sampled_vocab, s->next));
       c->alternatives.push_back(infer::top_logprobs(logits, sampled_vocab, r.logprobs));
     }
-    s->show(s->stops.feed(tok_.decode(std::span<const int>(&s->next, 1))));
-    if ((int)c->tokens.size() < r.max_tokens && !s->stops.stopped()) return false;
+    // The end of the text: not shown, and the completion stopped (as at a stop string).
+    s->eos = s->next == tok_.info().eos_id;
+    if (!s->eos) s->show(s->stops.feed(std::string(tok_.token_bytes(s->next))));
+    if ((int)c->tokens.size() < r.max_tokens && !s->stops.stopped() && !s->eos) return false;
     finish(*s);
     return true;
   });
 }
 
-void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const CompletionRequest& r,
+void run_completion(const model::Gpt& gpt, const data::Tokenizer& tok, const CompletionRequest& r,
                     const std::function<void(const std::string&)>& on_text, Completion* c,
                     infer::DecodeGroups groups) {
   CompletionBatch batch(gpt, tok, groups);
@@ -271,11 +289,9 @@ void run_completion(const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, const
   while (batch.size() > 0) batch.step();
 }
 
-std::string token_text(const data::Gpt2Tokenizer& tok, int token) {
-  return tok.decode(std::span<const int>(&token, 1));
-}
+std::string token_text(const data::Tokenizer& tok, int token) { return std::string(tok.token_bytes(token)); }
 
-nlohmann::json completion_choice(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r,
+nlohmann::json completion_choice(const data::Tokenizer& tok, int index, const CompletionRequest& r,
                                  const Completion& c) {
   nlohmann::json j = {{"index", index},
                       {"text", c.text},

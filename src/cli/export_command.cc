@@ -54,29 +54,40 @@ Status source_model(const ExportOptions& o, std::unique_ptr<model::Gpt>* gpt, st
 }
 
 // The tokenizer travels with the weights where the format has a place for it: into an HF
-// folder as vocab.json + merges.txt, next to an llm.c model as <stem>_tokenizer.bin. A bare
-// .safetensors file has none. A model with no tokenizer to be found exports its weights
-// alone, and says so.
+// folder as the files from_pretrained reads (GPT-2's as vocab.json + merges.txt, others as
+// their own tokenizer.json, tokenizer.model, ...), next to an llm.c model as
+// <stem>_tokenizer.bin where llm.c's table can hold it (GPT-2-like byte-level BPE; else a
+// line says why not). A bare .safetensors file has none. A model with no tokenizer to be
+// found exports its weights alone, and says so.
 Status export_tokenizer(const ExportOptions& o, const std::string& source, bool hf_folder) {
   if (o.format == "hf" && !hf_folder) return Status::ok();
-  std::string dir;
-  if (Status found = find_tokenizer(source, o.tokenizer, &dir); !found.is_ok()) {
+  std::string where;
+  if (Status found = find_tokenizer(source, o.tokenizer, &where); !found.is_ok()) {
     if (!o.tokenizer.empty()) return found;
-    std::printf("export: no tokenizer found for %s; only the weights were written (--tokenizer DIR adds one)\n",
+    std::printf("export: no tokenizer found for %s; only the weights were written (--tokenizer adds one)\n",
                 source.c_str());
     return Status::ok();
   }
+  std::unique_ptr<data::Tokenizer> tok;
+  RETURN_IF_ERROR(data::load_tokenizer(where, &tok));
   if (hf_folder) {
-    RETURN_IF_ERROR(data::write_hf_tokenizer(dir, o.out));
-    std::printf("export: tokenizer %s -> %s/{vocab.json,merges.txt}\n", dir.c_str(), o.out.c_str());
+    std::vector<std::string> written;
+    RETURN_IF_ERROR(data::write_hf_tokenizer(*tok, o.out, &written));
+    std::string names;
+    for (const std::string& n : written) names += (names.empty() ? "" : ",") + n;
+    std::printf("export: tokenizer %s -> %s/%s%s%s\n", where.c_str(), o.out.c_str(), written.size() > 1 ? "{" : "",
+                names.c_str(), written.size() > 1 ? "}" : "");
     return Status::ok();
   }
-  data::Gpt2Tokenizer tok;
-  RETURN_IF_ERROR(data::Gpt2Tokenizer::load(dir, &tok));
+  if (const std::string why = data::llmc_tokenizer_unsupported(*tok); !why.empty()) {
+    std::printf("export: no llm.c tokenizer file for %s (%s): %s; only the weights were written\n",
+                tok->info().name.c_str(), tok->info().format.c_str(), why.c_str());
+    return Status::ok();
+  }
   const fs::path out(o.out);
   const std::string path = (out.parent_path() / (out.stem().string() + "_tokenizer.bin")).string();
-  RETURN_IF_ERROR(data::write_llmc_tokenizer(tok, path));
-  std::printf("export: tokenizer %s -> %s (llm.c)\n", dir.c_str(), path.c_str());
+  RETURN_IF_ERROR(data::write_llmc_tokenizer(*tok, path));
+  std::printf("export: tokenizer %s -> %s (llm.c)\n", where.c_str(), path.c_str());
   return Status::ok();
 }
 
@@ -116,7 +127,8 @@ Command add_export_command(CLI::App& app) {
   add_shape_flags(cmd, &o->shape);
   cmd->add_option("--seed", o->shape.seed, "--init: the seed (as train's --seed)")->capture_default_str();
   cmd->add_option("--out", o->out,
-                  "Output: for hf, a folder (model.safetensors, config.json, vocab.json, merges.txt) or a "
+                  "Output: for hf, a folder (model.safetensors, config.json and the tokenizer's files: vocab.json "
+                  "+ merges.txt for GPT-2's, tokenizer.json or tokenizer.model for others) or a "
                   "file ending in .safetensors (weights only); for llmc, the model .bin (the tokenizer goes "
                   "next to it as <stem>_tokenizer.bin)")
       ->required();
@@ -129,8 +141,8 @@ Command add_export_command(CLI::App& app) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
-                  "data folder's)");
+                  "Tokenizer folder or file: tokenizer.json, tokenizer.model (SentencePiece), *.tiktoken, "
+                  "encoder.json + vocab.bpe (default: the run's tokenizer/ copy, then its data folder's)");
   return {cmd, [o] {
             Status s = run_export(*o);
             return s.is_ok() ? 0 : fail(s);

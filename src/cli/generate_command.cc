@@ -13,14 +13,15 @@
 #include "core/clock.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
-#include "data/bpe.h"
+#include "data/tokenizer.h"
 
 namespace meshtrain::cli {
 
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt = "<|endoftext|>", tokenizer;  // "": the run's own (find_tokenizer)
+  std::string model, prompt, tokenizer;  // tokenizer "": the run's own (find_tokenizer)
+  bool prompt_given = false;  // --prompt (else: the start of a document)
   std::string prompts_file;  // one prompt per line (instead of --prompt)
   std::vector<std::string> stop;
   int max_new_tokens = 100, top_k = kDefaultSampling.top_k, threads = 0;
@@ -35,10 +36,10 @@ struct GenerateOptions {
 };
 
 // The prompts to continue: --prompt, or --prompts' lines (each line one prompt; an empty
-// line is an error, as an empty --prompt is).
+// line is an error, as an empty --prompt is). Neither: no prompt (the start of a document).
 Status read_prompts(const GenerateOptions& o, std::vector<std::string>* prompts) {
   if (o.prompts_file.empty()) {
-    if (o.prompt.empty()) return Status::error("--prompt is empty");
+    if (o.prompt_given && o.prompt.empty()) return Status::error("--prompt is empty");
     *prompts = {o.prompt};
     return Status::ok();
   }
@@ -64,7 +65,7 @@ Status check_generate_options(const GenerateOptions& o) {
   if (o.batch < 1) return Status::error("--batch must be >= 1 (prompts decoded together)");
   if (o.tp < 1 || o.pp < 1 || o.dp < 1) return Status::error("--tp, --pp and --dp must be >= 1");
   if (o.micro_batches < 1) return Status::error("--micro-batches must be >= 1");
-  if (!o.prompts_file.empty() && o.prompt != GenerateOptions{}.prompt)
+  if (!o.prompts_file.empty() && o.prompt_given)
     return Status::error("--prompt and --prompts both given: choose one");
   return Status::ok();
 }
@@ -79,7 +80,7 @@ struct Output {
   }
 };
 
-std::string record_of(const data::Gpt2Tokenizer& tok, int index, const CompletionRequest& r, const Completion& c,
+std::string record_of(const data::Tokenizer& tok, int index, const CompletionRequest& r, const Completion& c,
                       bool json) {
   if (!json) return r.prompt + c.text + "\n";
   nlohmann::json j = completion_choice(tok, index, r, c);
@@ -93,18 +94,22 @@ Status generate(const GenerateOptions& o, comm::Group& world) {
   std::vector<std::string> prompts;
   RETURN_IF_ERROR(read_prompts(o, &prompts));
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  data::Gpt2Tokenizer tok;
+  std::unique_ptr<data::Tokenizer> tokenizer;
   comm::Mesh mesh(world, shape);
   const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr, o.micro_batches};
   LoadedModel loaded;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tok));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tokenizer));
+  const data::Tokenizer& tok = *tokenizer;
   const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   const auto decoding = std::chrono::steady_clock::now();  // the model loaded
   const int n = (int)prompts.size();
   std::vector<CompletionRequest> requests;
   std::vector<Completion> done(n);
   for (int i = 0; i < n; i++) {
-    requests.push_back({prompts[i], o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs});
+    const bool start = prompts[i].empty();  // no --prompt: the start of a document, shown as its token
+    const int start_id = document_start_token(tok);
+    requests.push_back({start && start_id >= 0 ? std::string(tok.token_bytes(start_id)) : prompts[i], start,
+                        o.max_new_tokens, {o.temperature, o.top_k, o.top_p}, o.seed, o.stop, o.logprobs});
     if (Status s = prepare_completion(*gpt, tok, requests[i], &done[i]); !s.is_ok())
       return n > 1 ? s.with_context("prompt " + std::to_string(i + 1)) : s;
   }
@@ -166,7 +171,10 @@ Command add_generate_command(CLI::App& app) {
   add_config_option(cmd);
   cmd->add_option("--checkpoint", o->model,
                   "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
-  cmd->add_option("--prompt", o->prompt, "Text to continue")->capture_default_str();
+  cmd->add_option("--prompt", o->prompt,
+                  "Text to continue (default: the start of a document, the tokenizer's BOS or GPT-2's "
+                  "<|endoftext|>)")
+      ->each([o](const std::string&) { o->prompt_given = true; });
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", o->temperature, "Softmax temperature (0 = greedy)")
       ->capture_default_str();
@@ -190,8 +198,9 @@ Command add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", o->seed, "Sampling seed (same seed, same text; each prompt starts from it)")
       ->capture_default_str();
   cmd->add_option("--tokenizer", o->tokenizer,
-                  "Folder with encoder.json and vocab.bpe (default: the run's tokenizer/ copy, then its "
-                  "data folder's)");
+                  "Tokenizer folder or file: tokenizer.json, tokenizer.model (SentencePiece), *.tiktoken, "
+                  "encoder.json + vocab.bpe (default: a Hugging Face folder's own, the run's tokenizer/ copy, "
+                  "then its data folder's)");
   cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores; per rank)");
   add_weight_flags(cmd, &o->weights);
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks per model (split by key/value heads; same text)")

@@ -37,7 +37,7 @@
 #include "comm/mesh.h"
 #include "cli/completion.h"
 #include "cli/config_file.h"
-#include "data/bpe.h"
+#include "data/tokenizer.h"
 #include "net/http_server.h"
 
 namespace meshtrain::cli {
@@ -104,7 +104,7 @@ int send_error(net::Exchange& ex, int status, const std::string& message) {
 
 class Server {
  public:
-  Server(const ServeOptions& o, const model::Gpt& gpt, const data::Gpt2Tokenizer& tok, infer::DecodeGroups groups,
+  Server(const ServeOptions& o, const model::Gpt& gpt, const data::Tokenizer& tok, infer::DecodeGroups groups,
          comm::Group* world)
       : options_(o), gpt_(gpt), tok_(tok), loop_(gpt, tok, o.max_batch, o.threads, groups, world),
         http_(o.limits, [this](net::Exchange& ex) { handle(ex); }) {}
@@ -240,7 +240,7 @@ class Server {
 
   ServeOptions options_;
   const model::Gpt& gpt_;
-  const data::Gpt2Tokenizer& tok_;
+  const data::Tokenizer& tok_;
   ServeMetrics metrics_;
   BatchLoop loop_;  // outlives the HTTP server's handlers: they wait on it
   net::HttpServer http_;
@@ -299,11 +299,12 @@ Status serve(const ServeOptions& o, comm::Group& world) {
   comm::MeshShape shape;
   RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, 1, &shape));
   if (o.threads > 0) omp_set_num_threads(o.threads);
-  data::Gpt2Tokenizer tok;
+  std::unique_ptr<data::Tokenizer> tokenizer;
   comm::Mesh mesh(world, shape);
   const infer::DecodeGroups groups{o.tp > 1 ? &mesh.tp() : nullptr, o.pp > 1 ? &mesh.pp() : nullptr, o.micro_batches};
   LoadedModel loaded;
-  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tok));
+  RETURN_IF_ERROR(load_for_completion(o.model, o.tokenizer, o.weights, groups, &loaded, &tokenizer));
+  const data::Tokenizer& tok = *tokenizer;
   const std::unique_ptr<model::Gpt>& gpt = loaded.gpt;
   // After the last step, on every rank (collective): the memory line.
   const bool report = loaded.streamed || o.weights.budget_gb > 0;
@@ -352,7 +353,9 @@ Command add_serve_command(CLI::App& app) {
   cmd->add_option("--checkpoint", o->model, "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
   cmd->add_option("--port", o->port, "TCP port (0: any free port; the startup line names it)")->capture_default_str();
   cmd->add_option("--host", o->host, "Address to listen on")->capture_default_str();
-  cmd->add_option("--tokenizer", o->tokenizer, "Folder with encoder.json and vocab.bpe (default: the run's)");
+  cmd->add_option("--tokenizer", o->tokenizer,
+                  "Tokenizer folder or file: tokenizer.json, tokenizer.model (SentencePiece), *.tiktoken, "
+                  "encoder.json + vocab.bpe (default: the model's own, as for generate)");
   cmd->add_option("--threads", o->threads, "OpenMP threads (0 = all cores)");
   cmd->add_option("--max-batch", o->max_batch,
                   "Sequences decoded together (continuous batching; 1: one at a time). Texts do not depend on it")

@@ -5,13 +5,14 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "data/bpe.h"
+#include "data/tokenizer.h"
+#include "data/tokenizer_files.h"
 
 namespace meshtrain::cli {
 
 namespace {
 
-int decode_stdin(const data::Gpt2Tokenizer& tok, const std::string& input) {
+int decode_stdin(const data::Tokenizer& tok, const std::string& input) {
   std::vector<int> ids;
   std::istringstream in(input);
   std::string word;
@@ -35,13 +36,19 @@ Command add_tokenize_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>(default_tokenizer_dir());
   auto decode = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand(
-      "tokenize", "Print the GPT-2 token ids of stdin on one line (--decode: ids to text)");
-  cmd->add_option("--tokenizer", *dir, "Folder with encoder.json and vocab.bpe")->capture_default_str();
+      "tokenize", "Print the token ids of stdin on one line (--decode: ids to text)");
+  cmd->add_option("--tokenizer", *dir,
+                  "Tokenizer folder or file: tokenizer.json, tokenizer.model or another *.model (SentencePiece), "
+                  "*.tiktoken, encoder.json + vocab.bpe, or a copy prep or train made (checked against its "
+                  "manifest)")
+      ->capture_default_str();
   cmd->add_flag("--decode", *decode, "Read space-separated ids from stdin, print the text");
   return {cmd, [=] {
-            data::Gpt2Tokenizer tok;
-            Status s = data::Gpt2Tokenizer::load(*dir, &tok);
+            std::unique_ptr<data::Tokenizer> loaded;
+            Status s = data::has_tokenizer_copy(*dir) ? data::verify_tokenizer_copy(*dir) : Status::ok();
+            if (s.is_ok()) s = data::load_tokenizer(*dir, &loaded);
             if (!s.is_ok()) return fail(s);
+            const data::Tokenizer& tok = *loaded;
             std::string input((std::istreambuf_iterator<char>(std::cin)),
                               std::istreambuf_iterator<char>());
             if (*decode) return decode_stdin(tok, input);

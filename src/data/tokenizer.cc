@@ -1,10 +1,14 @@
 #include "data/tokenizer.h"
 
 #include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/check.h"
 #include "data/bpe.h"
 #include "data/hf_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "data/tiktoken_tokenizer.h"
 
 namespace meshtrain::data {
@@ -69,17 +73,46 @@ Status load_as(const std::string& path, std::unique_ptr<Tokenizer>* out) {
   return Status::ok();
 }
 
-}  // namespace
-
-bool tokenizer_files_in(const std::string& path) {
-  return hf_json_in(path) || tiktoken_in(path) || Gpt2Tokenizer::files_in(path);
+// A SentencePiece model at `path` (SentencePieceTokenizer::model_file_in): loaded into *out.
+// False when `path` names none.
+bool load_sentencepiece(const std::string& path, std::unique_ptr<Tokenizer>* out, Status* status) {
+  const std::string file = SentencePieceTokenizer::model_file_in(path);
+  if (file.empty()) return false;
+  auto tok = std::make_unique<SentencePieceTokenizer>();
+  *status = SentencePieceTokenizer::load(file, tok.get());
+  if (status->is_ok()) *out = std::move(tok);
+  return true;
 }
 
-Status load_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out) {
+// A tokenizer copy (tokenizer_files.h) of one file keeps that file's own name (x.model,
+// cl100k_base.tiktoken): its manifest.json names it. The folder itself otherwise.
+std::string single_file_of_copy(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(path, ec)) return Status::error("tokenizer " + path + " does not exist");
+  const fs::path manifest = fs::path(path) / "manifest.json";
+  if (!fs::is_regular_file(manifest, ec)) return path;
+  std::ifstream in(manifest);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("files") || !j["files"].is_object() || j["files"].size() != 1) return path;
+  const std::string name = j["files"].begin().key();
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return path;
+  return (fs::path(path) / name).string();
+}
+
+}  // namespace
+
+bool tokenizer_files_in(const std::string& given) {
+  const std::string path = single_file_of_copy(given);
+  return hf_json_in(path) || tiktoken_in(path) || !SentencePieceTokenizer::model_file_in(path).empty() ||
+         Gpt2Tokenizer::files_in(path);
+}
+
+Status load_tokenizer(const std::string& given, std::unique_ptr<Tokenizer>* out) {
+  std::error_code ec;
+  if (!fs::exists(given, ec)) return Status::error("tokenizer directory or file " + given + " does not exist");
+  const std::string path = single_file_of_copy(given);
   if (hf_json_in(path)) return load_as<HfTokenizer>(path, out);
   if (tiktoken_in(path)) return load_as<TiktokenTokenizer>(path, out);
+  if (Status s = Status::ok(); load_sentencepiece(path, out, &s)) return s;
   if (Gpt2Tokenizer::files_in(path)) return load_as<Gpt2Tokenizer>(path, out);
   return Status::error("no tokenizer found at " + path +
                        " (looked for tokenizer.json, tokenizer.model, *.tiktoken, encoder.json + vocab.bpe, "

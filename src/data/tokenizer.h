@@ -72,7 +72,8 @@ class Tokenizer {
 //   under that name, as Meta's Llama 3 release ships, is read as tiktoken);
 // - a .tiktoken file, or a folder with one: tiktoken;
 // - a folder with encoder.json + vocab.bpe, or vocab.json + merges.txt: GPT-2;
-// - a tokenizer.json file.
+// - a tokenizer.json file;
+// - a tokenizer copy (tokenizer_files.h) whose manifest lists one file: that file.
 // An error names the path and what was looked for.
 Status load_tokenizer(const std::string& path, std::unique_ptr<Tokenizer>* out);
 // Whether `path` holds any tokenizer load_tokenizer reads (without loading it).

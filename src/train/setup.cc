@@ -714,10 +714,29 @@ Status guard_run_folder(const TrainOptions& o, comm::Group& world, Run* run) {
   return agree(world, mine);
 }
 
+namespace {
+
+// The data's tokenizer (its folder's copy, when it has one) against the model: a tokenizer
+// with more ids than the model has rows would hand it tokens it cannot embed, and text
+// sampled from it could not reach the tokenizer's upper ids.
+Status check_tokenizer_fits(const TrainOptions& o, const model::GptConfig& config) {
+  const std::string copy = (fs::path(o.data_dir) / data::kTokenizerFolder).string();
+  if (!data::has_tokenizer_copy(copy)) return Status::ok();
+  int tokenizer_vocab = 0;
+  RETURN_IF_ERROR(data::tokenizer_copy_vocab(copy, &tokenizer_vocab));
+  if (config.vocab >= tokenizer_vocab) return Status::ok();
+  return Status::error("the model's vocabulary of " + std::to_string(config.vocab) + " is smaller than the " +
+                       std::to_string(tokenizer_vocab) + " ids of the data's tokenizer (" + copy +
+                       "): give --vocab " + std::to_string(tokenizer_vocab) + " or more");
+}
+
+}  // namespace
+
 // Every check that can fail happens here, before any training work, on every rank.
 Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready) {
   std::string resume_dir;
   RETURN_IF_ERROR(agree(world, prepare_local(o, world, run)));
+  RETURN_IF_ERROR(agree(world, check_tokenizer_fits(o, run->config)));
   RETURN_IF_ERROR(agree(world, check_memory_fits(o, *run, world.rank())));  // before any large allocation
   RETURN_IF_ERROR(guard_run_folder(o, world, run));
   if (folder_ready) folder_ready();

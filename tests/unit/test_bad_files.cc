@@ -68,9 +68,10 @@ model::GptConfig tiny_config() {
 }
 
 // A real checkpoint of a tiny model, written by save_checkpoint on one rank; returns its
-// folder.
-std::string save_tiny_checkpoint(const std::string& out) {
-  const model::GptConfig c = tiny_config();
+// folder. `vocab` > 0: that many rows instead of 128.
+std::string save_tiny_checkpoint(const std::string& out, int vocab = 0) {
+  model::GptConfig c = tiny_config();
+  if (vocab > 0) c.vocab = vocab;
   const model::ParamLayout layout(c);
   const parallel::ShardLayout shards(layout, 1, 0);
   std::vector<float> params(layout.total(), 0.5f), m(layout.total(), 0.0f), v(layout.total(), 0.0f);
@@ -415,7 +416,8 @@ TEST(BadTokenizerFiles, EncoderAndMergeErrorsNameTheFile) {
 // first case aborted (exit 134, an uncaught nlohmann::type_error) and the other two generated
 // text. Now each is a one-line error and exit code 1.
 TEST_F(BadFiles, GenerateOnACorruptIndexExitsWithAnError) {
-  const std::string ckpt = save_tiny_checkpoint(path("run"));
+  // (GPT-2's vocabulary: generate refuses a model smaller than its tokenizer.)
+  const std::string ckpt = save_tiny_checkpoint(path("run"), 50257);
   const json good = json::parse(read_file(ckpt + "/index.json"));
   const std::string generate =
       cli_test::kBinary + " generate --checkpoint " + path("run") + " --prompt a --max-new-tokens 2 --threads 1";
