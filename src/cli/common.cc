@@ -129,7 +129,7 @@ void add_shape_flags(CLI::App* app, train::TrainOptions* o) {
   app->add_option("--seq-len", o->seq_len,
                   "Sequence length T; also the rows of the position embedding unless "
                   "--init-from brings more (default: the preset's)");
-  app->add_option("--vocab", o->vocab, "Vocabulary size (default 50257, GPT-2's)");
+  app->add_option("--vocab", o->vocab, "Vocabulary size (default: the data's tokenizer's, from its manifest; 50257, GPT-2's, when it names none)");
 }
 
 void add_model_flags(CLI::App* app, train::TrainOptions* o) {

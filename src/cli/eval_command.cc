@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "cli/config_file.h"
 #include "data/tokenizer_files.h"
+#include "data/training_data.h"
 #include "train/trainer.h"
 
 namespace meshtrain::cli {
@@ -48,7 +49,7 @@ Command add_eval_command(CLI::App& app) {
   cmd->add_option("--checkpoint", o->model,
                   "Run folder, checkpoint folder, .safetensors or llm.c .bin")->required();
   cmd->add_option("--data", o->data,
-                  "Folder with val.bin / train.bin (default: the run's own data folder, from its config.json)");
+                  "A dataset folder from prep (or llm.c shards, or train.bin / val.bin; default: the run's own data folder, from its config.json)");
   cmd->add_option("--split", o->split, "val or train")->check(CLI::IsMember({"val", "train"}))
       ->capture_default_str();
   cmd->add_option("--batches", o->batches, "Micro-batches to evaluate")->capture_default_str();
@@ -69,11 +70,14 @@ Command add_eval_command(CLI::App& app) {
             std::string data_dir_used;
             s = eval_data_dir(o->model, o->data, &data_dir_used);
             if (!s.is_ok()) return fail(s);
-            data::TokenLoader data;
-            const std::string path = (std::filesystem::path(data_dir_used) / (o->split + ".bin")).string();
-            s = data::TokenLoader::open(path, &data);
+            data::TrainingData dataset;
+            s = data::open_training_data(data_dir_used, &dataset);
+            if (s.is_ok() && o->split == "val" && !dataset.has_val)
+              s = Status::error(data_dir_used + " has no val split (evaluate on --split train)");
+            const data::TokenLoader& data = o->split == "val" ? dataset.val : dataset.train;
             if (s.is_ok()) s = data.check(o->micro_batch, T, gpt->config().vocab);
             if (!s.is_ok()) return fail(s);
+            const std::string path = (std::filesystem::path(data_dir_used) / o->split).string();
             float loss = train::evaluate_loss(*gpt, data, o->micro_batch, T, o->batches);
             const int64_t used = std::min<int64_t>(o->batches, data.windows(o->micro_batch, T));
             std::printf("%s loss %.4f | perplexity %.2f | %lld tokens of %s\n", o->split.c_str(),

@@ -37,7 +37,8 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // The ids of `text`, with no BOS or EOS added. Special and added tokens spelt in the text
-  // become their ids, as Hugging Face's tokenizers and tiktoken's allowed_special="all" do.
+  // become their ids, as Hugging Face's tokenizers and tiktoken's allowed_special="all" do
+  // (SentencePiece .model files: as the library does, which keeps "<s>" in text as text).
   // Never fails: invalid UTF-8 is encoded as each format documents.
   virtual std::vector<int> encode(std::string_view text) const = 0;
   // encode() with the format's BOS/EOS insertion rules applied (info().add_bos/add_eos).

@@ -50,6 +50,17 @@ Status open_training_data(const std::string& data_arg, TrainingData* out) {
   return Status::ok();
 }
 
+int data_tokenizer_vocab(const std::string& data_arg) {
+  std::vector<MixtureSpec> sources;
+  if (!parse_mixture(data_arg, &sources).is_ok()) return 0;
+  DatasetManifest m;
+  if (read_manifest(sources[0].dir, &m).is_ok()) return m.tokenizer_vocab;
+  int vocab = 0;
+  const std::string copy = (std::filesystem::path(sources[0].dir) / kTokenizerFolder).string();
+  if (has_tokenizer_copy(copy) && tokenizer_copy_vocab(copy, &vocab).is_ok()) return vocab;
+  return 0;
+}
+
 std::string describe_shares(const TokenLoader& loader, int64_t steps, int G) {
   const std::vector<double> shares = loader.realised_shares(steps, G);
   std::string text;

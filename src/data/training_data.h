@@ -22,6 +22,10 @@ struct TrainingData {
 
 Status open_training_data(const std::string& data_arg, TrainingData* out);
 
+// The vocabulary size of the tokenizer `data_arg`'s (first) source was prepared with, from
+// its manifest or its tokenizer copy; 0 when it names none.
+int data_tokenizer_vocab(const std::string& data_arg);
+
 // The realised shares as JSON-ready text: "web 0.7000, books 0.3000".
 std::string describe_shares(const TokenLoader& loader, int64_t steps, int G);
 

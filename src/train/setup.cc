@@ -646,7 +646,11 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
   RETURN_IF_ERROR(resolve_layout(o, world, run));
   // The model shape comes from the flags (the same as the interrupted run's);
   // load_checkpoint() rejects a checkpoint of another shape.
-  RETURN_IF_ERROR(resolve_model(o, &run->config, &run->shape.T));
+  // With no --vocab the model's vocabulary is its data's tokenizer's (GPT-2's 50257 when
+  // the data names none).
+  TrainOptions shaped = o;
+  if (o.vocab == 0 && o.init_from.empty()) shaped.vocab = data::data_tokenizer_vocab(o.data_dir);
+  RETURN_IF_ERROR(resolve_model(shaped, &run->config, &run->shape.T));
   RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
   RETURN_IF_ERROR(model::validate_ep(run->config, run->mesh_shape.ep));
   RETURN_IF_ERROR(check_expert_tp(o, run->config, run->mesh_shape.tp));

@@ -9,6 +9,9 @@ trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
 ln -s "$binary" "$work/bin/meshtrain"
 ln -s "$root/configs" "$work/configs"
+# The tokenizers setup builds (data/tokenizers/), where the guide names them from the source tree.
+mkdir -p "$work/data"
+ln -s "$root/data/tokenizers" "$work/data/tokenizers"
 # Extract the sh blocks into one script; every command must succeed.
 awk '/^```sh$/ {on=1; next} /^```/ {on=0} on' "$root/docs/user-guide.md" >"$work/guide.sh"
 [ -s "$work/guide.sh" ] || { echo "no sh blocks found in docs/user-guide.md"; exit 1; }
@@ -24,4 +27,6 @@ test -f runs/tiny/metrics.jsonl && test -f runs/tiny/config.toml
 test -f plots/compare.svg
 test -f plots/timeline.svg && test "$(grep -c '"bubble"' runs/pp/metrics.jsonl)" -eq 5
 test "$(grep -c '"loss"' runs/long/metrics.jsonl)" -eq 40
+test "$(grep -c '"data_mix"' runs/mix/metrics.jsonl)" -eq 10
+grep -q '"vocab": 128256' runs/llama3/config.json
 echo "user guide: all commands ran"
