@@ -11,12 +11,8 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace meshtrain;
   const std::string_view input = fuzz::as_text(data, size);
-  const size_t a = input.find('\0');
-  if (a == std::string_view::npos) return 0;
-  const size_t b = input.find('\0', a + 1);
-  const std::string_view encoder = input.substr(0, a);
-  const std::string_view vocab = input.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
-  const std::string_view text = b == std::string_view::npos ? std::string_view() : input.substr(b + 1);
+  std::string_view encoder, vocab, text;
+  if (!fuzz::split_two_files_and_text(input, &encoder, &vocab, &text)) return 0;
   data::Gpt2Tokenizer tok;
   if (!data::Gpt2Tokenizer::from_strings(encoder, vocab, "encoder.json", "vocab.bpe", &tok).is_ok()) return 0;
   const std::vector<int> ids = tok.encode(text);

@@ -27,4 +27,17 @@ inline void expect_ok(const Status& s, const char* step) {
   if (!s.is_ok()) broken_promise(std::string(step) + " failed after the parser accepted the input: " + s.message());
 }
 
+// Two files and a text, separated by NUL bytes (the tokenizer targets' input); false
+// without the first NUL. A missing second NUL leaves the text empty.
+inline bool split_two_files_and_text(std::string_view input, std::string_view* first, std::string_view* second,
+                                     std::string_view* text) {
+  const size_t a = input.find('\0');
+  if (a == std::string_view::npos) return false;
+  const size_t b = input.find('\0', a + 1);
+  *first = input.substr(0, a);
+  *second = input.substr(a + 1, b == std::string_view::npos ? std::string_view::npos : b - a - 1);
+  *text = b == std::string_view::npos ? std::string_view() : input.substr(b + 1);
+  return true;
+}
+
 }  // namespace meshtrain::fuzz

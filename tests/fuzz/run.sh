@@ -15,7 +15,7 @@ fuzz_dir="$root/tests/fuzz"
 build="${MESHTRAIN_FUZZ_BUILD:-$root/build-fuzz}"
 jobs="${MESHTRAIN_FUZZ_JOBS:-2}"
 targets=(fuzz_checkpoint_index fuzz_safetensors fuzz_llmc_model fuzz_token_file
-         fuzz_config_toml fuzz_cluster_file fuzz_bpe_files fuzz_http_request)
+         fuzz_config_toml fuzz_cluster_file fuzz_bpe_files fuzz_http_request fuzz_tokenizer_json)
 
 # ---- build ----
 start=$SECONDS
