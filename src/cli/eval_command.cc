@@ -77,7 +77,12 @@ Command add_eval_command(CLI::App& app) {
             const data::TokenLoader& data = o->split == "val" ? dataset.val : dataset.train;
             if (s.is_ok()) s = data.check(o->micro_batch, T, gpt->config().vocab);
             if (!s.is_ok()) return fail(s);
-            const std::string path = (std::filesystem::path(data_dir_used) / o->split).string();
+            // What was read: the split's one file, or its shards.
+            const auto& shards = data.streams()[0].shards();
+            const std::string path =
+                data.is_mixture() ? data.path() + " (" + o->split + ")"
+                : shards.size() == 1 ? (std::filesystem::path(data_dir_used) / shards[0].file).string()
+                                     : data_dir_used + " (" + o->split + ", " + std::to_string(shards.size()) + " shards)";
             float loss = train::evaluate_loss(*gpt, data, o->micro_batch, T, o->batches);
             const int64_t used = std::min<int64_t>(o->batches, data.windows(o->micro_batch, T));
             std::printf("%s loss %.4f | perplexity %.2f | %lld tokens of %s\n", o->split.c_str(),

@@ -1,9 +1,11 @@
 #include "data/tokenizer_files.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -137,6 +139,32 @@ Status verify_tokenizer_copy(const std::string& dir, std::string* fingerprint) {
   }
   if (fingerprint) *fingerprint = fp;
   return Status::ok();
+}
+
+Status tokenizer_fingerprint(const Tokenizer& tokenizer, std::string* fingerprint) {
+  std::vector<std::string> paths = tokenizer.source_files();
+  std::sort(paths.begin(), paths.end(), [](const std::string& a, const std::string& b) {
+    return fs::path(a).filename() < fs::path(b).filename();
+  });
+  fingerprint->clear();
+  for (const std::string& path : paths) {
+    std::string bytes;
+    RETURN_IF_ERROR(read_file(path, &bytes));
+    *fingerprint += fs::path(path).filename().string() + ":" + file_entry(bytes)["checksum64"].get<std::string>() + " ";
+  }
+  return Status::ok();
+}
+
+bool same_tokenizer(const std::string& a, const std::string& b) {
+  // "name:checksum name:checksum ": the checksums, in order.
+  auto checksums = [](const std::string& fp) {
+    std::vector<std::string> out;
+    std::istringstream words(fp);
+    for (std::string w; words >> w;) out.push_back(w.substr(w.rfind(':') + 1));
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  return checksums(a) == checksums(b);
 }
 
 Status tokenizer_copy_vocab(const std::string& dir, int* vocab_size) {

@@ -34,6 +34,11 @@ bool has_tokenizer_copy(const std::string& dir);
 // *fingerprint, one string that identifies the tokenizer (equal copies, equal strings): its
 // files' names and checksums.
 Status verify_tokenizer_copy(const std::string& dir, std::string* fingerprint = nullptr);
+// The fingerprint a copy of `tokenizer` would have, from its own files.
+Status tokenizer_fingerprint(const Tokenizer& tokenizer, std::string* fingerprint);
+// Whether two fingerprints are the same files' contents, whatever the files are called
+// (export writes GPT-2's encoder.json as vocab.json).
+bool same_tokenizer(const std::string& a, const std::string& b);
 // The vocabulary of the tokenizer a verified copy holds: the manifest's vocab_size, or for
 // an older manifest without one, the loaded tokenizer's.
 Status tokenizer_copy_vocab(const std::string& dir, int* vocab_size);

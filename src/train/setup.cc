@@ -596,6 +596,30 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
   return Status::ok();
 }
 
+// The tokenizer the model already has, when it has one: the resumed run's copy, or the
+// --init-from model's (a run or checkpoint folder's copy, or a Hugging Face folder's files).
+Status model_tokenizer(const TrainOptions& o, std::string* fingerprint, std::string* where) {
+  fingerprint->clear();
+  const std::string run_copy = (fs::path(o.out_dir) / data::kTokenizerFolder).string();
+  if (o.resume && !o.out_dir.empty() && data::has_tokenizer_copy(run_copy)) {
+    *where = "the run in " + o.out_dir + " was trained with " + run_copy;
+    return data::verify_tokenizer_copy(run_copy, fingerprint);
+  }
+  if (o.init_from.empty()) return Status::ok();
+  const fs::path init(o.init_from);
+  for (const fs::path& copy : {init / data::kTokenizerFolder, init.parent_path().parent_path() / data::kTokenizerFolder})
+    if (data::has_tokenizer_copy(copy.string())) {
+      *where = "--init-from " + o.init_from + " carries " + copy.string();
+      return data::verify_tokenizer_copy(copy.string(), fingerprint);
+    }
+  std::error_code ec;
+  if (!fs::is_directory(init, ec) || !data::tokenizer_files_in(o.init_from)) return Status::ok();
+  std::unique_ptr<data::Tokenizer> tok;
+  RETURN_IF_ERROR(data::load_tokenizer(o.init_from, &tok));
+  *where = "--init-from " + o.init_from + " holds its own";
+  return data::tokenizer_fingerprint(*tok, fingerprint);
+}
+
 // The data's tokenizer must be the model's: no more ids than its vocabulary, and, when a run
 // goes on, the tokenizer it was trained with.
 Status check_data_tokenizer(const TrainOptions& o, const data::TrainingData& data, int vocab) {
@@ -606,14 +630,12 @@ Status check_data_tokenizer(const TrainOptions& o, const data::TrainingData& dat
                          std::to_string(data.tokenizer_vocab) + " ids of the data's tokenizer (" +
                          data.tokenizer_source + "): give --vocab " + std::to_string(data.tokenizer_vocab) +
                          " or more");
-  const std::string run_tokenizer = (fs::path(o.out_dir) / data::kTokenizerFolder).string();
-  if (!o.resume || o.out_dir.empty() || data.tokenizer_fingerprint.empty() || !data::has_tokenizer_copy(run_tokenizer))
-    return Status::ok();
-  std::string trained_with;
-  RETURN_IF_ERROR(data::verify_tokenizer_copy(run_tokenizer, &trained_with));
-  if (trained_with != data.tokenizer_fingerprint)
-    return Status::error("--data " + o.data_dir + " was prepared with another tokenizer than the one the run in " +
-                         o.out_dir + " was trained with (" + run_tokenizer + "); prepare the data with that tokenizer");
+  if (data.tokenizer_fingerprint.empty()) return Status::ok();
+  std::string model_fp, where;
+  RETURN_IF_ERROR(model_tokenizer(o, &model_fp, &where));
+  if (!model_fp.empty() && !data::same_tokenizer(model_fp, data.tokenizer_fingerprint))
+    return Status::error("--data " + o.data_dir + " was prepared with another tokenizer than the model's (" + where +
+                         "); prepare the data with that tokenizer");
   return Status::ok();
 }
 

@@ -304,8 +304,9 @@ TEST_F(Dataset, BadDataIsRefusedBeforeStepOne) {
                  {"the model's vocabulary of 1000 is smaller than the 50257 ids", "give --vocab 50257 or more"});
 }
 
-// A run goes on only with the tokenizer it was trained with.
-TEST_F(Dataset, ResumeWithAnotherTokenizerIsRefused) {
+// A run goes on only with the tokenizer it was trained with, and a model starts only on
+// data of its own tokenizer.
+TEST_F(Dataset, AnotherTokenizerThanTheModelsIsRefused) {
   RunResult r = run(train(kTiny + " --steps 1 --out " + path("run")));
   ASSERT_EQ(r.exit_code, 0) << describe(r);
   // The same tokens, but a manifest from another tokenizer (a changed vocabulary file).
@@ -317,6 +318,14 @@ TEST_F(Dataset, ResumeWithAnotherTokenizerIsRefused) {
   ASSERT_TRUE(data::prepare_corpus(o, &stats).is_ok());
   r = run(train(kTiny + " --steps 2 --resume --out " + path("run"), path("other")));
   expect_failure(r, {"was prepared with another tokenizer", "the run in"});
+  // The same for a model started from an export, whose tokenizer is its own files
+  // (GPT-2's under Hugging Face's names: the same bytes count as the same tokenizer).
+  r = run(kBinary + " export --checkpoint " + path("run") + " --out " + path("hf"));
+  ASSERT_EQ(r.exit_code, 0) << describe(r);
+  r = run(train("--seq-len 32 --micro-batch 2 --steps 1 --init-from " + path("hf"), path("other")));
+  expect_failure(r, {"was prepared with another tokenizer", "--init-from " + path("hf") + " holds its own"});
+  r = run(train("--seq-len 32 --micro-batch 2 --steps 1 --init-from " + path("hf")));
+  EXPECT_EQ(r.exit_code, 0) << describe(r);
 }
 
 // llm.c's FineWeb shards, as its scripts write them, read in name order.
