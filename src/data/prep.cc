@@ -303,6 +303,128 @@ std::vector<Piece> pieces_of(std::vector<int> ids, size_t d, size_t n_docs, size
   return out;
 }
 
+// One prep: the documents read in order, tokenized in batches on the workers, and written
+// in order to the two splits.
+class Prep {
+ public:
+  Prep(const PrepOptions& o, const Tokenizer& tok, const std::vector<InputFile>& files, size_t n_docs,
+       uint64_t total_bytes, json identity)
+      : o_(o), tok_(tok), n_docs_(n_docs), identity_(std::move(identity)), reader_(files),
+        progress_(o.progress, total_bytes, n_docs), workers_(o.workers > 0 ? o.workers : omp_get_num_procs()),
+        stop_after_(debug_stop_after_shards()), train_(o.out_dir, "train", o.shard_tokens),
+        val_(o.out_dir, "val", o.shard_tokens) {
+    n_val_ = size_t(std::round(double(n_docs) * o.val_fraction));
+    if (o.val_fraction > 0 && n_val_ == 0) n_val_ = 1;
+    if (n_docs == 1) n_val_ = 0;
+  }
+
+  // Takes up an interrupted prep of the same inputs and options, if the folder holds one.
+  bool resume() {
+    json state;
+    if (o_.shard_tokens == 0 || !load_state(o_.out_dir, identity_, &state)) return false;
+    from_ = {state.value("next_document", size_t(0)), state.value("skip_tokens", uint64_t(0))};
+    train_.restore(shards_from(state.value("train", json::array())));
+    val_.restore(shards_from(state.value("val", json::array())));
+    return true;
+  }
+
+  Status run() {
+    std::vector<std::string> texts;
+    for (bool more = true; more;) {
+      RETURN_IF_ERROR(read_batch(&texts, &more));
+      std::vector<std::vector<int>> ids = tokenize(texts);
+      for (size_t i = 0; i < ids.size(); i++, d_++)
+        if (d_ >= from_.doc) RETURN_IF_ERROR(write_document(std::move(ids[i])));
+      progress_.update(d_, reader_.bytes_done(), train_.tokens() + val_.tokens());
+    }
+    RETURN_IF_ERROR(train_.finish());
+    RETURN_IF_ERROR(val_.finish());
+    progress_.update(d_, reader_.bytes_done(), train_.tokens() + val_.tokens(), /*last=*/true);
+    return Status::ok();
+  }
+
+  const SplitWriter& train() const { return train_; }
+  const SplitWriter& val() const { return val_; }
+  size_t resumed_at() const { return from_.doc; }
+
+ private:
+  // The next documents, up to a batch. Those before the resume point are read (to keep the
+  // order) but left empty: they are not tokenized again.
+  Status read_batch(std::vector<std::string>* texts, bool* more) {
+    constexpr size_t kBatchDocs = 256;
+    constexpr uint64_t kBatchBytes = 64ull << 20;
+    texts->clear();
+    uint64_t bytes = 0;
+    while (texts->size() < kBatchDocs && bytes < kBatchBytes) {
+      std::string text;
+      RETURN_IF_ERROR(reader_.next(&text, more));
+      if (!*more) break;
+      if (d_ + texts->size() < from_.doc) text.clear();
+      bytes += text.size();
+      texts->push_back(std::move(text));
+    }
+    return Status::ok();
+  }
+
+  std::vector<std::vector<int>> tokenize(const std::vector<std::string>& texts) const {
+    std::vector<std::vector<int>> ids(texts.size());
+#pragma omp parallel for schedule(dynamic) num_threads(workers_)
+    for (size_t i = 0; i < texts.size(); i++)
+      if (d_ + i >= from_.doc) ids[i] = tok_.encode_document(texts[i]);
+    return ids;
+  }
+
+  // Document d_'s pieces, less the tokens an interrupted prep already wrote.
+  Status write_document(std::vector<int> ids) {
+    uint64_t skip = d_ == from_.doc ? from_.skip : 0, offset = 0;
+    for (Piece& p : pieces_of(std::move(ids), d_, n_docs_, n_val_, o_.val_fraction)) {
+      SplitWriter& out = p.val ? val_ : train_;
+      // Val starts once train is whole: its last, shorter shard is written first.
+      if (p.val) RETURN_IF_ERROR(train_.finish());
+      const uint64_t here = std::min<uint64_t>(skip, p.ids.size()), piece_offset = offset;
+      auto on_shard = [&](size_t used) { return shard_written({d_, piece_offset + used}); };
+      RETURN_IF_ERROR(out.add(p.ids, here, here == 0, on_shard));
+      skip -= here;
+      offset += p.ids.size();
+    }
+    return Status::ok();
+  }
+
+  // After each full shard: where the next one starts, so that a rerun goes on from it.
+  Status shard_written(const ResumePoint& next) {
+    RETURN_IF_ERROR(save_state(o_.out_dir, identity_, next, train_, val_));
+    if (stop_after_ > 0 && ++shards_this_run_ >= stop_after_)
+      return Status::error("prep stopped after " + std::to_string(stop_after_) +
+                           " shards (MESHTRAIN_PREP_STOP_AFTER_SHARDS); run it again to go on");
+    return Status::ok();
+  }
+
+  const PrepOptions& o_;
+  const Tokenizer& tok_;
+  size_t n_docs_, n_val_ = 0;
+  json identity_;
+  DocumentReader reader_;
+  Progress progress_;
+  int workers_;
+  size_t stop_after_, shards_this_run_ = 0;
+  SplitWriter train_, val_;
+  ResumePoint from_;
+  size_t d_ = 0;  // the next document's index
+};
+
+Status write_dataset_manifest(const PrepOptions& o, const Tokenizer& tok, const std::string& fingerprint,
+                              const Prep& prep) {
+  DatasetManifest m;
+  m.tokenizer_format = tok.info().format;
+  m.tokenizer_name = tok.info().name;
+  m.tokenizer_fingerprint = fingerprint;
+  m.tokenizer_vocab = tok.vocab_size();
+  m.shard_tokens = o.shard_tokens;
+  m.train = prep.train().shards();
+  m.val = prep.val().shards();
+  return write_manifest(o.out_dir, m);
+}
+
 }  // namespace
 
 Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
@@ -317,9 +439,6 @@ Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
   uint64_t total_bytes = 0;
   for (const InputFile& f : files) n_docs += f.documents, total_bytes += f.bytes;
   if (n_docs == 0) return Status::error("no documents in the inputs");
-  size_t n_val = size_t(std::round(double(n_docs) * o.val_fraction));
-  if (o.val_fraction > 0 && n_val == 0) n_val = 1;
-  if (n_docs == 1) n_val = 0;
 
   std::error_code ec;
   fs::create_directories(o.out_dir, ec);
@@ -329,87 +448,18 @@ Status prepare_corpus(const PrepOptions& o, PrepStats* stats) {
   RETURN_IF_ERROR(save_tokenizer_copy(*tok, tokenizer_copy));
   std::string fingerprint;
   RETURN_IF_ERROR(verify_tokenizer_copy(tokenizer_copy, &fingerprint));
-  const json identity = prep_identity(o, files, fingerprint);
 
-  SplitWriter train(o.out_dir, "train", o.shard_tokens), val(o.out_dir, "val", o.shard_tokens);
-  ResumePoint from;
-  json state;
-  if (o.shard_tokens > 0 && load_state(o.out_dir, identity, &state)) {
-    from = {state.value("next_document", size_t(0)), state.value("skip_tokens", uint64_t(0))};
-    train.restore(shards_from(state.value("train", json::array())));
-    val.restore(shards_from(state.value("val", json::array())));
-    stats->resumed = true;
-    stats->resumed_at_document = from.doc;
-  }
-
-  DocumentReader reader(files);
-  Progress progress(o.progress, total_bytes, n_docs);
-  const int workers = o.workers > 0 ? o.workers : omp_get_num_procs();
-  const size_t stop_after = debug_stop_after_shards();
-  size_t shards_this_run = 0, d = 0;
-  // Documents are read and tokenized in batches, then written in order.
-  constexpr size_t kBatchDocs = 256;
-  constexpr uint64_t kBatchBytes = 64ull << 20;
-  std::vector<std::string> texts;
-  std::vector<std::vector<int>> ids;
-  for (bool more = true; more;) {
-    texts.clear();
-    uint64_t batch_bytes = 0;
-    while (texts.size() < kBatchDocs && batch_bytes < kBatchBytes) {
-      std::string text;
-      RETURN_IF_ERROR(reader.next(&text, &more));
-      if (!more) break;
-      // Documents before the resume point are read (to keep the order) but not tokenized.
-      if (d + texts.size() < from.doc) text.clear();
-      batch_bytes += text.size();
-      texts.push_back(std::move(text));
-    }
-    ids.assign(texts.size(), {});
-#pragma omp parallel for schedule(dynamic) num_threads(workers)
-    for (size_t i = 0; i < texts.size(); i++)
-      if (d + i >= from.doc) ids[i] = tok->encode_document(texts[i]);
-    for (size_t i = 0; i < texts.size(); i++, d++) {
-      if (d < from.doc) continue;
-      uint64_t skip = d == from.doc ? from.skip : 0, offset = 0;
-      for (Piece& p : pieces_of(std::move(ids[i]), d, n_docs, n_val, o.val_fraction)) {
-        SplitWriter& out = p.val ? val : train;
-        // Val starts once train is whole: its last, shorter shard is written first.
-        if (p.val) RETURN_IF_ERROR(train.finish());
-        const uint64_t here = std::min<uint64_t>(skip, p.ids.size()), piece_offset = offset;
-        // After each full shard: where the next one starts, so that a rerun goes on from it.
-        auto on_shard = [&](size_t used) {
-          RETURN_IF_ERROR(save_state(o.out_dir, identity, {d, piece_offset + used}, train, val));
-          if (stop_after > 0 && ++shards_this_run >= stop_after)
-            return Status::error("prep stopped after " + std::to_string(stop_after) +
-                                 " shards (MESHTRAIN_PREP_STOP_AFTER_SHARDS); run it again to go on");
-          return Status::ok();
-        };
-        RETURN_IF_ERROR(out.add(p.ids, here, here == 0, on_shard));
-        skip -= here;
-        offset += p.ids.size();
-      }
-    }
-    progress.update(d, reader.bytes_done(), train.tokens() + val.tokens());
-  }
-  RETURN_IF_ERROR(train.finish());
-  RETURN_IF_ERROR(val.finish());
-  progress.update(d, reader.bytes_done(), train.tokens() + val.tokens(), /*last=*/true);
-
-  DatasetManifest m;
-  m.tokenizer_format = tok->info().format;
-  m.tokenizer_name = tok->info().name;
-  m.tokenizer_fingerprint = fingerprint;
-  m.tokenizer_vocab = tok->vocab_size();
-  m.shard_tokens = o.shard_tokens;
-  m.train = train.shards();
-  m.val = val.shards();
-  RETURN_IF_ERROR(write_manifest(o.out_dir, m));
+  Prep prep(o, *tok, files, n_docs, total_bytes, prep_identity(o, files, fingerprint));
+  stats->resumed = prep.resume();
+  stats->resumed_at_document = prep.resumed_at();
+  RETURN_IF_ERROR(prep.run());
+  RETURN_IF_ERROR(write_dataset_manifest(o, *tok, fingerprint, prep));
   fs::remove(fs::path(o.out_dir) / kPrepStateFile, ec);
   stats->documents = n_docs;
-  stats->train_tokens = train.tokens();
-  stats->val_tokens = val.tokens();
-  stats->train_shards = train.shards().size();
-  stats->val_shards = val.shards().size();
+  stats->train_tokens = prep.train().tokens();
+  stats->val_tokens = prep.val().tokens();
+  stats->train_shards = prep.train().shards().size();
+  stats->val_shards = prep.val().shards().size();
   return Status::ok();
 }
 
