@@ -41,6 +41,7 @@
 #include "data/bpe.h"
 #include "data/brown.h"
 #include "data/tokenizer.h"
+#include "tokenizer_test_util.h"
 
 namespace meshtrain::data::test_tokenizer_reference {
 namespace {
@@ -54,37 +55,9 @@ const std::string kModules = kSource + "/data/npm/node_modules";
 const std::string kRunner = kSource + "/tests/reference/tokenizers.mjs";
 const std::string kCache = kSource + "/data/reference-ids";
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
-void write_file(const fs::path& path, std::string_view data) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(data.data(), std::streamsize(data.size()));
-}
-
-// A fresh directory under /tmp, removed when it goes out of scope.
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ = fs::temp_directory_path() /
-            ("meshtrain_tokref_" + std::to_string(getpid()) + "_" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using test_util::read_file;
+using test_util::TempDir;
+using test_util::write_file;
 
 // Runs a shell command; false (and *output holds what it printed) when it fails.
 bool run(const std::string& command, std::string* output) {
