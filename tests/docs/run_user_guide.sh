@@ -29,4 +29,15 @@ test -f plots/timeline.svg && test "$(grep -c '"bubble"' runs/pp/metrics.jsonl)"
 test "$(grep -c '"loss"' runs/long/metrics.jsonl)" -eq 40
 test "$(grep -c '"data_mix"' runs/mix/metrics.jsonl)" -eq 10
 grep -q '"vocab": 128256' runs/llama3/config.json
+# MESHTRAIN_GUIDE_RECORD=FILE (scripts/record_losses.sh): every run's losses and grad norms
+# as written, to compare two builds bit for bit.
+if [ -n "${MESHTRAIN_GUIDE_RECORD:-}" ]; then
+  for m in $(find . -name metrics.jsonl | sort); do
+    echo "run $m"
+    python3 -c 'import json,sys
+for line in open(sys.argv[1]):
+    j = json.loads(line)
+    print(" ".join("%s=%s" % (k, json.dumps(j[k])) for k in ("step", "loss", "grad_norm", "val_loss", "loss_scale") if k in j))' "$m"
+  done >"$MESHTRAIN_GUIDE_RECORD"
+fi
 echo "user guide: all commands ran"

@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -302,6 +303,7 @@ class MultiRankTest : public cli_test::CliTest {
     if (std::getenv("MESHTRAIN_TEST_VERBOSE"))
       for (const auto& [args, r] : cache_)
         std::printf("[ %s runs  ] %6.1f s  %s\n", Suite::kTag, r.job.seconds, args.c_str());
+    if (const char* dir = std::getenv("MESHTRAIN_TEST_RECORD")) record_runs(dir);
     cache_.clear();
     std::filesystem::remove_all(suite_dir_);
     CliTest::TearDownTestSuite();
@@ -311,6 +313,39 @@ class MultiRankTest : public cli_test::CliTest {
     std::string dir;  // --out
     Job job;
   };
+
+  // MESHTRAIN_TEST_RECORD=DIR (scripts/record_losses.sh): every cached run's exit code, each
+  // step's loss and grad norm as written (full precision), and a hash of every checkpoint's
+  // weights, to DIR/TAG.txt, in the order of the runs' flags. Two recordings of the same
+  // suites are equal only if every run trained bit for bit the same.
+  static void record_runs(const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    std::string text;
+    for (const auto& [args, r] : cache_) {
+      text += "run " + args + "\nexit " + std::to_string(r.job.result.exit_code) + "\n";
+      const std::string metrics = cli_test::read_file(r.dir + "/metrics.jsonl");
+      for (const auto& line : cli_test::lines_of(metrics)) {
+        const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+        for (const char* key : {"step", "loss", "grad_norm", "val_loss", "loss_scale"})
+          if (j.is_object() && j.contains(key)) text += std::string(key) + "=" + j[key].dump() + " ";
+        text += "\n";
+      }
+      std::error_code ec;
+      std::vector<std::string> steps;
+      for (const auto& e : std::filesystem::directory_iterator(r.dir + "/checkpoints", ec))
+        if (e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().string());
+      std::sort(steps.begin(), steps.end());
+      for (const auto& s : steps) {
+        int64_t step = 0;
+        const std::vector<float> w = load_params(s, &step);
+        uint64_t h = 1469598103934665603ull;  // FNV-1a over the weights' bytes
+        const auto* b = reinterpret_cast<const unsigned char*>(w.data());
+        for (size_t i = 0; i < w.size() * sizeof(float); i++) h = (h ^ b[i]) * 1099511628211ull;
+        text += "weights " + std::filesystem::path(s).filename().string() + " " + std::to_string(h) + "\n";
+      }
+    }
+    std::ofstream(dir + "/" + Suite::kTag + ".txt", std::ios::app) << text;
+  }
 
   static void run_jobs(const std::vector<Job*>& jobs, const std::string& scratch) {
     multirank_test::run_jobs(jobs, scratch, Suite::job_capacity());
