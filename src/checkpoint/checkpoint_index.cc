@@ -335,9 +335,11 @@ Status parse_fields(const json& root, CheckpointIndex* idx) {
   RETURN_IF_ERROR(index_model_config(root, "", &idx->model));
   RETURN_IF_ERROR(parse_layout_axes(root, *idx, &idx->tp_size, &idx->pp_size, &idx->dp_size));
   RETURN_IF_ERROR(optional_int_field(root, "", "ep_size", 1, 1, idx->dp_size, &idx->ep_size));
-  if (idx->dp_size % idx->ep_size != 0 || !model::validate_ep(idx->model, idx->ep_size).is_ok())
-    return Status::error("ep_size " + std::to_string(idx->ep_size) + " must divide dp_size " +
-                         std::to_string(idx->dp_size) + " and the model's experts");
+  // The writers' layout against the model: the engine's own rules (parallel/layout.h).
+  for (const auto& e : parallel::validate(idx->writers(), parallel::layout_model(idx->model), parallel::LayoutReader::kEngine))
+    return Status::error("the writers' layout (tp_size " + std::to_string(idx->tp_size) + ", pp_size " +
+                         std::to_string(idx->pp_size) + ", dp_size " + std::to_string(idx->dp_size) + ", ep_size " +
+                         std::to_string(idx->ep_size) + ") is not one: " + e.reason);
   // The layout below has `layers` blocks: the unit table's length bounds them first.
   const json* units = nullptr;
   RETURN_IF_ERROR(member(root, "", "units", &units));

@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "model/config.h"
+#include "parallel/layout.h"
 #include "model/param_layout.h"
 #include "parallel/shard_layout.h"
 
@@ -70,6 +71,14 @@ struct CheckpointIndex {
   int expert_tp = 1;
   model::ExpertTp expert_layout() const {
     return expert_tp == 1 && tp_size > 1 ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
+  }
+  // The writers' layout: its axes (parallel/layout.h; the batch and the choices are the
+  // run's, in run_config).
+  parallel::Layout writers() const {
+    parallel::Layout l;
+    l.tp = tp_size, l.pp = pp_size, l.dp = dp_size, l.ep = ep_size, l.expert_tp = expert_layout();
+    l.micro_batch = 1, l.global_batch = dp_size;
+    return l;
   }
   std::vector<IndexFile> files;  // dp_size x tp_size x pp_size of them
   int sections = kNumSections;   // 3, or 4 with the previous weight version

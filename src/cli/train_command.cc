@@ -6,6 +6,7 @@
 #include "comm/group.h"
 #include "train/auto_plan.h"
 #include "train/interrupt.h"
+#include "train/run.h"
 #include "train/run_folder.h"
 #include "train/trainer.h"
 
@@ -268,16 +269,18 @@ Command add_train_command(CLI::App& app) {
             }
             if (!comm::launched_by_mpi()) {
               int ranks = o->tp * o->pp * std::max(1, o->dp);
+              train::TrainOptions probe = *o;  // the layout the ranks will run
               if (!o->plan.empty()) {
                 if (o->ranks < 1) return fail(Status::error("--plan auto needs --ranks N: how many ranks to lay out"));
                 // Planned here too, so that a plan that cannot work fails before any rank starts.
-                train::TrainOptions probe = *o;
                 std::string summary;
                 if (Status s = train::choose_layout(&probe, o->ranks, fixed, &summary); !s.is_ok()) return fail(s);
                 ranks = o->ranks;
               }
               if (Status s = check_launch(*launch, *o); !s.is_ok()) return fail(s);
               if (ranks > 1 || launch->max_restarts > 0 || !launch->hostfile.empty()) {
+                // The flags and the layout, once, before mpirun starts a rank (the ranks check again).
+                if (Status s = train::check_flags_and_layout(probe, ranks); !s.is_ok()) return fail(s);
                 // Said once here before any rank starts (the ranks check again, under the lock).
                 if (Status s = train::check_run_folder_free(o->out_dir); !s.is_ok()) return fail(s);
                 if (Status s = train::check_not_mixed(o->out_dir, o->resume, o->overwrite); !s.is_ok()) return fail(s);

@@ -1,5 +1,6 @@
 #include "comm/mesh.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "comm/self_group.h"
@@ -7,9 +8,45 @@
 
 namespace meshtrain::comm {
 
+namespace {
+
+// The axis table: each axis's name, its size in a shape, its coordinate, and the axis it
+// follows when an order does not name it (-1: it leads). Adding an axis is one row.
+struct AxisEntry {
+  MeshAxis axis;
+  const char* name;
+  int MeshShape::*size;
+  int MeshCoord::*coord;
+  int follows;
+  bool required;  // an order must name it
+};
+constexpr AxisEntry kAxisTable[kMeshAxes] = {
+    {MeshAxis::kTp, "tp", &MeshShape::tp, &MeshCoord::tp, -1, true},
+    {MeshAxis::kCp, "cp", &MeshShape::cp, &MeshCoord::cp, (int)MeshAxis::kTp, false},
+    {MeshAxis::kDp, "dp", &MeshShape::dp, &MeshCoord::dp, (int)MeshAxis::kCp, true},
+    {MeshAxis::kPp, "pp", &MeshShape::pp, &MeshCoord::pp, (int)MeshAxis::kDp, true},
+};
+const AxisEntry& entry(MeshAxis axis) { return kAxisTable[(int)axis]; }
+
+}  // namespace
+
+const char* axis_name(MeshAxis axis) { return entry(axis).name; }
+int MeshShape::size(MeshAxis axis) const { return this->*entry(axis).size; }
+int& MeshCoord::at(MeshAxis axis) { return this->*entry(axis).coord; }
+
+RankOrder MeshShape::full_order() const {
+  RankOrder full = order;
+  for (const AxisEntry& e : kAxisTable) {
+    if (std::find(full.begin(), full.end(), e.axis) != full.end()) continue;
+    auto after = e.follows < 0 ? full.end() : std::find(full.begin(), full.end(), (MeshAxis)e.follows);
+    full.insert(after == full.end() ? (e.follows < 0 ? full.begin() : full.end()) : after + 1, e.axis);
+  }
+  return full;
+}
+
 std::string MeshShape::to_string() const {
   return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
-         (ep > 1 ? " ep=" + std::to_string(ep) : "") +
+         (cp > 1 ? " cp=" + std::to_string(cp) : "") + (ep > 1 ? " ep=" + std::to_string(ep) : "") +
          (order != kDefaultRankOrder ? " order=" + rank_order_name(order) : "");
 }
 
@@ -51,39 +88,42 @@ Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out) {
   return Status::ok();
 }
 
-namespace {
-const char* axis_name(MeshAxis axis) { return axis == MeshAxis::kTp ? "tp" : axis == MeshAxis::kDp ? "dp" : "pp"; }
-}  // namespace
-
 Status parse_rank_order(const std::string& text, RankOrder* out) {
+  auto bad = [&] {
+    return Status::error("--rank-order must name tp, dp and pp once each (and cp, if it is to be placed), "
+                         "fastest-varying first, joined by '-' (e.g. tp-dp-pp, dp-tp-pp), got '" + text + "'");
+  };
   RankOrder order;
   size_t at = 0;
-  bool seen[3] = {false, false, false};
-  for (int i = 0; i < 3; i++) {
+  while (true) {
     const size_t dash = text.find('-', at);
     const std::string name = text.substr(at, dash == std::string::npos ? std::string::npos : dash - at);
-    const MeshAxis axis = name == "tp" ? MeshAxis::kTp : name == "dp" ? MeshAxis::kDp : MeshAxis::kPp;
-    if ((name != "tp" && name != "dp" && name != "pp") || seen[(int)axis] || (i < 2) == (dash == std::string::npos))
-      return Status::error("--rank-order must name tp, dp and pp once each, fastest-varying first, joined by '-' "
-                           "(e.g. tp-dp-pp, dp-tp-pp), got '" + text + "'");
-    seen[(int)axis] = true;
-    order[i] = axis;
+    const AxisEntry* found = nullptr;
+    for (const AxisEntry& e : kAxisTable)
+      if (name == e.name) found = &e;
+    if (!found || std::find(order.begin(), order.end(), found->axis) != order.end()) return bad();
+    order.push_back(found->axis);
+    if (dash == std::string::npos) break;
     at = dash + 1;
   }
+  for (const AxisEntry& e : kAxisTable)
+    if (e.required && std::find(order.begin(), order.end(), e.axis) == order.end()) return bad();
   *out = order;
   return Status::ok();
 }
 
 std::string rank_order_name(const RankOrder& order) {
-  return std::string(axis_name(order[0])) + "-" + axis_name(order[1]) + "-" + axis_name(order[2]);
+  std::string name;
+  for (MeshAxis axis : order) name += (name.empty() ? "" : "-") + std::string(axis_name(axis));
+  return name;
 }
 
 MeshCoord Mesh::coordinates(int rank, const MeshShape& shape) {
-  CHECK(shape.tp >= 1 && shape.pp >= 1 && shape.dp >= 1);
+  CHECK(shape.tp >= 1 && shape.cp >= 1 && shape.pp >= 1 && shape.dp >= 1);
   CHECK(rank >= 0 && rank < shape.world());
   MeshCoord c;
   int stride = 1;
-  for (MeshAxis axis : shape.order) {
+  for (MeshAxis axis : shape.full_order()) {
     c.at(axis) = (rank / stride) % shape.size(axis);
     stride *= shape.size(axis);
   }
@@ -91,10 +131,9 @@ MeshCoord Mesh::coordinates(int rank, const MeshShape& shape) {
 }
 
 int Mesh::rank_of(const MeshCoord& c, const MeshShape& shape) {
-  CHECK(c.tp >= 0 && c.tp < shape.tp && c.dp >= 0 && c.dp < shape.dp && c.pp >= 0 &&
-        c.pp < shape.pp);
+  for (const AxisEntry& e : kAxisTable) CHECK(c.at(e.axis) >= 0 && c.at(e.axis) < shape.size(e.axis));
   int rank = 0, stride = 1;
-  for (MeshAxis axis : shape.order) {
+  for (MeshAxis axis : shape.full_order()) {
     rank += c.at(axis) * stride;
     stride *= shape.size(axis);
   }
@@ -112,40 +151,49 @@ std::unique_ptr<Group> make_axis(Group& world, int axis_size, int color, int key
 
 }  // namespace
 
+// The group of the ranks that share every coordinate outside `axes`, ordered by their
+// coordinates on `axes` (the first fastest). Every rank calls it in the same sequence.
+std::unique_ptr<Group> Mesh::make_group(const std::vector<MeshAxis>& axes, const char* name) {
+  int size = 1, color = 0, key = 0, color_stride = 1, key_stride = 1;
+  for (MeshAxis a : axes) size *= shape_.size(a), key += coord_.at(a) * key_stride, key_stride *= shape_.size(a);
+  for (const AxisEntry& e : kAxisTable)
+    if (std::find(axes.begin(), axes.end(), e.axis) == axes.end())
+      color += coord_.at(e.axis) * color_stride, color_stride *= shape_.size(e.axis);
+  return make_axis(world_, size, color, key, name);
+}
+
 Mesh::Mesh(Group& world, const MeshShape& shape) : world_(world), shape_(shape) {
   CHECK_MSG(world.size() == shape.world(), "mesh shape does not match the world size");
   coord_ = coordinates(world.rank(), shape);
+  // Same order of splits on every rank: the axis table's.
+  for (const AxisEntry& e : kAxisTable) {
+    axes_[(int)e.axis] = make_group({e.axis}, e.name);
+    CHECK(axes_[(int)e.axis]->size() == shape_.size(e.axis) && axes_[(int)e.axis]->rank() == coord_.at(e.axis));
+  }
+  if (shape_.cp > 1) grad_ = make_group({MeshAxis::kDp, MeshAxis::kCp}, "dpcp");
+  // Inside dp: ep groups of consecutive dp ranks, then the expert-data-parallel groups.
   const MeshShape& s = shape_;
   const MeshCoord& c = coord_;
-  // Same order of splits on every rank: tp, dp, pp.
-  tp_ = make_axis(world, s.tp, c.dp + s.dp * c.pp, c.tp, "tp");
-  dp_ = make_axis(world, s.dp, c.tp + s.tp * c.pp, c.dp, "dp");
-  pp_ = make_axis(world, s.pp, c.tp + s.tp * c.dp, c.pp, "pp");
-  CHECK(tp_->size() == s.tp && tp_->rank() == c.tp);
-  CHECK(dp_->size() == s.dp && dp_->rank() == c.dp);
-  CHECK(pp_->size() == s.pp && pp_->rank() == c.pp);
-  // Inside dp: ep groups of consecutive dp ranks, then the expert-data-parallel groups.
   CHECK_MSG(s.ep >= 1 && s.dp % s.ep == 0, "ep must divide dp");
-  ep_ = make_axis(*dp_, s.ep, c.dp / s.ep, c.dp % s.ep, "ep");
-  edp_ = make_axis(*dp_, s.edp(), c.dp % s.ep, c.dp / s.ep, "edp");
+  ep_ = make_axis(dp(), s.ep, c.dp / s.ep, c.dp % s.ep, "ep");
+  edp_ = make_axis(dp(), s.edp(), c.dp % s.ep, c.dp / s.ep, "edp");
 }
 
 std::map<std::string, AxisStats> Mesh::stats() const {
-  return {{world_.axis(), world_.stats()},
-          {tp_->axis(), tp_->stats()},
-          {dp_->axis(), dp_->stats()},
-          {pp_->axis(), pp_->stats()},
-          {ep_->axis(), ep_->stats()},
-          {edp_->axis(), edp_->stats()}};
+  std::map<std::string, AxisStats> out = {{world_.axis(), world_.stats()}, {ep_->axis(), ep_->stats()},
+                                          {edp_->axis(), edp_->stats()}};
+  for (const AxisEntry& e : kAxisTable)
+    if (e.axis != MeshAxis::kCp || shape_.cp > 1) out[axes_[(int)e.axis]->axis()] = axes_[(int)e.axis]->stats();
+  if (grad_) out[grad_->axis()] = grad_->stats();
+  return out;
 }
 
 void Mesh::reset_stats() {
   world_.reset_stats();
-  tp_->reset_stats();
-  dp_->reset_stats();
-  pp_->reset_stats();
+  for (auto& g : axes_) g->reset_stats();
   ep_->reset_stats();
   edp_->reset_stats();
+  if (grad_) grad_->reset_stats();
 }
 
 }  // namespace meshtrain::comm

@@ -182,33 +182,41 @@ Status validate(const GptConfig& c) {
   return validate_moe(c);
 }
 
-Status validate_tp(const GptConfig& c, int tp) {
-  if (tp < 1) return Status::error("--tp must be >= 1, got " + std::to_string(tp));
-  auto need = [&](const char* what, int64_t n) -> Status {
-    if (n % tp != 0)
-      return Status::error("--tp " + std::to_string(tp) + " does not divide " + what + " (" +
-                           std::to_string(n) + ")");
-    return Status::ok();
+std::string tp_split_error(int tp, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t expert_ffn,
+                           int64_t split_vocab) {
+  if (tp < 1) return "--tp must be >= 1, got " + std::to_string(tp);
+  auto need = [&](const char* what, int64_t n) {
+    return n > 0 && n % tp != 0 ? "--tp " + std::to_string(tp) + " does not divide " + what + " (" + std::to_string(n) + ")"
+                                : std::string();
   };
-  RETURN_IF_ERROR(need("the number of heads", c.heads));
-  RETURN_IF_ERROR(need("the MLP width", c.ffn()));
-  if (c.is_moe()) RETURN_IF_ERROR(need("the experts' MLP width", c.expert_ffn()));
-  RETURN_IF_ERROR(need("the padded vocabulary", c.padded_vocab()));
-  const int kv = c.kv_head_count();
-  if (kv % tp != 0 && tp % kv != 0)
-    return Status::error("--tp " + std::to_string(tp) + " and the " + std::to_string(kv) +
-                         " key/value heads: the heads must split evenly over the ranks, or divide them "
-                         "(each head then replicated on tp / heads ranks)");
-  return Status::ok();
+  if (std::string r = need("the number of heads", heads); !r.empty()) return r;
+  if (kv_heads % tp != 0 && tp % kv_heads != 0)
+    return "--tp " + std::to_string(tp) + " and the " + std::to_string(kv_heads) +
+           " key/value heads: the heads must split evenly over the ranks, or divide them "
+           "(each head then replicated on tp / heads ranks)";
+  for (const std::string& r : {need("the MLP width", ffn), need("the experts' MLP width", expert_ffn),
+                               need("the padded vocabulary", split_vocab)})
+    if (!r.empty()) return r;
+  return "";
+}
+
+Status validate_tp(const GptConfig& c, int tp) {
+  const std::string why = tp_split_error(tp, c.heads, c.kv_head_count(), c.ffn(), c.is_moe() ? c.expert_ffn() : 0,
+                                         c.padded_vocab());
+  return why.empty() ? Status::ok() : Status::error(why);
+}
+
+std::string ep_split_error(int ep, int experts) {
+  if (ep == 1) return "";
+  if (experts == 0) return "--ep " + std::to_string(ep) + " needs a Mixture-of-Experts model (--moe-experts)";
+  if (experts % ep != 0)
+    return "--ep " + std::to_string(ep) + " does not divide the " + std::to_string(experts) + " experts of each MoE layer";
+  return "";
 }
 
 Status validate_ep(const GptConfig& c, int ep) {
-  if (ep == 1) return Status::ok();
-  if (!c.is_moe()) return Status::error("--ep " + std::to_string(ep) + " needs a Mixture-of-Experts model (--moe-experts)");
-  if (c.moe.experts % ep != 0)
-    return Status::error("--ep " + std::to_string(ep) + " does not divide the " + std::to_string(c.moe.experts) +
-                         " experts of each MoE layer");
-  return Status::ok();
+  const std::string why = ep_split_error(ep, c.is_moe() ? c.moe.experts : 0);
+  return why.empty() ? Status::ok() : Status::error(why);
 }
 
 int64_t num_parameters(const GptConfig& c) {

@@ -107,10 +107,16 @@ Status validate_moe(const GptConfig& c);
 // vocabulary, or whose key/value heads neither split evenly over tp nor divide it (fewer
 // heads than ranks are replicated: kv_replicas).
 Status validate_tp(const GptConfig& c, int tp);
+// The rule itself, on widths ("" when tp splits them; 0 skips a width): the one statement of
+// Megatron's splits, for the engine's models and the planner's (parallel/layout.h).
+std::string tp_split_error(int tp, int64_t heads, int64_t kv_heads, int64_t ffn, int64_t expert_ffn,
+                           int64_t split_vocab);
 
 // Rejects an expert-parallel size that is not 1 for a dense model, or does not divide the
 // experts.
 Status validate_ep(const GptConfig& c, int ep);
+// The rule itself: experts 0 is a dense model ("" when ep splits them).
+std::string ep_split_error(int ep, int experts);
 
 // Parameters as a user counts them: a tied head once, padding rows excluded, every expert.
 int64_t num_parameters(const GptConfig& c);

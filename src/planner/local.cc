@@ -540,10 +540,11 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   const int T = run.seq > 0 ? run.seq : config.max_seq_len;
   if (T > config.max_seq_len) return Status::error("seq (" + std::to_string(T) + ") exceeds the model's max_seq_len");
   const ModelShape shape = model_shape(config, T);
-  RETURN_IF_ERROR(validate(shape, l));
+  parallel::LayoutModel lm = parallel::layout_model(config);
+  RETURN_IF_ERROR(validate(shape, l, parallel::LayoutReader::kLocalPlanner));
+  RETURN_IF_ERROR(parallel::check_layout(l, lm, parallel::LayoutReader::kLocalPlanner));  // the padded vocabulary too
   RETURN_IF_ERROR(validate(c));
   RETURN_IF_ERROR(check_fits_nodes(l, c));
-  RETURN_IF_ERROR(model::validate_tp(config, l.tp));
   if (l.precision != Precision::kFp32)
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
@@ -552,8 +553,6 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
                          ": the local predictor does not model zero-bubble schedules yet (the GPU planner does)");
-  if (pp::never_flushes(l.schedule) && (l.zero == 3 || l.compression.kind != Kind::kNone))
-    return Status::error("schedule 2bw runs with ZeRO 0-2 and no --compress");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");

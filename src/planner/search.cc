@@ -89,8 +89,8 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
           for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
                                                           ScheduleKind::kZbH1, ScheduleKind::kZbV,
                                                           ScheduleKind::k2BW})) {
-            if (k == ScheduleKind::k2BW && (m < pp || (space.exact_updates && !space.schedule)))
-              continue;  // m < p: its weights would need a third version
+            if (k == ScheduleKind::k2BW && space.exact_updates && !space.schedule)
+              continue;  // (its updates are one step stale; the layout rules skip m < p)
             if (k == ScheduleKind::kZbV) {  // always two chunks per rank
               if (space.stage_layers.empty() ? model.layers % (2 * pp) == 0 : (int)space.stage_layers.size() == 2 * pp)
                 schedules.push_back({k, 2});

@@ -119,7 +119,14 @@ double narayanan_flops(const ModelShape& m, double B) {
   return B * s * (8 * L * m.block_matrix_weights() + 16 * L * s * h + 6 * m.vocab * h);
 }
 
-Status validate(const ModelShape& m, const Layout& l) {
+parallel::LayoutModel layout_model(const ModelShape& m) {
+  parallel::LayoutModel lm;
+  lm.layers = m.layers, lm.heads = m.heads, lm.kv_heads = m.kv(), lm.ffn = m.ffn_width();
+  if (m.is_moe()) lm.experts = m.experts, lm.expert_ffn = m.expert_width();
+  return lm;
+}
+
+Status validate(const ModelShape& m, const Layout& l, parallel::LayoutReader reader) {
   auto positive = [](const char* name, double v) {
     return v >= 1 ? Status::ok()
                   : Status::error(std::string(name) + " must be >= 1, got " + std::to_string((long long)v));
@@ -129,12 +136,6 @@ Status validate(const ModelShape& m, const Layout& l) {
   RETURN_IF_ERROR(positive("heads", m.heads));
   RETURN_IF_ERROR(positive("seq", m.seq));
   RETURN_IF_ERROR(positive("vocab", m.vocab));
-  RETURN_IF_ERROR(positive("tp", l.tp));
-  RETURN_IF_ERROR(positive("pp", l.pp));
-  RETURN_IF_ERROR(positive("dp", l.dp));
-  RETURN_IF_ERROR(positive("micro_batch", l.micro_batch));
-  RETURN_IF_ERROR(positive("global_batch", l.global_batch));
-  RETURN_IF_ERROR(positive("virtual_stages", l.virtual_stages));
   auto str = [](long long v) { return std::to_string(v); };
   RETURN_IF_ERROR(positive("kv_heads", m.kv()));
   RETURN_IF_ERROR(positive("ffn", m.ffn_width()));
@@ -142,64 +143,20 @@ Status validate(const ModelShape& m, const Layout& l) {
     return Status::error("heads (" + str(m.heads) + ") must divide hidden (" + str(m.hidden) + ")");
   if (m.heads % m.kv() != 0)
     return Status::error("kv_heads (" + str(m.kv()) + ") must divide heads (" + str(m.heads) + ")");
-  if (m.heads % l.tp != 0) return Status::error("tp (" + str(l.tp) + ") must divide heads (" + str(m.heads) + ")");
-  if (m.kv() % l.tp != 0 && l.tp % m.kv() != 0)
-    return Status::error("kv_heads (" + str(m.kv()) + ") must split over tp (" + str(l.tp) +
-                         ") or divide it (each key/value head then replicated on tp/kv_heads ranks)");
-  if (m.ffn_width() % l.tp != 0)
-    return Status::error("tp (" + str(l.tp) + ") must divide the MLP width (" + str(m.ffn_width()) + ")");
-  if (l.global_batch % ((long long)l.micro_batch * l.dp) != 0)
-    return Status::error("global_batch (" + str(l.global_batch) + ") must be a multiple of micro_batch x dp (" +
-                         str((long long)l.micro_batch * l.dp) + ")");
-  if (m.layers < (long long)l.pp * l.virtual_stages)
-    return Status::error("pp x virtual_stages (" + str((long long)l.pp * l.virtual_stages) +
-                         " stages) exceeds the layers (" + str(m.layers) + "): every stage needs one");
-  if (l.zero < 0 || l.zero > 3) return Status::error("zero must be 0, 1, 2 or 3, got " + str(l.zero));
-  if (l.sp && l.tp == 1) return Status::error("sp (sequence parallelism) needs tp > 1");
-  if (l.ep < 1 || l.dp % l.ep != 0) return Status::error("ep (" + str(l.ep) + ") must divide dp (" + str(l.dp) + ")");
-  if (l.ep > 1 && (!m.is_moe() || m.experts % l.ep != 0))
-    return Status::error("ep (" + str(l.ep) + ") needs an MoE model whose experts it divides");
-  if (l.whole_experts() && !m.is_moe()) return Status::error("whole experts (expert_tp 1) need an MoE model");
+  if (m.is_moe() && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1))
+    return Status::error("the experts (" + str(m.experts) + ", top-" + str(m.top_k) +
+                         ") must have 1 <= top_k <= experts and moe_every >= 1");
   if (!(l.moe_imbalance >= 1)) return Status::error("moe_imbalance must be >= 1 (the most loaded expert over the mean)");
-  if (m.is_moe() && (m.top_k < 1 || m.top_k > m.experts || m.moe_every < 1 || m.expert_width() % l.tp != 0))
-    return Status::error("the experts (" + str(m.experts) + ", top-" + str(m.top_k) + ", width " +
-                         str(m.expert_width()) + ") must have 1 <= top_k <= experts and a width tp divides");
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
-  const int micro_batches = l.global_batch / (l.micro_batch * l.dp);
-  if (l.schedule == pp::ScheduleKind::kZbV) {
-    if (l.virtual_stages != 2) return Status::error("the zb-v schedule runs virtual_stages = 2 chunks per rank");
-  } else if (l.schedule != pp::ScheduleKind::kInterleaved && l.virtual_stages != 1) {
-    return Status::error("virtual_stages > 1 needs the interleaved schedule");
-  }
-  // The engine's restrictions on compression (train --compress, ZeRO++'s flags).
-  using CompressionKind = parallel::Compression::Kind;
-  if ((l.compression.kind == CompressionKind::kPowerSgd && l.zero > 0) ||
-      (l.compression.kind == CompressionKind::kOneBitAdam && l.zero > 1))
-    return Status::error(std::string("--compress ") + parallel::compression_name(l.compression.kind) +
-                         " does not run with ZeRO " + str(l.zero));
-  if (l.compression.kind != CompressionKind::kNone && m.is_moe())
-    return Status::error("--compress does not run with MoE experts");
-  if (l.quantized.weights && l.zero != 3) return Status::error("quantized weight gathers need ZeRO-3");
-  if (l.quantized.grads && l.zero < 1) return Status::error("quantized gradient reduce-scatters need ZeRO 1-3");
-  if (l.quantized.any() && l.compression.kind != CompressionKind::kNone)
-    return Status::error("--compress and quantized ZeRO collectives do not run together");
-  if (pp::never_flushes(l.schedule)) {
-    if (l.zero == 3) return Status::error("the 2bw schedule keeps two whole weight versions: zero 0-2, not 3");
-    if (micro_batches < l.pp)
-      return Status::error("the 2bw schedule needs at least as many micro-batches (" + str(micro_batches) +
-                           ") as pipeline stages (" + str(l.pp) + ")");
-  }
-  if (l.schedule == pp::ScheduleKind::kInterleaved) {
-    if (l.virtual_stages < 2) return Status::error("the interleaved schedule needs virtual_stages >= 2");
-    if (micro_batches % l.pp != 0)
-      return Status::error("the interleaved schedule needs the micro-batch count (" + str(micro_batches) +
-                           ") to be a multiple of pp (" + str(l.pp) + ")");
-  }
-  if (!l.stage_layers.empty()) {
+  // Every rule joining the axes and the choices (the engine's own: parallel/layout.h), and a
+  // given stage split, all listed.
+  std::string why = parallel::check_layout(l, layout_model(m), reader).message();
+  if (!l.stage_layers.empty() && l.pp > 1) {
     std::vector<int> checked;
-    RETURN_IF_ERROR(pp::split_layers(m.layers, l.pp * l.virtual_stages, {}, l.stage_layers, &checked));
+    const Status split = pp::split_layers(m.layers, l.pp * l.virtual_stages, {}, l.stage_layers, &checked);
+    if (!split.is_ok()) why += (why.empty() ? "" : "\n") + split.message();
   }
-  return Status::ok();
+  return why.empty() ? Status::ok() : Status::error(why);
 }
 
 namespace {

@@ -32,6 +32,7 @@
 #include "model/recompute.h"
 #include "parallel/dp/compressed_reduce.h"
 #include "parallel/dp/quantized_comm.h"
+#include "parallel/layout.h"
 #include "parallel/pp/schedule.h"
 #include "planner/cluster.h"
 
@@ -90,27 +91,13 @@ using model::Recompute;
 using model::parse_recompute;
 using model::recompute_name;
 
-struct Layout {
-  int tp = 1, pp = 1, dp = 1;
-  int micro_batch = 1;   // b, sequences per micro-batch
-  int global_batch = 1;  // B, sequences per step: B = b * m * dp
-  int zero = 0;          // ZeRO stage 0-3 over the dp group
-  // Expert parallelism (MoE): ep consecutive dp ranks split the experts; the experts'
-  // states are sharded over the dp / ep ranks that hold copies.
-  int ep = 1;
-  // The routed experts on the tp group (--expert-tp): split like the dense MLP, or whole on
-  // every tp rank, each computing its 1/tp share of the rows (no tp exchange in the
-  // dispatch; the experts' gradients all-reduced over tp instead, their state not / tp).
-  model::ExpertTp expert_tp = model::ExpertTp::kSplit;
-  bool whole_experts() const { return expert_tp == model::ExpertTp::kReplicated && tp > 1; }
+struct Layout : parallel::Layout {
+  // The axes, the batch and the choices are the engine's (parallel/layout.h, whose
+  // validate() holds every rule joining them); what follows only the cost models read.
+  Layout() { precision = Precision::kBf16; }  // the GPU planner's default
   // The most loaded expert's tokens over the mean (1: balanced): the experts' GEMMs wait
   // for it, and a rank's all-to-all carries its share.
   double moe_imbalance = 1.0;
-  bool sp = false;       // sequence parallelism (Korthikanti et al. 2022), needs tp
-  Recompute recompute = Recompute::kNone;
-  parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
-  int virtual_stages = 1;  // v, chunks per pipeline rank (interleaved only)
-  Precision precision = Precision::kBf16;
   // Data-parallel reduction overlapped with the last backward (bucket by bucket, as
   // PyTorch DDP and the engine do); false: all of it after the backward (Megatron's 2021
   // "local" DDP).
@@ -120,22 +107,6 @@ struct Layout {
   // 2021 §4.1, "scatter/gather"); sequence parallelism shards the sends anyway.
   bool pp_scatter_gather = true;
   Attention attention = Attention::kFused;
-  // Layers per pipeline stage (pp x virtual_stages entries, in model order); empty: the
-  // split that balances the stages' predicted times, the embedding counted on the first and
-  // the head on the last (pp::split_layers), even where the layers divide evenly and the
-  // edges are cheap. Llama 3 405B: 126 layers on 16 stages as 7, fourteen of 8, 7.
-  std::vector<int> stage_layers;
-  // The mesh's rank order, fastest-varying axis first (`--rank-order`): which groups share
-  // a node (planner/placement.h).
-  comm::RankOrder order = comm::kDefaultRankOrder;
-  // Gradient compression of the dp reduction (`train --compress`): the compressed phase's
-  // bytes, and its compute (the local predictor: the compressors as measured on this
-  // machine; the GPU time model: their GEMMs and passes over memory, not measured).
-  parallel::Compression compression;
-  // ZeRO++'s int8 gathers (stage 3) and reduce-scatters (stages 1-3): their bytes and
-  // their quantization (measured on this machine; on GPUs, as passes over memory).
-  parallel::QuantizedComm quantized;
-  int gpus() const { return tp * pp * dp; }
 };
 
 // Activation bytes one transformer layer keeps for its backward, for one micro-batch of b
@@ -204,12 +175,13 @@ struct Prediction {
   bool fits() const { return memory.total() <= memory_available; }
 };
 
-// Rejects a layout that cannot run the model: sizes < 1, B not a multiple of b dp, more
-// stages (p v) than layers, heads or the MLP width not divisible by tp, key/value heads that
-// neither split over tp nor divide it (then each is replicated on tp/kv ranks, as Megatron
-// does), sp without tp, interleaving rules of pp::simulate, an unknown ZeRO stage. Messages
-// name the field.
-Status validate(const ModelShape& m, const Layout& l);
+// Rejects a model shape that is not one (sizes < 1, heads not dividing hidden, ...), a cost
+// model's own setting out of range, and every layout rule the layout breaks
+// (parallel::validate, for `reader`: the GPU planner by default, the local planner in
+// planner/local.h), each on a line.
+parallel::LayoutModel layout_model(const ModelShape& m);
+Status validate(const ModelShape& m, const Layout& l,
+                parallel::LayoutReader reader = parallel::LayoutReader::kGpuPlanner);
 
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out);
 

@@ -27,28 +27,12 @@ int ranks_on_this_host() {
   return 1;
 }
 
-// The run as the planner describes it (planner::Layout), from the resolved flags.
+// The run as the planner describes it: the run's own layout, and what only the cost model
+// reads.
 planner::Layout layout_of(const TrainOptions& o, const Run& run) {
   planner::Layout l;
-  const comm::MeshShape& m = run.mesh_shape;
-  l.tp = m.tp, l.pp = m.pp, l.dp = m.dp, l.ep = m.ep;
-  l.micro_batch = run.shape.B;
-  l.global_batch = run.shape.G();
-  l.zero = o.zero;
-  l.expert_tp = expert_tp(o) == model::ExpertTp::kReplicated && m.tp > 1 ? model::ExpertTp::kReplicated
-                                                                          : model::ExpertTp::kSplit;
-  l.sp = o.sp;
-  (void)model::parse_recompute(o.recompute, &l.recompute);  // checked before
-  l.schedule = run.schedule;
-  l.virtual_stages = run.schedule == parallel::pp::ScheduleKind::kInterleaved ? run.chunks : 1;
-  l.precision = run.precision;
+  static_cast<parallel::Layout&>(l) = run.layout;
   l.dp_overlap = o.overlap;
-  l.order = m.order;
-  (void)parallel::parse_compression_kind(o.compress, &l.compression.kind);
-  l.compression.start_step = o.compress_start;
-  l.compression.rank = o.powersgd_rank;
-  l.quantized.weights = o.zero_quantized_weights;
-  l.quantized.grads = o.zero_quantized_gradients;
   return l;
 }
 

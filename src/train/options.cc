@@ -119,12 +119,63 @@ model::ExpertTp expert_tp(const TrainOptions& o) {
   return o.expert_tp == 1 ? model::ExpertTp::kReplicated : model::ExpertTp::kSplit;
 }
 
-Status check_expert_tp(const TrainOptions& o, const model::GptConfig& c, int tp) {
-  if (o.expert_tp == 0 || o.expert_tp == tp) return Status::ok();
-  if (o.expert_tp != 1)
-    return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or --tp (" + std::to_string(tp) +
-                         ", each split over them), got " + std::to_string(o.expert_tp));
-  if (!c.is_moe()) return Status::error("--expert-tp needs a Mixture-of-Experts model (--moe-experts)");
+namespace {
+
+// --global-batch, or B x A x dp; A from --global-batch must agree with --grad-accum.
+Status resolve_batch(const TrainOptions& o, int dp, parallel::Layout* l) {
+  l->micro_batch = o.micro_batch;
+  if (o.global_batch <= 0) {
+    l->global_batch = o.micro_batch * std::max(1, o.grad_accum) * dp;
+    return Status::ok();
+  }
+  l->global_batch = o.global_batch;
+  const long long rows = (long long)o.micro_batch * dp;
+  if (rows < 1 || o.global_batch % rows != 0 || o.grad_accum <= 0) return Status::ok();  // (a layout rule)
+  const long long A = o.global_batch / rows;
+  if (o.grad_accum != A)
+    return Status::error("--grad-accum " + std::to_string(o.grad_accum) + " conflicts with --global-batch " +
+                         std::to_string(o.global_batch) + " = micro-batch " + std::to_string(o.micro_batch) +
+                         " x dp " + std::to_string(dp) + " x grad-accum " + std::to_string(A));
+  return Status::ok();
+}
+
+// The enum-like choices, parsed once.
+Status parse_choices(const TrainOptions& o, parallel::Layout* l) {
+  RETURN_IF_ERROR(parallel::pp::parse_schedule_kind(o.schedule, &l->schedule));
+  if (model::parse_recompute(o.recompute, &l->recompute).is_ok() == false)
+    return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
+  RETURN_IF_ERROR(parse_precision_flag(o.precision, &l->precision));
+  RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &l->compression.kind));
+  l->compression.start_step = o.compress_start;
+  l->compression.rank = o.powersgd_rank;
+  RETURN_IF_ERROR(parse_offload(o, &l->offload));
+  RETURN_IF_ERROR(comm::parse_rank_order(o.rank_order, &l->order));
+  return Status::ok();
+}
+
+}  // namespace
+
+Status to_layout(const TrainOptions& o, int world, parallel::Layout* out) {
+  parallel::Layout l;
+  comm::MeshShape shape;
+  RETURN_IF_ERROR(comm::resolve_mesh(world, o.tp, o.pp, o.dp, &shape));
+  l.tp = shape.tp, l.pp = shape.pp, l.dp = shape.dp, l.ep = o.ep;
+  if (o.expert_tp != 0 && o.expert_tp != 1 && o.expert_tp != o.tp)
+    return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or --tp (" +
+                         std::to_string(o.tp) + ", each split over them), got " + std::to_string(o.expert_tp));
+  // Whole experts on tp ranks only mean something with tp > 1.
+  l.expert_tp = o.tp > 1 ? expert_tp(o) : model::ExpertTp::kSplit;
+  RETURN_IF_ERROR(resolve_batch(o, l.dp, &l));
+  RETURN_IF_ERROR(parse_choices(o, &l));
+  l.virtual_stages = o.virtual_stages;
+  // zb-v always runs two chunks in a V: --virtual-stages unset (1) means 2.
+  if (l.schedule == parallel::pp::ScheduleKind::kZbV && o.virtual_stages == 1) l.virtual_stages = 2;
+  l.stage_layers = o.stage_layers;
+  l.zero = o.zero, l.sp = o.sp;
+  l.quantized.weights = o.zero_quantized_weights, l.quantized.grads = o.zero_quantized_gradients;
+  l.memory_budget = o.memory_budget_gb > 0;
+  l.uneven_steps = o.curriculum.kind != "none";
+  *out = l;
   return Status::ok();
 }
 
@@ -296,9 +347,6 @@ Status parse_offload(const TrainOptions& o, OffloadTiers* out) {
     bool& flag = k == 0 ? out->optimizer : k == 1 ? out->params : out->grads;
     flag = tier == "nvme";
   }
-  if ((out->params || out->grads) && o.zero != 3)
-    return Status::error("--offload params=nvme / grads=nvme needs --zero 3: only ZeRO-3 shards the "
-                         "parameters and gradients (got --zero " + std::to_string(o.zero) + ")");
   if (out->any() && o.offload_dir.empty()) return Status::error("--offload ...=nvme needs --offload-dir DIR");
   return Status::ok();
 }

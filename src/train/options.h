@@ -11,6 +11,7 @@
 #include "model/moe_routing.h"
 #include "optim/adamw.h"
 #include "optim/loss_scale.h"
+#include "parallel/layout.h"
 #include "train/curriculum.h"
 
 namespace meshtrain::train {
@@ -143,18 +144,23 @@ nlohmann::json to_json(const TrainOptions& o);
 Status parse_precision_flag(const std::string& name, kernels::Precision* out);
 
 // Which states --offload puts in files (nvme); cpu, and anything unnamed, stays in memory.
-struct OffloadTiers {
-  bool optimizer = false, params = false, grads = false;
-  bool any() const { return optimizer || params || grads; }
-};
-// Reads --offload against --zero, --precision and --offload-dir: a clear error for a bad list.
+using parallel::OffloadTiers;
+// Reads --offload (and --offload-dir): a clear error for a bad list. Which tiers need which
+// ZeRO stage is a layout rule (parallel/layout.h).
 Status parse_offload(const TrainOptions& o, OffloadTiers* out);
+
+// The CLI's edge: the layout the flags describe on `world` ranks (parallel/layout.h). The
+// enum-like strings (schedule, recompute, precision, compress, offload, rank order) are
+// parsed here, once; dp is derived (world / (tp x pp) when --dp is 0) and the global batch
+// resolved from --global-batch or B x A x dp. Errors here are about the flags themselves
+// (an unknown name, a world the axes do not divide, --grad-accum against --global-batch);
+// every rule joining a legal layout's parts is parallel::validate()'s.
+Status to_layout(const TrainOptions& o, int world, parallel::Layout* out);
 
 // The MoE layers' training settings from the flags (checked by resolve_model).
 model::MoeTraining moe_training(const TrainOptions& o);
-// --expert-tp as the layout's choice, and its check against the model and --tp.
+// --expert-tp as the layout's choice.
 model::ExpertTp expert_tp(const TrainOptions& o);
-Status check_expert_tp(const TrainOptions& o, const model::GptConfig& c, int tp);
 
 // Every real-valued flag of train in one place: NaN and infinity are refused by name, and
 // each flag's range (--lr >= 0, --beta1 in [0, 1), --grad-clip > 0 or 0 for off, ...).

@@ -15,6 +15,7 @@
 #include "comm/mesh.h"
 #include "data/loader.h"
 #include "model/gpt.h"
+#include "parallel/layout.h"
 #include "optim/loss_scale.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/executor.h"
@@ -30,7 +31,8 @@ struct Run {
   model::GptConfig config;
   BatchShape shape;
   Curriculum curriculum;  // each step's row length (off: T)
-  comm::MeshShape mesh_shape;
+  parallel::Layout layout;  // every axis and choice, checked (parallel/layout.h)
+  comm::MeshShape mesh_shape;  // layout.mesh()
   std::unique_ptr<comm::Mesh> mesh;
   data::TokenLoader train_data, val_data;
   bool has_val = false;
@@ -75,6 +77,12 @@ Status choose_resume_checkpoint(const TrainOptions& o, comm::Group& world, std::
 // heartbeat starts); then the mesh, the model part, the optimizer, the pipeline and (on
 // --resume) the newest intact checkpoint.
 Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::function<void()>& folder_ready = {});
+
+// What prepare() checks first on every rank that needs no rank and no communication: the
+// flags, then the layout (train/options.h's to_layout on `world` ranks) against the model
+// (parallel/layout.h's rules, every broken one listed). The launcher calls it before mpirun
+// starts any rank, so that a bad layout is one error, said once.
+Status check_flags_and_layout(const TrainOptions& o, int world);
 // Every rank reaches the same verdict: an error on any rank stops all of them, each with a
 // message, and none is left waiting in a collective.
 Status agree(comm::Group& world, const Status& mine);

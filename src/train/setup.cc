@@ -54,8 +54,8 @@ Status check_offload_dir(const std::string& dir) {
   return Status::ok();
 }
 
-// --compress and its settings: the combinations the compressed reduction supports
-// (parallel/dp/compressed_reduce.h), refused by name otherwise.
+// --compress's own settings. Which layouts it runs with (ZeRO stage, precision, offload) is
+// parallel/layout.h's.
 Status check_compression(const TrainOptions& o) {
   using Kind = parallel::Compression::Kind;
   Kind kind;
@@ -65,38 +65,9 @@ Status check_compression(const TrainOptions& o) {
   if (kind == Kind::kNone && o.compress_start != 0)
     return Status::error("--compress-start needs --compress powersgd or onebit-adam");
   if (kind != Kind::kPowerSgd && o.powersgd_rank != 4) return Status::error("--powersgd-rank needs --compress powersgd");
-  if (kind == Kind::kNone) return Status::ok();
-  const std::string name = "--compress " + o.compress;
-  const int max_zero = kind == Kind::kPowerSgd ? 0 : 1;
-  if (o.zero > max_zero)
-    return Status::error(name + " runs with --zero " + (max_zero == 0 ? "0 (its bucket all-reduce)" : "0 or 1") +
-                         ", got --zero " + std::to_string(o.zero));
-  if (o.precision != "fp32")
-    return Status::error(name + " needs --precision fp32 (fp32 gradients), got " + o.precision);
-  if (kind == Kind::kOneBitAdam) {
-    if (o.compress_start < 1)
-      return Status::error("--compress onebit-adam needs --compress-start >= 1: plain Adam steps estimate the "
-                           "variance before it is frozen (Tang et al. suggest 15-25% of the run)");
-    OffloadTiers tiers;
-    RETURN_IF_ERROR(parse_offload(o, &tiers));
-    if (tiers.any() || o.memory_budget_gb > 0)
-      return Status::error("--compress onebit-adam keeps the optimizer state in memory: drop --offload and --memory-budget");
-  }
-  return Status::ok();
-}
-
-// ZeRO++'s quantized collectives: qwZ replaces ZeRO-3's gathers, qgZ the reduce-scatters of
-// ZeRO 1-3; neither goes with a compressor of the same reduction.
-Status check_quantized_comm(const TrainOptions& o) {
-  if (o.zero_quantized_weights && o.zero != 3)
-    return Status::error("--zero-quantized-weights quantizes ZeRO-3's parameter gathers: it needs --zero 3, got --zero " +
-                         std::to_string(o.zero));
-  if (o.zero_quantized_gradients && o.zero < 1)
-    return Status::error("--zero-quantized-gradients quantizes the gradient reduce-scatter of ZeRO 1-3: it needs "
-                         "--zero 1, 2 or 3, got --zero 0 (its all-reduce: see --compress)");
-  if ((o.zero_quantized_weights || o.zero_quantized_gradients) && o.compress != "none")
-    return Status::error("--compress " + o.compress + " and --zero-quantized-* both compress the data-parallel "
-                         "traffic: choose one");
+  if (kind == Kind::kOneBitAdam && o.compress_start < 1)
+    return Status::error("--compress onebit-adam needs --compress-start >= 1: plain Adam steps estimate the "
+                         "variance before it is frozen (Tang et al. suggest 15-25% of the run)");
   return Status::ok();
 }
 
@@ -123,11 +94,7 @@ Status check_options(const TrainOptions& o) {
   if (o.eval_every < 0 || o.save_every < 0) return Status::error("--eval-every/--save-every must be >= 0");
   if (o.resume && o.out_dir.empty()) return Status::error("--resume needs --out DIR");
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
-  if (o.zero < 0 || o.zero > 3) return Status::error("--zero must be 0, 1, 2 or 3, got " + std::to_string(o.zero));
   RETURN_IF_ERROR(check_compression(o));
-  RETURN_IF_ERROR(check_quantized_comm(o));
-  if (o.recompute != "none" && o.recompute != "selective" && o.recompute != "full")
-    return Status::error("--recompute must be none, selective or full, got '" + o.recompute + "'");
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
   const auto& ls = o.loss_scale;
   if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
@@ -147,77 +114,20 @@ Status check_options(const TrainOptions& o) {
   return Status::ok();
 }
 
-// PipeDream-2BW's second weight version lives beside the model's fp32 parameters, and a
-// step's list reaches into the next step's micro-batches (of the same length). On one
-// rank it is the same delayed update with nothing to pipeline: the parity reference.
-Status check_two_bw(const TrainOptions& o, const comm::MeshShape& shape, int m) {
-  const std::string why = "--schedule 2bw keeps the weights before the last update beside the current ones";
-  if (o.zero == 3) return Status::error(why + " in the model's full buffers: it runs with --zero 0, 1 or 2, not 3");
-  if (o.compress != "none") return Status::error("--schedule 2bw does not run with --compress yet");
-  if (o.curriculum.kind != "none")
-    return Status::error("--schedule 2bw runs the next step's first micro-batches in this step's list: every step "
-                         "must have the same length, so it does not run with --curriculum");
-  if (m < shape.pp)
-    return Status::error("--schedule 2bw needs at least as many micro-batches per step (" + std::to_string(m) +
-                         ") as pipeline stages (--pp " + std::to_string(shape.pp) +
-                         "): with fewer, a third weight version would be in use");
-  return Status::ok();
-}
-
-// The pipeline flags against the layout; m = A micro-batches go through the pipeline.
-Status check_pipeline(const TrainOptions& o, const comm::MeshShape& shape, int m, Run* run) {
-  namespace pp = parallel::pp;
-  RETURN_IF_ERROR(pp::parse_schedule_kind(o.schedule, &run->schedule));
-  if (o.virtual_stages < 1) return Status::error("--virtual-stages must be >= 1");
-  const bool interleaved = run->schedule == pp::ScheduleKind::kInterleaved;
-  if (interleaved != (o.virtual_stages > 1) && run->schedule != pp::ScheduleKind::kZbV)
-    return Status::error(interleaved ? "--schedule interleaved needs --virtual-stages >= 2"
-                                     : "--virtual-stages > 1 needs --schedule interleaved");
-  run->chunks = o.virtual_stages;
-  if (run->schedule == pp::ScheduleKind::kZbV) {  // always two chunks, in a V
-    if (o.virtual_stages > 2) return Status::error("--schedule zb-v runs 2 chunks per rank (--virtual-stages 2 or unset)");
-    run->chunks = 2;
-    if (shape.pp == 1) return Status::error("--schedule zb-v needs --pp > 1");
-  }
-  if (run->schedule == pp::ScheduleKind::k2BW) RETURN_IF_ERROR(check_two_bw(o, shape, m));
-  if (shape.pp == 1) {
-    if (interleaved) return Status::error("--schedule interleaved needs --pp > 1");
-    if (run->schedule == pp::ScheduleKind::kZbH1) return Status::error("--schedule zb-h1 needs --pp > 1");
-    if (!o.stage_layers.empty()) return Status::error("--stage-layers needs --pp > 1");
-    return Status::ok();
-  }
-  if (interleaved && m % shape.pp != 0)
-    return Status::error("--schedule interleaved needs the micro-batches per step (" + std::to_string(m) +
-                         ", --grad-accum or --global-batch/(micro-batch x dp)) to be a multiple of --pp " +
-                         std::to_string(shape.pp));
-  return Status::ok();
-}
-
-// Layout and batch: the mesh from the world size, G and A from the flags.
+// The layout from the flags (train/options.h's to_layout: names parsed, dp derived, the batch
+// resolved); its rules are checked with the model's shape in prepare_local.
 Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
-  comm::MeshShape shape;
-  RETURN_IF_ERROR(comm::resolve_mesh(world.size(), o.tp, o.pp, o.dp, &shape));
-  RETURN_IF_ERROR(comm::resolve_expert_parallel(o.ep, &shape));
-  RETURN_IF_ERROR(comm::parse_rank_order(o.rank_order, &shape.order));
-  run->mesh_shape = shape;
+  parallel::Layout& l = run->layout;
+  RETURN_IF_ERROR(to_layout(o, world.size(), &l));
+  run->mesh_shape = l.mesh();
+  run->schedule = l.schedule;
+  run->chunks = l.chunks();
   BatchShape& b = run->shape;
-  b.B = o.micro_batch;
-  b.dp = shape.dp;
-  b.dp_rank = comm::Mesh::coordinates(world.rank(), shape).dp;
-  if (o.global_batch > 0) {
-    if (o.global_batch % (b.B * b.dp) != 0)
-      return Status::error("--global-batch " + std::to_string(o.global_batch) +
-                           " is not divisible by --micro-batch x dp = " + std::to_string(b.B) +
-                           " x " + std::to_string(b.dp));
-    b.A = o.global_batch / (b.B * b.dp);
-    if (o.grad_accum > 0 && o.grad_accum != b.A)
-      return Status::error("--grad-accum " + std::to_string(o.grad_accum) + " conflicts with --global-batch " +
-                           std::to_string(o.global_batch) + " = micro-batch " + std::to_string(b.B) +
-                           " x dp " + std::to_string(b.dp) + " x grad-accum " + std::to_string(b.A));
-  } else {
-    b.A = std::max(1, o.grad_accum);
-  }
-  return check_pipeline(o, shape, b.A, run);
+  b.B = l.micro_batch;
+  b.dp = l.dp;
+  b.dp_rank = comm::Mesh::coordinates(world.rank(), run->mesh_shape).dp;
+  b.A = std::max(1, l.micro_batches());
+  return Status::ok();
 }
 
 int default_threads(int ranks_on_node) {
@@ -485,8 +395,6 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
   dpc.groups = expert_groups(run->gpt->layout(), *run->mesh);
   RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &dpc.compression.kind));
-  if (dpc.compression.kind != parallel::Compression::Kind::kNone && dpc.groups.size() > 1)
-    return Status::error("--compress " + o.compress + " does not run with MoE experts yet (their parameter groups)");
   dpc.compression.start_step = o.compress_start;
   dpc.compression.rank = o.powersgd_rank;
   dpc.compression.seed = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 0x5057;  // the first Q: the same on every rank
@@ -514,17 +422,17 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
     model::InitialWeights init(run->config, o.seed);
     const model::ParamLayout& layout = run->gpt->layout();
     RETURN_IF_ERROR(parallel::DataParallel::create_sharded(
-        *run->gpt, run->mesh->dp(), dpc, o.adamw, [&](int u, float* out) { init.unit(layout, u, out); }, tp,
+        *run->gpt, run->mesh->grad(), dpc, o.adamw, [&](int u, float* out) { init.unit(layout, u, out); }, tp,
         &run->dp));
   } else if (initial_copy) {
     // The full initial weights exist only during setup (peaks are reset before training).
     model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, ep, expert_tp(o));
     RETURN_IF_ERROR(initial_weights(o, &full));
-    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw,
                                                        full.params(), tp);
   } else {
     RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
-    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->dp(), dpc, o.adamw,
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw,
                                                        nullptr, tp);
   }
   if (run->mesh_shape.pp > 1) {
@@ -657,25 +565,27 @@ Status open_data(const TrainOptions& o, comm::Group& world, Run* run) {
   return Status::ok();
 }
 
+// The model shape from the flags (the same as the interrupted run's; load_checkpoint()
+// rejects a checkpoint of another shape). With no --vocab the model's vocabulary is its
+// data's tokenizer's (GPT-2's 50257 when the data names none).
+Status resolve_run_model(const TrainOptions& o, model::GptConfig* config, int* seq_len) {
+  TrainOptions shaped = o;
+  if (o.vocab == 0 && o.init_from.empty()) shaped.vocab = data::data_tokenizer_vocab(o.data_dir);
+  return resolve_model(shaped, config, seq_len);
+}
+
 // Checks without communication: flags, layout arithmetic, model shape, data files.
 Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
-  RETURN_IF_ERROR(check_options(o));
+  // The launcher's check, first (every broken layout rule at once); what follows cannot
+  // fail on the flags, layout or model it passed.
+  RETURN_IF_ERROR(check_flags_and_layout(o, world.size()));
   RETURN_IF_ERROR(parse_precision_flag(o.precision, &run->precision));
   run->opt = o;
   run->is_main = world.rank() == 0;
   run->threads = o.threads > 0 ? o.threads : default_threads(local_ranks());
   omp_set_num_threads(run->threads);
   RETURN_IF_ERROR(resolve_layout(o, world, run));
-  // The model shape comes from the flags (the same as the interrupted run's);
-  // load_checkpoint() rejects a checkpoint of another shape.
-  // With no --vocab the model's vocabulary is its data's tokenizer's (GPT-2's 50257 when
-  // the data names none).
-  TrainOptions shaped = o;
-  if (o.vocab == 0 && o.init_from.empty()) shaped.vocab = data::data_tokenizer_vocab(o.data_dir);
-  RETURN_IF_ERROR(resolve_model(shaped, &run->config, &run->shape.T));
-  RETURN_IF_ERROR(model::validate_tp(run->config, run->mesh_shape.tp));
-  RETURN_IF_ERROR(model::validate_ep(run->config, run->mesh_shape.ep));
-  RETURN_IF_ERROR(check_expert_tp(o, run->config, run->mesh_shape.tp));
+  RETURN_IF_ERROR(resolve_run_model(o, &run->config, &run->shape.T));
   if (o.debug_nonfinite_step > 0 && (o.debug_nonfinite_unit < 0 || o.debug_nonfinite_unit > model::final_unit_id(run->config)))
     return Status::error("--debug-nonfinite-unit must be a unit of the model, 0 to " +
                          std::to_string(model::final_unit_id(run->config)) + ", got " +
@@ -688,8 +598,6 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
     run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp,
                                         run->schedule);
   }
-  if (o.sp && run->mesh_shape.tp < 2)
-    return Status::error("--sp (sequence parallelism) needs --tp > 1");
   if (o.sp && (run->shape.B * run->shape.T) % run->mesh_shape.tp != 0)
     return Status::error("--sp needs micro-batch x seq-len (" +
                          std::to_string(run->shape.B * run->shape.T) + " tokens) divisible by --tp " +
@@ -710,6 +618,16 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
 
 // Every rank reaches the same verdict: an error on any rank stops all of them at this
 // point, each with a message, and none is left waiting in a collective.
+Status check_flags_and_layout(const TrainOptions& o, int world) {
+  RETURN_IF_ERROR(check_options(o));
+  parallel::Layout layout;
+  RETURN_IF_ERROR(to_layout(o, world, &layout));
+  model::GptConfig config;
+  int seq_len = 0;
+  RETURN_IF_ERROR(resolve_run_model(o, &config, &seq_len));
+  return parallel::check_layout(layout, parallel::layout_model(config), parallel::LayoutReader::kEngine);
+}
+
 Status agree(comm::Group& world, const Status& mine) {
   double failed = mine.is_ok() ? 0.0 : 1.0;
   world.all_reduce_f64(&failed, 1, comm::ReduceOp::kSum);

@@ -44,7 +44,7 @@ inline const std::vector<NarayananRow>& narayanan_rows() {
 inline void as_published(int layers, Layout* l) {
   l->attention = Attention::kUnfused;
   const int stages = l->pp * l->virtual_stages;
-  l->stage_layers.assign(stages, layers / stages);
+  if (l->pp > 1) l->stage_layers.assign(stages, layers / stages);  // (one stage: no split to give)
 }
 
 inline Layout narayanan_layout(const NarayananRow& r) {

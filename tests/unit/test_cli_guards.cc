@@ -58,6 +58,36 @@ TEST_F(Guards, RunTooLargeForMemoryIsRefusedBeforeStepOne) {
   EXPECT_EQ(small.exit_code, 0) << describe(small);
 }
 
+// A bad layout from a plain shell is one error from the launcher, before mpirun starts any
+// rank (issue 44: --tp 64 used to start 64 ranks that each printed the same error), and it
+// lists every rule the layout breaks. Under mpirun itself every rank says it, before any
+// work.
+TEST_F(Guards, TheLauncherRefusesABadLayoutOnceBeforeStartingRanks) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const RunResult r = run(train(kTiny + " --tp 64 --steps 1 --out " + path("tp64")));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  expect_failure(r, {"--tp 64 does not divide the number of heads (4)"});
+  EXPECT_EQ(r.err.find("starting "), std::string::npos) << "no rank started\n" << describe(r);
+  EXPECT_EQ(cli_test::lines_of(r.err).size(), 1u) << "one error\n" << describe(r);
+  EXPECT_LT(seconds, 5.0) << describe(r);
+  EXPECT_FALSE(fs::exists(path("tp64/metrics.jsonl")));
+  // Every broken rule at once.
+  const RunResult many = run(train(kTiny + " --tp 3 --pp 1 --dp 2 --zero 3 --schedule 2bw --compress powersgd --steps 1"));
+  expect_failure(many, {"--tp 3 does not divide the number of heads (4)",
+                        "--schedule 2bw keeps the weights before the last update", "--schedule 2bw does not run with --compress yet",
+                        "--compress powersgd runs with --zero 0 (its bucket all-reduce), got --zero 3"});
+  EXPECT_EQ(many.err.find("starting "), std::string::npos) << describe(many);
+#ifdef MESHTRAIN_HAVE_MPI
+  const RunResult ranks =
+      run("mpirun --oversubscribe --allow-run-as-root -n 2 " + train(kTiny + " --tp 2 --heads 3 --dim 48 --steps 1"));
+  EXPECT_NE(ranks.exit_code, 0) << describe(ranks);
+  size_t said = 0;
+  for (const std::string& line : cli_test::lines_of(ranks.err))
+    said += line.find("--tp 2 does not divide the number of heads (3)") != std::string::npos;
+  EXPECT_EQ(said, 2u) << "once per rank\n" << describe(ranks);
+#endif
+}
+
 // Two ranks on one host share its memory: each may use half, and each refuses the run with
 // its own figures before any work (the verdict is agreed, so neither waits for the other).
 TEST_F(Guards, EveryRankRefusesARunTooLargeForItsShare) {

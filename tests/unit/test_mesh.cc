@@ -6,6 +6,7 @@
 
 #include "comm/mesh.h"
 #include "comm/self_group.h"
+#include "comm/thread_group.h"
 
 namespace meshtrain::comm::test_mesh {
 namespace {
@@ -181,3 +182,58 @@ TEST(Mesh, OnASingleRankWorld) {
 
 }  // namespace
 }  // namespace meshtrain::comm::test_mesh
+
+namespace meshtrain::comm {
+namespace {
+
+// A fourth axis, cp, is one row of the axis table: an order may name it anywhere, an order
+// that does not places it right after tp (so every earlier order string means what it did),
+// and its sizes enter the world.
+TEST(MeshCoordinates, ContextParallelAxisTakesItsDefaultPlace) {
+  MeshShape s{2, 2, 2};  // tp=2, pp=2, dp=2
+  s.cp = 2;
+  EXPECT_EQ(s.world(), 16);
+  EXPECT_EQ(rank_order_name(s.full_order()), "tp-cp-dp-pp");
+  ASSERT_TRUE(parse_rank_order("dp-tp-pp", &s.order).is_ok());
+  EXPECT_EQ(rank_order_name(s.full_order()), "dp-tp-cp-pp");
+  ASSERT_TRUE(parse_rank_order("cp-pp-dp-tp", &s.order).is_ok());
+  EXPECT_EQ(rank_order_name(s.order), "cp-pp-dp-tp");
+  for (int r = 0; r < s.world(); ++r) {
+    const MeshCoord c = Mesh::coordinates(r, s);
+    EXPECT_EQ(c.cp, r % 2) << r;
+    EXPECT_EQ(c.tp, r / 8) << r;
+    EXPECT_EQ(Mesh::rank_of(c, s), r);
+  }
+  EXPECT_EQ(s.to_string(), "tp=2 pp=2 dp=2 cp=2 order=cp-pp-dp-tp");
+  RankOrder o;
+  EXPECT_FALSE(parse_rank_order("tp-cp-cp-dp-pp", &o).is_ok());
+  EXPECT_FALSE(parse_rank_order("tp-cp-pp", &o).is_ok()) << "dp must be named";
+}
+
+// Groups from axes and from a product of axes: with tp 2, cp 2, dp 2 (8 ranks in threads)
+// each rank's tp, cp and dp groups hold 2 ranks that differ only on that axis, and the
+// gradient group dp x cp holds 4, the ranks that share the tp coordinate.
+TEST(Mesh, GroupsOfAxesAndOfTheirProduct) {
+  MeshShape s{2, 1, 2};
+  s.cp = 2;
+  ThreadWorld world(8);
+  std::vector<std::vector<int>> sizes(8), ranks(8);
+  run_ranks(8, [&](int r) {
+    std::unique_ptr<Group> g = world.group(r);
+    Mesh mesh(*g, s);
+    const MeshCoord c = Mesh::coordinates(r, s);
+    sizes[r] = {mesh.tp().size(), mesh.cp().size(), mesh.dp().size(), mesh.grad().size()};
+    ranks[r] = {mesh.tp().rank(), mesh.cp().rank(), mesh.dp().rank(), mesh.grad().rank()};
+    EXPECT_EQ(mesh.cp_rank(), c.cp);
+    // The gradient group's rank: dp fastest, then cp (the order its axes were named).
+    EXPECT_EQ(mesh.grad().rank(), c.dp + 2 * c.cp);
+    std::vector<float> x = {(float)c.tp};
+    mesh.grad().all_reduce(x.data(), 1);
+    EXPECT_EQ(x[0], 4.0f * c.tp) << "only ranks of the same tp coordinate";
+    EXPECT_EQ(mesh.stats().count("dpcp"), 1u);
+  });
+  for (int r = 0; r < 8; r++) EXPECT_EQ(sizes[r], (std::vector<int>{2, 2, 2, 4})) << r;
+}
+
+}  // namespace
+}  // namespace meshtrain::comm

@@ -427,18 +427,27 @@ TEST(MoeModel, ExpertParallelSizesAreChecked) {
 TEST(MoeModel, ExpertTensorParallelIsCheckedAndLaidOut) {
   train::TrainOptions o;
   const model::GptConfig c = small_moe(1);
+  o.tp = 2;
+  parallel::Layout l;
+  // The flag's value at the CLI's edge; whether the model has experts, a layout rule.
+  auto check = [&](const model::GptConfig& config, int tp) {
+    o.tp = tp;
+    Status s = train::to_layout(o, tp, &l);
+    return s.is_ok() ? parallel::check_layout(l, parallel::layout_model(config), parallel::LayoutReader::kEngine) : s;
+  };
   o.expert_tp = 3;
-  EXPECT_EQ(train::check_expert_tp(o, c, 2).message(),
+  EXPECT_EQ(check(c, 2).message(),
             "--expert-tp must be 1 (each expert whole on every tp rank) or --tp (2, each split over them), got 3");
   o.expert_tp = 2;
-  EXPECT_TRUE(train::check_expert_tp(o, c, 2).is_ok());
+  EXPECT_TRUE(check(c, 2).is_ok());
   EXPECT_EQ(train::expert_tp(o), model::ExpertTp::kSplit);
   o.expert_tp = 1;
-  EXPECT_TRUE(train::check_expert_tp(o, c, 2).is_ok());
+  EXPECT_TRUE(check(c, 2).is_ok());
   EXPECT_EQ(train::expert_tp(o), model::ExpertTp::kReplicated);
-  EXPECT_EQ(train::check_expert_tp(o, testing_util::small_gpt(2), 2).message(),
+  EXPECT_EQ(l.expert_tp, model::ExpertTp::kReplicated);
+  EXPECT_EQ(check(testing_util::small_gpt(2), 2).message(),
             "--expert-tp needs a Mixture-of-Experts model (--moe-experts)");
-  EXPECT_TRUE(train::check_expert_tp(o, testing_util::small_gpt(2), 1).is_ok()) << "tp 1: the same layout";
+  EXPECT_TRUE(check(testing_util::small_gpt(2), 1).is_ok()) << "tp 1: the same layout";
   const model::ParamLayout split(c, 2, 1), whole_experts(c, 2, 1, {}, 1, 0, model::ExpertTp::kReplicated);
   EXPECT_FALSE(split.experts_replicated());
   EXPECT_TRUE(whole_experts.experts_replicated());

@@ -189,7 +189,7 @@ TEST(PlannerPlacement, LocalPredictorChargesTheCompressedReduction) {
   EXPECT_GT(p_onebit1.dp.total(), p_onebit.dp.total());
   psgd.zero = 1;
   const Status s = x.predict(psgd, &p_psgd);
-  EXPECT_NE(s.message().find("does not run with ZeRO 1"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--compress powersgd runs with --zero 0 (its bucket all-reduce), got --zero 1"), std::string::npos) << s.message();
 }
 
 // ZeRO++ on ZeRO-3 dp 4 across the link: the int8 gathers and reduce-scatters move about a
@@ -214,7 +214,7 @@ TEST(PlannerPlacement, LocalPredictorChargesQuantizedZeroCollectives) {
   Layout zero1 = weights;
   zero1.zero = 1;
   const Status s = x.predict(zero1, &p_weights);
-  EXPECT_NE(s.message().find("quantized weight gathers need ZeRO-3"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--zero-quantized-weights quantizes ZeRO-3's parameter gathers: it needs --zero 3, got --zero 1"), std::string::npos) << s.message();
 }
 
 // A rate curve: the points' rates at their sizes, log-size interpolation between them, the

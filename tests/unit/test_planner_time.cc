@@ -299,10 +299,10 @@ TEST(PlannerTimeProperties, CompressionVolumes) {
   Prediction p;
   Layout bad = power;
   bad.zero = 1;
-  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress powersgd does not run with ZeRO 1"), std::string::npos);
+  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress powersgd runs with --zero 0 (its bucket all-reduce), got --zero 1"), std::string::npos);
   bad = onebit;
   bad.zero = 2;
-  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress onebit-adam does not run with ZeRO 2"), std::string::npos);
+  EXPECT_NE(predict(m, bad, c, &p).message().find("--compress onebit-adam runs with --zero 0 or 1, got --zero 2"), std::string::npos);
 }
 
 // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and ZeRO-3 gathers
@@ -370,13 +370,13 @@ TEST(PlannerTimeLayout, RejectsLayoutsThatCannotRun) {
   Layout l;
   l.global_batch = 8;
   l.tp = 5, fails(l, "tp");
-  l.tp = 1, l.global_batch = 7, l.micro_batch = 2, fails(l, "global_batch");
+  l.tp = 1, l.global_batch = 7, l.micro_batch = 2, fails(l, "--global-batch 7 is not divisible");
   l.global_batch = 8, l.micro_batch = 1, l.pp = 25, fails(l, "layers");
   l.pp = 4, l.stage_layers = {6, 6, 6}, fails(l, "--stage-layers lists 3 stages");
   l.stage_layers = {6, 6, 6, 5}, fails(l, "sums to 23");
   l.stage_layers = {}, l.pp = 1;
   l.pp = 2, l.schedule = ScheduleKind::kInterleaved, l.virtual_stages = 2, l.global_batch = 3,
-  fails(l, "multiple of pp");
+  fails(l, "multiple of --pp 2");
   l = Layout(), l.sp = true, fails(l, "sp");
   l = Layout(), l.zero = 4, fails(l, "zero");
 }
@@ -542,7 +542,7 @@ TEST(PlannerTimeArchitecture, KvHeadsSplitOrReplicate) {
   m.heads = 48, m.hidden = 6144, m.kv_heads = 8;  // 8 kv heads over 6 ranks: neither splits nor divides
   l.tp = 6;
   const Status s = predict(m, l, h100_cluster(), &split);
-  EXPECT_NE(s.message().find("kv_heads (8) must split over tp (6)"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--tp 6 and the 8 key/value heads: the heads must split evenly over the ranks, or divide them"), std::string::npos) << s.message();
 }
 
 // The engine's GPT as a planner shape: the padded vocabulary, its sequence length.
