@@ -12,14 +12,18 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/ops.h"
+
 namespace meshtrain::compress {
 
 inline size_t int8_blocks(size_t n, size_t block) { return (n + block - 1) / block; }
 inline size_t int8_bytes(size_t n, size_t block) { return int8_blocks(n, block) * sizeof(float) + n; }
 
-// Encodes x[0, n) into out (int8_bytes(n, block) bytes). block >= 1.
-void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out);
-// out[i] = the decoded value of element i (+= with accumulate).
-void dequantize_int8(const uint8_t* in, size_t n, size_t block, float* out, bool accumulate = false);
+// The encoder and decoder are kernel ops (a backend runs them where the values are); they
+// are named here, beside the format, for the collectives that send it.
+// quantize_int8(x, n, block, out): x[0, n) into out (int8_bytes(n, block) bytes), block >= 1.
+// dequantize_int8(in, n, block, out, accumulate): out[i] = element i's decoded value (+=).
+using kernels::dequantize_int8;
+using kernels::quantize_int8;
 
 }  // namespace meshtrain::compress

@@ -5,53 +5,23 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "kernels/ops.h"
 #include "optim/adamw.h"
 
 namespace meshtrain::compress {
 
 void compress_onebit(const float* x, float* error, size_t n, uint8_t* block) {
   // error becomes v = x + error, the values compressed; then what the block leaves out.
-  if (x) {
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-    for (size_t i = 0; i < n; i++) error[i] += x[i];
-  }
+  if (x) kernels::add_inplace(error, x, n);
   const float scale = n == 0 ? 0.f : (float)std::sqrt(optim::sum_of_squares(error, n) / (double)n);
   std::memcpy(block, &scale, sizeof scale);
-  uint8_t* signs = block + sizeof scale;
-  const size_t bytes = sign_bytes(n);
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-  for (size_t b = 0; b < bytes; b++) {
-    uint8_t bits = 0;
-    const size_t end = std::min(n, 8 * b + 8);
-    for (size_t i = 8 * b; i < end; i++) {
-      const bool positive = error[i] >= 0.f;
-      bits |= (uint8_t)(positive ? 1u : 0u) << (i % 8);
-      error[i] -= positive ? scale : -scale;
-    }
-    signs[b] = bits;
-  }
+  kernels::onebit_pack(error, n, scale, block + sizeof scale);
 }
 
 void decompress_onebit(const uint8_t* block, size_t n, float* out, bool accumulate) {
   float scale;
   std::memcpy(&scale, block, sizeof scale);
-  const uint8_t* signs = block + sizeof scale;
-  // A byte's 8 values at a time, branch-free (bit k set: +scale), so the inner loop vectorises.
-  const size_t whole = n / 8;
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
-  for (size_t b = 0; b < whole; b++) {
-    const unsigned bits = signs[b];
-    float* o = out + 8 * b;
-    if (accumulate) {
-      for (int k = 0; k < 8; k++) o[k] += scale * (float)(int)(((bits >> k) & 1u) * 2u - 1u);
-    } else {
-      for (int k = 0; k < 8; k++) o[k] = scale * (float)(int)(((bits >> k) & 1u) * 2u - 1u);
-    }
-  }
-  for (size_t i = 8 * whole; i < n; i++) {
-    const float v = (signs[i / 8] >> (i % 8)) & 1u ? scale : -scale;
-    out[i] = accumulate ? out[i] + v : v;
-  }
+  kernels::onebit_unpack(block + sizeof scale, n, scale, out, accumulate);
 }
 
 size_t onebit_chunk_bytes(size_t n, size_t scale_block) {

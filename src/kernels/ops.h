@@ -20,26 +20,17 @@ namespace meshtrain::kernels {
 
 // The precision of a GEMM's operands. kBf16: fp32 operands are rounded to bfloat16 (round
 // to nearest even) and multiplied with fp32 accumulation and an fp32 result, by the CPU's
-// bf16 units (AMX / AVX512-BF16 through oneDNN) where it has them, otherwise by the fp32
-// GEMM on the operands widened back to fp32 (Bf16Backend below). kFp16: operands are
-// rounded to IEEE half precision (nearest even; beyond 65504 they become inf, below 2^-24
-// zero), products accumulated in fp32: fp16 numerics, computed by the fp32 GEMM on the
-// rounded values. Both emulations are exact in what they multiply: a product of two bf16
+// bf16 units where it has them, otherwise by the fp32 GEMM on the operands widened back to
+// fp32 (on the CPU: kernels/cpu/onednn.h, Bf16Backend). kFp16: operands are rounded to
+// IEEE half precision (nearest even; beyond 65504 they become inf, below 2^-24 zero),
+// products accumulated in fp32: fp16 numerics, computed by the fp32 GEMM on the rounded
+// values. Both emulations are exact in what they multiply: a product of two bf16
 // or two fp16 values fits an fp32 mantissa, so only the order of the fp32 additions can
 // differ from a native 16-bit unit.
 enum class Precision { kFp32, kBf16, kFp16 };
 const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
 Status parse_precision(const std::string& name, Precision* out);
 
-// How bf16 GEMMs run on this machine, decided once at first use from oneDNN's effective ISA
-// (the CPU's, capped by ONEDNN_MAX_CPU_ISA): kOneDnn where it includes AVX512_BF16 or AMX and
-// a bf16 matmul primitive can be created, else kWidenedFp32.
-enum class Bf16Backend { kOneDnn, kWidenedFp32 };
-Bf16Backend bf16_backend();
-// Tests only: run bf16 GEMMs on `b` from now on (kOneDnn only where bf16_backend() chose it).
-void force_bf16_backend(Bf16Backend b);
-// oneDNN's effective ISA, e.g. "avx2", "avx512_core_amx".
-const char* onednn_isa_name();
 // Which kernel a GEMM at precision p runs, in words, for run headers and config.json.
 const char* gemm_kernel_name(Precision p);
 // The precision whose measured GEMM peak bounds a GEMM at p (the MFU denominator): fp32 for
@@ -251,5 +242,39 @@ void gemm_accumulate_bf16(bool trans_a, bool trans_b, int M, int N, int K, GemmI
 void gemm(Precision p, bool trans_a, bool trans_b, int M, int N, int K, float alpha,
           GemmInput A, int lda, GemmInput B, int ldb, float beta, float* C, int ldc,
           const float* bias = nullptr);
+
+// ---- optimizer updates and compressed communication ----
+
+// One AdamW step's scalars in torch's single-tensor AdamW form (optim/adamw.cc computes
+// them): step_size = lr / (1 - b1^t), bias2_sqrt = sqrt(1 - b2^t), decay = 1 - lr * wd for
+// a tensor with weight decay and 1 for one without.
+struct AdamWScalars {
+  float b1, b2, eps, step_size, bias2_sqrt, decay;
+};
+// For each of n elements, in this order and in fp32 (torch's order of operations):
+//   m = m + (g - m) * (1 - b1);  v = v * b2 + (1 - b2) * g * g;
+//   p = p * decay - step_size * m / (sqrt(v) / bias2_sqrt + eps).
+void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWScalars& s);
+// 1-bit Adam's compressed phase, where u is the momentum already divided by the frozen
+// denominator: p = p * decay - step_size * u.
+void adamw_preconditioned_update(float* p, const float* u, size_t n, float decay, float step_size);
+
+// Block-wise symmetric int8 quantization (the quantized collectives' wire format,
+// compress/int8_blocks.h): n values in blocks of `block` (the last may be shorter), each
+// with an fp32 scale s = max|x| / 127 and codes q = round(x / s) (ties away from zero,
+// computed as x * (127 / max|x|)). out holds the ceil(n / block) scales, then the n codes.
+// A block of zeros has s = 0; a non-finite value gives its block a NaN scale and zero codes.
+void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out);
+// out[i] = s * q of element i (+= with accumulate).
+void dequantize_int8(const uint8_t* in, size_t n, size_t block, float* out, bool accumulate = false);
+
+// dst[i] += src[i] (1-bit compression's error feedback adds the values to the error).
+void add_inplace(float* dst, const float* src, size_t n);
+// 1-bit compression's signs (compress/onebit.h): bit i % 8 of signs[i / 8] is set where
+// error[i] >= 0, and error[i] keeps what the block leaves out: it loses +scale there and
+// -scale elsewhere.
+void onebit_pack(float* error, size_t n, float scale, uint8_t* signs);
+// out[i] = +scale where bit i is set, else -scale (+= with accumulate).
+void onebit_unpack(const uint8_t* signs, size_t n, float scale, float* out, bool accumulate = false);
 
 }  // namespace meshtrain::kernels

@@ -1,6 +1,7 @@
 #include "machine/describe.h"
 
 #include "core/cpu_info.h"
+#include "kernels/cpu/onednn.h"
 
 #ifndef MESHTRAIN_MARCH
 #define MESHTRAIN_MARCH "unknown"

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cpu_info.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::machine {

@@ -140,8 +140,14 @@ unsigned AdamW::state_mask() const {
   return bit(kMomentM) | bit(kMomentV) | (master_ ? bit(kMasterWeights) : 0u);
 }
 
-struct AdamW::Coefficients {
-  float b1, b2, eps, step_size, bias2_sqrt, decay;
+// The update op's scalars, `decay` the factor of the tensors that take weight decay.
+struct AdamW::Coefficients : kernels::AdamWScalars {
+  // The scalars for a segment: its tensors decay or keep their parameters (decay 1).
+  kernels::AdamWScalars for_segment(bool decays) const {
+    kernels::AdamWScalars s = *this;
+    if (!decays) s.decay = 1.0f;
+    return s;
+  }
 };
 
 AdamW::Coefficients AdamW::coefficients(float lr, int t) const {
@@ -149,25 +155,12 @@ AdamW::Coefficients AdamW::coefficients(float lr, int t) const {
   // Same operation order as torch's single-tensor AdamW.
   const float bias1 = 1.0f - std::pow(b1, (float)t);
   const float bias2 = 1.0f - std::pow(b2, (float)t);
-  return {b1, b2, config_.eps, lr / bias1, std::sqrt(bias2), 1.0f - lr * config_.weight_decay};
+  return {{b1, b2, config_.eps, lr / bias1, std::sqrt(bias2), 1.0f - lr * config_.weight_decay}};
 }
 
 namespace {
 
-// The AdamW update of n elements (p: fp32 parameters or master weights).
-inline void adam_update(float* p, const float* g, float* m, float* v, size_t n, float decay,
-                        float b1, float b2, float eps, float step_size, float bias2_sqrt) {
-#pragma omp simd
-  for (size_t i = 0; i < n; i++) {
-    float pi = p[i] * decay;
-    m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
-    v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
-    float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-    p[i] = pi - step_size * m[i] / denom;
-  }
-}
-
-// Work on [0, n) in blocks over the threads.
+// Work on [0, n) in blocks over the threads (the 16-bit updates widen a block at a time).
 constexpr size_t kBlock = 2048;
 template <typename Body>
 void over_blocks(size_t n, Body body) {
@@ -202,13 +195,8 @@ void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update,
 void AdamW::step(float* params, const float* grads, float lr, int t) {
   const Coefficients c = coefficients(lr, t);
   for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
-    const float decay = s.decay ? c.decay : 1.0f;
-    float* p = params + s.param_offset + from;
-    const float* g = grads + s.grad_offset + from;
-    over_blocks(to - from, [&](size_t b, size_t e) {
-      adam_update(p + b, g + b, st.f(kMomentM) + b, st.f(kMomentV) + b, e - b, decay, c.b1, c.b2,
-                  c.eps, c.step_size, c.bias2_sqrt);
-    });
+    kernels::adamw_update(params + s.param_offset + from, grads + s.grad_offset + from, st.f(kMomentM),
+                          st.f(kMomentV), to - from, c.for_segment(s.decay));
   });
 }
 
@@ -217,12 +205,8 @@ void AdamW::step_preconditioned(float* params, float lr, int t) {
   const Coefficients c = coefficients(lr, t);
   for (const AdamSegment& s : segments_) {
     const float decay = s.decay ? c.decay : 1.0f;
-    float* p = params + s.param_offset;
-    const float* u = store_.data(kMomentM) + s.state_offset;
-    over_blocks(s.count, [&](size_t b, size_t e) {
-#pragma omp simd
-      for (size_t i = b; i < e; i++) p[i] = p[i] * decay - c.step_size * u[i];
-    });
+    kernels::adamw_preconditioned_update(params + s.param_offset, store_.data(kMomentM) + s.state_offset,
+                                         s.count, decay, c.step_size);
   }
 }
 
@@ -243,7 +227,9 @@ void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay
 #pragma omp simd
     for (size_t i = 0; i < n; i++) g[i] *= grad_coef;
   }
-  adam_update(w, g, m, v, n, decay, c.b1, c.b2, c.eps, c.step_size, c.bias2_sqrt);
+  kernels::AdamWScalars s = c;
+  s.decay = decay;
+  kernels::adamw_update(w, g, m, v, n, s);
   kernels::to_half(p, w, p16, n);
 }
 
@@ -268,10 +254,7 @@ void AdamW::step_shard(kernels::Precision storage, float grad_coef, float lr, in
 #pragma omp parallel for simd schedule(static)
       for (size_t i = 0; i < to - from; i++) g[i] *= grad_coef;
     }
-    over_blocks(to - from, [&](size_t b, size_t e) {
-      adam_update(a.f(kShardParams) + b, g + b, a.f(kMomentM) + b, a.f(kMomentV) + b, e - b, decay, c.b1, c.b2,
-                  c.eps, c.step_size, c.bias2_sqrt);
-    });
+    kernels::adamw_update(a.f(kShardParams), g, a.f(kMomentM), a.f(kMomentV), to - from, c.for_segment(s.decay));
   }, updated ? [&](size_t begin, size_t end, const ChunkPointers& a) { updated(begin, end, a.p[kShardParams]); }
              : ShardStore::ChunkUpdate{});
 }

@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/self_group.h"
 #include "core/cpu_info.h"
+#include "kernels/cpu/onednn.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
 #include "train/heartbeat.h"

@@ -20,6 +20,7 @@
 
 #include "kernel_test_util.h"
 #include "kernels/cpu/fp16.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/ops.h"
 #include "kernels/ref/ops_ref.h"
 

@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cpu_info.h"
+#include "kernels/cpu/onednn.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
 

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "kernels/cpu/onednn.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {

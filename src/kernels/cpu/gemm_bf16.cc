@@ -1,7 +1,7 @@
 // bf16 GEMMs: through oneDNN's matmul primitive (AMX or AVX512-BF16 kernels, fp32
 // accumulation) where the CPU has bf16 units, otherwise on the fp32 GEMM with the operands
-// widened (Bf16Backend in ops.h). Primitives are created once per shape and layout and
-// cached: creating one costs far more than running a small GEMM.
+// widened (Bf16Backend in kernels/cpu/onednn.h). Primitives are created once per shape and
+// layout and cached: creating one costs far more than running a small GEMM.
 #include <dnnl.h>
 #include <omp.h>
 
@@ -16,6 +16,7 @@
 
 #include "core/check.h"
 #include "core/memory.h"
+#include "kernels/cpu/onednn.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {

@@ -1,15 +1,24 @@
-#include "compress/int8_blocks.h"
-
+// Block-wise int8 quantization, the wire format of the quantized collectives
+// (compress/int8_blocks.h). Blocks are independent: a block's scale and codes come from its
+// own values only, so the threads change nothing.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-namespace meshtrain::compress {
+#include "kernels/ops.h"
+
+namespace meshtrain::kernels {
+
+namespace {
+// Below this many values a parallel region costs more than the loop.
+constexpr size_t kInt8Parallel = 1 << 16;
+size_t block_count(size_t n, size_t block) { return (n + block - 1) / block; }
+}  // namespace
 
 void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out) {
-  const size_t blocks = int8_blocks(n, block);
+  const size_t blocks = block_count(n, block);
   uint8_t* codes = out + blocks * sizeof(float);
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for schedule(static) if (n >= kInt8Parallel)
   for (size_t b = 0; b < blocks; b++) {
     const size_t begin = b * block, end = std::min(n, begin + block);
     float peak = 0.f;
@@ -33,9 +42,9 @@ void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out) {
 }
 
 void dequantize_int8(const uint8_t* in, size_t n, size_t block, float* out, bool accumulate) {
-  const size_t blocks = int8_blocks(n, block);
+  const size_t blocks = block_count(n, block);
   const uint8_t* codes = in + blocks * sizeof(float);
-#pragma omp parallel for schedule(static) if (n >= (1 << 16))
+#pragma omp parallel for schedule(static) if (n >= kInt8Parallel)
   for (size_t b = 0; b < blocks; b++) {
     float scale;
     std::memcpy(&scale, in + b * sizeof(float), sizeof scale);
@@ -48,4 +57,4 @@ void dequantize_int8(const uint8_t* in, size_t n, size_t block, float* out, bool
   }
 }
 
-}  // namespace meshtrain::compress
+}  // namespace meshtrain::kernels
