@@ -58,6 +58,11 @@ meshtrain::Status check_spelling(CLI::App& app, const std::vector<std::string>& 
   }
   for (; i < args.size(); i++) {
     if (!args[i].starts_with("--") || args[i] == "--") continue;
+    // --config FILE is expanded into flags for any subcommand (expand_config_args).
+    if (args[i] == "--config") {
+      i++;
+      continue;
+    }
     const std::string flag = args[i].substr(0, args[i].find('='));
     const CLI::Option* opt = cmd->get_option_no_throw(flag);
     if (opt == nullptr && cmd != &app) opt = app.get_option_no_throw(flag);
