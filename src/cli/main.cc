@@ -35,6 +35,33 @@ std::string did_you_mean(const std::string& name, const std::vector<std::string>
   return near.empty() ? "" : " (did you mean '" + near + "'?)";
 }
 
+// The commands other than `except` (their paths: "bench step") that have `flag`.
+void commands_with_flag(CLI::App& cmd, const std::string& path, const CLI::App* except, const std::string& flag,
+                        std::vector<std::string>* out) {
+  for (CLI::App* sub : cmd.get_subcommands({})) {
+    const std::string sub_path = path.empty() ? sub->get_name() : path + " " + sub->get_name();
+    if (sub != except && sub->get_option_no_throw(flag) != nullptr) out->push_back(sub_path);
+    commands_with_flag(*sub, sub_path, except, flag, out);
+  }
+}
+
+// "unknown flag --step for meshtrain train (did you mean '--steps'?)", or, for a flag that
+// another command has, which ones: "(a flag of meshtrain train, meshtrain bench step)".
+meshtrain::Status unknown_flag(CLI::App& app, const CLI::App& cmd, const std::string& path, const std::string& flag) {
+  std::vector<std::string> known;
+  for (const CLI::Option* o : cmd.get_options())
+    for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
+  std::string hint = did_you_mean(flag, known);
+  std::vector<std::string> others;
+  commands_with_flag(app, "", &cmd, flag, &others);
+  if (hint.empty() && !others.empty()) {
+    hint = " (a flag of";
+    for (size_t i = 0; i < others.size() && i < 3; i++) hint += (i ? ", meshtrain " : " meshtrain ") + others[i];
+    hint += others.size() > 3 ? ", ...)" : ")";
+  }
+  return meshtrain::Status::error("unknown flag " + flag + " for " + path + hint + "; see " + path + " --help");
+}
+
 // A misspelt subcommand or flag, named with the nearest known one, before CLI11 parses: it
 // alone says "A subcommand is required" for `meshtrain trian` and "The following arguments
 // were not expected: 10 --step" for `train --step 10`.
@@ -66,13 +93,7 @@ meshtrain::Status check_spelling(CLI::App& app, const std::vector<std::string>& 
     const std::string flag = args[i].substr(0, args[i].find('='));
     const CLI::Option* opt = cmd->get_option_no_throw(flag);
     if (opt == nullptr && cmd != &app) opt = app.get_option_no_throw(flag);
-    if (opt == nullptr) {
-      std::vector<std::string> known;
-      for (const CLI::Option* o : cmd->get_options())
-        for (const std::string& n : o->get_lnames()) known.push_back("--" + n);
-      return meshtrain::Status::error("unknown flag " + flag + " for " + path + did_you_mean(flag, known) +
-                                      "; see " + path + " --help");
-    }
+    if (opt == nullptr) return unknown_flag(app, *cmd, path, flag);
     // A flag's value may itself start with "--" (a prompt): it is not a flag.
     if (opt->get_type_size() > 0 && flag.size() == args[i].size() && opt->get_expected_max() == 1) i++;
   }
@@ -82,7 +103,8 @@ meshtrain::Status check_spelling(CLI::App& app, const std::vector<std::string>& 
 int run_main(int argc, char** argv) {
   using namespace meshtrain::cli;
   if (auto s = check_build_matches_cpu(); !s.is_ok()) return fail(s);
-  CLI::App app{"meshtrain: train GPT-style language models (see README.md)"};
+  CLI::App app{"meshtrain: train GPT-2, Llama and MoE language models on one or many processes, then "
+                "evaluate, sample, export and serve them (see README.md)"};
   app.require_subcommand(1);
   std::vector<Command> commands = {
       add_prep_command(app),   add_tokenize_command(app), add_train_command(app),

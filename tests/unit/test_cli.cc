@@ -761,6 +761,15 @@ TEST_F(Cli, BadFlagsAreNamed) {
   expect_failure(run(train(kTiny + " --step 1")), {"unknown flag --step", "did you mean '--steps'?"});
   expect_failure(run(kBinary + " trian --steps 1"), {"unknown command 'trian'", "did you mean 'train'?"});
   expect_failure(run(kBinary + " bench tokenz"), {"unknown command 'tokenz' for meshtrain bench", "'tokenize'"});
+  expect_failure(run(kBinary + " bench stpe --steps 1"), {"unknown command 'stpe' for meshtrain bench", "'step'"});
+  // With its value, before other flags; nested.
+  expect_failure(run(train("--step 10 " + kTiny)), {"unknown flag --step for meshtrain train", "'--steps'"});
+  expect_failure(run(kBinary + " bench step --stesp 2"),
+                 {"unknown flag --stesp for meshtrain bench step", "'--steps'"});
+  // A flag of another command says which.
+  expect_failure(run(kBinary + " prep --steps 3"),
+                 {"unknown flag --steps for meshtrain prep (a flag of meshtrain train, meshtrain bench step",
+                  "see meshtrain prep --help"});
   // A value that starts with "--" is a value, not a flag.
   expect_failure(run(kBinary + " tokenize --tokenizer --nowhere"), {"--nowhere", "does not exist"});
   expect_failure(run(train(kTiny + " --steps 1 --lr fast")), {"--lr", "fast"});
