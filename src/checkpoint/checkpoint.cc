@@ -487,9 +487,11 @@ Status load_checkpoint(const std::string& dir, const model::ParamLayout& layout,
   RETURN_IF_ERROR(read_checkpoint_index(dir, &index));
   const model::GptConfig& saved = index.model;
   const auto& c = config;
-  if (!model::same_model(saved, c))
-    return Status::error(dir + " holds a model of shape " + model_json(saved).dump() +
-                         ", but this run's model is " + model_json(c).dump());
+  if (!model::same_model(saved, c)) {
+    std::string lines;  // one per field, named by its flag: "--dim 96 differs from the checkpoint's 64"
+    for (const std::string& d : model::model_differences(c, saved)) lines += "\n  " + d;
+    return Status::error(dir + " holds a model of another shape than this run's:" + lines);
+  }
   // The index's unit table matches this model (parse_checkpoint_index compared it); a
   // checkpoint of another tp size or expert layout is re-sliced unit by unit.
   const model::ParamLayout whole(config, layout.tp(), layout.tp_rank(), {}, 1, 0, layout.expert_tp());

@@ -133,9 +133,10 @@ Command add_bench_command(CLI::App& app) {
   cmd->require_subcommand(1);
   auto peak_threads = std::make_shared<int>(0);
   auto peak_precision = std::make_shared<std::vector<std::string>>(std::vector<std::string>{"fp32", "bf16"});
-  auto* peak = cmd->add_subcommand("peak", "Measure the fp32 and bf16 GEMM peaks (GFLOP/s) and record them");
+  auto* peak = cmd->add_subcommand("peak", "Measure GEMM peaks (GFLOP/s) per precision and record them");
   peak->add_option("--threads", *peak_threads, "Threads (0 = all cores)");
-  peak->add_option("--precision", *peak_precision, "fp32, bf16 or both (comma-separated)")
+  peak->add_option("--precision", *peak_precision,
+                   "fp32, bf16, fp16, or several, comma-separated (fp16 runs on the fp32 GEMM)")
       ->delimiter(',')
       ->capture_default_str();
 

@@ -7,14 +7,7 @@
 #include <string_view>
 #include <vector>
 
-// toml++ (Debian's libtomlplusplus-dev), header-only: the whole TOML 1.0 grammar, nested
-// tables included, with line and column in its errors. Its internal assertions are off:
-// 3.3.0 asserts on a table header that starts with a dot ("[.x]", found by
-// fuzz_cluster_file) where its parser goes on to report the error itself (line 2, column 2:
-// "expected bare key starting character"), which is what a user should see.
-#define TOML_ASSERT(expr) static_cast<void>(0)
-#include <toml++/toml.h>
-
+#include "cli/toml_parse.h"
 
 namespace meshtrain::cli {
 
@@ -169,13 +162,7 @@ Status parse_cluster_toml(const std::string& text, const std::string& path, plan
                           const BaseLookup& lookup) {
   RETURN_IF_ERROR(check_characters(text, path));
   toml::table table;
-  try {
-    table = toml::parse(text, path);
-  } catch (const toml::parse_error& e) {
-    const auto& at = e.source().begin;
-    return Status::error("cannot parse cluster file " + path + " (line " + std::to_string(at.line) + ", column " +
-                         std::to_string(at.column) + "): " + std::string(e.description()));
-  }
+  RETURN_IF_ERROR(parse_toml(text, "cluster file " + path, &table));
   std::vector<Item> items;
   std::vector<planner::LinkRate> curve;
   RETURN_IF_ERROR(flatten(table, "", path, &items, &curve));

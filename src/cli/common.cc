@@ -146,8 +146,10 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
   app->add_option("--peak-gflops", o->peak_gflops,
                   "Machine peak used for MFU (default: the measured GEMM peak at --precision, cached)");
   app->add_option("--precision", o->precision,
-                  "GEMM precision: fp32, or bf16 (operands rounded to bfloat16, fp32 accumulation; "
-                  "weights, gradients and optimizer state stay fp32)")
+                  "GEMM precision: fp32, bf16, or fp16 (with dynamic loss scaling). bf16 and fp16 store the "
+                  "weights and gradients in 16 bits and round each GEMM's operands to them, with fp32 "
+                  "accumulation; the master weights, the Adam moments and the residual stream stay fp32 "
+                  "(docs/precision.md)")
       ->capture_default_str();
   auto& a = o->adamw;
   app->add_option("--lr", a.lr, "Peak learning rate")->capture_default_str();

@@ -1,11 +1,16 @@
 #include "cli/config_file.h"
 
 #include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <set>
-#include <sstream>
 
+#include "cli/toml_parse.h"
 #include "core/file_io.h"
 #include "core/text.h"
 
@@ -72,13 +77,6 @@ bool take_config_path(std::vector<std::string>* args, size_t from, std::string* 
   return false;
 }
 
-// CLI11's TOML reader ends a value at '#' even inside quotes, so "runs/#1" arrives as
-// `"runs/`: a value still opening with a quote mark it does not close is refused rather
-// than taken as written.
-bool cut_short(const std::string& v) {
-  return (v.front() == '"' || v.front() == '\'') && (v.size() == 1 || v.back() != v.front());
-}
-
 // Converts the values through the option itself (its type, arity and validators: what
 // parsing the same flag would do), then forgets them, so that a bad value is reported with
 // the file's name rather than later as a bare flag error. The option's variable is
@@ -102,10 +100,6 @@ Status entry_tokens(CLI::Option* opt, const std::string& key, const CLI::ConfigI
   if (item.inputs.empty() || std::any_of(item.inputs.begin(), item.inputs.end(),
                                          [](const std::string& v) { return v.empty(); }))
     return Status::error(where + " has no value");
-  for (const auto& v : item.inputs)
-    if (cut_short(v))
-      return Status::error(where + " has the unterminated string " + v +
-                           " (a '#' inside a string starts a comment for this reader)");
   if (item.inputs.size() > 1 && opt->get_expected_max() == 1)
     return Status::error(where + " takes one value, got " + std::to_string(item.inputs.size()));
   if (opt->get_expected_max() == 0) {  // a flag: true sets it, false leaves it off
@@ -122,6 +116,49 @@ Status entry_tokens(CLI::Option* opt, const std::string& key, const CLI::ConfigI
   return Status::ok();
 }
 
+bool earlier(const toml::node& a, const toml::node& b) {
+  const auto &x = a.source().begin, &y = b.source().begin;
+  return x.line != y.line ? x.line < y.line : x.column < y.column;
+}
+
+// A float as it is written in `text` (less TOML's digit separators), so that "lr = 2e-3"
+// gives the flag "2e-3" as it always did; printed from the value, shortest first, when the
+// text cannot be found or does not read as the same number.
+std::string float_text(const toml::node& node, double v, const std::string& text) {
+  size_t at = 0;
+  for (size_t line = 1; line < node.source().begin.line && at != std::string::npos; line++)
+    if ((at = text.find('\n', at)) != std::string::npos) at++;
+  std::string written;
+  // Columns count characters, not bytes: after a non-ASCII key the slice is off, and the
+  // comparison below falls back to printing.
+  if (at != std::string::npos) at += node.source().begin.column - 1;
+  for (; at < text.size() && (std::isalnum((unsigned char)text[at]) || std::strchr("+-._", text[at])); at++)
+    if (text[at] != '_') written += text[at];
+  const double back = written.empty() ? NAN : std::strtod(written.c_str(), nullptr);
+  if (back == v || (std::isnan(back) && std::isnan(v))) return written;
+  char buf[40];
+  return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+}
+
+// A value as flag text: strings as they are, numbers and booleans as written; an array
+// gives one value per element. Dates, times and nested arrays or tables are no flag's value.
+Status node_inputs(const toml::node& node, const std::string& text, const std::string& where,
+                   std::vector<std::string>* out) {
+  if (const toml::array* a = node.as_array()) {
+    for (const toml::node& e : *a) {
+      if (e.is_array() || e.is_table()) return Status::error(where + ": an array holds numbers, strings or booleans");
+      RETURN_IF_ERROR(node_inputs(e, text, where, out));
+    }
+    return Status::ok();
+  }
+  if (auto v = node.value_exact<std::string>()) return out->push_back(*v), Status::ok();
+  if (auto v = node.value_exact<int64_t>()) return out->push_back(std::to_string(*v)), Status::ok();
+  if (auto v = node.value_exact<double>()) return out->push_back(float_text(node, *v, text)), Status::ok();
+  if (auto v = node.value_exact<bool>()) return out->push_back(*v ? "true" : "false"), Status::ok();
+  return Status::error(where + " (line " + std::to_string(node.source().begin.line) +
+                       ") is a date or time, which no flag takes; quote it to pass it as text");
+}
+
 // What the TOML reader makes of the line `key = value`.
 std::vector<std::string> read_back(const std::string& key, const std::string& value) {
   std::vector<CLI::ConfigItem> items;
@@ -130,15 +167,31 @@ std::vector<std::string> read_back(const std::string& key, const std::string& va
   return items[0].inputs;
 }
 
-// `values` as TOML that reads back exactly as `values`: bare (not for text), in double
-// quotes or in single quotes, the first that does. False when none does: the reader keeps
-// no escapes, so a '#', a line break, or both quote marks next to a space cannot be written.
+// `v` as a TOML basic string: quote marks, backslashes and control characters escaped.
+std::string quoted(const std::string& v) {
+  std::string q = "\"";
+  for (unsigned char c : v) {
+    if (c == '"' || c == '\\') {
+      q += '\\', q += (char)c;
+    } else if (c < 0x20 || c == 0x7f) {
+      char esc[8];
+      std::snprintf(esc, sizeof esc, "\\u%04X", c);
+      q += esc;
+    } else {
+      q += (char)c;
+    }
+  }
+  return q + "\"";
+}
+
+// `values` as TOML that reads back exactly as `values`: bare (not for text) or quoted, the
+// first that does. False when neither does: an empty value, or one that is not UTF-8.
 bool toml_value(const std::string& key, const std::vector<std::string>& values, bool text, std::string* out) {
   if (std::any_of(values.begin(), values.end(), [](const std::string& v) { return v.empty(); })) return false;
-  for (const std::string quote : {"", "\"", "'"}) {
-    if (text && quote.empty()) continue;
+  for (const bool quote : {false, true}) {
+    if (text && !quote) continue;
     std::string v = values.size() == 1 ? "" : "[";
-    for (size_t i = 0; i < values.size(); i++) v += (i ? ", " : "") + quote + values[i] + quote;
+    for (size_t i = 0; i < values.size(); i++) v += (i ? ", " : "") + (quote ? quoted(values[i]) : values[i]);
     if (values.size() > 1) v += "]";
     if (read_back(key, v) == values) return *out = v, true;
   }
@@ -198,11 +251,24 @@ Status expand_config_args(CLI::App& app, std::vector<std::string>* args) {
 }
 
 Status parse_config_toml(const std::string& text, const std::string& path, std::vector<CLI::ConfigItem>* items) {
-  try {
-    std::istringstream in(text);
-    *items = CLI::ConfigTOML().from_config(in);
-  } catch (const std::exception& e) {
-    return Status::error("cannot parse " + path + ": " + e.what());
+  toml::table table;
+  RETURN_IF_ERROR(parse_toml(text, path, &table));
+  // In the file's order (a table iterates by name), so the first bad key is the one reported.
+  std::vector<std::pair<std::string, const toml::node*>> entries;
+  for (const auto& [key, node] : table) entries.emplace_back(std::string(key.str()), &node);
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const auto& a, const auto& b) { return earlier(*a.second, *b.second); });
+  items->clear();
+  for (const auto& [key, node] : entries) {
+    CLI::ConfigItem item;
+    item.name = key;
+    if (const toml::table* t = node->as_table()) {  // [section] or dotted.key: refused by config_tokens
+      item.parents = {key};
+      if (!t->empty()) item.name = std::string(t->cbegin()->first.str());
+    } else {
+      RETURN_IF_ERROR(node_inputs(*node, text, "key '" + key + "' in " + path, &item.inputs));
+    }
+    items->push_back(std::move(item));
   }
   return Status::ok();
 }
@@ -247,8 +313,8 @@ std::string resolved_config_toml(CLI::App* cmd, const std::vector<std::string>& 
     if (toml_value(key, values, opt->get_type_name() == "TEXT", &value))
       out += key + " = " + value + "\n";
     else
-      out += "# " + key + ": not written (an empty value, or one with '#', a line break or both quote marks, " +
-             "which the TOML reader cannot give back); pass --" + key + " on the command line\n";
+      out += "# " + key + ": not written (an empty value, or one that is not UTF-8 text); pass --" + key +
+             " on the command line\n";
   }
   return out;
 }

@@ -17,14 +17,15 @@ void add_config_option(CLI::App* cmd);
 // Rewrites args (argv without the program name): removes "--config FILE" after the
 // subcommand and inserts "--key value" for every file key not given as a flag. Every
 // error names the file and the key:
-//   - the file must parse as TOML (CLI11's reader), with every key at the top level;
+//   - the file must parse as TOML 1.0 (toml++; its errors give the line and the column),
+//     with every key at the top level;
 //   - a key is one of the subcommand's long flags (dashes or underscores), not "config"
 //     or "help", set once; unknown keys get "unknown key 'stpes' in run.toml (did you mean
 //     'steps'?)";
-//   - a flag's value is true or false; an option's values are non-empty, not a string the
-//     reader cut short (it ends a value at '#', even inside quotes), one unless the option
-//     takes several, and each converts to the option's type and passes its checks exactly
-//     as the same flag on the command line would ("steps = 'ten'" is an error).
+//   - a flag's value is true or false; an option's values are non-empty strings, numbers
+//     (a float as written: "lr = 2e-3" gives 2e-3) or booleans, one unless the option
+//     takes several (an array), and each converts to the option's type and passes its
+//     checks exactly as the same flag on the command line would ("steps = 'ten'" is an error).
 Status expand_config_args(CLI::App& app, std::vector<std::string>* args);
 
 // The parts of expand_config_args, for the fuzz target (tests/fuzz): TOML text to items
@@ -36,9 +37,9 @@ Status config_tokens(CLI::App* cmd, const std::vector<CLI::ConfigItem>& items, c
 
 // The options of `cmd` after parsing as TOML (`key = value`, one per line; options with
 // no value omitted; `skip` keys left out): a run folder's config.toml reproduces the run.
-// Each value is written so that the reader gives it back exactly (quoted with " or ', as
-// it allows); one it cannot give back (empty, or holding '#', a line break or both quote
-// marks) becomes a comment naming the key, to pass on the command line instead.
+// Each value is written so that the reader gives it back exactly (bare, or as a quoted
+// string with escapes); one it cannot give back (empty, or not UTF-8) becomes a comment
+// naming the key, to pass on the command line instead.
 std::string resolved_config_toml(CLI::App* cmd, const std::vector<std::string>& skip);
 
 }  // namespace meshtrain::cli

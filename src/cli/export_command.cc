@@ -118,7 +118,8 @@ Status run_export(const ExportOptions& o) {
 Command add_export_command(CLI::App& app) {
   auto o = std::make_shared<ExportOptions>();
   auto* cmd = app.add_subcommand(
-      "export", "Write a model as a Hugging Face GPT-2 folder or .safetensors, or an llm.c .bin (fp32)");
+      "export",
+      "Write a model as a Hugging Face folder or .safetensors (GPT-2, Llama, MoE), or a GPT-2 as an llm.c .bin (fp32)");
   cmd->add_option("--checkpoint", o->in,
                   "Run folder (newest checkpoint), checkpoint folder, HF folder, .safetensors or llm.c .bin");
   cmd->add_flag("--init", o->init,

@@ -57,7 +57,7 @@ Status check_launch(const LaunchOptions& launch, const train::TrainOptions& o) {
 
 Command add_train_command(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
-  auto* cmd = app.add_subcommand("train", "Train a GPT-2 model on a prepared token corpus");
+  auto* cmd = app.add_subcommand("train", "Train a GPT-2, Llama or MoE model on a prepared token corpus");
   add_config_option(cmd);
   add_model_flags(cmd, o.get());
   o->data_dir = data_dir() + "/brown";

@@ -1,6 +1,9 @@
 #include "model/config_json.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <utility>
 
 namespace meshtrain::model {
 
@@ -115,5 +118,64 @@ Status read_architecture(const json& m, const std::string& at, GptConfig* c) {
 }
 
 bool same_model(const GptConfig& a, const GptConfig& b) { return config_json(a) == config_json(b); }
+
+namespace {
+
+// The record's keys that a train flag sets; the others (norm, positions, ...) come with
+// --model or --arch and are named as they are.
+constexpr std::pair<const char*, const char*> kKeyFlags[] = {
+    {"layers", "--layers"},         {"heads", "--heads"},
+    {"dim", "--dim"},               {"max_seq_len", "--seq-len"},
+    {"vocab", "--vocab"},           {"arch", "--arch"},
+    {"kv_heads", "--kv-heads"},     {"ffn_dim", "--ffn-dim"},
+    {"rope_theta", "--rope-theta"}, {"moe.experts", "--moe-experts"},
+    {"moe.top_k", "--moe-top-k"},   {"moe.every", "--moe-every"},
+    {"moe.shared_experts", "--moe-shared-experts"}, {"moe.expert_ffn", "--moe-ffn-dim"},
+    {"moe.score", "--moe-score"},   {"moe.renormalize", "--moe-renormalize"}};
+
+// config_json's fields as "key" or "object.key"; a dense model's moe is {experts: 0} and
+// an unscaled RoPE's rope_scaling {factor: 0}, so that one line says that one side has none.
+std::vector<std::pair<std::string, json>> flat_fields(const GptConfig& c) {
+  json j = config_json(c);
+  if (!j.contains("moe")) j["moe"] = {{"experts", 0}};
+  if (!j.contains("rope_scaling")) j["rope_scaling"] = {{"factor", 0}};
+  std::vector<std::pair<std::string, json>> out;
+  for (const auto& [key, value] : j.items())
+    if (value.is_object())
+      for (const auto& [sub, v] : value.items()) out.emplace_back(key + "." + sub, v);
+    else
+      out.emplace_back(key, value);
+  return out;
+}
+
+// A width both models derive from a field that is itself compared.
+bool derived_in_both(const std::string& key, const GptConfig& run, const GptConfig& saved) {
+  if (key == "ffn_dim") return run.ffn_dim == 0 && saved.ffn() == 4 * saved.dim;
+  if (key == "kv_heads") return run.kv_heads == 0 && saved.kv_head_count() == saved.heads;
+  if (key == "moe.expert_ffn") return run.moe.expert_ffn == 0 && saved.expert_ffn() == saved.ffn();
+  return false;
+}
+
+std::string shown(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+}  // namespace
+
+std::vector<std::string> model_differences(const GptConfig& run, const GptConfig& saved) {
+  const auto ours = flat_fields(run), theirs = flat_fields(saved);
+  std::vector<std::pair<int, std::string>> lines;  // ordered as kKeyFlags, then the rest
+  for (const auto& [key, value] : ours) {
+    auto other = std::find_if(theirs.begin(), theirs.end(), [&](const auto& t) { return t.first == key; });
+    if (other == theirs.end() || other->second == value || derived_in_both(key, run, saved)) continue;
+    int order = (int)std::size(kKeyFlags);
+    std::string name = key;
+    for (int i = 0; i < (int)std::size(kKeyFlags); i++)
+      if (key == kKeyFlags[i].first) order = i, name = kKeyFlags[i].second;
+    lines.emplace_back(order, name + " " + shown(value) + " differs from the checkpoint's " + shown(other->second));
+  }
+  std::stable_sort(lines.begin(), lines.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<std::string> out;
+  for (auto& l : lines) out.push_back(std::move(l.second));
+  return out;
+}
 
 }  // namespace meshtrain::model

@@ -2,6 +2,7 @@
 // architecture's parts. Indexes written before the parts existed have none: GPT-2's.
 #pragma once
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -20,5 +21,10 @@ nlohmann::json config_json(const GptConfig& c);
 Status read_architecture(const nlohmann::json& m, const std::string& at, GptConfig* c);
 // Whether two records describe the same model (shape and every part).
 bool same_model(const GptConfig& a, const GptConfig& b);
+// What makes `run` another model than `saved` (a checkpoint's), one line per field, named by
+// the train flag that sets it: "--dim 96 differs from the checkpoint's 64". A width that
+// follows from another field (ffn_dim from dim, kv_heads from heads) is left out when both
+// models derive it; empty for the same model.
+std::vector<std::string> model_differences(const GptConfig& run, const GptConfig& saved);
 
 }  // namespace meshtrain::model

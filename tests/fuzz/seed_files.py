@@ -78,7 +78,9 @@ def handmade(corpus, train_bin):
           "all_gather_gbs = 0.067\n")
     write(os.path.join(corpus, "fuzz_config_toml", "kinds.toml"),
           '# one key of each kind\nmodel = "tiny"\nprecision = "bf16"\nquiet = true\n'
-          "stage_layers = [1, 1]\nseed = 18446744073709551615\nzero = 2\nbucket-mb = 12.5\n"
+          "stage_layers = [1, 1]\n"
+          'seed = "18446744073709551615"  # above 2^63: a TOML integer stops at 2^63 - 1\n'
+          "zero = 2\nbucket-mb = 12.5\n"
           "out = 'runs/a b'\nlr = -1e-3\n")
 
 

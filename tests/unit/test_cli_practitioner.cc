@@ -275,6 +275,14 @@ TEST_F(CliPractitioner, ConfigFileErrorsAreNamed) {
   expect_failure(with("lr = \"abc\"\n"), {"lr", "abc"});
   expect_failure(with("micro_batch = 2.5\n"), {"micro-batch", "2.5"});
   expect_failure(with("quiet = 1\n"), {"quiet", "true or false"});
+  // A syntax error names the line and the column, and shows the line; an unterminated
+  // string is not blamed on a '#' that is not there.
+  r = with("out = \"runs/abc\n");
+  expect_failure(r, {"cannot parse " + toml + " (line 3, column", "in: out = \"runs/abc"});
+  EXPECT_EQ(r.err.find('#'), std::string::npos) << r.err;
+  expect_failure(with("steps = 3\nsteps = 4\n"), {"(line 4, column", "steps"});
+  // A '#' inside quotes is part of the value: the file reads on to the next key.
+  expect_failure(with("out = \"" + path("never#1") + "\"\nstpes = 3\n"), {"unknown key 'stpes'"});
   // Sections are refused rather than silently flattened.
   expect_failure(with("[optimizer]\nlr = 1e-3\n"), {"sections", "lr"});
   expect_failure(with("optimizer.lr = 1e-3\n"), {"sections"});
