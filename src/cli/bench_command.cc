@@ -198,7 +198,7 @@ Command add_bench_command(CLI::App& app) {
               std::printf("cache: %s\n", machine::peak_cache_path().c_str());
               return 0;
             }
-            Status s = train::bench_step(*o, *warmup, *steps);
+            Status s = train::bench_step(*o, *warmup, *steps, stdio_console());
             return s.is_ok() ? 0 : fail(s);
           }};
 }

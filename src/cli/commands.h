@@ -9,6 +9,7 @@
 #include "comm/group.h"
 #include "core/status.h"
 #include "data/tokenizer.h"
+#include "train/console.h"
 #include "train/options.h"
 
 namespace meshtrain::cli {
@@ -38,6 +39,8 @@ Status check_tokenizer_fits_model(const data::Tokenizer& tokenizer, int model_vo
 // The data folder a run recorded in its config.json ("" when the path is not a run).
 std::string run_data_dir(const std::string& model_path);
 
+// The engine's console (train/console.h) over this process's stdout and stderr.
+train::Console stdio_console();
 // Prints "meshtrain: error: ..." and returns exit code 1.
 int fail(const Status& status);
 // A command on `ranks` ranks: run by this process under mpirun (supervise, one OpenMP thread

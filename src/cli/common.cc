@@ -1,4 +1,7 @@
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <vector>
 
@@ -85,6 +88,24 @@ Status check_tokenizer_fits_model(const data::Tokenizer& tokenizer, int model_vo
   return Status::error("the model's vocabulary of " + std::to_string(model_vocab) + " is smaller than the " +
                        std::to_string(tokenizer.vocab_size()) + " ids of its tokenizer " + tokenizer.info().name +
                        " (" + tokenizer.info().format + "): give the tokenizer it was trained with (--tokenizer)");
+}
+
+namespace {
+// Under mpirun a rank's stdout is often a pseudo-terminal even when the user's is a pipe;
+// the launcher passes the truth in MESHTRAIN_STDOUT_TTY.
+bool stdout_is_terminal() {
+  if (const char* v = std::getenv("MESHTRAIN_STDOUT_TTY")) return std::string(v) == "1";
+  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return false;
+  return isatty(STDOUT_FILENO);
+}
+}  // namespace
+
+train::Console stdio_console() {
+  // stdout keeps its own buffering (flushed where the engine flushes); stderr has none.
+  return {[](const std::string& text) { std::fwrite(text.data(), 1, text.size(), stdout); },
+          [] { std::fflush(stdout); },
+          [](const std::string& text) { std::fwrite(text.data(), 1, text.size(), stderr); },
+          stdout_is_terminal()};
 }
 
 int fail(const Status& s) {

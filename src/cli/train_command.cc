@@ -304,14 +304,15 @@ Command add_train_command(CLI::App& app) {
             train::install_stop_handlers();
             auto world = comm::init_world(nullptr, nullptr);
             Status s = Status::ok();
+            const train::Console console = stdio_console();
             if (!o->plan.empty()) {
               if (o->ranks > 0 && o->ranks != world->size())
                 s = Status::error("--ranks " + std::to_string(o->ranks) + " but the job has " +
                                   std::to_string(world->size()) + " ranks");
-              if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed);
+              if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed, console);
             }
             train::TrainResult result;
-            if (s.is_ok()) s = train::run_training(*o, *world, &result);
+            if (s.is_ok()) s = train::run_training(*o, *world, console, &result);
             // Stopped between steps by a signal: the shell's code for it, on every rank.
             int rc = !s.is_ok() ? fail(s) : result.interrupted_by ? 128 + result.interrupted_by : 0;
             world.reset();

@@ -71,7 +71,8 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   return Status::ok();
 }
 
-Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const planner::SearchSpace& fixed) {
+Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const planner::SearchSpace& fixed,
+                                   const Console& console) {
   std::string summary;
   Status s = choose_layout(o, world.size(), fixed, &summary);
   // Every rank must have chosen alike (and failed alike): compare the choice's fields.
@@ -86,7 +87,7 @@ Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const pl
       return Status::error("--plan auto: the ranks chose different layouts (is the GEMM peak cache readable by "
                            "every rank?); give the layout flags instead");
   if (!s.is_ok()) return s;
-  if (world.rank() == 0 && !o->quiet) std::printf("%s\n", summary.c_str());
+  if (world.rank() == 0 && !o->quiet) console.line(summary);
   return Status::ok();
 }
 

@@ -7,6 +7,7 @@
 #include "comm/group.h"
 #include "core/status.h"
 #include "planner/search.h"
+#include "train/console.h"
 #include "train/options.h"
 
 namespace meshtrain::train {
@@ -22,7 +23,8 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
 
 // choose_layout() on every rank of `world` (the prediction is a pure function of the flags
 // and the cached GEMM peak, so every rank chooses alike; this checks that they did), then
-// rank 0 prints the summary.
-Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const planner::SearchSpace& fixed);
+// rank 0 writes the summary to `console` (unless --quiet).
+Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const planner::SearchSpace& fixed,
+                                   const Console& console);
 
 }  // namespace meshtrain::train

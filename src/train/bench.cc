@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <random>
 #include <thread>
 
@@ -15,7 +14,7 @@
 
 namespace meshtrain::train {
 
-Status bench_step(const TrainOptions& o, int warmup, int steps) {
+Status bench_step(const TrainOptions& o, int warmup, int steps, const Console& console) {
   model::GptConfig config;
   int T = 0;
   RETURN_IF_ERROR(resolve_model(o, &config, &T));
@@ -44,10 +43,11 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   dpc.storage = precision;
   parallel::DataParallel dp(gpt, self, dpc, o.adamw, init.params());
   const double flops_per_token = gpt.flops_per_token(T);
-  std::printf("bench step: %s | %d layers, dim %d, %d heads, vocab %d, %.1fM parameters | B=%d A=%d T=%d | %d threads\n%s%s\n",
-              model::describe_arch(config).c_str(), config.layers, config.dim, config.heads, config.vocab,
-              model::num_parameters(config) / 1e6, shape.B, shape.A, T, threads,
-              machine::machine_summary().c_str(), machine::mfu_basis(precision).c_str());
+  console.out(formatted("bench step: %s | %d layers, dim %d, %d heads, vocab %d, %.1fM parameters | B=%d A=%d T=%d | "
+                        "%d threads\n%s%s\n",
+                        model::describe_arch(config).c_str(), config.layers, config.dim, config.heads, config.vocab,
+                        model::num_parameters(config) / 1e6, shape.B, shape.A, T, threads,
+                        machine::machine_summary().c_str(), machine::mfu_basis(precision).c_str()));
   std::vector<double> times;
   for (int k = 0; k < warmup + steps; k++) {
     auto t0 = std::chrono::steady_clock::now();
@@ -61,13 +61,13 @@ Status bench_step(const TrainOptions& o, int warmup, int steps) {
   const double achieved = tok_s * flops_per_token / 1e9;
   bool raised = false;
   const double mfu = machine::honest_mfu(achieved, &peak, threads, precision, o.peak_gflops <= 0, &raised);
-  std::printf("step time (median of %d): %.1f ms | %.1f tokens/s | %.1f GFLOP/s achieved | "
-              "peak %.1f GFLOP/s (%s GEMM, %d threads) | MFU %.1f%%\n",
-              steps, median * 1e3, tok_s, achieved, peak,
-              kernels::precision_name(kernels::peak_precision(precision)), threads, 100 * mfu);
+  console.out(formatted("step time (median of %d): %.1f ms | %.1f tokens/s | %.1f GFLOP/s achieved | "
+                        "peak %.1f GFLOP/s (%s GEMM, %d threads) | MFU %.1f%%\n",
+                        steps, median * 1e3, tok_s, achieved, peak,
+                        kernels::precision_name(kernels::peak_precision(precision)), threads, 100 * mfu));
   if (raised)
-    std::printf("note: the step ran faster than the peak measured before it, so that measurement was "
-                "disturbed; the peak was measured again and raised to at least the achieved rate\n");
+    console.line("note: the step ran faster than the peak measured before it, so that measurement was "
+                 "disturbed; the peak was measured again and raised to at least the achieved rate");
   return Status::ok();
 }
 

@@ -62,11 +62,13 @@ int stop_signal() { return g_stop.load(); }
 
 void request_stop(int sig) { note(sig); }
 
-int agreed_stop_signal(comm::Group& world) {
-  if (world.size() == 1) return stop_signal();
-  double sig = stop_signal();
-  world.all_reduce_f64(&sig, 1, comm::ReduceOp::kMax);
-  return (int)sig;
+int agreed_stop(comm::Group& world, bool requested) {
+  const int sig = stop_signal();
+  const int mine = sig != 0 ? sig : requested ? kStopRequested : 0;
+  if (world.size() == 1) return mine;
+  double agreed = mine;
+  world.all_reduce_f64(&agreed, 1, comm::ReduceOp::kMax);
+  return (int)agreed;
 }
 
 const char* stop_signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a signal"; }

@@ -18,9 +18,13 @@ namespace meshtrain::train {
 void install_stop_handlers();
 // The signal that asked this process to stop (SIGINT or SIGTERM), or 0.
 int stop_signal();
+// What agreed_stop returns when no signal came but some rank's caller asked to stop (a
+// run subscriber, reporter.h). It is below SIGINT's and SIGTERM's numbers, so a signal wins.
+constexpr int kStopRequested = 1;
 // Collective over `world` (every rank, at the same step): the signal any rank received
-// (SIGTERM over SIGINT when both), or 0. One rank: no communication.
-int agreed_stop_signal(comm::Group& world);
+// (SIGTERM over SIGINT when both), else kStopRequested when `requested` on any rank, else 0.
+// One rank: no communication.
+int agreed_stop(comm::Group& world, bool requested);
 // "SIGINT" or "SIGTERM".
 const char* stop_signal_name(int sig);
 // Testing: as if `sig` had arrived.

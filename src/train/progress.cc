@@ -1,10 +1,7 @@
 #include "train/progress.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <cstdlib>
 
 namespace meshtrain::train {
 
@@ -18,18 +15,8 @@ std::string format_duration(double s) {
 }
 }  // namespace
 
-namespace {
-// Under mpirun a rank's stdout is often a pseudo-terminal even when the user's is a pipe;
-// the launcher passes the truth in MESHTRAIN_STDOUT_TTY.
-bool stdout_is_terminal() {
-  if (const char* v = std::getenv("MESHTRAIN_STDOUT_TTY")) return std::string(v) == "1";
-  if (std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE")) return false;
-  return isatty(STDOUT_FILENO);
-}
-}  // namespace
-
-Progress::Progress(int64_t first_step, int64_t total_steps, bool quiet)
-    : live_(!quiet && stdout_is_terminal()), quiet_(quiet), first_step_(first_step),
+Progress::Progress(const Console& console, int64_t first_step, int64_t total_steps, bool quiet)
+    : console_(console), live_(!quiet && console.terminal), quiet_(quiet), first_step_(first_step),
       total_(total_steps) {}
 
 Progress::~Progress() { end_live_line(); }
@@ -40,31 +27,31 @@ void Progress::step(int64_t k, float loss, float lr, double grad_norm, double st
   elapsed_s_ += step_s;
   const double eta = elapsed_s_ / (double)(k + 1 - first_step_) * (double)(total_ - k - 1);
   if (live_) {
-    std::printf("\r\033[Kstep %lld/%lld | loss %.4f | %.0f tok/s | MFU %.1f%% | ETA %s",
-                (long long)k + 1, (long long)total_, loss, tok_s, 100 * mfu,
-                format_duration(eta).c_str());
+    console_.out(formatted("\r\033[Kstep %lld/%lld | loss %.4f | %.0f tok/s | MFU %.1f%% | ETA %s",
+                           (long long)k + 1, (long long)total_, loss, tok_s, 100 * mfu,
+                           format_duration(eta).c_str()));
     line_open_ = true;
     // Keep about twenty lines on screen so the loss trend stays readable.
     const int64_t every = std::max<int64_t>(1, total_ / 20);
     if ((k + 1) % every == 0 || k + 1 == total_) end_live_line();
   } else {
-    std::printf("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | "
-                "MFU %5.1f%%%s | ETA %s\n",
-                (long long)k + 1, (long long)total_, loss, lr, grad_norm, step_s * 1e3, tok_s,
-                100 * mfu, extra.c_str(), format_duration(eta).c_str());
+    console_.out(formatted("step %5lld/%lld | loss %.4f | lr %.2e | norm %.3f | %7.1f ms | %8.0f tok/s | "
+                           "MFU %5.1f%%%s | ETA %s\n",
+                           (long long)k + 1, (long long)total_, loss, lr, grad_norm, step_s * 1e3, tok_s,
+                           100 * mfu, extra.c_str(), format_duration(eta).c_str()));
   }
-  std::fflush(stdout);
+  console_.flush();
 }
 
 void Progress::message(const std::string& line) {
   if (quiet_) return;
   end_live_line();
-  std::printf("%s\n", line.c_str());
-  std::fflush(stdout);
+  console_.line(line);
+  console_.flush();
 }
 
 void Progress::end_live_line() {
-  if (line_open_) std::printf("\n");
+  if (line_open_) console_.out("\n");
   line_open_ = false;
 }
 

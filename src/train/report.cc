@@ -5,6 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "comm/self_group.h"
+#include "core/cpu_info.h"
+#include "data/training_data.h"
+#include "kernels/cpu/onednn.h"
+#include "machine/describe.h"
+#include "train/console.h"
 #include "train/heartbeat.h"
 #include "train/run.h"
 #include "trace/trace.h"
@@ -137,9 +143,9 @@ void update_expert_biases(Run& run, const MoeJobStats& stats) {
                               bias.data() + (size_t)l * c.moe.experts);
 }
 
-// Collective: world rank 0 prints every rank's peak memory by category, and the pipeline's
+// Collective: world rank 0 gets every rank's peak memory by category, and the pipeline's
 // split and last measured bubble.
-void print_summary(Run& run, comm::Group& world, const json& pipeline) {
+std::vector<std::string> summary_lines(Run& run, comm::Group& world, const json& pipeline) {
   constexpr int kFields = 8;
   const MemStats m = MemoryTracker::instance().stats();
   std::vector<double> all((size_t)world.size() * kFields, 0.0);
@@ -152,27 +158,31 @@ void print_summary(Run& run, comm::Group& world, const json& pipeline) {
                                peak(MemCategory::kActivations) + other, (double)m.total_peak};
   std::copy(row, row + kFields, mine);
   world.all_reduce_f64(all.data(), all.size(), comm::ReduceOp::kSum);
-  if (!run.is_main) return;
+  if (!run.is_main) return {};
   const double mib = 1024.0 * 1024.0;
-  std::printf("peak memory per rank (MiB): params, grads, optimizer state, activations + buffers, total\n");
+  std::vector<std::string> lines = {
+      "peak memory per rank (MiB): params, grads, optimizer state, activations + buffers, total"};
   for (int r = 0; r < world.size(); r++) {
     const double* f = all.data() + (size_t)r * kFields;
-    std::printf("  rank %2d %s(tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f\n",
-                r, run.hosts.size() > 1 && run.hosts.front() != run.hosts.back() ? ("on " + run.hosts[r] + " ").c_str() : "",
-                (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib);
+    lines.push_back(formatted(
+        "  rank %2d %s(tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f",
+        r, run.hosts.size() > 1 && run.hosts.front() != run.hosts.back() ? ("on " + run.hosts[r] + " ").c_str() : "",
+        (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib));
   }
-  if (!run.pipeline) return;
+  if (!run.pipeline) return lines;
   std::string split;
   for (int n : run.stage_layers) {
     if (!split.empty()) split += ',';
     split += std::to_string(n);
   }
   const json parts = pipeline.value("bubble_parts", json::object());
-  std::printf("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f = "
-              "schedule %.3f + stage imbalance %.3f + overhead %.3f (at the measured stage costs; theory %.3f)\n",
-              parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(), run.shape.A,
-              pipeline.value("bubble", 0.0), parts.value("schedule", 0.0), parts.value("imbalance", 0.0),
-              parts.value("overhead", 0.0), pipeline.value("bubble_theory", 0.0));
+  lines.push_back(formatted("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f = "
+                            "schedule %.3f + stage imbalance %.3f + overhead %.3f (at the measured stage costs; theory %.3f)",
+                            parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(),
+                            run.shape.A, pipeline.value("bubble", 0.0), parts.value("schedule", 0.0),
+                            parts.value("imbalance", 0.0), parts.value("overhead", 0.0),
+                            pipeline.value("bubble_theory", 0.0)));
+  return lines;
 }
 
 std::vector<std::string> gather_host_names(comm::Group& world) {
@@ -243,6 +253,109 @@ Status write_trace(const std::string& file, comm::Group& world) {
   RETURN_IF_ERROR(trace::merge_rank_files(parts, file));
   for (const auto& p : parts) fs::remove(p);
   return Status::ok();
+}
+
+namespace {
+
+// The banner's notes on how the run communicates and stores its state: compression,
+// quantized communication, 2bw's weight versions, what is in files, the curriculum.
+void add_layout_notes(const Run& run, std::vector<std::string>* lines) {
+  const TrainOptions& o = run.opt;
+  auto add = [&](std::string line) { lines->push_back(std::move(line)); };
+  const int64_t plain = comm::comm_bytes(comm::CommOp::kAllReduce, run.gpt->layout().total(), run.mesh->dp().size(), 4);
+  if (const parallel::CompressedReduction* c = run.dp->compression())
+    add(formatted("compression: powersgd rank %d from step %lld: %zu matrices at rank r, %zu elements exact, "
+                  "%.2f MB per rank and step (the plain all-reduce: %.2f MB)",
+                  o.powersgd_rank, (long long)o.compress_start + 1, c->powersgd().compressed().size(),
+                  c->powersgd().exact_elements(), c->wire_bytes() / 1e6, plain / 1e6));
+  if (const parallel::OneBitAdam* c = run.dp->onebit_adam())
+    add(formatted("compression: 1-bit Adam, variance frozen after step %d: momentum as signs and one scale per "
+                  "%zu elements, in chunks of %zu, %.3f MB per rank and step (the plain all-reduce: %.2f MB)%s",
+                  o.compress_start, c->scale_block(), c->chunk(), c->wire_bytes() / 1e6, plain / 1e6,
+                  o.zero == 1 ? ", plus ZeRO-1's parameter all-gather" : ""));
+  if (o.zero_quantized_weights || o.zero_quantized_gradients)
+    add(formatted("quantized communication (ZeRO++): %s%s%s as int8 blocks of %zu values with an fp32 scale each%s",
+                  o.zero_quantized_weights ? "ZeRO-3's parameter gathers (qwZ)" : "",
+                  o.zero_quantized_weights && o.zero_quantized_gradients ? " and " : "",
+                  o.zero_quantized_gradients ? "the gradient reduce-scatters (qgZ)" : "", parallel::DpConfig{}.quantized.block,
+                  run.mesh->dp().size() == 1 ? " (one data-parallel rank: nothing is sent, nothing quantized)" : ""));
+  if (run.start_step > 0 && (run.dp->compression() || run.dp->onebit_adam()))
+    add(std::string("compression: ") + (run.rank_arrays_restored
+                                            ? "error feedback (and PowerSGD's warm start) restored from the checkpoint"
+                                            : "error feedback (and PowerSGD's warm start) restart from zero: the "
+                                              "checkpoint holds none for this layout"));
+  if (run.dp->keeps_weight_versions())
+    add(std::string("2bw: each step computes with the weights before the last update (W(t+1) = W(t) - lr * "
+                    "update(grad at W(t-1)))") +
+        (run.start_step == 0              ? ""
+         : run.previous_weights_restored ? "; the previous version restored from the checkpoint"
+                                          : "; the checkpoint holds no previous version: the delay starts "
+                                            "again (previous = current)"));
+  // What --offload or --memory-budget put in files (rank 0's; every rank alike).
+  const optim::ShardStore& store = run.dp->adamw().store();
+  std::string in_files;
+  bool direct = true;
+  for (int a = 0; a < optim::kShardArrays; a++)
+    if (store.in_file((optim::ShardArray)a)) {
+      in_files += std::string(in_files.empty() ? "" : ", ") + optim::shard_array_name((optim::ShardArray)a);
+      direct = direct && store.direct_io((optim::ShardArray)a);
+    }
+  if (!in_files.empty())
+    add("in files under " + o.offload_dir + ": " + in_files + " (" + (direct ? "O_DIRECT" : "through the page cache") + ")");
+  if (run.curriculum.on()) add("curriculum: " + run.curriculum.describe() + "; LR schedule by " + o.lr_unit);
+}
+
+}  // namespace
+
+std::vector<std::string> banner_lines(const Run& run) {
+  const TrainOptions& o = run.opt;
+  const BatchShape& shape = run.shape;
+  std::vector<std::string> lines;
+  lines.push_back(formatted("model: %s | %d layers, %d heads, dim %d, vocab %d, %.2fM parameters | T=%d B=%d A=%d "
+                            "G=%d | %s zero=%d | %s GEMMs | %d threads/rank, peak %.0f GFLOP/s per rank",
+                            model::describe_arch(run.config).c_str(), run.config.layers, run.config.heads,
+                            run.config.dim, run.config.vocab, model::num_parameters(run.config) / 1e6, shape.T,
+                            shape.B, shape.A, shape.G(), run.mesh->shape().to_string().c_str(), o.zero,
+                            o.precision.c_str(), run.threads, run.peak_gflops));
+  lines.push_back(formatted("machine: %s | %s | oneDNN ISA %s | %s", cpu_info().model.c_str(),
+                            cpu_info().flags().c_str(), kernels::onednn_isa_name(),
+                            machine::mfu_basis(run.precision).c_str()));
+  if (run.train_data.is_mixture())
+    lines.push_back(formatted("data: a mixture of %s (by rows; realised over the run's %lld steps: %s)",
+                              o.data_dir.c_str(), (long long)o.steps,
+                              data::describe_shares(run.train_data, o.steps, shape.G()).c_str()));
+  if (run.start_step > 0)
+    lines.push_back(formatted("resumed at step %lld from a checkpoint written at %s (re-sliced to this layout where "
+                              "it differs)%s",
+                              (long long)run.start_step, run.resumed_layout.c_str(),
+                              run.resume_note.empty() ? "" : ("; " + run.resume_note).c_str()));
+  add_layout_notes(run, &lines);
+  return lines;
+}
+
+json offload_json(optim::ShardStore& store) {
+  // Every file-backed array of this rank's shard: the optimizer's streaming and ZeRO-3's
+  // per-unit reads and writes. Exposed: what compute waited for; hidden: the rest.
+  const optim::OffloadStats st = store.stats();
+  bool direct = true;
+  json arrays = json::array();
+  for (int a = 0; a < optim::kShardArrays; a++)
+    if (store.in_file((optim::ShardArray)a)) {
+      arrays.push_back(optim::shard_array_name((optim::ShardArray)a));
+      direct = direct && store.direct_io((optim::ShardArray)a);
+    }
+  auto io_json = [](const optim::IoStats& s) {
+    return json{{"read_bytes", s.bytes_read}, {"written_bytes", s.bytes_written},
+                {"io_ms", s.io_s * 1e3}, {"wait_ms", s.wait_s * 1e3},
+                {"hidden_ms", std::max(0.0, s.io_s - s.wait_s) * 1e3}};
+  };
+  json off = io_json(st);
+  off["units"] = io_json(st.by[(int)optim::Traffic::kUnits]);
+  off["update"] = io_json(st.by[(int)optim::Traffic::kUpdate]);
+  off["direct_io"] = direct;
+  off["arrays"] = arrays;
+  store.reset_stats();
+  return off;
 }
 
 }  // namespace meshtrain::train

@@ -1,5 +1,5 @@
 // The state of one training run on this rank, and the steps that build it and report on
-// it: trainer.cc runs the loop; setup.cc validates and builds everything before the first
+// it: loop.cc runs the loop; setup.cc validates and builds everything before the first
 // step (every check on every rank, agreed over the world); report.cc writes what a run
 // tells its user beyond metrics.jsonl's basics.
 #pragma once
@@ -19,6 +19,7 @@
 #include "optim/loss_scale.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/executor.h"
+#include "train/console.h"
 #include "train/curriculum.h"
 #include "train/options.h"
 #include "train/run_folder.h"
@@ -97,15 +98,16 @@ Status finish_run_save(Run& run, comm::Group& world, bool wait);
 // --- run_end.cc ---
 // Collective: a stop asked for by `sig` before step k + 1 (steps up to k are trained, and
 // `saved_step` is the newest checkpoint's): saves step k when --save-on-exit asks and it is
-// not saved yet, then world rank 0 says where the run stopped and how to continue it.
-Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig);
+// not saved yet, then world rank 0 says on console.err where the run stopped and how to
+// continue it.
+Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig, const Console& console);
 // --on-nonfinite skip gave up: `in_row` steps up to `step` were skipped in a row (every rank
 // reaches it at the same step). The error names the steps, the last one's cause and the
 // newest checkpoint.
 Status too_many_skips(const Run& run, int64_t step, int64_t in_row, const std::string& last_cause);
 // World rank 0, at the end of a run: its last lines (final loss, wall time, the checkpoint,
-// how to continue and use it).
-void print_run_end(const Run& run, const TrainResult& result, double wall_s);
+// how to continue and use it); none on other ranks or when no step ran.
+std::vector<std::string> run_end_lines(const Run& run, const TrainResult& result, double wall_s);
 // "meshtrain train --config OUT/config.toml --resume --steps N": the command that continues
 // the run in `out_dir` (N: twice its steps when it is finished).
 std::string continue_command(const TrainOptions& o, int64_t steps);
@@ -140,8 +142,15 @@ std::vector<std::string> gather_host_names(comm::Group& world);
 // slowest, beside the median and fastest. World rank 0 gets the record; empty on one rank.
 nlohmann::json straggler_json(Run& run, comm::Group& world, double step_s, double wait_s,
                               const std::map<std::string, comm::AxisStats>& stats);
-// Collective: world rank 0 prints every rank's peak memory and the pipeline's bubble.
-void print_summary(Run& run, comm::Group& world, const nlohmann::json& pipeline);
+// Collective: world rank 0 gets the lines of every rank's peak memory and the pipeline's
+// bubble (other ranks: none).
+std::vector<std::string> summary_lines(Run& run, comm::Group& world, const nlohmann::json& pipeline);
+// The banner a run starts with: model, machine, data, resume, and notes on compression,
+// quantized communication, 2bw, what is in files and the curriculum.
+std::vector<std::string> banner_lines(const Run& run);
+// metrics.jsonl's "offload": this rank's file-backed arrays and their I/O since the last
+// call (which resets the store's counters).
+nlohmann::json offload_json(optim::ShardStore& store);
 // Collective: every rank's trace, merged into `file` by world rank 0.
 Status write_trace(const std::string& file, comm::Group& world);
 

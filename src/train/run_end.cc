@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "checkpoint/checkpoint.h"
+#include "train/console.h"
 #include "train/interrupt.h"
 #include "train/run.h"
 
@@ -39,7 +40,7 @@ std::string continue_command(const TrainOptions& o, int64_t steps) {
   return cmd;
 }
 
-Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig) {
+Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig, const Console& console) {
   const TrainOptions& o = run.opt;
   RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/true));
   const bool save = saves_on(o, sig) && k > saved_step;
@@ -51,11 +52,10 @@ Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_ste
            (o.out_dir.empty() ? " are not saved (no --out)"
                               : " are not saved (--save-on-exit always saves them on " +
                                     std::string(stop_signal_name(sig)) + ")");
-  std::fprintf(stderr, "meshtrain: interrupted by %s at step %lld%s; %s%s\n", stop_signal_name(sig), (long long)k,
-               save ? " (saved)" : "", newest_checkpoint_text(o.out_dir).c_str(), lost.c_str());
+  console.err(formatted("meshtrain: interrupted by %s at step %lld%s; %s%s\n", stop_signal_name(sig), (long long)k,
+                        save ? " (saved)" : "", newest_checkpoint_text(o.out_dir).c_str(), lost.c_str()));
   if (!o.out_dir.empty() && (save || saved_step > 0))
-    std::fprintf(stderr, "meshtrain: continue with: %s\n", continue_command(o, o.steps).c_str());
-  std::fflush(stderr);
+    console.err("meshtrain: continue with: " + continue_command(o, o.steps) + "\n");
   return Status::ok();
 }
 
@@ -71,9 +71,9 @@ Status too_many_skips(const Run& run, int64_t step, int64_t in_row, const std::s
                        std::to_string(step) + ": " + last_cause + where + " (try a lower --lr)");
 }
 
-void print_run_end(const Run& run, const TrainResult& result, double wall_s) {
+std::vector<std::string> run_end_lines(const Run& run, const TrainResult& result, double wall_s) {
   const TrainOptions& o = run.opt;
-  if (!run.is_main || result.losses.empty()) return;
+  if (!run.is_main || result.losses.empty()) return {};
   char line[256];
   std::snprintf(line, sizeof line, "done: steps %lld-%d in %.1f s | final loss %.4f", (long long)run.start_step + 1,
                 o.steps, wall_s, (double)result.losses.back());
@@ -82,15 +82,15 @@ void print_run_end(const Run& run, const TrainResult& result, double wall_s) {
     std::snprintf(line, sizeof line, " | val loss %.4f", (double)result.final_val_loss);
     text += line;
   }
-  std::printf("%s\n", text.c_str());
+  std::vector<std::string> lines = {text};
   if (!o.out_dir.empty()) {
     std::string newest;
-    if (checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok()) std::printf("checkpoint: %s\n", newest.c_str());
-    std::printf("continue with: %s\n", continue_command(o, 2 * (int64_t)o.steps).c_str());
-    std::printf("use it: meshtrain generate --checkpoint %s --prompt \"...\"; meshtrain eval --checkpoint %s\n",
-                o.out_dir.c_str(), o.out_dir.c_str());
+    if (checkpoint::find_latest_checkpoint(o.out_dir, &newest).is_ok()) lines.push_back("checkpoint: " + newest);
+    lines.push_back("continue with: " + continue_command(o, 2 * (int64_t)o.steps));
+    lines.push_back("use it: meshtrain generate --checkpoint " + o.out_dir + " --prompt \"...\"; meshtrain eval --checkpoint " +
+                    o.out_dir);
   }
-  std::fflush(stdout);
+  return lines;
 }
 
 }  // namespace meshtrain::train

@@ -590,7 +590,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
     return Status::error("--debug-nonfinite-unit must be a unit of the model, 0 to " +
                          std::to_string(model::final_unit_id(run->config)) + ", got " +
                          std::to_string(o.debug_nonfinite_unit));
-  run->nonfinite = {o.on_nonfinite == "skip", 0, &world, o.debug_nonfinite_step, o.debug_nonfinite_unit};
+  run->nonfinite = {o.on_nonfinite == "skip", 0, &world};
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,

@@ -1,4 +1,5 @@
-// The single-process training loop: data, model, optimizer, metrics, eval, checkpoints.
+// One training step (train_step), evaluation, and the training loop (run_training, in
+// loop.cc: data, model, optimizer, metrics, eval, checkpoints).
 #pragma once
 #include <vector>
 
@@ -10,7 +11,9 @@
 #include "optim/loss_scale.h"
 #include "parallel/data_parallel.h"
 #include "parallel/pp/executor.h"
+#include "train/console.h"
 #include "train/options.h"
+#include "train/reporter.h"
 
 namespace meshtrain::train {
 
@@ -19,6 +22,7 @@ struct TrainResult {
   std::vector<float> grad_norms;
   float final_val_loss = -1;      // -1 when no validation ran
   int interrupted_by = 0;         // SIGINT or SIGTERM stopped it between steps (0: it ran to the end)
+  bool stopped_by_request = false;  // a RunSubscriber answered Reply::kStop (reporter.h)
 };
 
 struct BatchShape {
@@ -50,8 +54,17 @@ struct NonfinitePolicy {
   bool skip = false;
   int64_t skipped = 0;     // steps skipped so far (kept in the checkpoint's train_state)
   comm::Group* world = nullptr;  // locates the units (one all-reduce, on a non-finite step only)
-  int64_t debug_step = 0;  // testing: a NaN in the gradient of unit debug_unit at this step
-  int debug_unit = 1;
+};
+
+// Points of a step where a test may act (debug_hooks.h holds the command's testing aids).
+// Both are called on every rank, with k the 0-based step.
+class StepHooks {
+ public:
+  virtual ~StepHooks() = default;
+  // The loop announced step k + 1 (comm::set_current_step) and has done nothing else for it.
+  virtual void before_step(int64_t /*k*/) {}
+  // train_step: the gradients are reduced; the norm, the overflow checks and the update follow.
+  virtual void before_update(int64_t /*k*/, parallel::DataParallel& /*dp*/) {}
 };
 
 // One optimizer step k over the G rows of the global batch: this rank's A micro-batches
@@ -64,13 +77,13 @@ struct NonfinitePolicy {
 // (AdamW's step count t counts applied steps only, as torch's GradScaler leaves it).
 // Under 2bw (dp keeps weight versions) the micro-batches compute with the weights before
 // the last update, and with a pipeline the step's lists run on into step k + 1's first
-// micro-batches when `more_steps` says one follows.
+// micro-batches when `more_steps` says one follows. `hooks`: testing (StepHooks).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
                       const BatchShape& shape, int64_t k, float lr,
                       parallel::pp::PipelineExecutor* pipeline = nullptr,
                       optim::DynamicLossScaler* scaler = nullptr, NonfinitePolicy* nonfinite = nullptr,
-                      bool more_steps = false);
+                      bool more_steps = false, StepHooks* hooks = nullptr);
 // The same at the schedule by steps of a `total_steps`-step run (optim::learning_rate).
 StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& dp_group,
                       const optim::AdamWConfig& cfg, const data::TokenLoader& data,
@@ -87,6 +100,10 @@ float evaluate_loss(model::Gpt& gpt, const data::TokenLoader& data, int B, int T
 
 // Validates everything before any work, on every rank; then trains. `world` is the job's
 // world group (a one-rank group when not under MPI). Errors carry a user-facing message.
-Status run_training(const TrainOptions& options, comm::Group& world, TrainResult* result = nullptr);
+// The run's text goes to `console` (world rank 0's, unless --quiet); its events go to the
+// built-in subscribers (console, metrics.jsonl, trace) and to `subscriber` when given,
+// which may ask the run to stop (reporter.h).
+Status run_training(const TrainOptions& options, comm::Group& world, const Console& console,
+                    TrainResult* result = nullptr, RunSubscriber* subscriber = nullptr);
 
 }  // namespace meshtrain::train
