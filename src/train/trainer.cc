@@ -284,7 +284,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
                                                    : "; the checkpoint holds no previous version: the delay starts "
                                                      "again (previous = current)");
     // What --offload or --memory-budget put in files (rank 0's; every rank alike).
-    const optim::ShardStore& store = run.dp->adamw().store();
+    const optim::ShardStore& store = run.dp->store();
     std::string in_files;
     bool direct = true;
     for (int a = 0; a < optim::kShardArrays; a++)
@@ -388,7 +388,7 @@ Status run_training(const TrainOptions& options, comm::Group& world, TrainResult
       const std::vector<double> shares = run.train_data.realised_shares(k + 1, shape.G());
       for (size_t d = 0; d < shares.size(); d++) record["data_mix"][run.train_data.source_names()[d]] = shares[d];
     }
-    if (optim::ShardStore& store = run.dp->adamw().store(); store.any_in_file(~0u)) {
+    if (optim::ShardStore& store = run.dp->store(); store.any_in_file(~0u)) {
       // Every file-backed array of this rank's shard: the optimizer's streaming and ZeRO-3's
       // per-unit reads and writes. Exposed: what compute waited for; hidden: the rest.
       const optim::OffloadStats st = store.stats();
