@@ -118,49 +118,48 @@ std::vector<AdamSegment> full_segments(const model::ParamLayout& layout) {
   return out;
 }
 
-AdamW::AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool master_weights)
-    : AdamW(config, full_segments(layout), layout.total(), master_weights) {}
-
-AdamW::AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
-             bool master_weights, const StateFiles* files)
-    : config_(config), segments_(std::move(segments)), size_(state_size), master_(master_weights),
-      store_(state_size) {
-  if (files) store_.set_chunk(files->chunk);
-  for (int k = 0; k < state_kinds(); k++) {
-    if (!files || k == kMasterWeights) {
-      store_.add((ShardArray)k, MemCategory::kOptim);
-      continue;
-    }
-    const Status st = store_.add_file((ShardArray)k, files->dir, files->rank, files->direct);
-    CHECK_MSG(st.is_ok(), st.message().c_str());
-  }
+void init_master(ShardStore& store, const std::vector<AdamSegment>& segments, const float* params) {
+  CHECK_MSG(store.has(kMasterWeights) && !store.in_file(kMasterWeights), "init_master: no in-memory master weights");
+  for (const AdamSegment& s : segments)
+    std::copy(params + s.param_offset, params + s.param_offset + s.count,
+              store.data(kMasterWeights) + s.state_offset);
 }
 
-unsigned AdamW::state_mask() const {
-  return bit(kMomentM) | bit(kMomentV) | (master_ ? bit(kMasterWeights) : 0u);
+void params_from_master(ShardStore& store, const std::vector<AdamSegment>& segments, kernels::Precision p,
+                        uint16_t* params) {
+  CHECK(store.has(kMasterWeights));
+  if (!params) {  // the store's shard, streamed where it is in a file
+    CHECK(store.has(kShardParams) && store.width(kShardParams) == kWord);
+    store.for_each_run(segments, bit(kMasterWeights) | bit(kShardParams), bit(kShardParams),
+                       [&](const AdamSegment&, size_t from, size_t to, const ChunkPointers& st) {
+                         kernels::to_half(p, st.f(kMasterWeights), st.h(kShardParams), to - from);
+                       });
+    return;
+  }
+  store.for_each_run(segments, bit(kMasterWeights), 0, [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
+    kernels::to_half(p, st.f(kMasterWeights), params + s.param_offset + from, to - from);
+  });
 }
 
-// The update op's scalars, `decay` the factor of the tensors that take weight decay.
-struct AdamW::Coefficients : kernels::AdamWScalars {
-  // The scalars for a segment: its tensors decay or keep their parameters (decay 1).
-  kernels::AdamWScalars for_segment(bool decays) const {
-    kernels::AdamWScalars s = *this;
-    if (!decays) s.decay = 1.0f;
-    return s;
-  }
-};
+AdamW::AdamW(const AdamWConfig& config, float lr, int t, const Rule& rule)
+    : rule_(rule), c_(coefficients(config, lr, t)) {}
 
-AdamW::Coefficients AdamW::coefficients(float lr, int t) const {
-  const float b1 = config_.beta1, b2 = config_.beta2;
+AdamW::Coefficients AdamW::coefficients(const AdamWConfig& config, float lr, int t) {
+  const float b1 = config.beta1, b2 = config.beta2;
   // Same operation order as torch's single-tensor AdamW.
   const float bias1 = 1.0f - std::pow(b1, (float)t);
   const float bias2 = 1.0f - std::pow(b2, (float)t);
-  return {{b1, b2, config_.eps, lr / bias1, std::sqrt(bias2), 1.0f - lr * config_.weight_decay}};
+  return {b1, b2, config.eps, lr / bias1, std::sqrt(bias2), 1.0f - lr * config.weight_decay};
 }
 
 namespace {
 
-// Work on [0, n) in blocks over the threads (the 16-bit updates widen a block at a time).
+// The update op's scalars for a run whose tensors decay by `decay` (1: no weight decay).
+kernels::AdamWScalars scalars(const AdamW::Coefficients& c, float decay) {
+  return {c.b1, c.b2, c.eps, c.step_size, c.bias2_sqrt, decay};
+}
+
+// Work on [0, n) in blocks over the threads.
 constexpr size_t kBlock = 2048;
 template <typename Body>
 void over_blocks(size_t n, Body body) {
@@ -170,54 +169,7 @@ void over_blocks(size_t n, Body body) {
 
 }  // namespace
 
-template <typename Update>
-void AdamW::for_each_run(unsigned mask, unsigned write_mask, Update update,
-                         const ShardStore::ChunkUpdate& after_chunk) {
-  if (!store_.any_in_file(mask)) {
-    ChunkPointers whole;
-    for (int a = 0; a < kShardArrays; a++)
-      if (mask & (1u << a)) whole.p[a] = store_.data((ShardArray)a);
-    for (const AdamSegment& s : segments_) update(s, 0, s.count, store_.advanced(whole, s.state_offset));
-    if (after_chunk) after_chunk(0, store_.size(), whole);
-    return;
-  }
-  // Chunk by chunk of the store: the segments' parts that fall into it.
-  store_.for_each_chunk(mask, write_mask, [&](size_t begin, size_t end, const ChunkPointers& chunk) {
-    for (const AdamSegment& s : segments_) {
-      const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
-      if (a >= b) continue;
-      update(s, a - s.state_offset, b - s.state_offset, store_.advanced(chunk, a - begin));
-    }
-    if (after_chunk) after_chunk(begin, end, chunk);
-  });
-}
-
-void AdamW::step(float* params, const float* grads, float lr, int t) {
-  const Coefficients c = coefficients(lr, t);
-  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
-    kernels::adamw_update(params + s.param_offset + from, grads + s.grad_offset + from, st.f(kMomentM),
-                          st.f(kMomentV), to - from, c.for_segment(s.decay));
-  });
-}
-
-void AdamW::step_preconditioned(float* params, float lr, int t) {
-  CHECK_MSG(!store_.any_in_file(state_mask()), "1-bit Adam's update needs the moments in memory");
-  const Coefficients c = coefficients(lr, t);
-  for (const AdamSegment& s : segments_) {
-    const float decay = s.decay ? c.decay : 1.0f;
-    kernels::adamw_preconditioned_update(params + s.param_offset, store_.data(kMomentM) + s.state_offset,
-                                         s.count, decay, c.step_size);
-  }
-}
-
-void AdamW::init_master(const float* params) {
-  CHECK_MSG(master_ && !store_.in_file(kMasterWeights), "init_master: no in-memory master weights");
-  for (const AdamSegment& s : segments_)
-    std::copy(params + s.param_offset, params + s.param_offset + s.count,
-              store_.data(kMasterWeights) + s.state_offset);
-}
-
-// One block of step_mixed's update: the 16-bit gradients widened and scaled, the master
+// One block of a 16-bit update: the 16-bit gradients widened and scaled, the master
 // weights updated, the 16-bit parameters rounded from them.
 void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
                         const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n) {
@@ -227,93 +179,31 @@ void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay
 #pragma omp simd
     for (size_t i = 0; i < n; i++) g[i] *= grad_coef;
   }
-  kernels::AdamWScalars s = c;
-  s.decay = decay;
-  kernels::adamw_update(w, g, m, v, n, s);
+  kernels::adamw_update(w, g, m, v, n, scalars(c, decay));
   kernels::to_half(p, w, p16, n);
 }
 
-void AdamW::step_shard(kernels::Precision storage, float grad_coef, float lr, int t, const ChunkHook& updated) {
-  const bool mixed = storage != kernels::Precision::kFp32;
-  CHECK(store_.has(kShardParams) && store_.has(kShardGrads) && master_ == mixed);
-  CHECK(store_.width(kShardParams) == (mixed ? kWord : kFloat) && store_.width(kShardGrads) == store_.width(kShardParams));
-  const Coefficients c = coefficients(lr, t);
-  const unsigned mask = state_mask() | bit(kShardParams) | bit(kShardGrads);
-  for_each_run(mask, mask & ~bit(kShardGrads), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& a) {
-    CHECK(s.param_offset == s.state_offset && s.grad_offset == s.state_offset);
-    const float decay = s.decay ? c.decay : 1.0f;
-    if (mixed) {
-      over_blocks(to - from, [&](size_t b, size_t e) {
-        mixed_block(storage, c, decay, grad_coef, a.h(kShardGrads) + b, a.h(kShardParams) + b,
-                    a.f(kMasterWeights) + b, a.f(kMomentM) + b, a.f(kMomentV) + b, e - b);
-      });
-      return;
-    }
-    float* g = a.f(kShardGrads);
-    if (grad_coef != 1.0f) {  // clip_grads' multiplication, on the way to the update
-#pragma omp parallel for simd schedule(static)
-      for (size_t i = 0; i < to - from; i++) g[i] *= grad_coef;
-    }
-    kernels::adamw_update(a.f(kShardParams), g, a.f(kMomentM), a.f(kMomentV), to - from, c.for_segment(s.decay));
-  }, updated ? [&](size_t begin, size_t end, const ChunkPointers& a) { updated(begin, end, a.p[kShardParams]); }
-             : ShardStore::ChunkUpdate{});
-}
-
-void AdamW::step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads,
-                       float grad_coef, float lr, int t) {
-  CHECK(master_);
-  const Coefficients c = coefficients(lr, t);
-  for_each_run(state_mask(), state_mask(), [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
-    const float decay = s.decay ? c.decay : 1.0f;
-    const uint16_t* g16 = grads + s.grad_offset + from;
-    uint16_t* p16 = params + s.param_offset + from;
-    over_blocks(to - from, [&](size_t b, size_t e) {
-      mixed_block(p, c, decay, grad_coef, g16 + b, p16 + b, st.f(kMasterWeights) + b, st.f(kMomentM) + b,
-                  st.f(kMomentV) + b, e - b);
-    });
-  });
-}
-
-void AdamW::params_from_master(kernels::Precision p, uint16_t* params) {
-  CHECK(master_);
-  if (!params) {  // the store's shard, streamed where it is in a file
-    CHECK(store_.has(kShardParams) && store_.width(kShardParams) == kWord);
-    for_each_run(bit(kMasterWeights) | bit(kShardParams), bit(kShardParams),
-                 [&](const AdamSegment&, size_t from, size_t to, const ChunkPointers& st) {
-                   kernels::to_half(p, st.f(kMasterWeights), st.h(kShardParams), to - from);
-                 });
+void AdamW::update(const AdamRun& run) const {
+  const Coefficients& c = c_;
+  const float decay = run.decay ? c.decay : 1.0f, grad_coef = rule_.grad_coef;
+  if (rule_.preconditioned) {
+    kernels::adamw_preconditioned_update(static_cast<float*>(run.params), run.m, run.count, decay, c.step_size);
     return;
   }
-  for_each_run(bit(kMasterWeights), 0, [&](const AdamSegment& s, size_t from, size_t to, const ChunkPointers& st) {
-    kernels::to_half(p, st.f(kMasterWeights), params + s.param_offset + from, to - from);
-  });
-}
-
-Status AdamW::offload(const std::string& dir, int rank, size_t chunk, bool direct) {
-  store_.set_chunk(chunk);
-  for (int k = 0; k < state_kinds(); k++)
-    if (!store_.in_file((ShardArray)k)) RETURN_IF_ERROR(store_.move_to_file((ShardArray)k, dir, rank, direct));
-  return Status::ok();
-}
-
-void AdamW::read_state(StateKind k, float* dst) {
-  CHECK(k < state_kinds());
-  store_.read(k, dst);
-}
-
-void AdamW::read_state(StateKind k, size_t begin, size_t count, float* dst) {
-  CHECK(k < state_kinds());
-  store_.read(k, begin, count, dst);
-}
-
-void AdamW::write_state(StateKind k, size_t begin, size_t count, const float* src) {
-  CHECK(k < state_kinds());
-  store_.write(k, begin, count, src);
-}
-
-void AdamW::write_state(StateKind k, const float* src) {
-  CHECK(k < state_kinds());
-  store_.write(k, src);
+  if (rule_.format != kernels::Precision::kFp32) {
+    const auto* g16 = static_cast<const uint16_t*>(run.grads);
+    auto* p16 = static_cast<uint16_t*>(run.params);
+    over_blocks(run.count, [&](size_t b, size_t e) {
+      mixed_block(rule_.format, c, decay, grad_coef, g16 + b, p16 + b, run.master + b, run.m + b, run.v + b, e - b);
+    });
+    return;
+  }
+  float* g = static_cast<float*>(run.grads);
+  if (grad_coef != 1.0f) {  // clip_grads' multiplication, on the way to the update
+#pragma omp parallel for simd schedule(static)
+    for (size_t i = 0; i < run.count; i++) g[i] *= grad_coef;
+  }
+  kernels::adamw_update(static_cast<float*>(run.params), g, run.m, run.v, run.count, scalars(c, decay));
 }
 
 }  // namespace meshtrain::optim

@@ -1,10 +1,8 @@
-// AdamW with torch.optim.AdamW semantics over a flat parameter buffer, the learning-rate
-// schedule, and global gradient-norm clipping (torch clip_grad_norm_ semantics).
+// AdamW's update with torch.optim.AdamW semantics over the runs of elements a ShardStore
+// hands it, the learning-rate schedule, and global gradient-norm clipping (torch
+// clip_grad_norm_ semantics).
 #pragma once
 #include <cstdint>
-#include <functional>
-#include <memory>
-#include <string>
 #include <vector>
 
 #include "core/memory.h"
@@ -60,118 +58,67 @@ float clip_coefficient(double norm, float max_norm, double loss_scale = 1.0);
 // are divided by S and clipped on norm/S in the same pass.
 float clip_grads(float* grads, size_t n, double norm, float max_norm, double loss_scale = 1.0);
 
-// A run of elements updated alike: param/grad/moment offsets into their own buffers (a
-// ZeRO shard keeps moments locally while parameters may live in a full buffer).
-struct AdamSegment {
-  size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
-  bool decay = false;
-  bool tp_copy = false;  // another tensor-parallel rank holds these elements and counts them
-  int unit = -1;               // the layout unit the elements belong to
-};
-
 // One segment per tensor, all offsets the tensor's offset in the flat layout.
 std::vector<AdamSegment> full_segments(const model::ParamLayout& layout);
 
-// The optimizer's state arrays (of its ShardStore), each indexed by AdamSegment::state_offset.
-using StateKind = ShardArray;
+// --- mixed precision: fp32 master weights (the store's kMasterWeights) beside 16-bit
+// parameters, addressed by the segments ---
+// Sets the master weights (in memory) from fp32 parameters at the segments' param offsets.
+void init_master(ShardStore& store, const std::vector<AdamSegment>& segments, const float* params);
+// params = the master weights rounded to format p (after a checkpoint load); null: the
+// store's own 16-bit parameter shard (ZeRO-3), wherever it lives.
+void params_from_master(ShardStore& store, const std::vector<AdamSegment>& segments, kernels::Precision p,
+                        uint16_t* params);
 
+// One run of a segment's elements as a store hands it to the update (ShardStore::
+// for_each_run), each pointer at the run's first element: parameters and gradients in the
+// step's format (fp32 values or 16-bit words), the state in fp32.
+struct AdamRun {
+  size_t count = 0;
+  bool decay = false;
+  void* params = nullptr;
+  void* grads = nullptr;
+  float* m = nullptr;
+  float* v = nullptr;
+  float* master = nullptr;  // 16-bit formats only
+};
+
+// The optimizer step of one training step (step number t, 1-based for bias correction, at
+// learning rate lr): torch.optim.AdamW's update of every run handed to it. It holds no
+// state: the moments and master weights are a ShardStore's arrays, wherever they live.
 class AdamW {
  public:
-  // Moments for every parameter of the layout (single rank, data parallel).
-  AdamW(const AdamWConfig& config, const model::ParamLayout& layout, bool master_weights = false);
-  // Moments of `state_size` elements for the given segments (a ZeRO shard). With
-  // master_weights the optimizer also keeps the fp32 parameters (mixed precision: the model
-  // holds 16-bit copies, see step_mixed).
-  // `files`: the moments start in files there (never in memory; a folder that takes no
-  // files is a bug here: callers check it first). The master weights start in memory
-  // (init_master), to be moved by offload().
-  struct StateFiles {
-    std::string dir;
-    int rank = 0;
-    bool direct = true;
-    size_t chunk = 0;  // streamed elements (ShardStore::set_chunk)
+  // How every run of the step is updated.
+  struct Rule {
+    // kFp32: fp32 parameters and gradients. kBf16 / kFp16: 16-bit words; the update runs on
+    // the fp32 master weights, from the widened gradients, and rounds them into the words
+    // (ZeRO's mixed-precision Adam). Element by element the arithmetic is the fp32 one.
+    kernels::Precision format = kernels::Precision::kFp32;
+    // The gradients are multiplied by it first (clipping and 1/loss scale; 1: unchanged);
+    // fp32 gradients in place.
+    float grad_coef = 1.0f;
+    // 1-bit Adam's compressed phase (Tang et al. 2021; parallel/dp/onebit_adam.h): m holds
+    // this step's momentum already divided by the frozen denominator (u = m / d, averaged
+    // over the ranks by the caller); v and the gradients are not read. The update is the
+    // fp32 one otherwise: p = p (1 - lr wd) - lr / (1 - β1^t) u.
+    bool preconditioned = false;
   };
-  AdamW(const AdamWConfig& config, std::vector<AdamSegment> segments, size_t state_size,
-        bool master_weights = false, const StateFiles* files = nullptr);
-  // One update with step number t (1-based, for bias correction) at learning rate lr.
-  void step(float* params, const float* grads, float lr, int t);
-  // 1-bit Adam's compressed phase (Tang et al. 2021; parallel/dp/onebit_adam.h): m holds
-  // this step's momentum already divided by the frozen denominator (u = m / d, averaged over
-  // the ranks by the caller) and v is not touched; the update is step()'s otherwise:
-  // p = p (1 - lr wd) - lr / (1 - β1^t) u. In memory only (setup refuses offload).
-  void step_preconditioned(float* params, float lr, int t);
+  AdamW(const AdamWConfig& config, float lr, int t, const Rule& rule);
+  void update(const AdamRun& run) const;
 
-  // --- mixed precision (master_weights) ---
-  // Sets the fp32 master weights from fp32 parameters addressed like step()'s.
-  void init_master(const float* params);
-  // One update of the master weights from 16-bit gradients (format p) multiplied by
-  // grad_coef (clipping and 1/loss scale), then params = the master rounded to format p.
-  // Element by element the arithmetic is step()'s on the widened, scaled gradient.
-  void step_mixed(kernels::Precision p, uint16_t* params, const uint16_t* grads, float grad_coef,
-                  float lr, int t);
-  // params = the master weights rounded to format p (after a checkpoint load); null: the
-  // store's own 16-bit parameter shard (ZeRO-3), wherever it lives.
-  void params_from_master(kernels::Precision p, uint16_t* params);
-  bool has_master() const { return master_; }
-  int state_kinds() const { return master_ ? 3 : 2; }
-
-  // ZeRO-3: one update of the store's own parameter and gradient shards (kShardParams,
-  // kShardGrads, addressed like the state: every segment's three offsets are equal), the
-  // gradients multiplied by grad_coef first (clipping; 1: unchanged). `storage`: kFp32,
-  // fp32 shards (the arithmetic of clip_grads and step()), or the 16-bit format of the
-  // shards of a run with master weights (step_mixed's). Element by element the same,
-  // wherever the arrays live.
-  // `updated`, if set, sees each chunk's new parameters [begin, end) (floats or 16-bit
-  // words) as they are written.
-  using ChunkHook = std::function<void(size_t begin, size_t end, const void* params)>;
-  void step_shard(kernels::Precision storage, float grad_coef, float lr, int t, const ChunkHook& updated = {});
-
-  // Moves the state (zero so far, or as set by init_master) not yet in files into files under `dir`,
-  // streamed `chunk` elements at a time by every step (optim/shard_store.h); the in-memory
-  // arrays are freed. The update arithmetic is the same element by element, so losses are
-  // bit-identical.
-  // `direct`: O_DIRECT streaming where supported (else through the page cache).
-  Status offload(const std::string& dir, int rank, size_t chunk, bool direct = true);
-  bool offloaded() const { return store_.in_file(kMomentM); }
-  // Where the state lives, with the ZeRO-3 shards when the data-parallel store adds them.
-  ShardStore& store() { return store_; }
-  const ShardStore& store() const { return store_; }
-
-  // A state array in memory (null when offloaded: use read_state / write_state).
-  float* state(StateKind k) { return store_.data(k); }
-  const float* state(StateKind k) const { return store_.data(k); }
-  float* m() { return state(kMomentM); }
-  float* v() { return state(kMomentV); }
-  const float* m() const { return state(kMomentM); }
-  const float* v() const { return state(kMomentV); }
-  // Whole-array copies wherever the state lives, for checkpoints.
-  void read_state(StateKind k, float* dst);
-  void read_state(StateKind k, size_t begin, size_t count, float* dst);  // a range
-  void write_state(StateKind k, size_t begin, size_t count, const float* src);
-  void write_state(StateKind k, const float* src);
-  size_t size() const { return size_; }
-  const std::vector<AdamSegment>& segments() const { return segments_; }
+  // The step's constants (torch's order of operations): what kernels::adamw_update takes,
+  // with `decay` the factor of the tensors that take weight decay.
+  struct Coefficients {
+    float b1, b2, eps, step_size, bias2_sqrt, decay;
+  };
 
  private:
-  struct Coefficients;
-  Coefficients coefficients(float lr, int t) const;
+  static Coefficients coefficients(const AdamWConfig& config, float lr, int t);
   static void mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
                           const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n);
-  // Calls update(segment, from, to, arrays) for every segment's elements [from, to) in state
-  // order, arrays[a] pointing at element `from`'s entry of each store array in `mask` (in
-  // memory or in a streamed chunk); file arrays in write_mask are written back.
-  // after_chunk(begin, end, arrays), if set, follows the runs of each chunk (in memory: once,
-  // over the whole store).
-  template <typename Update>
-  void for_each_run(unsigned mask, unsigned write_mask, Update update,
-                    const ShardStore::ChunkUpdate& after_chunk = {});
-  unsigned state_mask() const;
 
-  AdamWConfig config_;
-  std::vector<AdamSegment> segments_;
-  size_t size_;
-  bool master_ = false;
-  ShardStore store_;  // m, v, master; ZeRO-3's parameter and gradient shards
+  Rule rule_;
+  Coefficients c_;
 };
 
 }  // namespace meshtrain::optim

@@ -56,6 +56,33 @@ void ShardStore::add(ShardArray a, MemCategory category, size_t width) {
   arrays_[a].memory.allocate(category, n_ * width / kWord);
 }
 
+unsigned ShardStore::arrays() const {
+  unsigned mask = 0;
+  for (int a = 0; a < kShardArrays; a++)
+    if (arrays_[a].present) mask |= bit((ShardArray)a);
+  return mask;
+}
+
+Status ShardStore::add_state(bool master_weights, const StateFiles* files) {
+  if (files) set_chunk(files->chunk);
+  for (ShardArray a : {kMomentM, kMomentV, kMasterWeights}) {
+    if (a == kMasterWeights && !master_weights) break;
+    if (!files || a == kMasterWeights) {
+      add(a, MemCategory::kOptim);
+      continue;
+    }
+    RETURN_IF_ERROR(add_file(a, files->dir, files->rank, files->direct));
+  }
+  return Status::ok();
+}
+
+Status ShardStore::move_state_to_files(const std::string& dir, int rank, size_t chunk, bool direct) {
+  set_chunk(chunk);
+  for (ShardArray a : {kMomentM, kMomentV, kMasterWeights})
+    if (has(a) && !in_file(a)) RETURN_IF_ERROR(move_to_file(a, dir, rank, direct));
+  return Status::ok();
+}
+
 bool ShardStore::any_in_file(unsigned mask) const {
   for (int a = 0; a < kShardArrays; a++)
     if ((mask & (1u << a)) && arrays_[a].fd >= 0) return true;
@@ -274,6 +301,27 @@ void ShardStore::for_each_chunk(unsigned mask, unsigned write_mask, const ChunkU
     update(b, e, ptrs);
   }
   if (Ticket t = transfer(true, chunks - 1)) wait(t, Traffic::kUpdate);
+}
+
+void ShardStore::for_each_run(const std::vector<AdamSegment>& segments, unsigned mask, unsigned write_mask,
+                              const RunUpdate& update, const ChunkUpdate& after_chunk) {
+  if (!any_in_file(mask)) {
+    ChunkPointers whole;
+    for (int a = 0; a < kShardArrays; a++)
+      if (mask & (1u << a)) whole.p[a] = data((ShardArray)a);
+    for (const AdamSegment& s : segments) update(s, 0, s.count, advanced(whole, s.state_offset));
+    if (after_chunk) after_chunk(0, size(), whole);
+    return;
+  }
+  // Chunk by chunk of the store: the segments' parts that fall into it.
+  for_each_chunk(mask, write_mask, [&](size_t begin, size_t end, const ChunkPointers& chunk) {
+    for (const AdamSegment& s : segments) {
+      const size_t a = std::max(begin, s.state_offset), b = std::min(end, s.state_offset + s.count);
+      if (a >= b) continue;
+      update(s, a - s.state_offset, b - s.state_offset, advanced(chunk, a - begin));
+    }
+    if (after_chunk) after_chunk(begin, end, chunk);
+  });
 }
 
 size_t ShardStore::streaming_bytes(unsigned mask) const {

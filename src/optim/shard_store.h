@@ -7,6 +7,9 @@
 // fp16 run's ZeRO-3 parameter and gradient shards); element i of every array belongs to
 // the same parameter.
 //
+// The store hands its shards to an optimizer step run by run (for_each_run): the step owns
+// no storage, and the same step runs on arrays in memory or streamed from files.
+//
 // File-backed arrays are moved with pread/pwrite by one background I/O thread, in the order
 // the requests were made (a read issued after a write of the same range sees it). Per-step
 // traffic (streaming, the asynchronous per-unit reads and writes) uses O_DIRECT where the
@@ -24,13 +27,14 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/memory.h"
 #include "core/status.h"
 
 namespace meshtrain::optim {
 
-// The arrays of a shard store; the first three are AdamW's state (StateKind).
+// The arrays of a shard store; the first three are the optimizer's state.
 enum ShardArray : int { kMomentM = 0, kMomentV = 1, kMasterWeights = 2, kShardParams = 3, kShardGrads = 4 };
 constexpr int kShardArrays = 5;
 constexpr unsigned bit(ShardArray a) { return 1u << a; }
@@ -89,6 +93,19 @@ struct ChunkPointers {
   uint16_t* h(ShardArray a) const { return static_cast<uint16_t*>(p[a]); }
 };
 
+// A run of elements updated alike: param/grad/state offsets into their own buffers (a
+// ZeRO shard keeps moments locally while parameters may live in a full buffer).
+struct AdamSegment {
+  size_t param_offset = 0, grad_offset = 0, state_offset = 0, count = 0;
+  bool decay = false;
+  bool tp_copy = false;  // another tensor-parallel rank holds these elements and counts them
+  int unit = -1;               // the layout unit the elements belong to
+};
+
+// The parameters an update wrote, elements [begin, end) of the store (floats or 16-bit
+// words), as each chunk is written.
+using ParamsWritten = std::function<void(size_t begin, size_t end, const void* params)>;
+
 class ShardStore {
  public:
   // Elements per alignment unit: 4 KiB of 16-bit words (and so 8 KiB of floats).
@@ -121,6 +138,23 @@ class ShardStore {
   // file system supports it. The file is removed with the store.
   Status move_to_file(ShardArray a, const std::string& dir, int rank, bool direct);
   const std::string& path(ShardArray a) const { return arrays_[a].path; }
+  unsigned arrays() const;  // the mask of the arrays present
+
+  // The optimizer's state: m and v, and with master_weights the fp32 master weights, all
+  // zero, counted as optimizer memory. `files`: m and v start in files there (a model
+  // larger than memory never holds them); the master weights start in memory, to be set
+  // from the parameters and moved by move_state_to_files.
+  struct StateFiles {
+    std::string dir;
+    int rank = 0;
+    bool direct = true;
+    size_t chunk = 0;  // streamed elements (set_chunk)
+  };
+  Status add_state(bool master_weights, const StateFiles* files = nullptr);
+  // Moves the state not yet in files into files under `dir`, streamed `chunk` elements at a
+  // time by every update; the in-memory arrays are freed. An update's arithmetic is the same
+  // element by element, so losses are bit-identical.
+  Status move_state_to_files(const std::string& dir, int rank, size_t chunk, bool direct = true);
 
   // Elements per streamed chunk (a multiple of kAlign, at most n/16 rounded up, so the three
   // rotating buffers of an array hold under a fifth of it).
@@ -137,6 +171,14 @@ class ShardStore {
   void for_each_chunk(unsigned mask, unsigned write_mask, const ChunkUpdate& update);
   // `arrays` moved on by n elements, each by its array's width.
   ChunkPointers advanced(const ChunkPointers& arrays, size_t n) const;
+  // The shards handed to an update: calls update(segment, from, to, arrays) for every
+  // segment's elements [from, to) in state order, arrays pointing at element `from`'s entry
+  // of each array in `mask` (in memory, or in a streamed chunk); file arrays in write_mask
+  // are written back. after_chunk(begin, end, arrays), if set, follows the runs of each
+  // chunk (in memory: once, over the whole store).
+  using RunUpdate = std::function<void(const AdamSegment& segment, size_t from, size_t to, const ChunkPointers& arrays)>;
+  void for_each_run(const std::vector<AdamSegment>& segments, unsigned mask, unsigned write_mask,
+                    const RunUpdate& update, const ChunkUpdate& after_chunk = {});
 
   // Asynchronous transfers of a file array, through the O_DIRECT descriptor: `begin` a
   // multiple of kAlign, the buffer aligned(count) elements long (whole alignment units

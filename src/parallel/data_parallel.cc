@@ -79,14 +79,10 @@ Status DataParallel::init(const float* full_params, const InitialUnits& initial)
   CHECK_MSG(!config_.quantized.grads || stage >= 1, "quantized gradient reduce-scatters need ZeRO 1-3");
   CHECK(config_.quantized.block >= 1);
   // Moments that go to files are made there: a model larger than memory never holds them.
-  const optim::AdamW::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
-  const optim::AdamW::StateFiles* in_files = files.optimizer ? &state_files : nullptr;
-  if (stage == 0)
-    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, optim::full_segments(layout_), layout_.total(), half,
-                                            in_files);
-  else
-    adamw_ = std::make_unique<optim::AdamW>(adamw_config_, shards_.adam_segments(layout_, stage == 3, stage >= 2),
-                                            shards_.local_total(), half, in_files);
+  const optim::ShardStore::StateFiles state_files{files.dir, files.rank, files.direct, files.chunk};
+  segments_ = stage == 0 ? optim::full_segments(layout_) : shards_.adam_segments(layout_, stage == 3, stage >= 2);
+  store_ = std::make_unique<optim::ShardStore>(stage == 0 ? layout_.total() : shards_.local_total());
+  RETURN_IF_ERROR(store_->add_state(half, files.optimizer ? &state_files : nullptr));
   grad_staging_.resize(layout_.num_units());
   grads_acquired_.assign(layout_.num_units(), false);
   if (stage == 3 || half)
@@ -140,10 +136,10 @@ void DataParallel::init_half(const float* full_params) {
   half_ = std::make_unique<HalfStorage>(config_.storage, layout_, layout_.total(),
                                         stage == 2 ? shards_.local_total() : layout_.total(), stage <= 1);
   kernels::to_half(config_.storage, full_params, half_->params(), layout_.total());
-  adamw_->init_master(full_params);
+  optim::init_master(store(), segments_, full_params);
 }
 
-// Stage 3: the parameter and gradient shards join the optimizer's store (fp32 values or
+// Stage 3: the parameter and gradient shards join the optimizer state in the store (fp32 values or
 // 16-bit words), in memory or in files, and this rank's part of every unit's initial
 // values is written into it (16-bit: rounded, and in full into the master weights).
 Status DataParallel::init_sharded(const float* full_params, const InitialUnits& initial) {
@@ -179,7 +175,7 @@ Status DataParallel::init_sharded(const float* full_params, const InitialUnits& 
     }
     unit.release();
   }
-  files_ = std::make_unique<FileBackedShards>(st, shards_, adamw_->segments(), config_.files.read_ahead,
+  files_ = std::make_unique<FileBackedShards>(st, shards_, segments_, config_.files.read_ahead,
                                               config_.storage);
   return Status::ok();
 }
@@ -380,10 +376,9 @@ double DataParallel::grad_norm() {
   // File-backed gradients: the sums taken as they were written, in the same order.
   // Each group's sum is reduced over its own group of ranks.
   const bool skip_embedding = tied_peer_ >= 0 && pp_->rank() > tied_peer_;
-  const auto& segments = adamw_->segments();
   std::vector<double> local(groups_.size(), 0.0);
-  for (size_t i = 0; i < segments.size(); i++) {
-    const optim::AdamSegment& s = segments[i];
+  for (size_t i = 0; i < segments_.size(); i++) {
+    const optim::AdamSegment& s = segments_[i];
     if (s.tp_copy) continue;
     if (skip_embedding && s.unit == layout_.embedding_unit()) continue;
     local[group_of_unit_[s.unit]] += segment_squares(i);
@@ -433,13 +428,13 @@ void DataParallel::sync_tied_momentum() {
   const size_t offset = config_.zero_stage == 0 ? layout_.units()[E].offset : shards_.units()[E].local_offset;
   const size_t n = config_.zero_stage == 0 ? layout_.units()[E].numel : shards_.own_end(E) - shards_.own_begin(E);
   constexpr int kTiedMomentumTag = 8;
-  float* m = adamw_->m() + offset;
+  float* m = store().data(optim::kMomentM) + offset;
   if (pp_->rank() < tied_peer_) pp_->isend(m, n, tied_peer_, kTiedMomentumTag)->wait();
   else pp_->irecv(m, n, tied_peer_, kTiedMomentumTag)->wait();
 }
 
 double DataParallel::segment_squares(size_t i) {
-  const optim::AdamSegment& s = adamw_->segments()[i];
+  const optim::AdamSegment& s = segments_[i];
   return grads_in_file() ? files_->squares(i)
          : half_        ? optim::sum_of_squares(config_.storage, half_grads() + s.grad_offset, s.count)
                         : optim::sum_of_squares(reduced_fp32() + s.grad_offset, s.count);
@@ -447,17 +442,16 @@ double DataParallel::segment_squares(size_t i) {
 
 std::vector<double> DataParallel::nonfinite_units(int units) {
   std::vector<double> flags(units, 0.0);
-  const auto& segments = adamw_->segments();
   // A segment's sum of squares in double is finite exactly when its elements are.
-  for (size_t i = 0; i < segments.size(); i++)
-    if (!std::isfinite(segment_squares(i))) flags[layout_.units()[segments[i].unit].id] = 1.0;
+  for (size_t i = 0; i < segments_.size(); i++)
+    if (!std::isfinite(segment_squares(i))) flags[layout_.units()[segments_[i].unit].id] = 1.0;
   return flags;
 }
 
 void DataParallel::poison_gradient(int id) {
   if (grads_in_file()) return;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (const optim::AdamSegment& s : adamw_->segments()) {
+  for (const optim::AdamSegment& s : segments_) {
     if (layout_.units()[s.unit].id != id || s.count == 0) continue;
     if (half_)
       kernels::to_half(config_.storage, &nan, half_grads() + s.grad_offset, 1);
@@ -483,52 +477,84 @@ void DataParallel::clip(double norm, float max_norm, double loss_scale) {
   }
 }
 
+// The store hands its shards to the step run by run: in memory, or streamed from files
+// with the parameters written back (the gradients only read).
 void DataParallel::optimizer_step(float lr, int t) {
-  const int stage = config_.zero_stage;
-  if (stage == 3) {
-    if (!params_in_file()) return adamw_->step_shard(config_.storage, grad_coef_, lr, t);
-    // The next forward's first units take their new parameter shards from the update as it
-    // writes them, instead of reading them back from the file before the first block.
-    std::vector<int> first;
-    for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in_pass(layout_, Pass::kForward, u))
-      first.push_back(u);
-    adamw_->step_shard(config_.storage, grad_coef_, lr, t, files_->hand_over(first));
-    return;
+  if (onebit_phase()) exchange_momentum();
+  const optim::AdamW adamw(adamw_config_, lr, t, {config_.storage, grad_coef_, onebit_phase()});
+  const unsigned arrays = store().arrays();
+  store().for_each_run(segments_, arrays, arrays & ~optim::bit(optim::kShardGrads),
+                       [&](const optim::AdamSegment& s, size_t from, size_t to, const optim::ChunkPointers& a) {
+                         adamw.update(update_run(s, from, to, a));
+                       },
+                       hand_over_updated());
+  gather_updated_params();
+}
+
+// Stage 3's parameters and gradients are the store's arrays, beside the state; the other
+// stages' are the model's or HalfStorage's buffers, at the segment's own offsets.
+optim::AdamRun DataParallel::update_run(const optim::AdamSegment& s, size_t from, size_t to,
+                                        const optim::ChunkPointers& a) {
+  optim::AdamRun run{to - from, s.decay, a.p[optim::kShardParams], a.p[optim::kShardGrads],
+                     a.f(optim::kMomentM), a.f(optim::kMomentV), a.f(optim::kMasterWeights)};
+  if (sharded_params()) {
+    CHECK(s.param_offset == s.state_offset && s.grad_offset == s.state_offset);
+    return run;
   }
   if (half_) {
-    adamw_->step_mixed(config_.storage, half_->params(), half_->grads(), grad_coef_, lr, t);
-    gather_updated_params(half_->params());
-    return;
+    run.params = half_->params() + s.param_offset + from;
+    run.grads = half_->grads() + s.grad_offset + from;
+  } else {
+    run.params = full_params() + s.param_offset + from;
+    run.grads = reduced_fp32() + s.grad_offset + from;
   }
-  float* params = full_params();
-  if (onebit_phase()) {
-    if (!onebit_->started()) {
-      // At the freeze m is Adam's; a run resumed later in the phase saved u in its place.
-      const float bias2_sqrt = std::sqrt(1.0f - std::pow(adamw_config_.beta2, (float)config_.compression.start_step));
-      onebit_->start_from(adamw_->m(), adamw_->v(), stage == 0, bias2_sqrt, adamw_config_.eps,
-                          step_ > config_.compression.start_step);
-    }
-    onebit_->exchange(full_grads(), grad_coef_, adamw_->m(), stage == 0);
-    if (tied_peer_ >= 0) sync_tied_momentum();
-    adamw_->step_preconditioned(params, lr, t);
-    gather_updated_params(params);
-    return;
+  return run;
+}
+
+// File-backed parameters: the next forward's first units take their new parameter shards
+// from the update as it writes them, instead of reading them back from the file before the
+// first block.
+optim::ShardStore::ChunkUpdate DataParallel::hand_over_updated() {
+  if (!params_in_file()) return {};
+  std::vector<int> first;
+  for (int u = 0; u >= 0 && (int)first.size() < files_->read_ahead(); u = next_unit_in_pass(layout_, Pass::kForward, u))
+    first.push_back(u);
+  return [hand_over = files_->hand_over(first)](size_t begin, size_t end, const optim::ChunkPointers& a) {
+    hand_over(begin, end, a.p[optim::kShardParams]);
+  };
+}
+
+// 1-bit Adam's compressed phase: the momentum exchange in place of the gradient reduction;
+// the store's m becomes the averaged u (AdamW::Rule::preconditioned).
+void DataParallel::exchange_momentum() {
+  optim::ShardStore& st = store();
+  CHECK_MSG(!st.any_in_file(st.arrays()), "1-bit Adam's update needs the moments in memory");
+  float* m = st.data(optim::kMomentM);
+  if (!onebit_->started()) {
+    // At the freeze m is Adam's; a run resumed later in the phase saved u in its place.
+    const float bias2_sqrt = std::sqrt(1.0f - std::pow(adamw_config_.beta2, (float)config_.compression.start_step));
+    onebit_->start_from(m, st.data(optim::kMomentV), config_.zero_stage == 0, bias2_sqrt, adamw_config_.eps,
+                        step_ > config_.compression.start_step);
   }
-  const float* grads = stage == 2 ? grad_shard_.data() : full_grads();
-  adamw_->step(params, grads, lr, t);
-  gather_updated_params(params);
+  onebit_->exchange(full_grads(), grad_coef_, m, config_.zero_stage == 0);
+  if (tied_peer_ >= 0) sync_tied_momentum();
 }
 
 void DataParallel::params_from_master() {
   CHECK(half_);
-  if (config_.zero_stage == 3) return adamw_->params_from_master(config_.storage, nullptr);  // the store's shard
-  adamw_->params_from_master(config_.storage, half_->params());
-  gather_updated_params(half_->params());
+  if (config_.zero_stage == 3) return optim::params_from_master(store(), segments_, config_.storage, nullptr);  // the store's shard
+  optim::params_from_master(store(), segments_, config_.storage, half_->params());
+  gather_updated_params();
+}
+
+void DataParallel::gather_updated_params() {
+  if (config_.zero_stage == 0 || config_.zero_stage == 3) return;
+  if (half_) gather_updated_params(half_->params());
+  else gather_updated_params(full_params());
 }
 
 template <typename T>
 void DataParallel::gather_updated_params(T* params) {
-  if (config_.zero_stage == 0 || config_.zero_stage == 3) return;
   // Unit by unit with two in flight (the next gather overlaps copying out the last).
   const int n = layout_.num_units();
   std::vector<Buffer<T>> staging(n);

@@ -8,10 +8,12 @@
 //                       words), and the fp32 views of a unit
 //   FileBackedShards    ZeRO-Infinity's reads ahead and gradient writes (shards in files)
 //   UnitsInUse          the units handed to the model: gathered, prefetched, kept or freed
-//   optim::ShardStore   the rank's shard of the model states, in memory or in files
-//   optim::AdamW        the optimizer step over the shard (step, step_mixed, step_shard)
+//   optim::ShardStore   the rank's shard of the model states, in memory or in files; it
+//                       hands the shard to the optimizer step run by run
+//   optim::AdamW        the optimizer step over one run (fp32, 16-bit with master weights,
+//                       or 1-bit Adam's frozen-variance step); it holds nothing
 // What stays here is the ZeRO protocol between them: which buffers a stage keeps, when a
-// unit is gathered, reduced, and released. Memory per rank for P parameters and N ranks
+// unit is gathered, reduced, and released, and where a run's parameters and gradients are. Memory per rank for P parameters and N ranks
 // (up to the per-unit shard padding documented in docs/parallelism.md):
 //            fp32 storage                  16-bit storage (bf16/fp16, fp32 master in optim)
 //   stage 0: params 4P,   grads 4P,   optim 8P      2P,   2P,   12P   (bucket all-reduce)
@@ -35,15 +37,15 @@
 // keep_gathered, stage 3 gathers each unit once per step instead of at every use.
 //
 // Stage 3 and ZeRO-Infinity: the parameter and gradient shards are arrays of the
-// optimizer's ShardStore (fp32 values, or a 16-bit run's words beside its fp32 master
+// ShardStore that holds the optimizer state (fp32 values, or a 16-bit run's words beside its fp32 master
 // weights), each in memory or in a file (FileBackedShards). A file-backed parameter
 // shard is read ahead of use, read_ahead units along the pass, and all-gathered from the
 // read buffer: each rank reads only its own shard (bandwidth-centric partitioning). A
 // reduced gradient shard is written as it retires (read, added to and written again while
 // micro-batches accumulate); its sums of squares are taken on the way, so the norm needs no
 // second read. The update streams parameters, gradients and optimizer state chunk by chunk
-// (AdamW::step_shard; 16-bit: the master weights too), the clipping factor applied on the
-// way. Every element sees the arithmetic of the in-memory run, so losses are bit-identical.
+// (ShardStore::for_each_run; 16-bit: the master weights too), the clipping factor applied
+// on the way. Every element sees the arithmetic of the in-memory run, so losses are bit-identical.
 #pragma once
 #include <functional>
 #include <memory>
@@ -165,12 +167,14 @@ class DataParallel : public model::ParamStore, public GradSync {
 
   int stage() const { return config_.zero_stage; }
   const ShardLayout& shards() const { return shards_; }
-  optim::AdamW& adamw() { return *adamw_; }
-  const optim::AdamW& adamw() const { return *adamw_; }
+  // The rank's shard of the model states: the optimizer state (the whole model's at stage
+  // 0), and at stage 3 the parameter and gradient shards; in memory or in files.
+  optim::ShardStore& store() { return *store_; }
+  const optim::ShardStore& store() const { return *store_; }
   size_t num_groups() const { return groups_.size(); }  // parameter groups (DpConfig::groups)
   // fp32 stage 3's parameter shard (local layout); stages 0-2 keep full params in the model.
-  // Null with 16-bit storage (its words are adamw().store()'s kShardParams), and while the
-  // shard is in a file (read it through adamw().store()).
+  // Null with 16-bit storage (its words are store()'s kShardParams), and while the shard
+  // is in a file (read it through store()).
   float* param_shard() { return sharded_params() && !half_ ? store().data(optim::kShardParams) : nullptr; }
   // Stage 3: moves the parameter or gradient shard into a file (a memory budget's
   // decision; needs align_shards).
@@ -279,7 +283,6 @@ class DataParallel : public model::ParamStore, public GradSync {
   uint16_t* half_grads() {
     return config_.zero_stage == 3 ? store().words(optim::kShardGrads) : half_->grads();
   }
-  optim::ShardStore& store() { return adamw_->store(); }
   bool params_in_file() const { return files_ && files_->params_in_file(); }
   bool grads_in_file() const { return files_ && files_->grads_in_file(); }
   comm::Group& reduce_group(int u) const { return *groups_[group_of_unit_[u]].reduce; }
@@ -302,9 +305,15 @@ class DataParallel : public model::ParamStore, public GradSync {
   }
   FullGradient full_gradient() { return half_ ? half_->full_gradient() : FullGradient{full_grads()}; }
   // Stages 1-2 after an update: every rank updated its shard of the full parameters; gather
-  // the rest.
+  // the rest (16-bit words or fp32).
+  void gather_updated_params();
   template <typename T>
   void gather_updated_params(T* params);
+  // optimizer_step's parts: a run's parameters and gradients, the hand-over of updated
+  // file-backed parameter shards (empty if none), 1-bit Adam's momentum exchange.
+  optim::AdamRun update_run(const optim::AdamSegment& s, size_t from, size_t to, const optim::ChunkPointers& a);
+  optim::ShardStore::ChunkUpdate hand_over_updated();
+  void exchange_momentum();
   // Stage 3: starts all-gathering unit u's shards (16-bit words or fp32).
   void start_gather(int u, UnitsInUse::Unit& unit);
   void free_unit(UnitsInUse::Unit& unit);
@@ -320,7 +329,8 @@ class DataParallel : public model::ParamStore, public GradSync {
   const model::ParamLayout& layout_;
   ShardLayout shards_;
   optim::AdamWConfig adamw_config_;
-  std::unique_ptr<optim::AdamW> adamw_;
+  std::vector<optim::AdamSegment> segments_;  // the optimizer's runs over this rank's elements
+  std::unique_ptr<optim::ShardStore> store_;
   model::Pass pass_ = model::Pass::kForward;
   model::WeightVersion version_ = model::WeightVersion::kCurrent;
   Buffer<float> previous_params_;  // weight_versions: the version before the last update

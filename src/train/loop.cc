@@ -247,7 +247,7 @@ json Training::record(int64_t k, const StepOutcome& s, const StepReport& r, bool
     const std::vector<double> shares = run_.train_data.realised_shares(k + 1, run_.shape.G());
     for (size_t d = 0; d < shares.size(); d++) record["data_mix"][run_.train_data.source_names()[d]] = shares[d];
   }
-  if (optim::ShardStore& store = run_.dp->adamw().store(); store.any_in_file(~0u)) record["offload"] = offload_json(store);
+  if (optim::ShardStore& store = run_.dp->store(); store.any_in_file(~0u)) record["offload"] = offload_json(store);
   if (run_.scaler)
     record.update({{"loss_scale", s.result.loss_scale}, {"step_skipped", s.result.skipped},
                    {"skipped_steps", run_.scaler->skipped_steps()}});

@@ -292,7 +292,7 @@ void add_layout_notes(const Run& run, std::vector<std::string>* lines) {
                                           : "; the checkpoint holds no previous version: the delay starts "
                                             "again (previous = current)"));
   // What --offload or --memory-budget put in files (rank 0's; every rank alike).
-  const optim::ShardStore& store = run.dp->adamw().store();
+  const optim::ShardStore& store = run.dp->store();
   std::string in_files;
   bool direct = true;
   for (int a = 0; a < optim::kShardArrays; a++)

@@ -286,15 +286,15 @@ checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
 // pieces (state.read for saving, state.write for loading), so a checkpoint never holds a
 // copy of it.
 checkpoint::RankState rank_state(Run& run) {
-  optim::AdamW& adamw = run.dp->adamw();
-  checkpoint::RankState st = rank_state(run, adamw.state(optim::kMasterWeights), adamw.m(), adamw.v());
+  optim::ShardStore* store = &run.dp->store();
+  checkpoint::RankState st = rank_state(run, store->data(optim::kMasterWeights), store->data(optim::kMomentM),
+                                        store->data(optim::kMomentV));
   // Section 0 is the parameters: the master weights of a 16-bit run, else ZeRO-3's shard
   // (other stages keep them in the model, never null).
   auto array_of = [half = run.dp->half_storage()](int section) {
     return section == 1 ? optim::kMomentM : section == 2 ? optim::kMomentV
            : half ? optim::kMasterWeights : optim::kShardParams;
   };
-  optim::ShardStore* store = &adamw.store();
   parallel::DataParallel* dp = run.dp.get();
   // Section 3, 2bw's previous weight version: in memory at fp32, else 16-bit words that the
   // data-parallel object converts.
@@ -328,17 +328,17 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
     for (int c = 0; c < run->gpt->num_chunks(); c++) sets += (double)run->gpt->activation_set_bytes(c);
     // And what the files' traffic will hold: the update's rotating buffers, the shards read
     // ahead and the gradient pieces in flight.
-    const double io = (double)run->dp->adamw().store().streaming_bytes(~0u) + (double)run->dp->offload_working_bytes();
+    const double io = (double)run->dp->store().streaming_bytes(~0u) + (double)run->dp->offload_working_bytes();
     return tracked() + sets + io + (double)run->dp->transient_bytes();
   };
   const int rank = run->mesh->world().rank();
   const bool direct = !o.offload_page_cache;
   std::string moved;
   if (tiers.optimizer || (budget > 0 && needed() > budget)) {
-    RETURN_IF_ERROR(run->dp->adamw().offload(o.offload_dir, rank, offload_chunk(o), direct));
+    RETURN_IF_ERROR(run->dp->store().move_state_to_files(o.offload_dir, rank, offload_chunk(o), direct));
     moved = "the optimizer state";
   }
-  optim::ShardStore& store = run->dp->adamw().store();
+  optim::ShardStore& store = run->dp->store();
   if (store.has(optim::kShardParams))  // ZeRO-3: the shards next, as the budget needs
     for (optim::ShardArray a : {optim::kShardGrads, optim::kShardParams}) {
       if (store.in_file(a)) {

@@ -264,7 +264,7 @@ TEST(FileBackedShards, ReadsAheadAndAccumulatesGradients) {
     files.read({3});  // issued, then dropped by the hand-over (the parameters change)
     std::vector<float> updated(params.size());
     for (size_t i = 0; i < updated.size(); i++) updated[i] = value(0, i);
-    optim::AdamW::ChunkHook hook = files.hand_over({0, 1});
+    optim::ParamsWritten hook = files.hand_over({0, 1});
     store.reset_stats();
     for (size_t b = 0; b < updated.size(); b += 5000)  // in chunks, as the update writes them
       hook(b, std::min(b + 5000, updated.size()), updated.data() + b);

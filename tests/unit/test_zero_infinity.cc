@@ -189,7 +189,7 @@ Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir,
     config.files = {dir, r, files, files, true, read_ahead};
     parallel::DataParallel dp(gpt, *g, config, adamw(), full.params());
     if (where == Where::kAllFiles) {
-      ASSERT_TRUE(dp.adamw().offload(dir, r, 3000, true).is_ok());
+      ASSERT_TRUE(dp.store().move_state_to_files(dir, r, 3000, true).is_ok());
     }
     std::unique_ptr<optim::DynamicLossScaler> scaler;
     if (storage == kernels::Precision::kFp16) scaler = std::make_unique<optim::DynamicLossScaler>(optim::LossScaleConfig{});
@@ -199,7 +199,7 @@ Outcome zero3(int ranks, Where where, int read_ahead, const std::string& dir,
       out[r].losses.push_back(step.loss);
       out[r].skipped += step.skipped;
     }
-    optim::ShardStore& st = dp.adamw().store();
+    optim::ShardStore& st = dp.store();
     // The parameters as fp32: the shard itself, or the master weights of a 16-bit run,
     // whose words must be their rounding.
     std::vector<float> shard(st.size());

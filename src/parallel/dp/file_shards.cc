@@ -66,7 +66,7 @@ void FileBackedShards::give_back(optim::IoBuffer&& b) {
   if ((int)spares_.size() > read_ahead_ + 1) spares_.erase(spares_.begin());
 }
 
-optim::AdamW::ChunkHook FileBackedShards::hand_over(const std::vector<int>& units) {
+optim::ParamsWritten FileBackedShards::hand_over(const std::vector<int>& units) {
   drop_reads();
   for (int u : units) reads_[u].buffer = take_buffer(shards_.units()[u].shard);  // ticket 0: nothing to wait for
   return [this, units](size_t begin, size_t end, const void* params) {

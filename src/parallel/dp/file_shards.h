@@ -41,9 +41,9 @@ class FileBackedShards {
   void give_back(optim::IoBuffer&& buffer);
   // Reads issued and not taken are dropped (before the parameters change).
   void drop_reads();
-  // For AdamW::step_shard: copies the updated shards of `units` into their read buffers as
-  // the update writes them, so the next forward does not read them back.
-  optim::AdamW::ChunkHook hand_over(const std::vector<int>& units);
+  // For the update: copies the updated shards of `units` into their read buffers as the
+  // update writes them, so the next forward does not read them back.
+  optim::ParamsWritten hand_over(const std::vector<int>& units);
 
   // --- gradients (grads_in_file) ---
   void begin_step();  // no unit's gradient written yet

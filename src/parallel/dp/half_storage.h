@@ -1,7 +1,7 @@
 // 16-bit storage (bf16 or fp16) of a data-parallel rank's parameters and gradients: the
 // words the rank keeps (the whole model, or its ZeRO shard), and the fp32 views the model
-// computes with. The optimizer's fp32 master weights live in AdamW (ZeRO's mixed-precision
-// Adam, 12 bytes per parameter there).
+// computes with. The optimizer's fp32 master weights live in the ShardStore beside its
+// moments (ZeRO's mixed-precision Adam, 12 bytes per parameter there).
 //  - Parameters: a unit in use is widened to fp32; with bf16 only its tensors that are not
 //    GEMM weights, packed (the bf16 GEMMs read the stored words).
 //  - Gradients of a full store (ZeRO 0-1): a micro-batch's fp32 gradient is added into the
@@ -41,7 +41,7 @@ class PackedUnits {
 class HalfStorage {
  public:
   // `params` and `grads`: the words kept (the full layout, or ZeRO-2's gradient shard; 0 at
-  // ZeRO-3, whose words are arrays of the optimizer's ShardStore, in memory or in files);
+  // ZeRO-3, whose words are arrays of the rank's ShardStore, in memory or in files);
   // `full_grads`: gradients in the full layout (ZeRO 0-1), accumulated per micro-batch here.
   HalfStorage(kernels::Precision precision, const model::ParamLayout& layout, size_t params, size_t grads,
               bool full_grads);

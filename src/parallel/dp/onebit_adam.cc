@@ -54,7 +54,7 @@ void OneBitAdam::start_from(const float* m, const float* v, bool full, float bia
   live_.allocate(MemCategory::kOptim, n);
   std::memset(start_.data(), 0, start_.bytes());
   std::memset(inv_den_.data(), 0, inv_den_.bytes());
-  // Adam's denominator at the freeze, as AdamW::step computes it (padding and masked: 0).
+  // Adam's denominator at the freeze, as AdamW's update computes it (padding and masked: 0).
   auto inverse = [&](float vi) { return vi > 0 ? 1.0f / (std::sqrt(vi) / bias2_sqrt + eps) : 0.0f; };
   if (full) {
     for_each_piece([&](size_t global, size_t count, size_t at) {

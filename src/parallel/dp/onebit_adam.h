@@ -18,7 +18,7 @@
 // permuted into ShardLayout's per-unit shards (rank j's shards of every unit, then rank
 // j+1's), so at ZeRO-1 the server side of rank j produces exactly the momentum of the
 // optimizer shard it owns, and at ZeRO-0 every rank unpacks all of it. The optimizer's m
-// holds u in this phase (AdamW::step_preconditioned); the next step takes the whole
+// holds u in this phase (AdamW::Rule::preconditioned); the next step takes the whole
 // averaged u from the all-gather's 1-bit blocks, decompressed into the exchange buffer:
 // they are u exactly, the same values as the ranks' m shards, so a resume that gathers
 // those is bit for bit.
