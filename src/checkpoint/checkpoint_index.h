@@ -76,7 +76,9 @@ struct CheckpointIndex {
   // run's, in run_config).
   parallel::Layout writers() const {
     parallel::Layout l;
-    l.tp = tp_size, l.pp = pp_size, l.dp = dp_size, l.ep = ep_size, l.expert_tp = expert_layout();
+    // (A dense model's index carries expert_tp 1 by default: no experts to lay out.)
+    l.tp = tp_size, l.pp = pp_size, l.dp = dp_size, l.ep = ep_size;
+    l.expert_tp = model.is_moe() ? expert_layout() : model::ExpertTp::kSplit;
     l.micro_batch = 1, l.global_batch = dp_size;
     return l;
   }

@@ -126,6 +126,30 @@ ssize_t copy_through(int fd, std::string* kept) {
 // Runs `cmd` with its stderr copied through this process (and kept for read_failure); ends
 // it when a rank reported a failure and it did not end within kHungGraceS, or when this
 // process is interrupted.
+// The forked child: mpirun with its stderr into the pipe `fds`, ending with its parent.
+[[noreturn]] void exec_mpirun(const std::vector<std::string>& cmd, const LaunchOptions& o, const int fds[2],
+                              pid_t parent) {
+  dup2(fds[1], STDERR_FILENO);
+  close(fds[0]);
+  close(fds[1]);
+  // mpirun ends its job when this process dies, however it dies (SIGKILL included).
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  if (getppid() != parent) _exit(1);  // it died before the line above
+  if (o.graceful_stop) {
+    setpgid(0, 0);  // the terminal's Ctrl-C is this process's to pass on
+    // A process group in the background that reads the terminal is stopped (SIGTTIN):
+    // the ranks of train read nothing from stdin.
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+  }
+  std::vector<char*> argv;
+  for (const auto& c : cmd) argv.push_back(const_cast<char*>(c.c_str()));
+  argv.push_back(nullptr);
+  ::execvp("mpirun", argv.data());
+  std::fprintf(stderr, "meshtrain: error: cannot start mpirun: %s (is Open MPI installed?)\n", std::strerror(errno));
+  _exit(127);
+}
+
 Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o) {
   Attempt a;
   const auto launched = Clock::now();
@@ -140,27 +164,7 @@ Attempt run_attempt(const std::vector<std::string>& cmd, const LaunchOptions& o)
   std::fflush(stderr);
   const pid_t parent = getpid();
   const pid_t pid = fork();
-  if (pid == 0) {
-    dup2(fds[1], STDERR_FILENO);
-    close(fds[0]);
-    close(fds[1]);
-    // mpirun ends its job when this process dies, however it dies (SIGKILL included).
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) _exit(1);  // it died before the line above
-    if (o.graceful_stop) {
-      setpgid(0, 0);  // the terminal's Ctrl-C is this process's to pass on
-      // A process group in the background that reads the terminal is stopped (SIGTTIN):
-      // the ranks of train read nothing from stdin.
-      const int null_fd = open("/dev/null", O_RDONLY);
-      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
-    }
-    std::vector<char*> argv;
-    for (const auto& c : cmd) argv.push_back(const_cast<char*>(c.c_str()));
-    argv.push_back(nullptr);
-    ::execvp("mpirun", argv.data());
-    std::fprintf(stderr, "meshtrain: error: cannot start mpirun: %s (is Open MPI installed?)\n", std::strerror(errno));
-    _exit(127);
-  }
+  if (pid == 0) exec_mpirun(cmd, o, fds, parent);
   close(fds[1]);
   fcntl(fds[0], F_SETFL, O_NONBLOCK);
   std::optional<Clock::time_point> hung_since, term_sent;

@@ -160,6 +160,38 @@ Status TiktokenTokenizer::load(const std::string& path, TiktokenTokenizer* out) 
   return Status::ok();
 }
 
+namespace {
+
+// Each "<base64 bytes> <rank>" line into the vocabulary and the rank's bytes; `count` ranks.
+Status read_rank_lines(std::string_view ranks, const std::string& file_name, BpePipeline* p, int* count) {
+  std::vector<std::string>& token_bytes = p->token_bytes;
+  std::string bytes;
+  int line_number = 0;
+  for (size_t pos = 0; pos < ranks.size();) {
+    size_t end = ranks.find('\n', pos);
+    if (end == std::string_view::npos) end = ranks.size();
+    const std::string_view line = ranks.substr(pos, end - pos);
+    pos = end + 1;
+    ++line_number;
+    if (line.empty() || line == "\r") continue;
+    int rank = 0;
+    if (!parse_line(line, &bytes, &rank)) {
+      return Status::error(file_name + ":" + std::to_string(line_number) + ": expected \"<base64 bytes> <rank>\", got '" +
+                           std::string(line.substr(0, 80)) + "'");
+    }
+    if (size_t(rank) >= token_bytes.size()) token_bytes.resize(size_t(rank) + 1);
+    if (!token_bytes[rank].empty() || !p->vocab.emplace(bytes, BpePipeline::VocabEntry{rank}).second) {
+      return Status::error(file_name + ":" + std::to_string(line_number) + ": rank " + std::to_string(rank) +
+                           " or its bytes appear twice");
+    }
+    token_bytes[rank] = bytes;
+    ++*count;
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
 Status TiktokenTokenizer::from_string(std::string_view ranks, const std::string& encoding_name,
                                       const std::string& file_name, TiktokenTokenizer* out) {
   const Encoding* enc = nullptr;
@@ -179,28 +211,8 @@ Status TiktokenTokenizer::from_string(std::string_view ranks, const std::string&
   p->pre_tokenizers.push_back(std::move(split));
 
   std::vector<std::string>& token_bytes = p->token_bytes;
-  std::string bytes;
-  int line_number = 0, count = 0;
-  for (size_t pos = 0; pos < ranks.size();) {
-    size_t end = ranks.find('\n', pos);
-    if (end == std::string_view::npos) end = ranks.size();
-    const std::string_view line = ranks.substr(pos, end - pos);
-    pos = end + 1;
-    ++line_number;
-    if (line.empty() || line == "\r") continue;
-    int rank = 0;
-    if (!parse_line(line, &bytes, &rank)) {
-      return Status::error(file_name + ":" + std::to_string(line_number) + ": expected \"<base64 bytes> <rank>\", got '" +
-                           std::string(line.substr(0, 80)) + "'");
-    }
-    if (size_t(rank) >= token_bytes.size()) token_bytes.resize(size_t(rank) + 1);
-    if (!token_bytes[rank].empty() || !p->vocab.emplace(bytes, BpePipeline::VocabEntry{rank}).second) {
-      return Status::error(file_name + ":" + std::to_string(line_number) + ": rank " + std::to_string(rank) +
-                           " or its bytes appear twice");
-    }
-    token_bytes[rank] = bytes;
-    ++count;
-  }
+  int count = 0;
+  RETURN_IF_ERROR(read_rank_lines(ranks, file_name, p.get(), &count));
   if (enc->ranks != 0 && count != enc->ranks) {
     return Status::error(file_name + ": " + std::to_string(count) + " ranks, but " + enc->name + " has exactly " +
                          std::to_string(enc->ranks));

@@ -2,6 +2,8 @@
 
 #include <functional>
 
+#include "parallel/pp/stages.h"
+
 namespace meshtrain::parallel {
 
 namespace {
@@ -82,11 +84,7 @@ std::string whole_experts_need_moe(const Layout& l, const LayoutModel& m) {
 // ---- Pipeline schedules -------------------------------------------------------------------
 
 std::string stages_have_layers(const Layout& l, const LayoutModel& m) {
-  const long long stages = (long long)l.pp * l.chunks();
-  if (l.pp > 1 && m.layers > 0 && m.layers < stages)
-    return "pp x virtual_stages (" + str(stages) + " stages) exceeds the layers (" + str(m.layers) +
-           "): every stage needs one";
-  return "";
+  return l.pp > 1 && m.layers > 0 ? pp::stage_count_error(m.layers, l.pp * l.chunks()) : "";
 }
 
 std::string schedule_chunks(const Layout& l, const LayoutModel&) {

@@ -375,80 +375,91 @@ std::vector<parallel::ParamGroup> expert_groups(const model::ParamLayout& layout
   return {dense, experts};
 }
 
-Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
-  // bf16 and fp16 runs store 16-bit parameters and gradients (fp32 master weights in the
-  // optimizer); the store then takes its initial weights from a full fp32 copy, as ZeRO-3.
-  const kernels::Precision storage = run->precision;
-  const bool initial_copy = o.zero == 3 || storage != kernels::Precision::kFp32;
-  comm::Group* tp = &run->mesh->tp();
-  comm::Group* ep = &run->mesh->ep();
-  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(o.zero, storage),
-                                          tp, o.sp, run->part, ep, expert_tp(o));
-  model::Recompute mode = model::Recompute::kNone;
-  RETURN_IF_ERROR(model::parse_recompute(o.recompute, &mode));  // the flag was checked before any work
-  run->gpt->set_recompute(mode, o.recompute_every);
+// The rank's model part, with the layout's recompute and precision and the run's dropout
+// and MoE settings; activations reserved for the run's B x T (laid out again in place for
+// shorter curriculum steps).
+void build_model(const TrainOptions& o, Run* run) {
+  const parallel::Layout& l = run->layout;
+  run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(l.zero, l.precision),
+                                          &run->mesh->tp(), l.sp, run->part, &run->mesh->ep(), expert_tp(o));
+  run->gpt->set_recompute(l.recompute, o.recompute_every);
   run->gpt->set_precision(run->precision);
   run->gpt->set_dropout(o.dropout, o.seed);
   run->gpt->set_moe_training(moe_training(o));
-  // Activations for the run's B x T, laid out again in place for shorter curriculum steps.
   run->gpt->reserve_activations(run->shape.B, run->shape.T);
-  parallel::DpConfig dpc{o.zero, o.bucket_mb, o.overlap, storage};
-  dpc.groups = expert_groups(run->gpt->layout(), *run->mesh);
-  RETURN_IF_ERROR(parallel::parse_compression_kind(o.compress, &dpc.compression.kind));
-  dpc.compression.start_step = o.compress_start;
-  dpc.compression.rank = o.powersgd_rank;
+}
+
+// The data-parallel store's configuration from the layout (ZeRO stage, 16-bit storage,
+// compression, ZeRO++, offload tiers) and the run's settings.
+parallel::DpConfig dp_config(const TrainOptions& o, const Run& run) {
+  const parallel::Layout& l = run.layout;
+  // bf16 and fp16 runs store 16-bit parameters and gradients (fp32 master weights in the
+  // optimizer).
+  parallel::DpConfig dpc{l.zero, o.bucket_mb, o.overlap, l.precision};
+  dpc.groups = expert_groups(run.gpt->layout(), *run.mesh);
+  dpc.compression = l.compression;
   dpc.compression.seed = (uint64_t)o.seed * 0x9E3779B97F4A7C15ull + 0x5057;  // the first Q: the same on every rank
-  dpc.quantized.weights = o.zero_quantized_weights;
-  dpc.quantized.grads = o.zero_quantized_gradients;
-  dpc.weight_versions = run->schedule == parallel::pp::ScheduleKind::k2BW;
+  dpc.quantized.weights = l.quantized.weights;
+  dpc.quantized.grads = l.quantized.grads;
+  dpc.weight_versions = l.schedule == parallel::pp::ScheduleKind::k2BW;
   // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
   // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
   // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
-  const bool pipelined = run->mesh_shape.pp > 1;
+  const bool pipelined = l.pp > 1;
   dpc.reduce_once_per_step = pipelined;
-  OffloadTiers tiers;
-  RETURN_IF_ERROR(parse_offload(o, &tiers));  // checked before any work
+  const OffloadTiers& tiers = l.offload;
   // With the parameter shards in files, keeping every gathered unit would hold the whole
   // model: auto gathers at every use then.
   dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined && !tiers.params);
-  const bool sharded = o.zero == 3;
+  const bool sharded = l.zero == 3;
   // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
-  dpc.files = {o.offload_dir, run->mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
+  dpc.files = {o.offload_dir, run.mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,
                o.offload_read_ahead, tiers.optimizer, offload_chunk(o)};
   dpc.align_shards = sharded && (tiers.params || tiers.grads || o.memory_budget_gb > 0);
-  if (sharded && o.init_from.empty()) {
-    // Seeded ZeRO-3: each unit is drawn and sharded in turn, so the whole model is never
-    // in memory (the values are init_weights' for any layout).
+  return dpc;
+}
+
+// The store over dp x cp, with the initial weights: seeded ZeRO-3 draws and shards each unit
+// in turn (the whole model is never in memory); 16-bit storage and ZeRO-3 from a file take
+// them from a full fp32 copy, which exists only during setup (peaks are reset before
+// training); otherwise the model's own buffers.
+Status create_store(const TrainOptions& o, const parallel::DpConfig& dpc, Run* run) {
+  comm::Group* tp = &run->mesh->tp();
+  const bool initial_copy = dpc.zero_stage == 3 || run->precision != kernels::Precision::kFp32;
+  if (dpc.zero_stage == 3 && o.init_from.empty()) {
     model::InitialWeights init(run->config, o.seed);
     const model::ParamLayout& layout = run->gpt->layout();
-    RETURN_IF_ERROR(parallel::DataParallel::create_sharded(
+    return parallel::DataParallel::create_sharded(
         *run->gpt, run->mesh->grad(), dpc, o.adamw, [&](int u, float* out) { init.unit(layout, u, out); }, tp,
-        &run->dp));
-  } else if (initial_copy) {
-    // The full initial weights exist only during setup (peaks are reset before training).
-    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, ep, expert_tp(o));
+        &run->dp);
+  }
+  if (initial_copy) {
+    model::Gpt full(run->config, model::Gpt::LocalState::kParamsOnly, tp, false, run->part, &run->mesh->ep(),
+                    expert_tp(o));
     RETURN_IF_ERROR(initial_weights(o, &full));
-    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw,
-                                                       full.params(), tp);
-  } else {
-    RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
-    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw,
-                                                       nullptr, tp);
+    run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw, full.params(), tp);
+    return Status::ok();
   }
-  if (run->mesh_shape.pp > 1) {
-    // The first stage (rank 0) and the last (rank p - 1) both hold a tied embedding; an
-    // untied head lives on the last stage alone. ZB-V's V puts both on rank 0: one copy.
-    const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
-    const int last = parallel::pp::rank_of_stage(run->schedule, p, run->chunks, p * run->chunks - 1);
-    const int tied_peer = !run->config.tied_head || last == 0 ? -1 : r == 0 ? last : r == last ? 0 : -1;
-    run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
-    run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(
-        *run->gpt, run->mesh->pp(), run->schedule, run->chunks, &run->mesh->world());
-  }
-  if (run->precision == kernels::Precision::kFp16)
-    run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
-  RETURN_IF_ERROR(place_state(o, tiers, run));
-  if (resume_dir.empty()) return Status::ok();
+  RETURN_IF_ERROR(initial_weights(o, run->gpt.get()));
+  run->dp = std::make_unique<parallel::DataParallel>(*run->gpt, run->mesh->grad(), dpc, o.adamw, nullptr, tp);
+  return Status::ok();
+}
+
+// The pipeline's executor, and the tied embedding's peer: the first stage (rank 0) and the
+// last (rank p - 1) both hold a tied embedding; an untied head lives on the last stage
+// alone. ZB-V's V puts both on rank 0: one copy.
+void attach_pipeline(Run* run) {
+  const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
+  const int last = parallel::pp::rank_of_stage(run->schedule, p, run->chunks, p * run->chunks - 1);
+  const int tied_peer = !run->config.tied_head || last == 0 ? -1 : r == 0 ? last : r == last ? 0 : -1;
+  run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
+  run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(*run->gpt, run->mesh->pp(), run->schedule,
+                                                                    run->chunks, &run->mesh->world());
+}
+
+// --resume: the loss scaler, the skipped-step count, the experts' biases, every rank's shard
+// of the checkpoint and its per-rank arrays.
+Status restore_run(const TrainOptions& o, const std::string& resume_dir, Run* run) {
   if (run->scaler) RETURN_IF_ERROR(restore_scaler(resume_dir, run->scaler.get()));
   RETURN_IF_ERROR(restore_nonfinite_skips(resume_dir, &run->nonfinite));
   if (run->config.is_moe()) RETURN_IF_ERROR(restore_expert_bias(resume_dir, run));
@@ -465,6 +476,16 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
     return Status::error(resume_dir + " is at step " + std::to_string(run->start_step) +
                          ", already >= --steps " + std::to_string(o.steps));
   return Status::ok();
+}
+
+Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* run) {
+  build_model(o, run);
+  RETURN_IF_ERROR(create_store(o, dp_config(o, *run), run));
+  if (run->mesh_shape.pp > 1) attach_pipeline(run);
+  if (run->precision == kernels::Precision::kFp16)
+    run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
+  RETURN_IF_ERROR(place_state(o, run->layout.offload, run));
+  return resume_dir.empty() ? Status::ok() : restore_run(o, resume_dir, run);
 }
 
 

@@ -98,6 +98,126 @@ int PipelineExecutor::set_id(int mb, int m, int64_t step) const {
   return (int)((step + mb / m) % 2) * m + mb % m;
 }
 
+namespace {
+
+// Traces number a pass as the list does (2bw: the next step's micro-batches m..), in the step
+// whose list ran it, so a timeline shows what each step's window held.
+nlohmann::json where_in_step(const Action& a, int64_t step) {
+  return nlohmann::json{{"step", step + 1}, {"mb", a.microbatch}, {"chunk", a.chunk}};
+}
+
+}  // namespace
+
+// A compute action's micro-batch: its id in sets and messages, its index in this step's data,
+// and whether it is the next step's (2bw: the list's micro-batches m..).
+struct PipelineExecutor::Pass {
+  int id, mb;
+  bool next;
+  int64_t mb_step;
+};
+
+void PipelineExecutor::run_forward(const Action& a, const Pass& pass, StepState& s) {
+  const int c = a.chunk;
+  if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c))
+    (pass.next ? s.data.fill_next : s.data.fill)(pass.mb, s.inputs.data(), s.targets.data());
+  gpt_.set_batch_position(pass.mb_step, s.data.first_token_row(pass.mb));
+  const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, pass.id, c);
+  const double t0 = now_s();
+  float loss;
+  {
+    trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', a.microbatch, c, v_), trace::category::kForward,
+                             where_in_step(a, s.step));
+    loss = gpt_.forward_chunk(c, pass.id, s.inputs.data(), s.targets.data(), in, s.B, s.T);
+  }
+  times_.compute_s += now_s() - t0;
+  times_.forward_s[c] += now_s() - t0;
+  times_.carried += pass.next;
+  if (gpt_.is_last_stage(c)) s.loss_sum += (double)loss * s.B * s.T;  // never a next step's: w = 0 there
+  else hand_over(kActivation, pass.id, c, gpt_.chunk_output(c, pass.id), s.n);
+  times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
+}
+
+void PipelineExecutor::run_backward(const Action& a, const Pass& pass, StepState& s) {
+  const int c = a.chunk;
+  // The activation sent from this set must be out before the set is reused.
+  for (auto& o : outgoing_)
+    if (o.key == Key{kActivation, pass.id, c}) o.request->wait();
+  const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, pass.id, c);
+  const double t0 = now_s();
+  {
+    trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', a.microbatch, c, v_), trace::category::kBackward,
+                             where_in_step(a, s.step));
+    gpt_.backward_chunk(c, pass.id, dout, s.loss_scale, s.split);
+  }
+  times_.compute_s += now_s() - t0;
+  times_.backward_s[c] += now_s() - t0;
+  if (!gpt_.is_first_stage(c)) hand_over(kGrad, pass.id, c, gpt_.input_grad(), s.n);
+  if (!s.split) s.grads.end_micro_batch();
+}
+
+// A zero-bubble schedule's W: the B's weight gradients.
+void PipelineExecutor::run_weight(const Action& a, const Pass& pass, StepState& s) {
+  const double t0 = now_s();
+  {
+    trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', a.microbatch, a.chunk, v_),
+                             trace::category::kBackwardWeight, where_in_step(a, s.step));
+    gpt_.weight_backward_chunk(a.chunk, pass.id);
+  }
+  times_.compute_s += now_s() - t0;
+  times_.weight_s[a.chunk] += now_s() - t0;
+  s.grads.end_micro_batch();
+}
+
+void PipelineExecutor::run_action(const Action& a, StepState& s) {
+  // 2bw: the list's micro-batches m.. are the next step's, computed with the current
+  // weights; the step's own compute with the version before the last update.
+  const bool next = a.microbatch >= s.m;
+  const Pass pass{set_id(a.microbatch, s.m, s.step), a.microbatch % s.m, next, s.step + (next ? 1 : 0)};
+  if (never_flushes(kind_) && is_compute(a.kind))
+    gpt_.param_store()->use_weights(next ? model::WeightVersion::kCurrent : model::WeightVersion::kPrevious);
+  switch (a.kind) {
+    case ActionKind::kRecvActivation:
+    case ActionKind::kRecvGrad:
+      break;  // posted ahead; waited for by the compute that needs it
+    case ActionKind::kForward:
+      run_forward(a, pass, s);
+      break;
+    case ActionKind::kSendActivation:
+      // The output stays in the micro-batch's activation set until its backward.
+      send(kActivation, pass.id, a.chunk, gpt_.chunk_output(a.chunk, pass.id), s.n, a.peer, false);
+      break;
+    case ActionKind::kBackward:
+      run_backward(a, pass, s);
+      break;
+    case ActionKind::kBackwardWeight:
+      run_weight(a, pass, s);
+      break;
+    case ActionKind::kSendGrad:
+      send(kGrad, pass.id, a.chunk, gpt_.input_grad(), s.n, a.peer, true);
+      break;
+  }
+}
+
+// After the list: the carried sends, the loss on every pipeline rank (waiting for the
+// slowest closes the window in which this rank's idle time, the bubble, is counted), and
+// the stage costs the zero-bubble schedules place their Ws by.
+void PipelineExecutor::finish_step(int m, double start, double* loss_sum) {
+  if (never_flushes(kind_)) gpt_.param_store()->use_weights(model::WeightVersion::kCurrent);
+  // 2bw: the carried forwards' activations reach the next rank in the next step's list.
+  carrying_ = times_.carried > 0;
+  wait_sends(!carrying_);
+  received_.release();
+  pp_.all_reduce_f64(loss_sum, 1, comm::ReduceOp::kSum);
+  times_.window_s = now_s() - start;
+  share_stage_costs(m);
+  if (splits_backward(kind_)) {
+    last_costs_ = times_.stages;
+    measured_ = true;
+    for (size_t s = 0; s < last_costs_.forward.size(); s++)
+      measured_ = measured_ && last_costs_.forward[s] > 0 && last_costs_.backward[s] > 0;
+  }
+}
+
 double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const MicroBatches& data,
                                     float loss_scale, GradSync& grads) {
   std::vector<Action> actions;
@@ -106,11 +226,8 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
   const Status made = make_schedule(kind_, pp_.size(), m, v_, pp_.rank(), &actions,
                                     splits_backward(kind_) && measured_ ? &last_costs_ : nullptr, where);
   CHECK_MSG(made.is_ok(), "pipeline schedule arguments were not validated");
-  const size_t n = gpt_.boundary_elements(B, T);
-  const bool split = splits_backward(kind_);
-  model::ParamStore* store = gpt_.param_store();
-  std::vector<int> inputs((size_t)B * T), targets((size_t)B * T);
-  double loss_sum = 0;
+  StepState s{m, B, T, step, data, loss_scale, grads, gpt_.boundary_elements(B, T), splits_backward(kind_),
+              std::vector<int>((size_t)B * T), std::vector<int>((size_t)B * T), 0.0};
   times_ = PipelineTimes{};
   times_.forward_s.assign(v_, 0.0), times_.backward_s.assign(v_, 0.0), times_.weight_s.assign(v_, 0.0);
   gpt_.set_last_micro_batch(set_id(m - 1, m, step));
@@ -122,100 +239,13 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
       const Action& a = actions[posted];
       if (is_compute(a.kind) && posted > i && ++computes > 2) break;
       if (a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kRecvGrad)
-        post_receive(a, set_id(a.microbatch, m, step), n);
+        post_receive(a, set_id(a.microbatch, m, step), s.n);
     }
-    const Action& a = actions[i];
-    const int c = a.chunk, id = set_id(a.microbatch, m, step);
-    // 2bw: the list's micro-batches m.. are the next step's, computed with the current
-    // weights; the step's own compute with the version before the last update.
-    const bool next = a.microbatch >= m;
-    const int mb = a.microbatch % m;
-    const int64_t mb_step = step + (next ? 1 : 0);
-    if (two_bw && is_compute(a.kind))
-      store->use_weights(next ? model::WeightVersion::kCurrent : model::WeightVersion::kPrevious);
-    // Traces number a pass as the list does (2bw: the next step's micro-batches m..), in the
-    // step whose list ran it, so a timeline shows what each step's window held.
-    auto where_in_step = [&] { return nlohmann::json{{"step", step + 1}, {"mb", a.microbatch}, {"chunk", c}}; };
-    switch (a.kind) {
-      case ActionKind::kRecvActivation:
-      case ActionKind::kRecvGrad:
-        break;  // posted above; waited for by the compute that needs it
-      case ActionKind::kForward: {
-        if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c))
-          (next ? data.fill_next : data.fill)(mb, inputs.data(), targets.data());
-        gpt_.set_batch_position(mb_step, data.first_token_row(mb));
-        const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, id, c);
-        const double t0 = now_s();
-        float loss;
-        {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('F', a.microbatch, c, v_), trace::category::kForward,
-                                   where_in_step());
-          loss = gpt_.forward_chunk(c, id, inputs.data(), targets.data(), in, B, T);
-        }
-        times_.compute_s += now_s() - t0;
-        times_.forward_s[c] += now_s() - t0;
-        times_.carried += next;
-        if (gpt_.is_last_stage(c)) loss_sum += (double)loss * B * T;  // never a next step's: w = 0 there
-        else hand_over(kActivation, id, c, gpt_.chunk_output(c, id), n);
-        times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
-        break;
-      }
-      case ActionKind::kSendActivation:
-        // The output stays in the micro-batch's activation set until its backward.
-        send(kActivation, id, c, gpt_.chunk_output(c, id), n, a.peer, false);
-        break;
-      case ActionKind::kBackward: {
-        // The activation sent from this set must be out before the set is reused.
-        for (auto& o : outgoing_)
-          if (o.key == Key{kActivation, id, c}) o.request->wait();
-        const float* dout = gpt_.is_last_stage(c) ? nullptr : take(kGrad, id, c);
-        const double t0 = now_s();
-        {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('B', a.microbatch, c, v_), trace::category::kBackward,
-                                   where_in_step());
-          gpt_.backward_chunk(c, id, dout, loss_scale, split);
-        }
-        times_.compute_s += now_s() - t0;
-        times_.backward_s[c] += now_s() - t0;
-        if (!gpt_.is_first_stage(c)) hand_over(kGrad, id, c, gpt_.input_grad(), n);
-        if (!split) grads.end_micro_batch();
-        break;
-      }
-      case ActionKind::kBackwardWeight: {  // a zero-bubble schedule's W: the B's weight gradients
-        const double t0 = now_s();
-        {
-          trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', a.microbatch, c, v_),
-                                   trace::category::kBackwardWeight, where_in_step());
-          gpt_.weight_backward_chunk(c, id);
-        }
-        times_.compute_s += now_s() - t0;
-        times_.weight_s[c] += now_s() - t0;
-        grads.end_micro_batch();
-        break;
-      }
-      case ActionKind::kSendGrad:
-        send(kGrad, id, c, gpt_.input_grad(), n, a.peer, true);
-        break;
-    }
+    run_action(actions[i], s);
     wait_sends(false);
   }
-  if (two_bw) store->use_weights(model::WeightVersion::kCurrent);
-  // 2bw: the carried forwards' activations reach the next rank in the next step's list.
-  carrying_ = times_.carried > 0;
-  wait_sends(!carrying_);
-  received_.release();
-  // Every pipeline rank learns the loss; waiting for the slowest rank here closes the
-  // window in which this rank's idle time (the bubble) is counted.
-  pp_.all_reduce_f64(&loss_sum, 1, comm::ReduceOp::kSum);
-  times_.window_s = now_s() - start;
-  share_stage_costs(m);
-  if (splits_backward(kind_)) {
-    last_costs_ = times_.stages;
-    measured_ = true;
-    for (size_t s = 0; s < last_costs_.forward.size(); s++)
-      measured_ = measured_ && last_costs_.forward[s] > 0 && last_costs_.backward[s] > 0;
-  }
-  return loss_sum;
+  finish_step(m, start, &s.loss_sum);
+  return s.loss_sum;
 }
 
 void PipelineExecutor::share_stage_costs(int m) {

@@ -70,6 +70,24 @@ class PipelineExecutor {
   const PipelineTimes& times() const { return times_; }
 
  private:
+  // One train_step's inputs and what it accumulates.
+  struct StepState {
+    int m, B, T;
+    int64_t step;
+    const MicroBatches& data;
+    float loss_scale;
+    GradSync& grads;
+    size_t n;    // elements of a stage boundary's activation or gradient
+    bool split;  // the backward split into B and W (zero-bubble)
+    std::vector<int> inputs, targets;
+    double loss_sum;  // of token losses on the last stage
+  };
+  struct Pass;
+  void run_action(const Action& a, StepState& s);
+  void run_forward(const Action& a, const Pass& pass, StepState& s);
+  void run_backward(const Action& a, const Pass& pass, StepState& s);
+  void run_weight(const Action& a, const Pass& pass, StepState& s);
+  void finish_step(int m, double start, double* loss_sum);
   // Fills times_.stages from every rank's chunks (pp collectives: all ranks call it).
   void share_stage_costs(int m);
   enum Kind { kActivation = 0, kGrad = 1 };

@@ -102,111 +102,158 @@ std::vector<Compute> two_bw_order(int p, int m, int rank, StepInRun where) {
 // W waits until its next input arrives, or, when no rank has produced it yet, until its
 // producer does. Returns every rank's order (one scheduling serves them all), or nothing if
 // these costs lead the greedy choices into a dead end (the callers then use unit costs).
-std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
-  const int stages = p * v;
-  constexpr double kNever = std::numeric_limits<double>::infinity();
-  auto cost = [&](int s, int pass) {  // pass 0 F, 1 B, 2 W
-    if (!costs) return 1.0;
-    return pass == 0 ? costs->forward[s] : pass == 1 ? costs->backward[s] : costs->weight[s];
-  };
-  // When stage s's input activation (gradient) of micro-batch mb is there.
-  std::vector<std::vector<double>> activation(stages, std::vector<double>(m, kNever)), gradient = activation;
-  for (int mb = 0; mb < m; mb++) activation[0][mb] = 0;
-  struct Rank {
-    std::vector<int> forwards, backwards;  // per chunk: how many started (in micro-batch order)
-    std::deque<std::pair<int, int>> weights;  // pending Ws (micro-batch, chunk), oldest first
-    int sets = 0, limit = 0;
-    std::vector<int> chunk_sets;  // per chunk: sets alive (F run, W not yet)
-    std::vector<Compute> fixed;  // ZB-H1: 1F1B's order of F and B
-    size_t next = 0;             // in `fixed`
-    std::vector<Compute> order;
-    double clock = 0;
-    bool blocked = false;  // waits for an input no rank has produced yet
-  };
-  std::vector<Rank> ranks(p);
-  for (int r = 0; r < p; r++) {
-    ranks[r].forwards.assign(v, 0);
-    ranks[r].backwards.assign(v, 0);
-    ranks[r].chunk_sets.assign(v, 0);
-    ranks[r].limit = kind == ScheduleKind::kZbH1 ? p : 2 * p;
-    if (kind == ScheduleKind::kZbH1) ranks[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r, nullptr);
-  }
-  const size_t actions = (size_t)3 * m * v;
-  // A pass producing stage st's input wakes the rank that runs st.
-  auto wake = [&](int st) { ranks[rank_of_stage(kind, p, v, st)].blocked = false; };
-  for (size_t round = 0;; round++) {
-    if (round > 64 * actions * (size_t)p + 1024) return {};  // no progress: the caller falls back
-    int r = -1;  // the unfinished, unblocked rank with the earliest clock
-    bool unfinished = false;
-    for (int q = 0; q < p; q++) {
-      if (ranks[q].order.size() == actions) continue;
-      unfinished = true;
-      if (!ranks[q].blocked && (r < 0 || ranks[q].clock < ranks[r].clock)) r = q;
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+
+// One rank of the zero-bubble list scheduling.
+struct ZbRank {
+  std::vector<int> forwards, backwards;  // per chunk: how many started (in micro-batch order)
+  std::deque<std::pair<int, int>> weights;  // pending Ws (micro-batch, chunk), oldest first
+  int sets = 0, limit = 0;
+  std::vector<int> chunk_sets;  // per chunk: sets alive (F run, W not yet)
+  std::vector<Compute> fixed;  // ZB-H1: 1F1B's order of F and B
+  size_t next = 0;             // in `fixed`
+  std::vector<Compute> order;
+  double clock = 0;
+  bool blocked = false;  // waits for an input no rank has produced yet
+};
+
+// The state of zero_bubble_orders' event loop: the ranks, and when each stage's inputs
+// arrive.
+class ZbScheduler {
+ public:
+  ZbScheduler(ScheduleKind kind, int p, int m, int v, const PassCosts* costs)
+      : kind_(kind), p_(p), m_(m), v_(v), costs_(costs), ranks_(p),
+        activation_(p * v, std::vector<double>(m, kNever)), gradient_(activation_) {
+    for (int mb = 0; mb < m; mb++) activation_[0][mb] = 0;
+    for (int r = 0; r < p; r++) {
+      ranks_[r].forwards.assign(v, 0);
+      ranks_[r].backwards.assign(v, 0);
+      ranks_[r].chunk_sets.assign(v, 0);
+      ranks_[r].limit = kind == ScheduleKind::kZbH1 ? p : 2 * p;
+      if (kind == ScheduleKind::kZbH1) ranks_[r].fixed = compute_order(ScheduleKind::k1F1B, p, m, 1, r, nullptr);
     }
-    if (!unfinished) break;
-    if (r < 0) return {};  // every rank waits for another: the caller falls back
-    Rank& k = ranks[r];
+  }
+
+  // Every rank's order, or nothing if the greedy choices reach a dead end.
+  std::vector<std::vector<Compute>> run() {
+    const size_t actions = (size_t)3 * m_ * v_;
+    for (size_t round = 0;; round++) {
+      if (round > 64 * actions * (size_t)p_ + 1024) return {};  // no progress: the caller falls back
+      bool unfinished = false;
+      const int r = earliest_rank(actions, &unfinished);
+      if (!unfinished) break;
+      if (r < 0) return {};  // every rank waits for another: the caller falls back
+      step(r);
+    }
+    std::vector<std::vector<Compute>> orders;
+    for (ZbRank& k : ranks_) orders.push_back(std::move(k.order));
+    return orders;
+  }
+
+ private:
+  double cost(int s, int pass) const {  // pass 0 F, 1 B, 2 W
+    if (!costs_) return 1.0;
+    return pass == 0 ? costs_->forward[s] : pass == 1 ? costs_->backward[s] : costs_->weight[s];
+  }
+  // A pass producing stage st's input wakes the rank that runs st.
+  void wake(int st) { ranks_[rank_of_stage(kind_, p_, v_, st)].blocked = false; }
+
+  // The unfinished, unblocked rank with the earliest clock (-1: none).
+  int earliest_rank(size_t actions, bool* unfinished) const {
+    int r = -1;
+    for (int q = 0; q < p_; q++) {
+      if (ranks_[q].order.size() == actions) continue;
+      *unfinished = true;
+      if (!ranks_[q].blocked && (r < 0 || ranks_[q].clock < ranks_[r].clock)) r = q;
+    }
+    return r;
+  }
+
+  // ZB-V: the chunk of the next B and of the next F that may run at time t; else the
+  // earliest later arrival this rank could use.
+  void choose_free(int r, double t, int* best_b, int* best_f, double* next_input) const {
+    const ZbRank& k = ranks_[r];
+    // Chunk c's next pass (its micro-batch mb = counts[c], its input there at `ready`)
+    // against the best so far: the oldest micro-batch, then the stage nearer the loss.
+    auto consider = [&](int c, const std::vector<int>& counts, double ready, int* best) {
+      if (ready > t) return void(*next_input = std::min(*next_input, ready));
+      const int mb = counts[c];
+      if (*best < 0 || mb < counts[*best] ||
+          (mb == counts[*best] && stage_of(kind_, p_, v_, r, c) > stage_of(kind_, p_, v_, r, *best)))
+        *best = c;
+    };
+    for (int c = 0; c < v_; c++) {
+      const int s = stage_of(kind_, p_, v_, r, c), b = k.backwards[c], f = k.forwards[c];
+      if (b < f) consider(c, k.backwards, gradient_[s][b], best_b);
+      // The last set is kept for the second chunk while it holds none: a cheap first chunk
+      // must not take the memory the second needs to reach the loss (no gradient would
+      // ever come).
+      const bool reserve = c + 1 < v_ && k.chunk_sets[v_ - 1] == 0;
+      if (f < m_ && k.sets < k.limit - (reserve ? 1 : 0)) consider(c, k.forwards, activation_[s][f], best_f);
+    }
+  }
+
+  // ZB-H1: only the next of 1F1B's order may run.
+  void choose_fixed(int r, double t, int* best_b, int* best_f, double* next_input) const {
+    const ZbRank& k = ranks_[r];
+    if (k.next >= k.fixed.size()) return;
+    const Compute& n = k.fixed[k.next];
+    const int s = stage_of(kind_, p_, v_, r, 0);
+    const double ready = n.forward ? activation_[s][n.microbatch] : gradient_[s][n.microbatch];
+    if (ready <= t && (!n.forward || k.sets < k.limit)) (n.forward ? *best_f : *best_b) = 0;
+    else if (ready > t) *next_input = ready;
+  }
+
+  // Rank r acts at its clock: a B, else an F, else a W, else it waits for its next input
+  // (until it arrives if a rank has produced it, else until its producer wakes it).
+  void step(int r) {
+    ZbRank& k = ranks_[r];
     const double t = k.clock;
     int best_b = -1, best_f = -1;
-    double next_input = kNever;  // the earliest later arrival this rank could use
-    if (k.fixed.empty()) {
-      // Chunk c's next pass (its micro-batch mb = counts[c], its input there at `ready`)
-      // against the best so far: the oldest micro-batch, then the stage nearer the loss.
-      auto consider = [&](int c, const std::vector<int>& counts, double ready, int* best) {
-        if (ready > t) return void(next_input = std::min(next_input, ready));
-        const int mb = counts[c];
-        if (*best < 0 || mb < counts[*best] ||
-            (mb == counts[*best] && stage_of(kind, p, v, r, c) > stage_of(kind, p, v, r, *best)))
-          *best = c;
-      };
-      for (int c = 0; c < v; c++) {
-        const int s = stage_of(kind, p, v, r, c), b = k.backwards[c], f = k.forwards[c];
-        if (b < f) consider(c, k.backwards, gradient[s][b], &best_b);
-        // The last set is kept for the second chunk while it holds none: a cheap first chunk
-        // must not take the memory the second needs to reach the loss (no gradient would
-        // ever come).
-        const bool reserve = c + 1 < v && k.chunk_sets[v - 1] == 0;
-        if (f < m && k.sets < k.limit - (reserve ? 1 : 0))
-          consider(c, k.forwards, activation[s][f], &best_f);
-      }
-    } else if (k.next < k.fixed.size()) {  // only the next of 1F1B's order may run
-      const Compute& n = k.fixed[k.next];
-      const int s = stage_of(kind, p, v, r, 0);
-      const double ready = n.forward ? activation[s][n.microbatch] : gradient[s][n.microbatch];
-      if (ready <= t && (!n.forward || k.sets < k.limit)) (n.forward ? best_f : best_b) = 0;
-      else if (ready > t) next_input = ready;
-    }
+    double next_input = kNever;
+    if (k.fixed.empty()) choose_free(r, t, &best_b, &best_f, &next_input);
+    else choose_fixed(r, t, &best_b, &best_f, &next_input);
     if (best_b >= 0 || best_f >= 0) k.next++;
     if (best_b >= 0) {
-      const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind, p, v, r, c);
+      const int c = best_b, mb = k.backwards[c]++, s = stage_of(kind_, p_, v_, r, c);
       k.clock = t + cost(s, 1);
-      if (s > 0) gradient[s - 1][mb] = k.clock, wake(s - 1);
+      if (s > 0) gradient_[s - 1][mb] = k.clock, wake(s - 1);
       k.weights.push_back({mb, c});
       k.order.push_back({false, mb, c});
     } else if (best_f >= 0) {
-      const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind, p, v, r, c);
+      const int c = best_f, mb = k.forwards[c]++, s = stage_of(kind_, p_, v_, r, c);
       k.clock = t + cost(s, 0);
-      if (s + 1 < stages) activation[s + 1][mb] = k.clock, wake(s + 1);
-      else gradient[s][mb] = k.clock;  // the loss's gradient, once this F ends
+      if (s + 1 < p_ * v_) activation_[s + 1][mb] = k.clock, wake(s + 1);
+      else gradient_[s][mb] = k.clock;  // the loss's gradient, once this F ends
       k.sets++, k.chunk_sets[c]++;
       k.order.push_back({true, mb, c});
     } else if (!k.weights.empty()) {
       const auto [mb, c] = k.weights.front();
       k.weights.pop_front();
       k.sets--, k.chunk_sets[c]--;
-      k.clock = t + cost(stage_of(kind, p, v, r, c), 2);
+      k.clock = t + cost(stage_of(kind_, p_, v_, r, c), 2);
       k.order.push_back({false, mb, c, true});
+    } else if (next_input < kNever) {
+      k.clock = next_input;
     } else {
-      // Wait for the next input: until it arrives if a rank has produced it, else until
-      // one does (its producer wakes this rank).
-      if (next_input < kNever) k.clock = next_input;
-      else k.blocked = true;
-      continue;
+      k.blocked = true;
     }
   }
-  std::vector<std::vector<Compute>> orders;
-  for (Rank& k : ranks) orders.push_back(std::move(k.order));
-  return orders;
+
+  ScheduleKind kind_;
+  int p_, m_, v_;
+  const PassCosts* costs_;
+  std::vector<ZbRank> ranks_;
+  // When stage s's input activation (gradient) of micro-batch mb is there.
+  std::vector<std::vector<double>> activation_, gradient_;
+};
+
+}  // namespace
+
+std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
+  return ZbScheduler(kind, p, m, v, costs).run();
 }
 
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {

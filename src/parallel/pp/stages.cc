@@ -22,13 +22,16 @@ Status split_layers(const model::GptConfig& c, int B, int T, int stages,
   return split_layers(c.layers, stages, {layer_cost(c, B, T), 0, head_cost(c, B, T)}, requested, out);
 }
 
+std::string stage_count_error(int layers, int stages) {
+  if (stages <= layers) return "";
+  return "the pipeline has " + std::to_string(stages) + " stages (--pp x --virtual-stages) but the model only " +
+         std::to_string(layers) + " layers; every stage needs at least one";
+}
+
 Status split_layers(int L, int stages, const StageCosts& costs, const std::vector<int>& requested,
                     std::vector<int>* out) {
   if (stages < 1) return Status::error("the pipeline needs at least one stage");
-  if (stages > L)
-    return Status::error("the pipeline has " + std::to_string(stages) +
-                         " stages (--pp x --virtual-stages) but the model only " + std::to_string(L) +
-                         " layers; every stage needs at least one");
+  if (std::string why = stage_count_error(L, stages); !why.empty()) return Status::error(why);
   if (!requested.empty()) {
     if ((int)requested.size() != stages)
       return Status::error("--stage-layers lists " + std::to_string(requested.size()) +

@@ -4,6 +4,7 @@
 // rank's chunk s / p (Megatron's interleaving; v = 1 gives one stage per rank). The first
 // stage also runs the embedding, the last one the final norm, the tied head and the loss.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "core/status.h"
@@ -24,6 +25,10 @@ double head_cost(const model::GptConfig& c, int B, int T);
 struct StageCosts {
   double layer = 1, first = 0, last = 0;
 };
+
+// Why `stages` pipeline stages cannot split `layers` layers ("" when they can): each needs
+// one (a layout rule too, parallel/layout.h).
+std::string stage_count_error(int layers, int stages);
 
 // Layers per stage. `requested` (from --stage-layers) is used as given after checking it
 // (S entries, each >= 1, summing to the layer count); empty: the split that minimises the
