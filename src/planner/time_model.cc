@@ -239,13 +239,31 @@ double moe_mlp_gemm(const ModelShape& m, const Layout& l, double bs, Gemm gemm) 
   return gemm(bs, m.experts, h, 1) + experts + shared;
 }
 
-LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
-                     const Ring& ep_ring) {
-  const double b = l.micro_batch, s = m.seq, h = m.hidden, t = l.tp, e = element_bytes(l.precision);
-  const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
-  const double bs = b * s, hd = m.head_dim(), heads_local = m.heads / t, kv_local = kv_heads_local(m, l.tp);
-  const double f = m.ffn_width() / t, mlp_in = m.swiglu ? 2 : 1;
-  const bool fused = l.attention == Attention::kFused;
+// One GPU's shapes for one layer's micro-batch (its tp shares), and the rates its kernels
+// run at: what every part of layer_time reads.
+struct LayerDims {
+  double b, s, h, t, e, peak, hbm, bs, hd, heads_local, kv_local, f, mlp_in;
+  bool fused;
+};
+
+LayerDims layer_dims(const ModelShape& m, const Layout& l, const Cluster& c) {
+  LayerDims x;
+  x.b = l.micro_batch, x.s = m.seq, x.h = m.hidden, x.t = l.tp, x.e = element_bytes(l.precision);
+  x.peak = c.peak_flops(l.precision), x.hbm = c.hbm_bandwidth * c.hbm_efficiency;
+  x.bs = x.b * x.s, x.hd = m.head_dim(), x.heads_local = m.heads / x.t, x.kv_local = kv_heads_local(m, l.tp);
+  x.f = m.ffn_width() / x.t, x.mlp_in = m.swiglu ? 2 : 1;
+  x.fused = l.attention == Attention::kFused;
+  return x;
+}
+
+// The block's GEMM times, forward: the linear layers (the MLP's dense or MoE) apart from
+// attention's products, whose backward differs from twice the forward.
+struct LayerGemms {
+  double linears = 0, attention_f = 0, attention_b = 0;
+};
+
+LayerGemms layer_gemms(const ModelShape& m, const Layout& l, const Cluster& c, const LayerDims& x) {
+  const double b = x.b, s = x.s, h = x.h, peak = x.peak, bs = x.bs, hd = x.hd, heads_local = x.heads_local;
   auto gemm = [&](double M, double N, double K, double batch) {
     return 2 * M * N * K * batch / (peak * c.gemm.at(M, N, K));
   };
@@ -253,18 +271,31 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   // column-parallel q k v (GQA's k and v narrower) and MLP-in (SwiGLU's gate and up side by
   // side), row-parallel o and MLP-out, attention per local head. Each backward GEMM (input
   // gradient, weight gradient) has the forward's dimensions permuted: twice the forward time.
-  const double qkv = gemm(bs, (heads_local + 2 * kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
-  const double fc1 = gemm(bs, mlp_in * f, h, 1), fc2 = gemm(bs, h, f, 1);
+  const double qkv = gemm(bs, (heads_local + 2 * x.kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
+  const double fc1 = gemm(bs, x.mlp_in * x.f, h, 1), fc2 = gemm(bs, h, x.f, 1);
   const double products = gemm(s, s, hd, b * heads_local) + gemm(s, hd, s, b * heads_local);
+  LayerGemms g;
   // Unfused attention computes all s x s scores and runs its backward as four GEMMs; a fused
   // causal kernel skips the masked half of the blocks and recomputes the scores in its
   // backward: five products there (S, dV, dP, dQ, dK) to the forward's two (Dao 2023).
-  const double attention_f = fused ? products / 2 : products;
-  const double attention_b = fused ? 2.5 * attention_f : 2 * attention_f;
-  // Memory-bound kernels, bytes per element (docs/planning.md, "Memory-bound kernels"):
-  // the two norms and the two residual adds (bias-dropout-adds with dropout) run on the
-  // whole b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k;
-  // unfused attention's scale-mask-softmax and dropout on b a s^2/t.
+  g.attention_f = x.fused ? products / 2 : products;
+  g.attention_b = x.fused ? 2.5 * g.attention_f : 2 * g.attention_f;
+  const double fm = m.moe_fraction();
+  const double moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
+  const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
+  g.linears = qkv + proj + mlp_gemm;
+  return g;
+}
+
+// Memory-bound kernels, bytes per element (docs/planning.md, "Memory-bound kernels"): the
+// two norms and the two residual adds (bias-dropout-adds with dropout) run on the whole
+// b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k; unfused
+// attention's scale-mask-softmax and dropout on b a s^2/t. Sets mem_f and mem_b; returns
+// the unfused attention core's forward part (selective recompute redoes it).
+double layer_memory(const ModelShape& m, const Layout& l, const LayerDims& x, LayerTime* lt) {
+  const double b = x.b, s = x.s, h = x.h, t = x.t, e = x.e, hbm = x.hbm, bs = x.bs, hd = x.hd;
+  const double heads_local = x.heads_local, kv_local = x.kv_local, f = x.f;
+  const bool fused = x.fused;
   const double rep = l.sp ? bs * h / t : bs * h;  // elements of the replicated regions
   // An MoE layer's activation runs on its experts' rows instead: the b s top_k dispatched
   // rows (the most loaded rank's share) and every row for the shared experts.
@@ -286,59 +317,79 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   const double moved = m.is_moe() ? bs * m.top_k * l.moe_imbalance * h : 0, copies_each_way = l.ep > 1 ? 3 : 1;
   const double moe_mem_f = fm * (moved * (2 * copies_each_way + 1) + bs * h) * e;
   const double moe_mem_b = fm * (moved * (2 * copies_each_way + 5) + bs * h) * e;
-  LayerTime lt;
-  const double moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
-  const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
-  lt.gemm_f = qkv + proj + mlp_gemm + attention_f;
-  lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
-  lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
-  lt.gemm_w = qkv + proj + mlp_gemm;
-  // What the engine keeps for a W: each linear layer's output gradient (the projections'
-  // full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
-  // GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set:
-  // recomputed ones (the norms' outputs under full recompute, attention's output under
-  // either). Under sp the W gathers the stored norm outputs' rows again (below) rather
-  // than keeping them.
+  lt->mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
+  lt->mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
+               (fused ? 0 : score_elems * softmax_b)) / hbm;
+  return attn_core_mem;
+}
+
+// What the engine keeps for a W: each linear layer's output gradient (the projections'
+// full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
+// GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set:
+// recomputed ones (the norms' outputs under full recompute, attention's output under
+// either). Under sp the W gathers the stored norm outputs' rows again (layer_tp_comm)
+// rather than keeping them.
+double w_copy_bytes(const Layout& l, const LayerDims& x) {
+  const double h = x.h, hd = x.hd, heads_local = x.heads_local, f = x.f;
   const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
-  const double w_dout = 2 * h + (heads_local + 2 * kv_local) * hd + mlp_in * f;
+  const double w_dout = 2 * h + (heads_local + 2 * x.kv_local) * hd + x.mlp_in * f;
   const double w_inputs = (full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
   const double dout_bytes = l.precision == Precision::kBf16 ? 2 : 4;
-  lt.w_copy_bytes = bs * (dout_bytes * w_dout + 4 * w_inputs);
-  // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
-  // rank's share) to the experts' ranks and combines them back, in the forward and again
-  // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
-  // rank on the ep group's link; the tp group then gathers the received rows for its
-  // expert slices, and sums their partial outputs before the way back (docs/moe.md).
-  // Whole experts compute on the rows each tp rank received: no tp part.
-  if (m.is_moe() && l.ep > 1) {
-    const double rows_bytes = bs * m.top_k * l.moe_imbalance * h * e;
-    const double one = (ep_ring.n - 1) * ep_ring.latency +
-                       (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
-    const double tp_part = t > 1 && !l.whole_experts() ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
-    lt.ep_f = lt.ep_b = fm * (2 * one + tp_part);
-  }
-  lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
-              (fused ? 0 : score_elems * softmax_b)) / hbm;
-  // Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
-  // sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.
-  // 2022 §4.2.2). Not overlapped with compute.
-  // With sp the column-parallel layers keep only their sequence shard of the input, so the
-  // backward all-gathers it once more for each weight gradient (QKV, fc1; Korthikanti et al.
-  // 2022 §4.2.2 overlap it with the input-gradient GEMM; counted exposed here, as the other
-  // tp collectives).
-  const double act = bs * h * e;
+  return x.bs * (dout_bytes * w_dout + 4 * w_inputs);
+}
+
+// Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
+// rank's share) to the experts' ranks and combines them back, in the forward and again
+// in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
+// rank on the ep group's link; the tp group then gathers the received rows for its
+// expert slices, and sums their partial outputs before the way back (docs/moe.md).
+// Whole experts compute on the rows each tp rank received: no tp part. Per direction.
+double layer_ep_s(const ModelShape& m, const Layout& l, const LayerDims& x, const Ring& tp_ring, const Ring& ep_ring) {
+  if (!(m.is_moe() && l.ep > 1)) return 0;
+  const double t = x.t;
+  const double rows_bytes = x.bs * m.top_k * l.moe_imbalance * x.h * x.e;
+  const double one = (ep_ring.n - 1) * ep_ring.latency +
+                     (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
+  const double tp_part = t > 1 && !l.whole_experts() ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
+  return m.moe_fraction() * (2 * one + tp_part);
+}
+
+// Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
+// sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.
+// 2022 §4.2.2). Not overlapped with compute.
+// With sp the column-parallel layers keep only their sequence shard of the input, so the
+// backward all-gathers it once more for each weight gradient (QKV, fc1; Korthikanti et al.
+// 2022 §4.2.2 overlap it with the input-gradient GEMM; counted exposed here, as the other
+// tp collectives). Sets comm_f, comm_b and comm_w.
+void layer_tp_comm(const Layout& l, const LayerDims& x, const Ring& tp_ring, LayerTime* lt) {
+  const bool full = l.recompute == Recompute::kFull;
+  const double act = x.bs * x.h * x.e;
   const double one = l.sp ? 2 * all_gather_s(act, tp_ring) : all_reduce_s(act, tp_ring);
-  lt.comm_f = 2 * one;
-  lt.comm_b = 2 * one + (l.sp ? 2 * all_gather_s(act, tp_ring) : 0);
+  lt->comm_f = 2 * one;
+  lt->comm_b = 2 * one + (l.sp ? 2 * all_gather_s(act, tp_ring) : 0);
   // A zero-bubble W under sp gathers the QKV and fc1 inputs once more (model/gpt.h,
   // linear_backward), unless full recompute left them as scratch it keeps.
-  if (l.sp && !full && pp::splits_backward(l.schedule)) lt.comm_w = 2 * all_gather_s(act, tp_ring);
-  lt.comm_b += lt.comm_w;
+  if (l.sp && !full && pp::splits_backward(l.schedule)) lt->comm_w = 2 * all_gather_s(act, tp_ring);
+  lt->comm_b += lt->comm_w;
+}
+
+LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
+                     const Ring& ep_ring) {
+  const LayerDims x = layer_dims(m, l, c);
+  const LayerGemms g = layer_gemms(m, l, c, x);
+  LayerTime lt;
+  const double attn_core_mem = layer_memory(m, l, x, &lt);
+  lt.gemm_f = g.linears + g.attention_f;
+  lt.gemm_b = 2 * g.linears + g.attention_b;
+  lt.gemm_w = g.linears;
+  lt.w_copy_bytes = w_copy_bytes(l, x);
+  lt.ep_f = lt.ep_b = layer_ep_s(m, l, x, tp_ring, ep_ring);
+  layer_tp_comm(l, x, tp_ring, &lt);
   switch (l.recompute) {
     case Recompute::kNone:
       break;
     case Recompute::kSelective:  // a fused kernel already recomputes its scores: nothing more
-      lt.recompute = fused ? 0 : attention_f + attn_core_mem;
+      lt.recompute = x.fused ? 0 : g.attention_f + attn_core_mem;
       break;
     case Recompute::kFull:
       lt.recompute = lt.gemm_f + lt.mem_f;
