@@ -590,10 +590,11 @@ Cluster measure_local_cluster(int threads_per_rank) {
   return c;
 }
 
-Status predict_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c,
-                     Prediction* out, std::vector<EngineMemory>* ranks) {
-  RETURN_IF_ERROR(model::validate(config));
-  const int T = run.seq > 0 ? run.seq : config.max_seq_len;
+namespace {
+
+// What the local predictor models: a valid model and layout, fp32, no zero-bubble
+// schedule, no expert parallelism. `T` the sequence length.
+Status check_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c, int T) {
   if (T > config.max_seq_len) return Status::error("seq (" + std::to_string(T) + ") exceeds the model's max_seq_len");
   const ModelShape shape = model_shape(config, T);
   parallel::LayoutModel lm = parallel::layout_model(config);
@@ -604,7 +605,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (l.precision != Precision::kFp32)
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
-  using Kind = parallel::Compression::Kind;  // (the compressors' restrictions: validate())
+  // (The compressors' restrictions: validate().)
   if (run.threads < 1) return Status::error("threads must be >= 1");
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
@@ -614,31 +615,44 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");
   if (l.whole_experts())
     return Status::error("expert_tp 1: the local predictor does not model whole experts on tp ranks yet");
+  if (l.sp && ((int64_t)l.micro_batch * T) % l.tp != 0)
+    return Status::error("sp needs micro_batch x seq divisible by tp");
+  return Status::ok();
+}
+
+// Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0), by replaying the engine's
+// allocations: each rank's peaks and the breakdown at its peak. Fills `parts`, each rank's
+// share of the model.
+struct LocalMemory {
+  std::vector<EngineMemory> peaks;
+  std::vector<MemoryBreakdown> breakdown;
+};
+
+Status local_memory(const model::GptConfig& config, const Layout& l, const LocalRun& run, int T,
+                    std::vector<model::ModelPart>* parts, LocalMemory* out) {
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
-  if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
   std::vector<int> stage_layers;
   if (p > 1) RETURN_IF_ERROR(pp::split_layers(config, B, T, p * v, run.stage_layers, &stage_layers));
   const model::Recompute recompute = l.recompute;
   const model::ActivationInventory inv = model::activation_inventory(config, B, T, t, l.sp);
-
-  // ---- Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0) ----
-  std::vector<EngineMemory> mem(p);
-  std::vector<MemoryBreakdown> breakdown(p);
-  std::vector<model::ModelPart> parts(p);
+  out->peaks.assign(p, EngineMemory{});
+  out->breakdown.assign(p, MemoryBreakdown{});
+  parts->assign(p, model::ModelPart{});
   for (int r = 0; r < p; r++) {
-    if (p > 1) parts[r] = pp::rank_part(stage_layers, p, r);
-    const model::ParamLayout layout(config, t, 0, parts[r]);
+    if (p > 1) (*parts)[r] = pp::rank_part(stage_layers, p, r);
+    const model::ParamLayout layout(config, t, 0, (*parts)[r]);
     const parallel::ShardLayout shards(layout, d, 0);
-    const RankMemory rm = replay_rank_memory(config, layout, shards, parts[r], inv, recompute, l, m, T, run.threads, r);
-    mem[r] = rm.peaks;
-    breakdown[r] = rm.at_peak;
+    const RankMemory rm =
+        replay_rank_memory(config, layout, shards, (*parts)[r], inv, recompute, l, m, T, run.threads, r);
+    out->peaks[r] = rm.peaks;
+    out->breakdown[r] = rm.at_peak;
   }
+  return Status::ok();
+}
 
-  // ---- Time ----
-  *out = Prediction();
-  Prediction& pr = *out;
-  pr.micro_batches = m;
+// The costs of one rank on cluster `c` (measured or built in, local_cluster).
+Costs local_costs(const Layout& l, const Cluster& c) {
   Costs k;
   k.peak = c.peak_flops(l.precision);
   k.gemm = c.gemm;
@@ -651,21 +665,17 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   k.inter = c.inter;
   k.ce_forward = c.cross_entropy_forward_s > 0 ? c.cross_entropy_forward_s : kCrossEntropyForwardS * k.per_element;
   k.ce_backward = c.cross_entropy_backward_s > 0 ? c.cross_entropy_backward_s : kCrossEntropyBackwardS * k.per_element;
-  const StepContext ctx = step_context(config, l, c, T, parts, recompute);
-  // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
-  // time-share the cores while they compute, and all wait on the wire together (every
-  // collective that crosses hosts holds its group, and the step waits for its slowest).
-  const StepTimes full = step_times(ctx, k);
-  Costs cpu_only = k;
-  cpu_only.wire = false;
-  const StepTimes cpu_times = step_times(ctx, cpu_only);
-  const LocalLayerTime& lt = full.layer;
-  pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
-  pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
+  return k;
+}
 
-  // The pipeline at full speed, by the engine's schedule generator on the slowest chunk's
-  // costs; the first and last stages' extra work lies on the critical path of every
-  // micro-batch (as in predict()).
+// The step's time from every rank's: the pipeline at full speed, by the engine's schedule
+// generator on the slowest chunk's costs (the first and last stages' extra work lies on the
+// critical path of every micro-batch, as in predict()), stretched where the ranks
+// time-share the cores. `full` has every cost, `cpu_times` the CPU work alone.
+Status local_step(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c, int T,
+                  const StepTimes& full, const StepTimes& cpu_times, double peak, Prediction* out) {
+  Prediction& pr = *out;
+  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, m = pr.micro_batches;
   pp::SimResult sim;
   RETURN_IF_ERROR(pp::simulate(l.schedule, p, m, v, full.tf, full.tb, &sim));
   const double extra = p == 1 ? full.extra_first + full.extra_last : std::max(full.extra_first, full.extra_last);
@@ -692,17 +702,50 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   pr.tp = {0, full.tp_total * slow};
   pr.pp = {0, full.pp_total * slow};
   pr.dp = {0, full.dp_total * slow};
+  const ModelShape shape = model_shape(config, T);
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
   pr.model_flops = model_flops(shape, l.global_batch);
   pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.gpus()) / 1e12;
-  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * k.peak);
+  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * peak);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status predict_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c,
+                     Prediction* out, std::vector<EngineMemory>* ranks) {
+  RETURN_IF_ERROR(model::validate(config));
+  const int T = run.seq > 0 ? run.seq : config.max_seq_len;
+  RETURN_IF_ERROR(check_local(config, l, run, c, T));
+  const int p = l.pp;
+  std::vector<model::ModelPart> parts;
+  LocalMemory mem;
+  RETURN_IF_ERROR(local_memory(config, l, run, T, &parts, &mem));
+
+  // ---- Time ----
+  *out = Prediction();
+  Prediction& pr = *out;
+  pr.micro_batches = l.global_batch / (l.micro_batch * l.dp);
+  const Costs k = local_costs(l, c);
+  const StepContext ctx = step_context(config, l, c, T, parts, l.recompute);
+  // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
+  // time-share the cores while they compute, and all wait on the wire together (every
+  // collective that crosses hosts holds its group, and the step waits for its slowest).
+  const StepTimes full = step_times(ctx, k);
+  Costs cpu_only = k;
+  cpu_only.wire = false;
+  const StepTimes cpu_times = step_times(ctx, cpu_only);
+  const LocalLayerTime& lt = full.layer;
+  pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
+  pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
+  RETURN_IF_ERROR(local_step(config, l, run, c, T, full, cpu_times, k.peak, &pr));
 
   int worst = 0;
   for (int r = 1; r < p; r++)
-    if (mem[r].total > mem[worst].total) worst = r;
-  pr.memory = breakdown[worst];
+    if (mem.peaks[r].total > mem.peaks[worst].total) worst = r;
+  pr.memory = mem.breakdown[worst];
   pr.memory_available = c.memory_bytes - c.reserved_bytes;
-  if (ranks) *ranks = mem;
+  if (ranks) *ranks = mem.peaks;
   return Status::ok();
 }
 
