@@ -311,131 +311,187 @@ struct StepTimes {
   double dp_total = 0, tp_total = 0, pp_total = 0, opt_s = 0;
 };
 
-StepTimes step_times(const StepContext& x, const Costs& k) {
-  const model::GptConfig& config = *x.config;
-  const Layout& l = *x.layout;
-  const Dims& dims = x.dims;
-  const int t = l.tp, p = l.pp, d = l.dp, m = x.m;
-  StepTimes st;
-  st.busy.assign(p, 0), st.tail.assign(p, 0);
-  const LocalLayerTime lt = st.layer = local_layer_time(dims, x.recompute, k);
+// The embedding's and head's work per micro-batch (first and last stage) with the tp
+// collectives around them, and the pipeline sends: what a rank's chunks add to their layers.
+struct LocalEdges {
+  double reduce_rows = 0, gather_rows = 0;  // one tp reduction (gather, with sp) of N x C rows
+  double emb_f = 0, emb_b = 0, head_f = 0, head_b = 0;
+  double send_f = 0, send_b = 0;
+};
 
+LocalEdges local_edges(const StepContext& x, const Costs& k) {
+  const Dims& dims = x.dims;
+  const int p = x.layout->pp;
+  LocalEdges g;
   const double N = dims.N, Nl = dims.Nl, C = dims.C, act = N * C * 4;
-  const double reduce_rows = dims.sp ? k.reduce_scatter_s(act, dims.tp) : k.all_reduce_s(act, dims.tp);
-  const double gather_rows = dims.sp ? k.all_gather_s(act, dims.tp) : 0;
+  g.reduce_rows = dims.sp ? k.reduce_scatter_s(act, dims.tp) : k.all_reduce_s(act, dims.tp);
+  g.gather_rows = dims.sp ? k.all_gather_s(act, dims.tp) : 0;
   // Embedding (first stage): lookup and position add, its tp reduction; backward the
   // scatter-add of its gradient.
-  const double emb_f = k.bytes_s(N * C * 12) + reduce_rows;
-  const double emb_b = k.bytes_s(N * C * 12) + gather_rows;
+  g.emb_f = k.bytes_s(N * C * 12) + g.reduce_rows;
+  g.emb_b = k.bytes_s(N * C * 12) + g.gather_rows;
   // Head (last stage): final LayerNorm, the tied head GEMM over this rank's vocabulary
   // columns, the vocabulary-parallel cross-entropy (three all-reduces of N values);
   // backward its two GEMMs, the input gradient's reduction, the LayerNorm backward.
-  const double head_f = k.bytes_s(Nl * C * 8) + gather_rows + k.gemm_s(N, dims.vn, C) +
-                        N * dims.vn * k.ce_forward + 3 * k.all_reduce_s(N * 4, dims.tp);
-  const double head_b = N * dims.vn * k.ce_backward + k.gemm_s(N, C, dims.vn) +
-                        k.gemm_s(dims.vn, C, N) + reduce_rows + k.bytes_s(Nl * C * 4 + Nl * C * 16) +
-                        (dims.sp ? k.all_reduce_s(2 * C * 4, dims.tp) : 0);
-  st.extra_first = emb_f + emb_b, st.extra_last = head_f + head_b;
+  g.head_f = k.bytes_s(Nl * C * 8) + g.gather_rows + k.gemm_s(N, dims.vn, C) + N * dims.vn * k.ce_forward +
+             3 * k.all_reduce_s(N * 4, dims.tp);
+  g.head_b = N * dims.vn * k.ce_backward + k.gemm_s(N, C, dims.vn) + k.gemm_s(dims.vn, C, N) + g.reduce_rows +
+             k.bytes_s(Nl * C * 4 + Nl * C * 16) + (dims.sp ? k.all_reduce_s(2 * C * 4, dims.tp) : 0);
   // Pipeline sends: the boundary tensor (Nl x C), gradients copied before they go.
-  const double send_f = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) : 0;
-  const double send_b = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) + k.bytes_s(Nl * C * 8) : 0;
+  g.send_f = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) : 0;
+  g.send_b = p > 1 ? k.p2p_s(Nl * C * 4, x.pp) + k.bytes_s(Nl * C * 8) : 0;
+  return g;
+}
 
-  // Data parallelism and ZeRO: inside a host the collectives and the copies around them are
-  // CPU work on the same cores as compute (Open MPI's shared-memory transport copies and
-  // reduces on them), so every byte counts; grad-norm reductions are latency.
-  for (int r = 0; r < p; r++) {
-    const model::ParamLayout layout(config, t, 0, (*x.parts)[r]);
-    const parallel::ShardLayout shards(layout, d, 0);
-    double layers = 0, f = 0, b = 0, extra = 0;
-    const auto& part = (*x.parts)[r];
-    const auto chunks = part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
-    for (const auto& ch : chunks) {
-      const double n = ch.end - ch.begin;
-      layers += n;
-      const double cf = n * lt.forward() + (ch.end < config.layers ? send_f : 0);
-      const double cb = n * lt.backward() + (ch.begin > 0 ? send_b : 0);
-      f += cf, b += cb;
-      st.tf = std::max(st.tf, cf), st.tb = std::max(st.tb, cb);
-      if (ch.begin == 0) extra += emb_f + emb_b;
-      if (ch.end == config.layers) extra += head_f + head_b;
-    }
-    st.busy[r] = m * (f + b + extra);
-    // Communication on this rank, for the per-axis account.
-    const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
-    double tp_s = m * layers * tp_layer;
-    for (const auto& ch : chunks) {
-      if (ch.begin == 0) tp_s += m * (reduce_rows + gather_rows);
-      if (ch.end == config.layers) tp_s += m * (2 * gather_rows + 3 * k.all_reduce_s(N * 4, dims.tp) + reduce_rows);
-    }
-    double pp_s = 0;
-    for (const auto& ch : chunks) pp_s += m * ((ch.end < config.layers ? send_f : 0) + (ch.begin > 0 ? send_b : 0));
-    // The step around the pipeline.
-    const double total = (double)layout.total();
-    double owned = 0, padded = 0;
-    for (int u = 0; u < layout.num_units(); u++) {
-      owned += (double)(shards.own_end(u) - shards.own_begin(u));
-      padded += (double)shards.units()[u].padded;
-    }
-    double dp_s = 0;
-    const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
-    // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather or reduce-scatter moves the
-    // padded unit's int8 blocks, a byte and 4 / block bytes of scale per value, and costs the
-    // rank its quantization and decoding (a gather: its shard quantized, every shard decoded;
-    // a reduce-scatter: N-1 chunks quantized and N-1 decoded).
-    const parallel::QuantizedComm& qz = l.quantized;
-    const double int8_bytes = padded * (1.0 + 4.0 / (double)qz.block);
-    const double gather_bytes = qz.weights ? int8_bytes : 4 * padded;
-    const double scatter_bytes = qz.grads ? int8_bytes : 4 * padded;
-    const double gather_work = qz.weights ? (padded / d * kInt8QuantizeS + padded * kInt8DequantizeS) * k.per_element : 0;
-    const double scatter_work =
-        qz.grads ? (double)(d - 1) / d * padded * (kInt8QuantizeS + kInt8DequantizeS) * k.per_element : 0;
-    // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
-    // staging buffers that are zeroed as they are taken.
-    const bool once_per_step = p > 1 && l.zero >= 2;
-    const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
-                              (once_per_step ? k.bytes_s(4 * padded) : 0);
-    if (d > 1 && compressed) {
-      dp_s = compressed_reduction_s(layout, l, x.dp, k);
-      if (l.zero == 1) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
-    } else if (d > 1) {
-      switch (l.zero) {
-        case 0:
-          dp_s = k.all_reduce_s(4 * total, x.dp, true);
-          break;
-        case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
-          dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) +
-                 scatter_work;
-          break;
-        default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
-          double per_mb =
-              k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) + scatter_work;
-          if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
-            const double gathers = once_per_step ? 1 : x.recompute == model::Recompute::kFull ? 3 : 2;
-            per_mb += gathers * (k.all_gather_s(gather_bytes, x.dp, true) + gather_work);
-          }
-          dp_s = (once_per_step ? 1 : m) * per_mb;
+// One pipeline rank's micro-batches: its chunks' work, and its tp and pp communication for
+// the per-axis account. Raises st->tf and st->tb to its slowest chunk's.
+struct RankWork {
+  double busy = 0, tp_s = 0, pp_s = 0;
+};
+
+RankWork rank_work(const StepContext& x, const Costs& k, const LocalEdges& g, const model::ModelPart& part,
+                   StepTimes* st) {
+  const model::GptConfig& config = *x.config;
+  const LocalLayerTime& lt = st->layer;
+  const int m = x.m;
+  RankWork w;
+  double layers = 0, f = 0, b = 0, extra = 0;
+  const auto chunks = part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
+  for (const auto& ch : chunks) {
+    const double n = ch.end - ch.begin;
+    layers += n;
+    const double cf = n * lt.forward() + (ch.end < config.layers ? g.send_f : 0);
+    const double cb = n * lt.backward() + (ch.begin > 0 ? g.send_b : 0);
+    f += cf, b += cb;
+    st->tf = std::max(st->tf, cf), st->tb = std::max(st->tb, cb);
+    if (ch.begin == 0) extra += g.emb_f + g.emb_b;
+    if (ch.end == config.layers) extra += g.head_f + g.head_b;
+  }
+  w.busy = m * (f + b + extra);
+  const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
+  w.tp_s = m * layers * tp_layer;
+  for (const auto& ch : chunks) {
+    if (ch.begin == 0) w.tp_s += m * (g.reduce_rows + g.gather_rows);
+    if (ch.end == config.layers)
+      w.tp_s += m * (2 * g.gather_rows + 3 * k.all_reduce_s(x.dims.N * 4, x.dims.tp) + g.reduce_rows);
+  }
+  for (const auto& ch : chunks)
+    w.pp_s += m * ((ch.end < config.layers ? g.send_f : 0) + (ch.begin > 0 ? g.send_b : 0));
+  return w;
+}
+
+// A rank's parameter elements: all of them, the shards it owns, and its units padded for
+// their dp shards.
+struct RankElements {
+  double total = 0, owned = 0, padded = 0;
+};
+
+RankElements rank_elements(const model::ParamLayout& layout, const parallel::ShardLayout& shards) {
+  RankElements n;
+  n.total = (double)layout.total();
+  for (int u = 0; u < layout.num_units(); u++) {
+    n.owned += (double)(shards.own_end(u) - shards.own_begin(u));
+    n.padded += (double)shards.units()[u].padded;
+  }
+  return n;
+}
+
+// Data parallelism and ZeRO on one rank: inside a host the collectives and the copies
+// around them are CPU work on the same cores as compute (Open MPI's shared-memory
+// transport copies and reduces on them), so every byte counts.
+double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout& layout, const RankElements& n) {
+  const Layout& l = *x.layout;
+  const int p = l.pp, d = l.dp, m = x.m;
+  const double total = n.total, owned = n.owned, padded = n.padded;
+  double dp_s = 0;
+  const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
+  // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather or reduce-scatter moves the
+  // padded unit's int8 blocks, a byte and 4 / block bytes of scale per value, and costs the
+  // rank its quantization and decoding (a gather: its shard quantized, every shard decoded;
+  // a reduce-scatter: N-1 chunks quantized and N-1 decoded).
+  const parallel::QuantizedComm& qz = l.quantized;
+  const double int8_bytes = padded * (1.0 + 4.0 / (double)qz.block);
+  const double gather_bytes = qz.weights ? int8_bytes : 4 * padded;
+  const double scatter_bytes = qz.grads ? int8_bytes : 4 * padded;
+  const double gather_work = qz.weights ? (padded / d * kInt8QuantizeS + padded * kInt8DequantizeS) * k.per_element : 0;
+  const double scatter_work =
+      qz.grads ? (double)(d - 1) / d * padded * (kInt8QuantizeS + kInt8DequantizeS) * k.per_element : 0;
+  const bool once_per_step = p > 1 && l.zero >= 2;
+  if (d > 1 && compressed) {
+    dp_s = compressed_reduction_s(layout, l, x.dp, k);
+    if (l.zero == 1) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
+  } else if (d > 1) {
+    switch (l.zero) {
+      case 0:
+        dp_s = k.all_reduce_s(4 * total, x.dp, true);
+        break;
+      case 1:  // reduce-scatter of zero-padded copies after the last micro-batch
+        dp_s = k.bytes_s(4 * padded + 8 * total + 8 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) +
+               scatter_work;
+        break;
+      default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
+        double per_mb =
+            k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) + scatter_work;
+        if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
+          const double gathers = once_per_step ? 1 : x.recompute == model::Recompute::kFull ? 3 : 2;
+          per_mb += gathers * (k.all_gather_s(gather_bytes, x.dp, true) + gather_work);
         }
+        dp_s = (once_per_step ? 1 : m) * per_mb;
       }
-      if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
     }
-    // The tied embedding's gradients swapped between the first and last stage.
-    double tied = 0;
-    if (p > 1 && (r == 0 || r == p - 1) && !layout.has_untied_head()) {
-      const int E = layout.embedding_unit();
-      const double n = l.zero == 0 ? (double)layout.units()[E].numel
-                                   : (double)(shards.own_end(E) - shards.own_begin(E));
-      tied = k.p2p_s(4 * n, x.pp, true) + k.bytes_s(12 * n);
-      pp_s += tied;
-    }
-    // Optimizer: the global norm (fixed-order fp64 sum) and its reductions over the world,
-    // clipping (8 B), AdamW (28 B).
-    const double n_opt = l.zero == 0 ? total : owned;
-    // 2bw: the weights copied into the previous version before the update (8 B).
-    const double versions = pp::never_flushes(l.schedule) ? k.bytes_s(8 * total) : 0;
-    const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) + versions +
-                       3 * k.all_reduce_s(8, x.world.inter ? x.world : AxisLink{2});
-    st.tail[r] = zero_grads + dp_s + tied + opt;
-    if (r == 0) st.dp_total = dp_s, st.tp_total = tp_s, st.opt_s = opt;
+    if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
+  }
+  return dp_s;
+}
+
+// The step around pipeline rank r's micro-batches: zeroing the gradients, dp and ZeRO, the
+// tied embedding's swap (added to *pp_s) and the optimizer; grad-norm reductions are latency.
+void rank_tail(const StepContext& x, const Costs& k, int r, double tp_s, double* pp_s, StepTimes* st) {
+  const model::GptConfig& config = *x.config;
+  const Layout& l = *x.layout;
+  const int t = l.tp, p = l.pp, d = l.dp;
+  const model::ParamLayout layout(config, t, 0, (*x.parts)[r]);
+  const parallel::ShardLayout shards(layout, d, 0);
+  const RankElements n = rank_elements(layout, shards);
+  const double total = n.total, owned = n.owned, padded = n.padded;
+  // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
+  // staging buffers that are zeroed as they are taken.
+  const bool once_per_step = p > 1 && l.zero >= 2;
+  const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
+                            (once_per_step ? k.bytes_s(4 * padded) : 0);
+  const double dp_s = rank_dp_s(x, k, layout, n);
+  // The tied embedding's gradients swapped between the first and last stage.
+  double tied = 0;
+  if (p > 1 && (r == 0 || r == p - 1) && !layout.has_untied_head()) {
+    const int E = layout.embedding_unit();
+    const double numel =
+        l.zero == 0 ? (double)layout.units()[E].numel : (double)(shards.own_end(E) - shards.own_begin(E));
+    tied = k.p2p_s(4 * numel, x.pp, true) + k.bytes_s(12 * numel);
+    *pp_s += tied;
+  }
+  // Optimizer: the global norm (fixed-order fp64 sum) and its reductions over the world,
+  // clipping (8 B), AdamW (28 B).
+  const double n_opt = l.zero == 0 ? total : owned;
+  // 2bw: the weights copied into the previous version before the update (8 B).
+  const double versions = pp::never_flushes(l.schedule) ? k.bytes_s(8 * total) : 0;
+  const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) + versions +
+                     3 * k.all_reduce_s(8, x.world.inter ? x.world : AxisLink{2});
+  st->tail[r] = zero_grads + dp_s + tied + opt;
+  if (r == 0) st->dp_total = dp_s, st->tp_total = tp_s, st->opt_s = opt;
+}
+
+StepTimes step_times(const StepContext& x, const Costs& k) {
+  const int p = x.layout->pp;
+  StepTimes st;
+  st.busy.assign(p, 0), st.tail.assign(p, 0);
+  st.layer = local_layer_time(x.dims, x.recompute, k);
+  const LocalEdges g = local_edges(x, k);
+  st.extra_first = g.emb_f + g.emb_b, st.extra_last = g.head_f + g.head_b;
+  for (int r = 0; r < p; r++) {
+    const RankWork w = rank_work(x, k, g, (*x.parts)[r], &st);
+    st.busy[r] = w.busy;
+    double pp_s = w.pp_s;
+    rank_tail(x, k, r, w.tp_s, &pp_s, &st);
     st.pp_total = std::max(st.pp_total, pp_s);
   }
   return st;
@@ -534,10 +590,11 @@ Cluster measure_local_cluster(int threads_per_rank) {
   return c;
 }
 
-Status predict_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c,
-                     Prediction* out, std::vector<EngineMemory>* ranks) {
-  RETURN_IF_ERROR(model::validate(config));
-  const int T = run.seq > 0 ? run.seq : config.max_seq_len;
+namespace {
+
+// What the local predictor models: a valid model and layout, fp32, no zero-bubble
+// schedule, no expert parallelism. `T` the sequence length.
+Status check_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c, int T) {
   if (T > config.max_seq_len) return Status::error("seq (" + std::to_string(T) + ") exceeds the model's max_seq_len");
   const ModelShape shape = model_shape(config, T);
   parallel::LayoutModel lm = parallel::layout_model(config);
@@ -548,7 +605,7 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   if (l.precision != Precision::kFp32)
     return Status::error(std::string("precision ") + precision_name(l.precision) +
                          ": the local predictor models fp32 runs only (16-bit storage is not modelled yet)");
-  using Kind = parallel::Compression::Kind;  // (the compressors' restrictions: validate())
+  // (The compressors' restrictions: validate().)
   if (run.threads < 1) return Status::error("threads must be >= 1");
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
@@ -558,31 +615,44 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");
   if (l.whole_experts())
     return Status::error("expert_tp 1: the local predictor does not model whole experts on tp ranks yet");
+  if (l.sp && ((int64_t)l.micro_batch * T) % l.tp != 0)
+    return Status::error("sp needs micro_batch x seq divisible by tp");
+  return Status::ok();
+}
+
+// Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0), by replaying the engine's
+// allocations: each rank's peaks and the breakdown at its peak. Fills `parts`, each rank's
+// share of the model.
+struct LocalMemory {
+  std::vector<EngineMemory> peaks;
+  std::vector<MemoryBreakdown> breakdown;
+};
+
+Status local_memory(const model::GptConfig& config, const Layout& l, const LocalRun& run, int T,
+                    std::vector<model::ModelPart>* parts, LocalMemory* out) {
   const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, B = l.micro_batch;
   const int m = l.global_batch / (B * d);
-  if (l.sp && ((int64_t)B * T) % t != 0) return Status::error("sp needs micro_batch x seq divisible by tp");
   std::vector<int> stage_layers;
   if (p > 1) RETURN_IF_ERROR(pp::split_layers(config, B, T, p * v, run.stage_layers, &stage_layers));
   const model::Recompute recompute = l.recompute;
   const model::ActivationInventory inv = model::activation_inventory(config, B, T, t, l.sp);
-
-  // ---- Memory, pipeline rank by pipeline rank (tp rank 0, dp rank 0) ----
-  std::vector<EngineMemory> mem(p);
-  std::vector<MemoryBreakdown> breakdown(p);
-  std::vector<model::ModelPart> parts(p);
+  out->peaks.assign(p, EngineMemory{});
+  out->breakdown.assign(p, MemoryBreakdown{});
+  parts->assign(p, model::ModelPart{});
   for (int r = 0; r < p; r++) {
-    if (p > 1) parts[r] = pp::rank_part(stage_layers, p, r);
-    const model::ParamLayout layout(config, t, 0, parts[r]);
+    if (p > 1) (*parts)[r] = pp::rank_part(stage_layers, p, r);
+    const model::ParamLayout layout(config, t, 0, (*parts)[r]);
     const parallel::ShardLayout shards(layout, d, 0);
-    const RankMemory rm = replay_rank_memory(config, layout, shards, parts[r], inv, recompute, l, m, T, run.threads, r);
-    mem[r] = rm.peaks;
-    breakdown[r] = rm.at_peak;
+    const RankMemory rm =
+        replay_rank_memory(config, layout, shards, (*parts)[r], inv, recompute, l, m, T, run.threads, r);
+    out->peaks[r] = rm.peaks;
+    out->breakdown[r] = rm.at_peak;
   }
+  return Status::ok();
+}
 
-  // ---- Time ----
-  *out = Prediction();
-  Prediction& pr = *out;
-  pr.micro_batches = m;
+// The costs of one rank on cluster `c` (measured or built in, local_cluster).
+Costs local_costs(const Layout& l, const Cluster& c) {
   Costs k;
   k.peak = c.peak_flops(l.precision);
   k.gemm = c.gemm;
@@ -595,21 +665,17 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   k.inter = c.inter;
   k.ce_forward = c.cross_entropy_forward_s > 0 ? c.cross_entropy_forward_s : kCrossEntropyForwardS * k.per_element;
   k.ce_backward = c.cross_entropy_backward_s > 0 ? c.cross_entropy_backward_s : kCrossEntropyBackwardS * k.per_element;
-  const StepContext ctx = step_context(config, l, c, T, parts, recompute);
-  // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
-  // time-share the cores while they compute, and all wait on the wire together (every
-  // collective that crosses hosts holds its group, and the step waits for its slowest).
-  const StepTimes full = step_times(ctx, k);
-  Costs cpu_only = k;
-  cpu_only.wire = false;
-  const StepTimes cpu_times = step_times(ctx, cpu_only);
-  const LocalLayerTime& lt = full.layer;
-  pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
-  pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
+  return k;
+}
 
-  // The pipeline at full speed, by the engine's schedule generator on the slowest chunk's
-  // costs; the first and last stages' extra work lies on the critical path of every
-  // micro-batch (as in predict()).
+// The step's time from every rank's: the pipeline at full speed, by the engine's schedule
+// generator on the slowest chunk's costs (the first and last stages' extra work lies on the
+// critical path of every micro-batch, as in predict()), stretched where the ranks
+// time-share the cores. `full` has every cost, `cpu_times` the CPU work alone.
+Status local_step(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c, int T,
+                  const StepTimes& full, const StepTimes& cpu_times, double peak, Prediction* out) {
+  Prediction& pr = *out;
+  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, m = pr.micro_batches;
   pp::SimResult sim;
   RETURN_IF_ERROR(pp::simulate(l.schedule, p, m, v, full.tf, full.tb, &sim));
   const double extra = p == 1 ? full.extra_first + full.extra_last : std::max(full.extra_first, full.extra_last);
@@ -636,17 +702,50 @@ Status predict_local(const model::GptConfig& config, const Layout& l, const Loca
   pr.tp = {0, full.tp_total * slow};
   pr.pp = {0, full.pp_total * slow};
   pr.dp = {0, full.dp_total * slow};
+  const ModelShape shape = model_shape(config, T);
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
   pr.model_flops = model_flops(shape, l.global_batch);
   pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.gpus()) / 1e12;
-  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * k.peak);
+  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * peak);
+  return Status::ok();
+}
+
+}  // namespace
+
+Status predict_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c,
+                     Prediction* out, std::vector<EngineMemory>* ranks) {
+  RETURN_IF_ERROR(model::validate(config));
+  const int T = run.seq > 0 ? run.seq : config.max_seq_len;
+  RETURN_IF_ERROR(check_local(config, l, run, c, T));
+  const int p = l.pp;
+  std::vector<model::ModelPart> parts;
+  LocalMemory mem;
+  RETURN_IF_ERROR(local_memory(config, l, run, T, &parts, &mem));
+
+  // ---- Time ----
+  *out = Prediction();
+  Prediction& pr = *out;
+  pr.micro_batches = l.global_batch / (l.micro_batch * l.dp);
+  const Costs k = local_costs(l, c);
+  const StepContext ctx = step_context(config, l, c, T, parts, l.recompute);
+  // The step with every cost, and the CPU work alone (the inter-host wire left out): ranks
+  // time-share the cores while they compute, and all wait on the wire together (every
+  // collective that crosses hosts holds its group, and the step waits for its slowest).
+  const StepTimes full = step_times(ctx, k);
+  Costs cpu_only = k;
+  cpu_only.wire = false;
+  const StepTimes cpu_times = step_times(ctx, cpu_only);
+  const LocalLayerTime& lt = full.layer;
+  pr.layer_forward = {lt.gemm_f + lt.attn_f, lt.mem_f, lt.comm_f, 0};
+  pr.layer_backward = {lt.gemm_b + lt.attn_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
+  RETURN_IF_ERROR(local_step(config, l, run, c, T, full, cpu_times, k.peak, &pr));
 
   int worst = 0;
   for (int r = 1; r < p; r++)
-    if (mem[r].total > mem[worst].total) worst = r;
-  pr.memory = breakdown[worst];
+    if (mem.peaks[r].total > mem.peaks[worst].total) worst = r;
+  pr.memory = mem.breakdown[worst];
   pr.memory_available = c.memory_bytes - c.reserved_bytes;
-  if (ranks) *ranks = mem;
+  if (ranks) *ranks = mem.peaks;
   return Status::ok();
 }
 

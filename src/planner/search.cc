@@ -55,6 +55,63 @@ std::vector<comm::RankOrder> distinct_orders(const std::vector<comm::RankOrder>&
   return out;
 }
 
+// The schedules (and chunks per rank) to try for pp stages and m micro-batches.
+std::vector<std::pair<ScheduleKind, int>> schedule_choices(const ModelShape& model, const SearchSpace& space, int pp,
+                                                           int m) {
+  std::vector<std::pair<ScheduleKind, int>> schedules;
+  if (pp == 1) {
+    schedules.push_back({space.schedule.value_or(ScheduleKind::k1F1B), 1});
+  } else {
+    for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
+                                                    ScheduleKind::kZbH1, ScheduleKind::kZbV,
+                                                    ScheduleKind::k2BW})) {
+      if (k == ScheduleKind::k2BW && space.exact_updates && !space.schedule)
+        continue;  // (its updates are one step stale; the layout rules skip m < p)
+      if (k == ScheduleKind::kZbV) {  // always two chunks per rank
+        if (space.stage_layers.empty() ? model.layers % (2 * pp) == 0 : (int)space.stage_layers.size() == 2 * pp)
+          schedules.push_back({k, 2});
+        continue;
+      }
+      if (k != ScheduleKind::kInterleaved) {
+        schedules.push_back({k, 1});
+        continue;
+      }
+      for (int v : choices(space.virtual_stages, {2, 3, 4, 6, 8}))
+        if (v > 1 && m % pp == 0 &&
+            (space.stage_layers.empty() ? model.layers % (pp * v) == 0 : pp * v <= model.layers))
+          schedules.push_back({k, v});
+    }
+  }
+  return schedules;
+}
+
+// One point of the search: the axes' sizes and the choices that vary.
+struct Point {
+  int tp, pp, dp, micro_batch, global_batch, zero;
+  bool sp;
+  Recompute recompute;
+  ScheduleKind schedule;
+  int virtual_stages, ep;
+  model::ExpertTp expert_tp;
+};
+
+// The layout of one point, with the space's fixed settings.
+Layout make_layout(const SearchSpace& space, const comm::RankOrder& order, const Point& x, Precision precision) {
+  Layout l;
+  l.order = order;
+  l.tp = x.tp, l.pp = x.pp, l.dp = x.dp, l.micro_batch = x.micro_batch, l.global_batch = x.global_batch;
+  l.zero = x.zero, l.sp = x.sp, l.recompute = x.recompute, l.schedule = x.schedule, l.virtual_stages = x.virtual_stages;
+  l.ep = x.ep, l.expert_tp = x.expert_tp, l.moe_imbalance = space.moe_imbalance;
+  l.precision = precision;
+  l.compression = space.compression;
+  l.quantized = space.quantized;
+  l.quantized.weights = l.quantized.weights && x.zero == 3;
+  l.quantized.grads = l.quantized.grads && x.zero >= 1;
+  l.attention = space.attention;
+  l.stage_layers = space.stage_layers;
+  return l;
+}
+
 }  // namespace
 
 Status search_layouts(const ModelShape& model, int gpus, int global_batch, Precision precision,
@@ -82,30 +139,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
       for (int b : choices(space.micro_batch, {1, 2, 4, 8, 16})) {
         if ((global_batch / dp) % b != 0) continue;
         const int m = global_batch / dp / b;
-        std::vector<std::pair<ScheduleKind, int>> schedules;
-        if (pp == 1) {
-          schedules.push_back({space.schedule.value_or(ScheduleKind::k1F1B), 1});
-        } else {
-          for (ScheduleKind k : choices(space.schedule, {ScheduleKind::k1F1B, ScheduleKind::kInterleaved,
-                                                          ScheduleKind::kZbH1, ScheduleKind::kZbV,
-                                                          ScheduleKind::k2BW})) {
-            if (k == ScheduleKind::k2BW && space.exact_updates && !space.schedule)
-              continue;  // (its updates are one step stale; the layout rules skip m < p)
-            if (k == ScheduleKind::kZbV) {  // always two chunks per rank
-              if (space.stage_layers.empty() ? model.layers % (2 * pp) == 0 : (int)space.stage_layers.size() == 2 * pp)
-                schedules.push_back({k, 2});
-              continue;
-            }
-            if (k != ScheduleKind::kInterleaved) {
-              schedules.push_back({k, 1});
-              continue;
-            }
-            for (int v : choices(space.virtual_stages, {2, 3, 4, 6, 8}))
-              if (v > 1 && m % pp == 0 &&
-                  (space.stage_layers.empty() ? model.layers % (pp * v) == 0 : pp * v <= model.layers))
-                schedules.push_back({k, v});
-          }
-        }
+        const std::vector<std::pair<ScheduleKind, int>> schedules = schedule_choices(model, space, pp, m);
         for (auto [kind, v] : schedules)
           // (ZeRO stages differ only with dp > 1.)
           for (int ep : choices(space.ep, expert_parallel_sizes(model, dp)))
@@ -116,18 +150,10 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
               for (Recompute r : choices(space.recompute, recompute_modes))
               for (const comm::RankOrder& order : distinct_orders(space.rank_orders, tp, pp, dp)) {
-                Layout l;
-                l.order = order;
-                l.tp = tp, l.pp = pp, l.dp = dp, l.micro_batch = b, l.global_batch = global_batch;
-                l.zero = zero, l.sp = sp, l.recompute = r, l.schedule = kind, l.virtual_stages = v;
-                l.ep = ep, l.expert_tp = etp, l.moe_imbalance = space.moe_imbalance;
-                l.precision = precision;
-                l.compression = space.compression;
-                l.quantized = space.quantized;
-                l.quantized.weights = l.quantized.weights && zero == 3;
-                l.quantized.grads = l.quantized.grads && zero >= 1;
-                l.attention = space.attention;
-                l.stage_layers = space.stage_layers;
+                const Point x{.tp = tp, .pp = pp, .dp = dp, .micro_batch = b, .global_batch = global_batch,
+                              .zero = zero, .sp = sp, .recompute = r, .schedule = kind, .virtual_stages = v,
+                              .ep = ep, .expert_tp = etp};
+                const Layout l = make_layout(space, order, x, precision);
                 Candidate c;
                 c.layout = l;
                 if (Status s = predictor(l, &c.prediction); !s.is_ok()) {

@@ -239,13 +239,31 @@ double moe_mlp_gemm(const ModelShape& m, const Layout& l, double bs, Gemm gemm) 
   return gemm(bs, m.experts, h, 1) + experts + shared;
 }
 
-LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
-                     const Ring& ep_ring) {
-  const double b = l.micro_batch, s = m.seq, h = m.hidden, t = l.tp, e = element_bytes(l.precision);
-  const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
-  const double bs = b * s, hd = m.head_dim(), heads_local = m.heads / t, kv_local = kv_heads_local(m, l.tp);
-  const double f = m.ffn_width() / t, mlp_in = m.swiglu ? 2 : 1;
-  const bool fused = l.attention == Attention::kFused;
+// One GPU's shapes for one layer's micro-batch (its tp shares), and the rates its kernels
+// run at: what every part of layer_time reads.
+struct LayerDims {
+  double b, s, h, t, e, peak, hbm, bs, hd, heads_local, kv_local, f, mlp_in;
+  bool fused;
+};
+
+LayerDims layer_dims(const ModelShape& m, const Layout& l, const Cluster& c) {
+  LayerDims x;
+  x.b = l.micro_batch, x.s = m.seq, x.h = m.hidden, x.t = l.tp, x.e = element_bytes(l.precision);
+  x.peak = c.peak_flops(l.precision), x.hbm = c.hbm_bandwidth * c.hbm_efficiency;
+  x.bs = x.b * x.s, x.hd = m.head_dim(), x.heads_local = m.heads / x.t, x.kv_local = kv_heads_local(m, l.tp);
+  x.f = m.ffn_width() / x.t, x.mlp_in = m.swiglu ? 2 : 1;
+  x.fused = l.attention == Attention::kFused;
+  return x;
+}
+
+// The block's GEMM times, forward: the linear layers (the MLP's dense or MoE) apart from
+// attention's products, whose backward differs from twice the forward.
+struct LayerGemms {
+  double linears = 0, attention_f = 0, attention_b = 0;
+};
+
+LayerGemms layer_gemms(const ModelShape& m, const Layout& l, const Cluster& c, const LayerDims& x) {
+  const double b = x.b, s = x.s, h = x.h, peak = x.peak, bs = x.bs, hd = x.hd, heads_local = x.heads_local;
   auto gemm = [&](double M, double N, double K, double batch) {
     return 2 * M * N * K * batch / (peak * c.gemm.at(M, N, K));
   };
@@ -253,18 +271,31 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   // column-parallel q k v (GQA's k and v narrower) and MLP-in (SwiGLU's gate and up side by
   // side), row-parallel o and MLP-out, attention per local head. Each backward GEMM (input
   // gradient, weight gradient) has the forward's dimensions permuted: twice the forward time.
-  const double qkv = gemm(bs, (heads_local + 2 * kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
-  const double fc1 = gemm(bs, mlp_in * f, h, 1), fc2 = gemm(bs, h, f, 1);
+  const double qkv = gemm(bs, (heads_local + 2 * x.kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
+  const double fc1 = gemm(bs, x.mlp_in * x.f, h, 1), fc2 = gemm(bs, h, x.f, 1);
   const double products = gemm(s, s, hd, b * heads_local) + gemm(s, hd, s, b * heads_local);
+  LayerGemms g;
   // Unfused attention computes all s x s scores and runs its backward as four GEMMs; a fused
   // causal kernel skips the masked half of the blocks and recomputes the scores in its
   // backward: five products there (S, dV, dP, dQ, dK) to the forward's two (Dao 2023).
-  const double attention_f = fused ? products / 2 : products;
-  const double attention_b = fused ? 2.5 * attention_f : 2 * attention_f;
-  // Memory-bound kernels, bytes per element (docs/planning.md, "Memory-bound kernels"):
-  // the two norms and the two residual adds (bias-dropout-adds with dropout) run on the
-  // whole b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k;
-  // unfused attention's scale-mask-softmax and dropout on b a s^2/t.
+  g.attention_f = x.fused ? products / 2 : products;
+  g.attention_b = x.fused ? 2.5 * g.attention_f : 2 * g.attention_f;
+  const double fm = m.moe_fraction();
+  const double moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
+  const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
+  g.linears = qkv + proj + mlp_gemm;
+  return g;
+}
+
+// Memory-bound kernels, bytes per element (docs/planning.md, "Memory-bound kernels"): the
+// two norms and the two residual adds (bias-dropout-adds with dropout) run on the whole
+// b s h (1/t of it with sp), the activation on the MLP width, rotary on q and k; unfused
+// attention's scale-mask-softmax and dropout on b a s^2/t. Sets mem_f and mem_b; returns
+// the unfused attention core's forward part (selective recompute redoes it).
+double layer_memory(const ModelShape& m, const Layout& l, const LayerDims& x, LayerTime* lt) {
+  const double b = x.b, s = x.s, h = x.h, t = x.t, e = x.e, hbm = x.hbm, bs = x.bs, hd = x.hd;
+  const double heads_local = x.heads_local, kv_local = x.kv_local, f = x.f;
+  const bool fused = x.fused;
   const double rep = l.sp ? bs * h / t : bs * h;  // elements of the replicated regions
   // An MoE layer's activation runs on its experts' rows instead: the b s top_k dispatched
   // rows (the most loaded rank's share) and every row for the shared experts.
@@ -286,59 +317,79 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   const double moved = m.is_moe() ? bs * m.top_k * l.moe_imbalance * h : 0, copies_each_way = l.ep > 1 ? 3 : 1;
   const double moe_mem_f = fm * (moved * (2 * copies_each_way + 1) + bs * h) * e;
   const double moe_mem_b = fm * (moved * (2 * copies_each_way + 5) + bs * h) * e;
-  LayerTime lt;
-  const double moe_mlp = m.is_moe() ? moe_mlp_gemm(m, l, bs, gemm) : 0;
-  const double mlp_gemm = (1 - fm) * (fc1 + fc2) + fm * moe_mlp;
-  lt.gemm_f = qkv + proj + mlp_gemm + attention_f;
-  lt.mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
-  lt.gemm_b = 2 * (qkv + proj + mlp_gemm) + attention_b;
-  lt.gemm_w = qkv + proj + mlp_gemm;
-  // What the engine keeps for a W: each linear layer's output gradient (the projections'
-  // full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
-  // GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set:
-  // recomputed ones (the norms' outputs under full recompute, attention's output under
-  // either). Under sp the W gathers the stored norm outputs' rows again (below) rather
-  // than keeping them.
+  lt->mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
+  lt->mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
+               (fused ? 0 : score_elems * softmax_b)) / hbm;
+  return attn_core_mem;
+}
+
+// What the engine keeps for a W: each linear layer's output gradient (the projections'
+// full rows, q k v's and MLP-in's tp slices; in bf16 at bf16 precision, as its weight
+// GEMM reads it, else fp32), and in fp32 the inputs not in the micro-batch's set:
+// recomputed ones (the norms' outputs under full recompute, attention's output under
+// either). Under sp the W gathers the stored norm outputs' rows again (layer_tp_comm)
+// rather than keeping them.
+double w_copy_bytes(const Layout& l, const LayerDims& x) {
+  const double h = x.h, hd = x.hd, heads_local = x.heads_local, f = x.f;
   const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
-  const double w_dout = 2 * h + (heads_local + 2 * kv_local) * hd + mlp_in * f;
+  const double w_dout = 2 * h + (heads_local + 2 * x.kv_local) * hd + x.mlp_in * f;
   const double w_inputs = (full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
   const double dout_bytes = l.precision == Precision::kBf16 ? 2 : 4;
-  lt.w_copy_bytes = bs * (dout_bytes * w_dout + 4 * w_inputs);
-  // Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
-  // rank's share) to the experts' ranks and combines them back, in the forward and again
-  // in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
-  // rank on the ep group's link; the tp group then gathers the received rows for its
-  // expert slices, and sums their partial outputs before the way back (docs/moe.md).
-  // Whole experts compute on the rows each tp rank received: no tp part.
-  if (m.is_moe() && l.ep > 1) {
-    const double rows_bytes = bs * m.top_k * l.moe_imbalance * h * e;
-    const double one = (ep_ring.n - 1) * ep_ring.latency +
-                       (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
-    const double tp_part = t > 1 && !l.whole_experts() ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
-    lt.ep_f = lt.ep_b = fm * (2 * one + tp_part);
-  }
-  lt.mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
-              (fused ? 0 : score_elems * softmax_b)) / hbm;
-  // Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
-  // sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.
-  // 2022 §4.2.2). Not overlapped with compute.
-  // With sp the column-parallel layers keep only their sequence shard of the input, so the
-  // backward all-gathers it once more for each weight gradient (QKV, fc1; Korthikanti et al.
-  // 2022 §4.2.2 overlap it with the input-gradient GEMM; counted exposed here, as the other
-  // tp collectives).
-  const double act = bs * h * e;
+  return x.bs * (dout_bytes * w_dout + 4 * w_inputs);
+}
+
+// Expert parallelism: each MoE layer dispatches its b s top_k rows (the most loaded
+// rank's share) to the experts' ranks and combines them back, in the forward and again
+// in the backward. Each tp rank carries 1/t of them over ep, where (ep-1)/ep leave the
+// rank on the ep group's link; the tp group then gathers the received rows for its
+// expert slices, and sums their partial outputs before the way back (docs/moe.md).
+// Whole experts compute on the rows each tp rank received: no tp part. Per direction.
+double layer_ep_s(const ModelShape& m, const Layout& l, const LayerDims& x, const Ring& tp_ring, const Ring& ep_ring) {
+  if (!(m.is_moe() && l.ep > 1)) return 0;
+  const double t = x.t;
+  const double rows_bytes = x.bs * m.top_k * l.moe_imbalance * x.h * x.e;
+  const double one = (ep_ring.n - 1) * ep_ring.latency +
+                     (double)(ep_ring.n - 1) / ep_ring.n * rows_bytes / t / ep_ring.bandwidth;
+  const double tp_part = t > 1 && !l.whole_experts() ? 2 * all_gather_s(rows_bytes, tp_ring) : 0;
+  return m.moe_fraction() * (2 * one + tp_part);
+}
+
+// Megatron's tensor parallelism: two all-reduces of b s h forward and two backward; with
+// sp an all-gather and a reduce-scatter in their place, the same bytes (Korthikanti et al.
+// 2022 §4.2.2). Not overlapped with compute.
+// With sp the column-parallel layers keep only their sequence shard of the input, so the
+// backward all-gathers it once more for each weight gradient (QKV, fc1; Korthikanti et al.
+// 2022 §4.2.2 overlap it with the input-gradient GEMM; counted exposed here, as the other
+// tp collectives). Sets comm_f, comm_b and comm_w.
+void layer_tp_comm(const Layout& l, const LayerDims& x, const Ring& tp_ring, LayerTime* lt) {
+  const bool full = l.recompute == Recompute::kFull;
+  const double act = x.bs * x.h * x.e;
   const double one = l.sp ? 2 * all_gather_s(act, tp_ring) : all_reduce_s(act, tp_ring);
-  lt.comm_f = 2 * one;
-  lt.comm_b = 2 * one + (l.sp ? 2 * all_gather_s(act, tp_ring) : 0);
+  lt->comm_f = 2 * one;
+  lt->comm_b = 2 * one + (l.sp ? 2 * all_gather_s(act, tp_ring) : 0);
   // A zero-bubble W under sp gathers the QKV and fc1 inputs once more (model/gpt.h,
   // linear_backward), unless full recompute left them as scratch it keeps.
-  if (l.sp && !full && pp::splits_backward(l.schedule)) lt.comm_w = 2 * all_gather_s(act, tp_ring);
-  lt.comm_b += lt.comm_w;
+  if (l.sp && !full && pp::splits_backward(l.schedule)) lt->comm_w = 2 * all_gather_s(act, tp_ring);
+  lt->comm_b += lt->comm_w;
+}
+
+LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
+                     const Ring& ep_ring) {
+  const LayerDims x = layer_dims(m, l, c);
+  const LayerGemms g = layer_gemms(m, l, c, x);
+  LayerTime lt;
+  const double attn_core_mem = layer_memory(m, l, x, &lt);
+  lt.gemm_f = g.linears + g.attention_f;
+  lt.gemm_b = 2 * g.linears + g.attention_b;
+  lt.gemm_w = g.linears;
+  lt.w_copy_bytes = w_copy_bytes(l, x);
+  lt.ep_f = lt.ep_b = layer_ep_s(m, l, x, tp_ring, ep_ring);
+  layer_tp_comm(l, x, tp_ring, &lt);
   switch (l.recompute) {
     case Recompute::kNone:
       break;
     case Recompute::kSelective:  // a fused kernel already recomputes its scores: nothing more
-      lt.recompute = fused ? 0 : attention_f + attn_core_mem;
+      lt.recompute = x.fused ? 0 : g.attention_f + attn_core_mem;
       break;
     case Recompute::kFull:
       lt.recompute = lt.gemm_f + lt.mem_f;
@@ -421,6 +472,353 @@ double compressed_reduction_s(const ModelShape& m, const Layout& l, const Cluste
   return 40 * params / hbm;
 }
 
+// What every part of predict()'s step reads: the model, layout and cluster, their sizes,
+// the rings of each axis's groups (placed as the rank order places them), one layer's
+// times and the stages' parameters. Built once, so that the parts below agree on them.
+struct Step {
+  const ModelShape& m;
+  const Layout& l;
+  const Cluster& c;
+  int t, p, d, v, S, mb;
+  double b, s, h, V, e, peak, hbm, bsh;
+  double rep;     // elements of a replicated b s h region on one GPU (1/t of it with sp)
+  double logits;  // one micro-batch's logits on one GPU
+  int pp_stride;
+  Ring tp_ring, dp_ring, pp_ring, ep_ring, edp_ring;
+  LayerTime lt;
+  // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and gathers
+  // ZeRO-3 parameters at their first use in the step, keeping them to its end
+  // (DpConfig::reduce_once_per_step and keep_gathered, the `--zero3-gather step` default).
+  bool once_per_step;
+  bool split;  // a zero-bubble schedule: backward split into B and W
+  StageParams sparams;
+  // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather (qwZ) or reduce-scatter (qgZ)
+  // moves a byte and 4/block bytes of scale per value instead of the dtype's, and costs
+  // passes over memory: a gather quantizes the GPU's shard and decodes every value, a
+  // reduce-scatter quantizes and decodes (d-1)/d of them.
+  double gather_e, scatter_e, gather_work, scatter_work;
+  int last_rank;  // the head's pipeline rank: p - 1, or 0 in a V
+
+  Step(const ModelShape& m_, const Layout& l_, const Cluster& c_) : m(m_), l(l_), c(c_) {
+    t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, S = p * v;
+    mb = l.global_batch / (l.micro_batch * d);
+    b = l.micro_batch, s = m.seq, h = m.hidden, V = m.vocab, e = element_bytes(l.precision);
+    peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
+    bsh = b * s * h;
+    rep = l.sp ? bsh / t : bsh;
+    logits = b * s * V / t;
+    using comm::MeshAxis;
+    const int tp_stride = axis_stride(l, MeshAxis::kTp), dp_stride = axis_stride(l, MeshAxis::kDp);
+    pp_stride = axis_stride(l, MeshAxis::kPp);
+    tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, d, c);
+    pp_ring = ring_for(pp_stride, p, c);
+    // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
+    ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, d / l.ep, c);
+    lt = layer_time(m, l, c, tp_ring, ep_ring);
+    once_per_step = p > 1 && d > 1 && l.zero >= 2;
+    split = pp::splits_backward(l.schedule);
+    sparams = stage_params(m, l);
+    const double int8_e = 1.0 + 4.0 / (double)l.quantized.block;
+    gather_e = l.quantized.weights ? int8_e : e, scatter_e = l.quantized.grads ? int8_e : e;
+    gather_work = l.quantized.weights ? ((e + 1) / d + (1 + e)) / hbm : 0;
+    scatter_work = l.quantized.grads ? 2.0 * (d - 1) / d * (e + 1) / hbm : 0;
+    last_rank = pp::rank_of_stage(l.schedule, p, v, S - 1);
+  }
+
+  // Sums over the stages pipeline rank `rank` runs (its chunks).
+  template <typename F>
+  double over_rank(int rank, F&& value) const {
+    double sum = 0;
+    for (int st = 0; st < S; st++)
+      if (pp::rank_of_stage(l.schedule, p, v, st) == rank) sum += value(st);
+    return sum;
+  }
+};
+
+// The first and last stages' own work per micro-batch, beside their layers.
+struct EdgeTimes {
+  double emb_f = 0, emb_b = 0;             // first stage
+  double head_gemm = 0, head_f = 0, head_b = 0;  // last stage
+  double edge_tp = 0;                      // their tp collectives, for the per-axis account
+};
+
+EdgeTimes edge_times(const Step& x) {
+  const ModelShape& m = x.m;
+  const Layout& l = x.l;
+  const double b = x.b, s = x.s, h = x.h, V = x.V, e = x.e, hbm = x.hbm, bsh = x.bsh, rep = x.rep;
+  const int t = x.t;
+  const Ring& tp_ring = x.tp_ring;
+  EdgeTimes g;
+  // First stage: embedding lookup (+ position add and dropout), its tp reduction
+  // (all-reduce, or reduce-scatter with sp) forward; the scatter-add of its gradient backward.
+  const double embed_bytes = (2 + (m.rope ? 0 : 1) + (m.dropout ? 2 : 0)) * e + (m.dropout ? 1 : 0);
+  g.emb_f = rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
+  g.emb_b = rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
+  // Last stage: final norm, the vocabulary-parallel head GEMM and cross-entropy (fp32
+  // logits: cast, max, exp, sum, ~(e + 20) bytes per logit forward, (4 + e) backward), and
+  // the head's input gradient all-reduce (with sp: all-gather forward, reduce-scatter back).
+  const double logits = x.logits;
+  g.head_gemm = 2 * b * s * (V / t) * h / (x.peak * x.c.gemm.at(b * s, V / t, h));
+  g.head_f = rep * 2 * e / hbm + g.head_gemm + logits * (e + 20) / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
+  g.head_b = rep * 3 * e / hbm + 2 * g.head_gemm + logits * (4 + e) / hbm +
+             (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
+  // The tp collectives among these (for the per-axis account): sp ? 2 all-gather-sized : 1 all-reduce.
+  g.edge_tp = l.sp ? 2 * all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring);
+  return g;
+}
+
+// Pipeline sends: one activation forward, one gradient backward per chunk and micro-batch,
+// b s h elements, 1/t of it per GPU with scatter/gather or sp (then re-gathered in-node).
+double pipeline_send_s(const Step& x) {
+  if (x.p <= 1) return 0;
+  const int t = x.t;
+  const double bsh = x.bsh, e = x.e;
+  const bool split = (x.l.pp_scatter_gather || x.l.sp) && t > 1;
+  return p2p_s(bsh * e / (split ? t : 1), x.pp_ring) + (split && !x.l.sp ? all_gather_s(bsh * e, x.tp_ring) : 0);
+}
+
+// Each stage's forward, backward (B) and zero-bubble W per micro-batch, what the schedule
+// simulator runs on, and its ZeRO-3 gathers (forward + backward).
+struct StageTimes {
+  std::vector<double> tf, tb, tw, z3_gather, z3_exposed;
+};
+
+// ZeRO-3: each stage's parameters are all-gathered before its forward and again before its
+// backward (its gradients are reduce-scattered with the other stages' in dense_dp); prefetch
+// hides a gather behind the previous layer's compute, except the first layer's. Under a
+// pipeline (Step::once_per_step) the gather is paid once per step, not per micro-batch, so
+// its exposed part stays outside the pipeline's per-micro-batch costs.
+StageTimes stage_times(const Step& x, const EdgeTimes& g, double send, const std::vector<int>& layers) {
+  const int S = x.S, d = x.d;
+  const LayerTime& lt = x.lt;
+  const StageParams& sparams = x.sparams;
+  const Ring& dp_ring = x.dp_ring;
+  StageTimes o;
+  o.tf.resize(S), o.tb.resize(S), o.tw.assign(S, 0.0), o.z3_gather.assign(S, 0), o.z3_exposed.assign(S, 0);
+  // A zero-bubble schedule's W: the weight-gradient GEMMs, half of the linear layers'
+  // backward GEMMs (the other half is B's input gradients) and the head's one of two.
+  const double layer_w = x.split ? lt.gemm_w + lt.comm_w : 0.0, head_w = x.split ? g.head_gemm : 0.0;
+  for (int st = 0; st < S; st++) {
+    const int n = layers[st];
+    o.tf[st] = n * lt.forward() + send + (st == 0 ? g.emb_f : 0) + (st == S - 1 ? g.head_f : 0);
+    o.tw[st] = n * layer_w + (st == S - 1 ? head_w : 0);
+    o.tb[st] = n * lt.backward() + send + (st == 0 ? g.emb_b : 0) + (st == S - 1 ? g.head_b : 0) - o.tw[st];
+    if (x.l.zero == 3 && d > 1) {
+      // Gathers layer by layer: one collective per layer, the stage's edges with its first
+      // (qwZ: int8 blocks, and each GPU quantizes its shard and decodes the whole).
+      const double layer_gather =
+          all_gather_s(sparams.per_layer * x.gather_e, dp_ring) + sparams.per_layer * x.gather_work;
+      const double stage_gather = all_gather_s(sparams.of(st, S, n) * x.gather_e, dp_ring) +
+                                  sparams.of(st, S, n) * x.gather_work + (n - 1) * (d - 1) * dp_ring.latency;
+      const double exposed_f = std::max(layer_gather, stage_gather - n * lt.forward());
+      const double exposed_b = std::max(layer_gather, stage_gather - n * lt.backward());
+      if (x.once_per_step) {
+        o.z3_gather[st] = stage_gather, o.z3_exposed[st] = exposed_f;
+      } else {
+        o.tf[st] += exposed_f, o.tb[st] += exposed_b;
+        o.z3_gather[st] = 2 * stage_gather, o.z3_exposed[st] = exposed_f + exposed_b;
+      }
+    }
+  }
+  return o;
+}
+
+// The first pipeline rank's share of the step (its GPU finishes the pipeline last): what
+// data parallelism reduces and gathers, and the backward it may hide behind.
+struct FirstRank {
+  double params = 0, experts = 0, layers = 0;
+  double last_backward = 0;  // its last micro-batch's backward (B and W)
+  double z3_gather = 0, z3_exposed = 0;
+};
+
+FirstRank first_rank(const Step& x, const StageTimes& st, const std::vector<int>& layers) {
+  FirstRank f;
+  f.params = x.over_rank(0, [&](int s) { return x.sparams.of(s, x.S, layers[s]); });
+  f.experts = x.over_rank(0, [&](int s) { return layers[s] * x.sparams.per_layer_experts; });
+  f.last_backward = x.over_rank(0, [&](int s) { return st.tb[s] + st.tw[s]; });
+  f.z3_gather = x.over_rank(0, [&](int s) { return st.z3_gather[s]; });
+  f.z3_exposed = x.over_rank(0, [&](int s) { return st.z3_exposed[s]; });
+  f.layers = x.over_rank(0, [&](int s) { return (double)layers[s]; });
+  return f;
+}
+
+// Data-parallel communication on the first rank's GPU, and the compressor's (or ZeRO++'s
+// quantization) compute.
+struct DpTimes {
+  double total = 0, exposed = 0, compressor_s = 0;
+  int buckets = 1;  // the dense gradients' buckets
+};
+
+// The dense gradients: compressed, all-reduced (ZeRO-0) or reduce-scattered (ZeRO 1-3),
+// bucket by bucket behind the backward, and the updated parameters gathered back.
+DpTimes dense_dp(const Step& x, const FirstRank& f) {
+  const Layout& l = x.l;
+  const int d = x.d, mb = x.mb;
+  const double e = x.e;
+  const Ring& dp_ring = x.dp_ring;
+  DpTimes o;
+  const double grad_bytes = f.params * e;
+  const int buckets = o.buckets = std::max(1, (int)std::ceil(grad_bytes / l.dp_bucket_bytes));
+  const double bucket = grad_bytes / buckets;
+  // Reduce-scatters (ZeRO 1-3) of `bytes` of gradients, quantized under qgZ (whose
+  // quantization is charged below, as compute after the backward).
+  auto scatter_s = [&](double bytes) { return all_gather_s(bytes / e * x.scatter_e, dp_ring); };
+  if (d > 1 && l.compression.kind != parallel::Compression::Kind::kNone) {
+    // The compressed phase, after the last backward; ZeRO-1 then gathers the updated
+    // parameters as usual.
+    o.compressor_s = compressed_reduction_s(x.m, l, x.c, dp_ring, f.params, f.layers, x.p == 1, e, &o.total);
+    o.exposed = o.total;
+    if (l.zero == 1) o.total += all_gather_s(grad_bytes, dp_ring), o.exposed = o.total;
+  } else if (d > 1) {
+    if (l.zero <= 1 || x.once_per_step) {
+      // Stage 0: all-reduce after the last micro-batch; stage 1 (and 2-3 under a pipeline):
+      // reduce-scatter of the same gradients, then (stages 1-2) an all-gather of the updated
+      // parameters after the step (ZeRO §7: the same 2 Psi volume).
+      const double per = l.zero == 0 ? all_reduce_s(bucket, dp_ring) : scatter_s(bucket);
+      o.total = buckets * per;
+      o.exposed = l.dp_overlap ? exposed_after_window(o.total, per, buckets, f.last_backward) : o.total;
+      // ZeRO-3 under a pipeline: each stage's gather once per step, its exposed part outside.
+      o.total += f.z3_gather;
+      o.exposed += f.z3_exposed;
+    } else {
+      // Stages 2-3 keep sharded gradients: a reduce-scatter after every micro-batch's
+      // backward (the engine's order), hidden behind the backward of the next ones.
+      const double per = scatter_s(bucket);
+      const double one_mb = buckets * per;
+      o.total = mb * one_mb;
+      const double window = mb * f.last_backward;
+      o.exposed = l.dp_overlap ? exposed_after_window(o.total, per, buckets * mb, window) : o.total;
+      // ZeRO-3's gathers, whose exposed part is already inside tf and tb.
+      o.total += mb * f.z3_gather;
+      o.exposed += mb * f.z3_exposed;
+    }
+    if (l.zero == 1 || l.zero == 2) {  // updated parameters all-gathered after the step
+      const double ag = all_gather_s(grad_bytes, dp_ring);
+      o.total += ag;
+      o.exposed += ag;
+    }
+    if (l.zero >= 1) o.compressor_s = (l.zero == 1 || x.once_per_step ? 1 : mb) * f.params * x.scatter_work;
+  }
+  return o;
+}
+
+// The routed experts' gradients reduce over their expert-data-parallel group, in the same
+// window as the dense ones (and stages 1-2 all-gather them back).
+void add_expert_dp(const Step& x, const FirstRank& f, DpTimes* dp) {
+  const Layout& l = x.l;
+  const int d = x.d, buckets = dp->buckets;
+  const Ring& edp_ring = x.edp_ring;
+  if (f.experts > 0 && d / l.ep > 1) {
+    const double bytes = f.experts * x.e;
+    double total = l.zero == 0 ? all_reduce_s(bytes, edp_ring) : all_gather_s(bytes, edp_ring);
+    double exposed = l.dp_overlap ? exposed_after_window(total, total / buckets, buckets, f.last_backward) : total;
+    if (l.zero == 1 || l.zero == 2) total += all_gather_s(bytes, edp_ring), exposed += all_gather_s(bytes, edp_ring);
+    dp->total += total, dp->exposed += exposed;
+  }
+}
+
+// Whole experts: each tp rank's gradient is its rows' part, summed over tp (blocking, as
+// each bucket or unit is reduced: after every micro-batch where ZeRO 2-3 reduce per
+// micro-batch) before the edp reduction. Exposed: the tp link has no compute to hide behind.
+double expert_tp_sum_s(const Step& x, const FirstRank& f) {
+  const Layout& l = x.l;
+  return l.whole_experts() && f.experts > 0
+             ? (l.zero >= 2 && x.d > 1 && !x.once_per_step ? x.mb : 1) * all_reduce_s(f.experts * x.e, x.tp_ring)
+             : 0;
+}
+
+StateDtypes state_dtypes(const Layout& l) { return l.precision == Precision::kFp32 ? kFp32State : kMixedState; }
+
+// The model state of a GPU holding `params` dense parameters (sharded over dp) and
+// `experts` routed-expert parameters (sharded over edp).
+StateBytes gpu_state(const Layout& l, const StateDtypes& dt, double params, double experts) {
+  StateBytes state = model_state_bytes(params, dt, l.zero, l.dp);
+  const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, l.dp / l.ep);
+  state.params += expert_state.params, state.grads += expert_state.grads;
+  state.optim += expert_state.optim;
+  return state;
+}
+
+// Optimizer step on the first rank's GPU's shard, as passes over memory (Megatron's
+// mixed-precision optimizer): read the gradients for the overflow check, for the norm and
+// in Adam; read and write the fp32 master weights and both moments; read the fp32 master
+// again to write the 16-bit weights; zero the gradient buffer.
+double optimizer_s(const Step& x, const FirstRank& f) {
+  const Layout& l = x.l;
+  const StateDtypes dt = state_dtypes(l);
+  const StateBytes first_state = gpu_state(l, dt, f.params, f.experts);
+  const double owned = first_state.optim / dt.optim;
+  const double master = l.precision == Precision::kFp32 ? 0 : 4;  // fp32 copy read for the cast
+  // Under a pipeline ZeRO-2/3 also zero the step's whole fp32 gradient accumulators.
+  const double whole_grads = x.once_per_step ? 4 * f.params : 0;
+  return (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / x.hbm;
+}
+
+// The memory of pipeline rank `rank`'s GPUs: its model state, its activations at the
+// schedule's peak (`per_layer` a layer's for one micro-batch, `rebuilt` full recompute's
+// one rebuilt layer), and the communication staging: one dp bucket in flight (stages 1-2
+// reduce-scatter into a separate buffer), ZeRO-3's gathered current and prefetched layers,
+// and the tp collectives' output buffer of b s h. Under a pipeline ZeRO-2/3 hold the rank's
+// whole fp32 gradients through the step, and ZeRO-3 its whole gathered parameters.
+MemoryBreakdown rank_memory(const Step& x, const std::vector<int>& layers, const pp::SimResult& sim, int rank,
+                            double per_layer, double rebuilt) {
+  const ModelShape& m = x.m;
+  const Layout& l = x.l;
+  const int t = x.t, d = x.d, v = x.v, S = x.S;
+  const double e = x.e, rep = x.rep;
+  const double params = x.over_rank(rank, [&](int st) { return x.sparams.of(st, S, layers[st]); });
+  const double experts = x.over_rank(rank, [&](int st) { return layers[st] * x.sparams.per_layer_experts; });
+  StateBytes state = gpu_state(l, state_dtypes(l), params, experts);
+  // PipeDream-2BW keeps the weights before the last update beside the current ones: a
+  // second copy of the rank's parameters in their compute dtype (ZeRO 0-2 hold them whole).
+  if (pp::never_flushes(l.schedule)) state.params *= 2;
+  // zb-v's rank 0 runs the embedding and a tied head in two chunks: the head's gradient
+  // adds up in an fp32 buffer of its own until the step's last embedding backward (so the
+  // sums do not follow the list's timings, model/gpt.h).
+  if (l.schedule == pp::ScheduleKind::kZbV && rank == 0 && m.tied_head) state.grads += 4.0 * m.vocab / t * m.hidden;
+  // The compressor's state (d > 1): PowerSGD's fp32 error feedback; 1-bit Adam's worker
+  // error, its frozen 1/d and the exchange buffer (fp32 each), and the server's error of
+  // the rank's chunk.
+  if (d > 1 && l.compression.kind == parallel::Compression::Kind::kPowerSgd) state.optim += 4 * params;
+  if (d > 1 && l.compression.kind == parallel::Compression::Kind::kOneBitAdam) state.optim += 12 * params + 4 * params / d;
+  // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
+  // (its layers over v on average).
+  const double sets = sim.peak_in_flight[rank];
+  const double rank_layers = x.over_rank(rank, [&](int st) { return (double)layers[st]; });
+  double act = sets * rank_layers / v * per_layer + rebuilt;
+  if (rank == 0 && m.dropout) act += sets / v * rep;  // embedding dropout mask, 1 byte per element
+  if (rank == x.last_rank) act += rep * e + x.logits * 4;  // final norm input, fp32 logits of one micro-batch
+  // Between a B and its W the engine keeps copies of each linear layer's input and output
+  // gradient (fp32, tp-local): 4h + (qkv + h + fc + ffn) / t elements per token and layer.
+  if (x.split) act += sim.peak_pending_weights[rank] * rank_layers / v * x.lt.w_copy_bytes;
+  double buffers = t > 1 ? x.bsh * e : 0;
+  if (d > 1 && x.once_per_step) {
+    buffers += 4 * params + (l.zero == 3 ? params * e : 0);
+  } else {
+    if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(params * e, l.dp_bucket_bytes);
+    if (d > 1 && l.zero == 3) buffers += 2 * x.sparams.per_layer * e;
+  }
+  return {state.params, state.grads, state.optim, act, buffers};
+}
+
+// Memory of the most loaded GPU, pipeline rank by pipeline rank.
+void peak_memory(const Step& x, const std::vector<int>& layers, const pp::SimResult& sim, Prediction* r) {
+  const ModelShape& m = x.m;
+  const Layout& l = x.l;
+  const int t = x.t;
+  const double e = x.e;
+  const double per_layer = activation_bytes_per_layer(m, l.micro_batch, t, l.sp, l.recompute, l.attention) * e / 2;
+  // Full recompute rebuilds one layer's activations at a time during backward.
+  const double rebuilt =
+      l.recompute == Recompute::kFull
+          ? activation_bytes_per_layer(m, l.micro_batch, t, l.sp, Recompute::kNone, l.attention) * e / 2
+          : 0;
+  for (int rank = 0; rank < x.p; rank++) {
+    const MemoryBreakdown mem = rank_memory(x, layers, sim, rank, per_layer, rebuilt);
+    if (rank == 0 || mem.total() > r->memory.total()) r->memory = mem, r->memory_rank = rank;
+  }
+}
+
 }  // namespace
 
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out) {
@@ -429,274 +827,61 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   RETURN_IF_ERROR(check_fits_nodes(l, c));
   *out = Prediction();
   Prediction& r = *out;
-  const int t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, S = p * v;
-  const int mb = l.global_batch / (l.micro_batch * d);
+  const Step x(m, l, c);
+  const int t = x.t, p = x.p, v = x.v, S = x.S, mb = x.mb;
+  const double h = x.h, V = x.V, e = x.e;
   r.micro_batches = mb;
-  const double b = l.micro_batch, s = m.seq, h = m.hidden, V = m.vocab, e = element_bytes(l.precision);
-  const double peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
-  const double bsh = b * s * h;
-
-  using comm::MeshAxis;
-  const int tp_stride = axis_stride(l, MeshAxis::kTp), dp_stride = axis_stride(l, MeshAxis::kDp);
-  const int pp_stride = axis_stride(l, MeshAxis::kPp);
-  const Ring tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, d, c);
-  const Ring pp_ring = ring_for(pp_stride, p, c);
-  // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
-  const Ring ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, d / l.ep, c);
-  const LayerTime lt = layer_time(m, l, c, tp_ring, ep_ring);
+  const LayerTime& lt = x.lt;
   r.layer_forward = {lt.gemm_f, lt.mem_f, lt.comm_f, 0};
   r.layer_backward = {lt.gemm_b, lt.mem_b, lt.comm_b, lt.recompute + lt.recompute_comm};
-
-  // First stage: embedding lookup (+ position add and dropout), its tp reduction
-  // (all-reduce, or reduce-scatter with sp) forward; the scatter-add of its gradient backward.
-  const double rep = l.sp ? bsh / t : bsh;
-  const double embed_bytes = (2 + (m.rope ? 0 : 1) + (m.dropout ? 2 : 0)) * e + (m.dropout ? 1 : 0);
-  const double emb_f =
-      rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
-  const double emb_b = rep * embed_bytes / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
-  // Last stage: final norm, the vocabulary-parallel head GEMM and cross-entropy (fp32
-  // logits: cast, max, exp, sum, ~(e + 20) bytes per logit forward, (4 + e) backward), and
-  // the head's input gradient all-reduce (with sp: all-gather forward, reduce-scatter back).
-  const double logits = b * s * V / t;
-  const double head_gemm = 2 * b * s * (V / t) * h / (peak * c.gemm.at(b * s, V / t, h));
-  const double head_f =
-      rep * 2 * e / hbm + head_gemm + logits * (e + 20) / hbm + (l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
-  const double head_b = rep * 3 * e / hbm + 2 * head_gemm + logits * (4 + e) / hbm +
-                        (l.sp ? all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring));
-  // The tp collectives among these (for the per-axis account): sp ? 2 all-gather-sized : 1 all-reduce.
-  const double edge_tp = l.sp ? 2 * all_gather_s(bsh * e, tp_ring) : all_reduce_s(bsh * e, tp_ring);
+  const EdgeTimes g = edge_times(x);
 
   // Layers per stage: as given, or balanced on these costs.
   std::vector<int>& layers = r.stage_layers;
-  RETURN_IF_ERROR(pp::split_layers(m.layers, S, {lt.forward() + lt.backward(), emb_f + emb_b, head_f + head_b},
+  RETURN_IF_ERROR(pp::split_layers(m.layers, S, {lt.forward() + lt.backward(), g.emb_f + g.emb_b, g.head_f + g.head_b},
                                    l.stage_layers, &layers));
-
-  // Pipeline sends: one activation forward, one gradient backward per chunk and micro-batch,
-  // b s h elements, 1/t of it per GPU with scatter/gather or sp (then re-gathered in-node).
-  double send = 0;
-  if (p > 1) {
-    const bool split = (l.pp_scatter_gather || l.sp) && t > 1;
-    send = p2p_s(bsh * e / (split ? t : 1), pp_ring) + (split && !l.sp ? all_gather_s(bsh * e, tp_ring) : 0);
-  }
-
-  // Each stage's forward and backward per micro-batch. ZeRO-3: each stage's parameters are
-  // all-gathered before its forward and again before its backward (its gradients are
-  // reduce-scattered with the other stages' below); prefetch hides a gather behind the
-  // previous layer's compute, except the first layer's. Under a pipeline the engine instead
-  // reduces ZeRO-2/3 gradients once per step and gathers ZeRO-3 parameters at their first
-  // use in the step, keeping them to its end (DpConfig::reduce_once_per_step and
-  // keep_gathered, the `--zero3-gather step` default there): once per step, not per
-  // micro-batch, so the exposed part of the gather is paid once, outside the pipeline's
-  // per-micro-batch costs.
-  const bool once_per_step = p > 1 && d > 1 && l.zero >= 2;
-  const StageParams sparams = stage_params(m, l);
-  // ZeRO++ (parallel/dp/quantized_comm.h): a quantized gather (qwZ) or reduce-scatter (qgZ)
-  // moves a byte and 4/block bytes of scale per value instead of the dtype's, and costs
-  // passes over memory: a gather quantizes the GPU's shard and decodes every value, a
-  // reduce-scatter quantizes and decodes (d-1)/d of them.
-  const double int8_e = 1.0 + 4.0 / (double)l.quantized.block;
-  const double gather_e = l.quantized.weights ? int8_e : e, scatter_e = l.quantized.grads ? int8_e : e;
-  const double gather_work = l.quantized.weights ? ((e + 1) / d + (1 + e)) / hbm : 0;
-  const double scatter_work = l.quantized.grads ? 2.0 * (d - 1) / d * (e + 1) / hbm : 0;
-  std::vector<double> tf(S), tb(S), tw(S, 0.0), z3_gather(S, 0), z3_exposed(S, 0);  // z3: forward + backward
-  // A zero-bubble schedule's W: the weight-gradient GEMMs, half of the linear layers'
-  // backward GEMMs (the other half is B's input gradients) and the head's one of two.
-  const bool split = pp::splits_backward(l.schedule);
-  const double layer_w = split ? lt.gemm_w + lt.comm_w : 0.0, head_w = split ? head_gemm : 0.0, w_copy_per_layer = lt.w_copy_bytes;
-  for (int st = 0; st < S; st++) {
-    const int n = layers[st];
-    tf[st] = n * lt.forward() + send + (st == 0 ? emb_f : 0) + (st == S - 1 ? head_f : 0);
-    tw[st] = n * layer_w + (st == S - 1 ? head_w : 0);
-    tb[st] = n * lt.backward() + send + (st == 0 ? emb_b : 0) + (st == S - 1 ? head_b : 0) - tw[st];
-    if (l.zero == 3 && d > 1) {
-      // Gathers layer by layer: one collective per layer, the stage's edges with its first
-      // (qwZ: int8 blocks, and each GPU quantizes its shard and decodes the whole).
-      const double layer_gather = all_gather_s(sparams.per_layer * gather_e, dp_ring) + sparams.per_layer * gather_work;
-      const double stage_gather = all_gather_s(sparams.of(st, S, n) * gather_e, dp_ring) +
-                                  sparams.of(st, S, n) * gather_work + (n - 1) * (d - 1) * dp_ring.latency;
-      const double exposed_f = std::max(layer_gather, stage_gather - n * lt.forward());
-      const double exposed_b = std::max(layer_gather, stage_gather - n * lt.backward());
-      if (once_per_step) {
-        z3_gather[st] = stage_gather, z3_exposed[st] = exposed_f;
-      } else {
-        tf[st] += exposed_f, tb[st] += exposed_b;
-        z3_gather[st] = 2 * stage_gather, z3_exposed[st] = exposed_f + exposed_b;
-      }
-    }
-  }
-  // Sums over the stages pipeline rank `rank` runs (its chunks).
-  auto over_rank = [&](int rank, auto&& value) {
-    double sum = 0;
-    for (int st = 0; st < S; st++)
-      if (pp::rank_of_stage(l.schedule, p, v, st) == rank) sum += value(st);
-    return sum;
-  };
-  const int last_rank = pp::rank_of_stage(l.schedule, p, v, S - 1);  // the head's: p - 1, or 0 in a V
+  const double send = pipeline_send_s(x);
+  const StageTimes st = stage_times(x, g, send, layers);
 
   // The pipeline, by the engine's schedule simulator on each stage's cost.
   pp::SimResult sim;
-  RETURN_IF_ERROR(pp::simulate(l.schedule, p, mb, v, tf, tb, tw, &sim));
+  RETURN_IF_ERROR(pp::simulate(l.schedule, p, mb, v, st.tf, st.tb, st.tw, &sim));
   r.pipeline_s = sim.makespan;
   double busy = 0;
-  for (double x : sim.busy) busy += x;
+  for (double b : sim.busy) busy += b;
   r.bubble = std::max(0.0, 1 - busy / (p * r.pipeline_s));
 
   // Data parallelism on the first stage's GPU (it finishes the pipeline last).
-  const double first_params = over_rank(0, [&](int st) { return sparams.of(st, S, layers[st]); });
-  const double first_experts = over_rank(0, [&](int st) { return layers[st] * sparams.per_layer_experts; });
-  const double grad_bytes = first_params * e;
-  const int buckets = std::max(1, (int)std::ceil(grad_bytes / l.dp_bucket_bytes));
-  const double bucket = grad_bytes / buckets;
-  const double last_backward = over_rank(0, [&](int st) { return tb[st] + tw[st]; });  // last micro-batch
-  const double first_z3_gather = over_rank(0, [&](int st) { return z3_gather[st]; });
-  const double first_z3_exposed = over_rank(0, [&](int st) { return z3_exposed[st]; });
-  const double first_layers = over_rank(0, [&](int st) { return (double)layers[st]; });
-  double dp_total = 0, dp_exposed = 0, compressor_s = 0;
-  // Reduce-scatters (ZeRO 1-3) of `bytes` of gradients, quantized under qgZ (whose
-  // quantization is charged below, as compute after the backward).
-  auto scatter_s = [&](double bytes) { return all_gather_s(bytes / e * scatter_e, dp_ring); };
-  if (d > 1 && l.compression.kind != parallel::Compression::Kind::kNone) {
-    // The compressed phase, after the last backward; ZeRO-1 then gathers the updated
-    // parameters as usual.
-    compressor_s = compressed_reduction_s(m, l, c, dp_ring, first_params, first_layers, p == 1, e, &dp_total);
-    dp_exposed = dp_total;
-    if (l.zero == 1) dp_total += all_gather_s(grad_bytes, dp_ring), dp_exposed = dp_total;
-  } else if (d > 1) {
-    if (l.zero <= 1 || once_per_step) {
-      // Stage 0: all-reduce after the last micro-batch; stage 1 (and 2-3 under a pipeline):
-      // reduce-scatter of the same gradients, then (stages 1-2) an all-gather of the updated
-      // parameters after the step (ZeRO §7: the same 2 Psi volume).
-      const double per = l.zero == 0 ? all_reduce_s(bucket, dp_ring) : scatter_s(bucket);
-      dp_total = buckets * per;
-      dp_exposed = l.dp_overlap ? exposed_after_window(dp_total, per, buckets, last_backward) : dp_total;
-      // ZeRO-3 under a pipeline: each stage's gather once per step, its exposed part outside.
-      dp_total += first_z3_gather;
-      dp_exposed += first_z3_exposed;
-    } else {
-      // Stages 2-3 keep sharded gradients: a reduce-scatter after every micro-batch's
-      // backward (the engine's order), hidden behind the backward of the next ones.
-      const double per = scatter_s(bucket);
-      const double one_mb = buckets * per;
-      dp_total = mb * one_mb;
-      const double window = mb * last_backward;
-      dp_exposed = l.dp_overlap ? exposed_after_window(dp_total, per, buckets * mb, window) : dp_total;
-      // ZeRO-3's gathers, whose exposed part is already inside tf and tb.
-      dp_total += mb * first_z3_gather;
-      dp_exposed += mb * first_z3_exposed;
-    }
-    if (l.zero == 1 || l.zero == 2) {  // updated parameters all-gathered after the step
-      const double ag = all_gather_s(grad_bytes, dp_ring);
-      dp_total += ag;
-      dp_exposed += ag;
-    }
-    if (l.zero >= 1) compressor_s = (l.zero == 1 || once_per_step ? 1 : mb) * first_params * scatter_work;
-  }
-  // The routed experts' gradients reduce over their expert-data-parallel group, in the same
-  // window as the dense ones (and stages 1-2 all-gather them back).
-  if (first_experts > 0 && d / l.ep > 1) {
-    const double bytes = first_experts * e;
-    double total = l.zero == 0 ? all_reduce_s(bytes, edp_ring) : all_gather_s(bytes, edp_ring);
-    double exposed = l.dp_overlap ? exposed_after_window(total, total / buckets, buckets, last_backward) : total;
-    if (l.zero == 1 || l.zero == 2) total += all_gather_s(bytes, edp_ring), exposed += all_gather_s(bytes, edp_ring);
-    dp_total += total, dp_exposed += exposed;
-  }
-  // Whole experts: each tp rank's gradient is its rows' part, summed over tp (blocking, as
-  // each bucket or unit is reduced: after every micro-batch where ZeRO 2-3 reduce per
-  // micro-batch) before the edp reduction. Exposed: the tp link has no compute to hide behind.
-  const double expert_tp_sum =
-      l.whole_experts() && first_experts > 0
-          ? (l.zero >= 2 && d > 1 && !once_per_step ? mb : 1) * all_reduce_s(first_experts * e, tp_ring)
-          : 0;
+  const FirstRank f = first_rank(x, st, layers);
+  DpTimes dp = dense_dp(x, f);
+  add_expert_dp(x, f, &dp);
+  const double expert_tp_sum = expert_tp_sum_s(x, f);
   // One link carries all of it: what does not fit in the pipeline's time cannot be hidden
   // behind it (ZeRO-3's gathers and the reduce-scatters share the data-parallel link).
-  dp_exposed = std::max(dp_exposed, dp_total - r.pipeline_s);
-  r.dp = {dp_total - std::min(dp_total, dp_exposed), std::min(dp_total, dp_exposed)};
+  const double dp_exposed = std::max(dp.exposed, dp.total - r.pipeline_s);
+  r.dp = {dp.total - std::min(dp.total, dp_exposed), std::min(dp.total, dp_exposed)};
   // dp_exposed beyond the ZeRO-3 part that already sits inside the pipeline time.
-  const double dp_tail = r.dp.exposed - (once_per_step ? 0 : mb * first_z3_exposed);
+  const double dp_tail = r.dp.exposed - (x.once_per_step ? 0 : mb * f.z3_exposed);
 
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
-  r.tp.exposed = mb * (first_layers * tp_layer + edge_tp * (p == 1 ? 2 : 1)) + expert_tp_sum;
-  r.ep.exposed = mb * first_layers * (lt.ep_f + lt.ep_b);
+  r.tp.exposed = mb * (f.layers * tp_layer + g.edge_tp * (p == 1 ? 2 : 1)) + expert_tp_sum;
+  r.ep.exposed = mb * f.layers * (lt.ep_f + lt.ep_b);
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
   // In a V both stages are on rank 0: one copy.
-  const double tied = p > 1 && m.tied_head && last_rank != 0
-                          ? all_reduce_s(V * h / t * e, ring_for((p - 1) * pp_stride, 2, c))
+  const double tied = p > 1 && m.tied_head && x.last_rank != 0
+                          ? all_reduce_s(V * h / t * e, ring_for((p - 1) * x.pp_stride, 2, c))
                           : 0;
   r.pp.exposed = 2 * mb * v * send + tied;
+  r.optimizer_s = optimizer_s(x, f);
 
-  // Optimizer step on this GPU's shard, as passes over memory (Megatron's mixed-precision
-  // optimizer): read the gradients for the overflow check, for the norm and in Adam; read
-  // and write the fp32 master weights and both moments; read the fp32 master again to write
-  // the 16-bit weights; zero the gradient buffer.
-  const StateDtypes dt = l.precision == Precision::kFp32 ? kFp32State : kMixedState;
-  StateBytes first_state = model_state_bytes(first_params, dt, l.zero, d);
-  const StateBytes first_expert_state = model_state_bytes(first_experts, dt, l.zero, d / l.ep);
-  first_state.params += first_expert_state.params, first_state.grads += first_expert_state.grads;
-  first_state.optim += first_expert_state.optim;
-  const double owned = first_state.optim / dt.optim;
-  const double master = l.precision == Precision::kFp32 ? 0 : 4;  // fp32 copy read for the cast
-  // Under a pipeline ZeRO-2/3 also zero the step's whole fp32 gradient accumulators.
-  const double whole_grads = once_per_step ? 4 * first_params : 0;
-  r.optimizer_s =
-      (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / hbm;
-
-  r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s + compressor_s;
-  r.tokens_per_s = l.global_batch * s / r.step_s;
+  r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s + dp.compressor_s;
+  r.tokens_per_s = l.global_batch * x.s / r.step_s;
   r.model_flops = model_flops(m, l.global_batch);
   r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.gpus()) / 1e12;
-  r.mfu = r.model_flops / (r.step_s * l.gpus() * peak);
-
-  // Memory of the most loaded GPU, pipeline rank by pipeline rank.
-  const double per_layer = activation_bytes_per_layer(m, l.micro_batch, t, l.sp, l.recompute, l.attention) * e / 2;
-  // Full recompute rebuilds one layer's activations at a time during backward.
-  const double rebuilt =
-      l.recompute == Recompute::kFull
-          ? activation_bytes_per_layer(m, l.micro_batch, t, l.sp, Recompute::kNone, l.attention) * e / 2
-          : 0;
-  // Communication staging: one dp bucket in flight (stages 1-2 reduce-scatter into a
-  // separate buffer), ZeRO-3's gathered current and prefetched layers, and the tp
-  // collectives' output buffer of b s h. Under a pipeline ZeRO-2/3 hold the rank's whole
-  // fp32 gradients through the step, and ZeRO-3 its whole gathered parameters.
-  for (int rank = 0; rank < p; rank++) {
-    const double params = over_rank(rank, [&](int st) { return sparams.of(st, S, layers[st]); });
-    const double experts = over_rank(rank, [&](int st) { return layers[st] * sparams.per_layer_experts; });
-    StateBytes state = model_state_bytes(params, dt, l.zero, d);
-    const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, d / l.ep);
-    state.params += expert_state.params, state.grads += expert_state.grads, state.optim += expert_state.optim;
-    // PipeDream-2BW keeps the weights before the last update beside the current ones: a
-    // second copy of the rank's parameters in their compute dtype (ZeRO 0-2 hold them whole).
-    if (pp::never_flushes(l.schedule)) state.params *= 2;
-    // zb-v's rank 0 runs the embedding and a tied head in two chunks: the head's gradient
-    // adds up in an fp32 buffer of its own until the step's last embedding backward (so the
-    // sums do not follow the list's timings, model/gpt.h).
-    if (l.schedule == pp::ScheduleKind::kZbV && rank == 0 && m.tied_head) state.grads += 4.0 * m.vocab / t * m.hidden;
-    // The compressor's state (d > 1): PowerSGD's fp32 error feedback; 1-bit Adam's worker
-    // error, its frozen 1/d and the exchange buffer (fp32 each), and the server's error of
-    // the rank's chunk.
-    if (d > 1 && l.compression.kind == parallel::Compression::Kind::kPowerSgd) state.optim += 4 * params;
-    if (d > 1 && l.compression.kind == parallel::Compression::Kind::kOneBitAdam) state.optim += 12 * params + 4 * params / d;
-    // peak_in_flight counts (micro-batch, chunk) sets; a set holds one of the rank's chunks
-    // (its layers over v on average).
-    const double sets = sim.peak_in_flight[rank];
-    const double rank_layers = over_rank(rank, [&](int st) { return (double)layers[st]; });
-    double act = sets * rank_layers / v * per_layer + rebuilt;
-    if (rank == 0 && m.dropout) act += sets / v * rep;  // embedding dropout mask, 1 byte per element
-    if (rank == last_rank) act += rep * e + logits * 4;  // final norm input, fp32 logits of one micro-batch
-    // Between a B and its W the engine keeps copies of each linear layer's input and output
-    // gradient (fp32, tp-local): 4h + (qkv + h + fc + ffn) / t elements per token and layer.
-    if (split) act += sim.peak_pending_weights[rank] * rank_layers / v * w_copy_per_layer;
-    double buffers = t > 1 ? bsh * e : 0;
-    if (d > 1 && once_per_step) {
-      buffers += 4 * params + (l.zero == 3 ? params * e : 0);
-    } else {
-      if (d > 1 && (l.zero == 1 || l.zero == 2)) buffers += std::min(params * e, l.dp_bucket_bytes);
-      if (d > 1 && l.zero == 3) buffers += 2 * sparams.per_layer * e;
-    }
-    const MemoryBreakdown mem{state.params, state.grads, state.optim, act, buffers};
-    if (rank == 0 || mem.total() > r.memory.total()) r.memory = mem, r.memory_rank = rank;
-  }
+  r.mfu = r.model_flops / (r.step_s * l.gpus() * x.peak);
+  peak_memory(x, layers, sim, &r);
   r.memory_available = c.memory_bytes - c.reserved_bytes;
   return Status::ok();
 }
