@@ -27,12 +27,6 @@ TABLES = {
 }
 
 OWED = {
-    # The planner's one step-cost assembly (issue 44 item 3) splits these.
-    ("planner/time_model.cc", "predict"),
-    ("planner/time_model.cc", "layer_time"),
-    ("planner/local.cc", "step_times"),
-    ("planner/local.cc", "predict_local"),
-    ("planner/search.cc", "search_layouts"),
     # Gpt's MoE backward, with the split of Gpt into the layers and the pipeline's own part
     # (issue 44 item 8).
     ("model/gpt_moe.cc", "moe_backward"),
