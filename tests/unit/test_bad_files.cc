@@ -345,7 +345,10 @@ TEST_F(BadFiles, ConfigStringsSurviveTheRoundTrip) {
   cli_test::RunResult r = cli_test::run(cli_test::kBinary + " train --data '" + data + "' --out " + path("a") + tiny);
   ASSERT_EQ(r.exit_code, 0) << cli_test::describe(r);
   const std::string config = read_file(path("a/config.toml"));
-  EXPECT_NE(config.find("data = '" + data + "'\n"), std::string::npos) << config;
+  // A TOML basic string, its quote mark escaped.
+  std::string escaped = data;
+  escaped.replace(escaped.find('"'), 1, "\\\"");
+  EXPECT_NE(config.find("data = \"" + escaped + "\"\n"), std::string::npos) << config;
   // The data folder comes from the file: the run finds it only if the value came back whole.
   r = cli_test::run(cli_test::kBinary + " train --config " + path("a/config.toml") + " --out " + path("b"));
   EXPECT_EQ(r.exit_code, 0) << cli_test::describe(r);
