@@ -163,7 +163,10 @@ std::string shown(const json& v) { return v.is_string() ? v.get<std::string>() :
 std::vector<std::string> model_differences(const GptConfig& run, const GptConfig& saved) {
   const auto ours = flat_fields(run), theirs = flat_fields(saved);
   std::vector<std::pair<int, std::string>> lines;  // ordered as kKeyFlags, then the rest
-  for (const auto& [key, value] : ours) {
+  for (const auto& field : ours) {
+    // (Not a structured binding: clang, which builds the fuzz targets, cannot capture one.)
+    const auto& key = field.first;
+    const auto& value = field.second;
     auto other = std::find_if(theirs.begin(), theirs.end(), [&](const auto& t) { return t.first == key; });
     if (other == theirs.end() || other->second == value || derived_in_both(key, run, saved)) continue;
     int order = (int)std::size(kKeyFlags);
