@@ -7,21 +7,6 @@
 
 namespace meshtrain::parallel {
 
-Status parse_compression_kind(const std::string& name, Compression::Kind* out) {
-  if (name == "none") return *out = Compression::Kind::kNone, Status::ok();
-  if (name == "powersgd") return *out = Compression::Kind::kPowerSgd, Status::ok();
-  if (name == "onebit-adam") return *out = Compression::Kind::kOneBitAdam, Status::ok();
-  return Status::error("--compress must be none, powersgd or onebit-adam, got '" + name + "'");
-}
-
-const char* compression_name(Compression::Kind kind) {
-  switch (kind) {
-    case Compression::Kind::kPowerSgd: return "powersgd";
-    case Compression::Kind::kOneBitAdam: return "onebit-adam";
-    default: return "none";
-  }
-}
-
 namespace {
 
 // Every two-dimensional tensor of the layout as a row-major block of the flat buffer.
