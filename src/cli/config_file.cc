@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <set>
 
-#include "cli/toml_parse.h"
+#include "core/toml_parse.h"
 #include "core/file_io.h"
 #include "core/text.h"
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cluster_file.h"
+#include "planner/cluster_file.h"
 #include "cli/commands.h"
 #include "planner/local.h"
 #include "planner/memory.h"
@@ -291,7 +291,7 @@ int run_plan(PlanFlags f) {
   if (f.cluster == "local") {
     cluster = planner::local_cluster(1);
     cluster.name = "local (1 thread per rank)";
-  } else if (Status s = resolve_cluster(f.cluster, &cluster); !s.is_ok()) {
+  } else if (Status s = planner::resolve_cluster(f.cluster, &cluster); !s.is_ok()) {
     return fail(s);
   }
   const bool local = cluster.cores > 0;

@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <type_traits>
 
 #include "core/text.h"
+#include "planner/cluster_file.h"
 
 namespace meshtrain::planner {
 
@@ -19,85 +21,6 @@ double GemmEfficiency::at(double m, double n, double k) const {
 namespace {
 
 constexpr double kGB = 1e9, kTFLOPS = 1e12, kUs = 1e-6;
-
-// Calibrated once on the A100 against Narayanan et al. 2021 (arXiv 2104.04473) Table 1 and
-// Korthikanti et al. 2022 (arXiv 2205.05198) Tables 4-5 (tests/unit/test_planner_time.cc,
-// docs/planning.md).
-void a100_efficiencies(Cluster* c) {
-  c->gemm.max_fraction = 0.78;
-  c->gemm.half_dim = 64;
-  c->hbm_efficiency = 0.60;
-  c->link_efficiency = 0.70;
-}
-
-// Calibrated once on the H100 against five published BF16 runs together (the worst error
-// minimised; tests/unit/test_planner_time.cc, docs/planning.md "Calibration"): NVIDIA's DGX
-// Cloud Benchmarking GPT-3 175B, Nemotron-4 15B and Nemotron-4 340B, and Llama 3 405B on
-// 8,192 and 16,384 GPUs (Dubey et al. 2024, Table 4). The H100's GEMMs reach a lower fraction
-// of its much higher peak and need larger dimensions for it (larger tiles); its NVLink and
-// NDR collectives reach a higher fraction of their line rate.
-void h100_efficiencies(Cluster* c) {
-  c->gemm.max_fraction = 0.75;
-  c->gemm.half_dim = 96;
-  c->hbm_efficiency = 0.60;
-  c->link_efficiency = 0.80;
-}
-
-// DGX A100 80GB node.
-//  - 312 TFLOP/s dense BF16/FP16 tensor core, 19.5 TFLOP/s FP32, 80 GB HBM2e at 2,039 GB/s:
-//    NVIDIA A100 Tensor Core GPU datasheet (SXM4 80GB column); 312 is also the peak both
-//    Narayanan et al. 2021 and Korthikanti et al. 2022 divide by.
-//  - NVLink 3: 600 GB/s total per GPU = 300 GB/s per direction (A100 datasheet).
-//  - 8 GPUs per node, one 200 Gb/s HDR InfiniBand ConnectX-6 port per GPU for compute
-//    traffic: 200/8 = 25 GB/s per GPU per direction (NVIDIA DGX A100 datasheet / user guide;
-//    Narayanan et al. 2021 §5 describe the same 8x200 Gb/s HDR per node).
-//  - Latencies are not datasheet figures: order-of-magnitude NCCL ring step latencies
-//    (a few microseconds on NVLink, more across the network), docs/planning.md.
-Cluster a100() {
-  Cluster c;
-  c.name = "a100-80g";
-  c.peak_flops_16 = 312 * kTFLOPS;
-  c.peak_flops_32 = 19.5 * kTFLOPS;
-  c.memory_bytes = 80 * kGB;
-  c.hbm_bandwidth = 2039 * kGB;
-  c.gpus_per_node = 8;
-  c.intra = {300 * kGB, 2 * kUs};
-  c.inter = {25 * kGB, 5 * kUs};
-  c.reserved_bytes = 2 * kGB;
-  a100_efficiencies(&c);
-  return c;
-}
-
-// DGX H100 node.
-//  - 989 TFLOP/s dense BF16/FP16 tensor core (1,979 with sparsity), 67 TFLOP/s FP32, 80 GB
-//    HBM3 at 3.35 TB/s: NVIDIA H100 Tensor Core GPU datasheet (SXM5 column).
-//  - NVLink 4: 900 GB/s total per GPU = 450 GB/s per direction (H100 datasheet).
-//  - 8 GPUs per node, 8x 400 Gb/s NDR InfiniBand ConnectX-7 (DGX H100 datasheet): 50 GB/s
-//    per GPU per direction.
-Cluster h100() {
-  Cluster c = a100();
-  c.name = "h100-80g";
-  c.peak_flops_16 = 989 * kTFLOPS;
-  c.peak_flops_32 = 67 * kTFLOPS;
-  c.memory_bytes = 80 * kGB;
-  c.hbm_bandwidth = 3350 * kGB;
-  c.intra = {450 * kGB, 2 * kUs};
-  c.inter = {50 * kGB, 5 * kUs};
-  h100_efficiencies(&c);
-  return c;
-}
-
-// H200 SXM: the H100's compute, NVLink 4 and node (NVIDIA H200 Tensor Core GPU datasheet:
-// 989 TFLOP/s dense BF16, 67 TFLOP/s FP32, 900 GB/s NVLink) with 141 GB of HBM3e at
-// 4.8 TB/s (same datasheet); DGX H200 keeps 8x 400 Gb/s NDR per node. The H100's
-// efficiencies: the same tensor cores and links.
-Cluster h200() {
-  Cluster c = h100();
-  c.name = "h200";
-  c.memory_bytes = 141 * kGB;
-  c.hbm_bandwidth = 4800 * kGB;
-  return c;
-}
 
 // One entry per file key: the field it sets (an lvalue expression on a Cluster), and the
 // file's unit as a factor to SI.
@@ -143,6 +66,26 @@ const std::vector<FieldSpec>& specs() {
       optional_field(FIELD("nodes", "", "nodes (hosts) in the cluster (0: as many as a layout needs)", 1, nodes)),
       optional_field(FIELD("inter_node_reduce_scatter_gbps", "GB/s", "inter-node reduce-scatter bus bandwidth, where it differs (0: inter_node_gbps)", kGB, inter.reduce_scatter_bandwidth)),
       optional_field(FIELD("inter_node_all_gather_gbps", "GB/s", "inter-node all-gather bus bandwidth, where it differs (0: inter_node_gbps)", kGB, inter.all_gather_bandwidth)),
+      // The local predictor's calibration ([calibration] in a file; SI seconds per element).
+      optional_field(FIELD("cpu_memory_gbps", "GB/s", "CPU: bytes read + written per second by one thread", kGB, cpu.memory_bandwidth)),
+      optional_field(FIELD("cpu_gelu_forward_s", "s", "CPU: GELU forward per element", 1, cpu.gelu_forward_s)),
+      optional_field(FIELD("cpu_gelu_backward_s", "s", "CPU: GELU backward per element", 1, cpu.gelu_backward_s)),
+      optional_field(FIELD("cpu_cross_entropy_forward_s", "s", "CPU: cross-entropy forward per logit", 1, cpu.cross_entropy_forward_s)),
+      optional_field(FIELD("cpu_cross_entropy_backward_s", "s", "CPU: cross-entropy backward per logit", 1, cpu.cross_entropy_backward_s)),
+      optional_field(FIELD("cpu_sum_of_squares_s", "s", "CPU: the gradient norm's fp64 sum per element", 1, cpu.sum_of_squares_s)),
+      optional_field(FIELD("cpu_onebit_compress_s", "s", "CPU: 1-bit compression per element", 1, cpu.onebit_compress_s)),
+      optional_field(FIELD("cpu_onebit_decompress_s", "s", "CPU: 1-bit expansion per element", 1, cpu.onebit_decompress_s)),
+      optional_field(FIELD("cpu_int8_quantize_s", "s", "CPU: int8-block quantization per element", 1, cpu.int8_quantize_s)),
+      optional_field(FIELD("cpu_int8_dequantize_s", "s", "CPU: int8-block decoding per element", 1, cpu.int8_dequantize_s)),
+      optional_field(FIELD("cpu_attention_forward_element_s", "s", "CPU: fused attention forward per score element", 1, cpu.attention_forward_element_s)),
+      optional_field(FIELD("cpu_attention_backward_element_s", "s", "CPU: fused attention backward per score element", 1, cpu.attention_backward_element_s)),
+      optional_field(FIELD("cpu_attention_backward_block_s", "s", "CPU: fused attention backward per query block", 1, cpu.attention_backward_block_s)),
+      optional_field(FIELD("cpu_cached_all_reduce_gbps", "GB/s", "CPU ranks: shared-memory all-reduce bus bandwidth, cached data", kGB, cpu.cached.all_reduce)),
+      optional_field(FIELD("cpu_cached_reduce_scatter_gbps", "GB/s", "CPU ranks: shared-memory reduce-scatter bus bandwidth, cached data", kGB, cpu.cached.reduce_scatter)),
+      optional_field(FIELD("cpu_cached_all_gather_gbps", "GB/s", "CPU ranks: shared-memory all-gather bus bandwidth, cached data", kGB, cpu.cached.all_gather)),
+      optional_field(FIELD("cpu_cold_all_reduce_gbps", "GB/s", "CPU ranks: shared-memory all-reduce bus bandwidth, cold buffers", kGB, cpu.cold.all_reduce)),
+      optional_field(FIELD("cpu_cold_reduce_scatter_gbps", "GB/s", "CPU ranks: shared-memory reduce-scatter bus bandwidth, cold buffers", kGB, cpu.cold.reduce_scatter)),
+      optional_field(FIELD("cpu_cold_all_gather_gbps", "GB/s", "CPU ranks: shared-memory all-gather bus bandwidth, cold buffers", kGB, cpu.cold.all_gather)),
   };
   // clang-format on
   return s;
@@ -169,16 +112,57 @@ Status check_field(const FieldSpec& s, double v) {
 
 }  // namespace
 
-Status cluster_preset(const std::string& name, Cluster* out) {
-  if (name == "a100-80g") return *out = a100(), Status::ok();
-  if (name == "h100-80g") return *out = h100(), Status::ok();
-  if (name == "h200") return *out = h200(), Status::ok();
+Status builtin_cluster_text(const std::string& name, std::string* text) {
   std::string known;
-  for (const std::string& n : cluster_preset_names()) known += (known.empty() ? "" : ", ") + n;
-  return Status::error("unknown cluster preset '" + name + "' (known: " + known + ")");
+  for (const BuiltinClusterFile& f : builtin_cluster_files()) {
+    if (name == f.name) return *text = f.text, Status::ok();
+    known += (known.empty() ? "" : ", ") + std::string(f.name);
+  }
+  return Status::error("no built-in cluster file '" + name + "' (known: " + known + ")");
 }
 
-std::vector<std::string> cluster_preset_names() { return {"a100-80g", "h100-80g", "h200"}; }
+namespace {
+
+// A preset read from its built-in file, its `base` another preset (no cache: a base is
+// parsed as the file that names it is).
+Status parse_preset(const std::string& name, Cluster* out) {
+  const std::vector<std::string> names = cluster_preset_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+    return Status::error("unknown cluster preset '" + name + "' (known: " + known + ")");
+  }
+  std::string text;
+  RETURN_IF_ERROR(builtin_cluster_text(name, &text));
+  return parse_cluster_toml(text, "configs/clusters/presets/" + name + ".toml (built in)", out, parse_preset);
+}
+
+}  // namespace
+
+Status cluster_preset(const std::string& name, Cluster* out) {
+  // Parsed once each: a search asks for its cluster once, tests many times.
+  static const std::map<std::string, std::pair<Status, Cluster>> presets = [] {
+    std::map<std::string, std::pair<Status, Cluster>> all;
+    for (const std::string& n : cluster_preset_names()) {
+      Cluster c;
+      Status s = parse_preset(n, &c);
+      all.emplace(n, std::make_pair(s, c));
+    }
+    return all;
+  }();
+  const auto it = presets.find(name);
+  if (it == presets.end()) return parse_preset(name, out);  // its error
+  RETURN_IF_ERROR(it->second.first);
+  *out = it->second.second;
+  return Status::ok();
+}
+
+std::vector<std::string> cluster_preset_names() {
+  std::vector<std::string> names;
+  for (const BuiltinClusterFile& f : builtin_cluster_files())
+    if (std::string(f.name) != "local") names.push_back(f.name);
+  return names;
+}
 
 const std::vector<ClusterField>& cluster_fields() {
   static const std::vector<ClusterField> fields = [] {

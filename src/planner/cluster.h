@@ -1,11 +1,13 @@
 // A cluster as the planner sees it: per-GPU compute, memory and links, and how much of the
-// peak a GEMM of a given shape achieves. Presets for DGX-style nodes of A100, H100 and H200;
-// any field can be overridden by a TOML cluster file (cli/cluster_file.h reads the file,
-// set_cluster_field() below interprets each key, so both share one list of fields).
+// peak a GEMM of a given shape achieves. Presets for DGX-style nodes of A100, H100 and H200,
+// and the calibration of the local predictor, are data: the cluster files under
+// configs/clusters/presets/, built into the binary (cmake/builtin_clusters.cmake) and read
+// by the same parser as a user's cluster file (planner/cluster_file.h reads a file,
+// set_cluster_field() below interprets each key, so all share one list of fields).
 //
-// Every figure of a preset is cited where the preset is defined (cluster.cc) and in
-// docs/planning.md. Efficiency parameters are not datasheet figures: they were calibrated
-// once per GPU against published runs (docs/planning.md, "Time model").
+// Every figure of a preset is cited in its file and in docs/planning.md. Efficiency
+// parameters are not datasheet figures: they were calibrated once per GPU against published
+// runs (docs/planning.md, "Time model").
 #pragma once
 #include <string>
 #include <vector>
@@ -62,6 +64,29 @@ struct GemmEfficiency {
   double at(double m, double n, double k) const;
 };
 
+// The local predictor's calibration (planner/local.h): what the engine's CPU kernels and the
+// MPI shared-memory transport cost on the machine it was measured on, one thread per rank.
+// The figures are configs/clusters/presets/local.toml's [calibration] table, where each is
+// explained; a cluster file with `base = "local"` may override any of them. SI units:
+// seconds, bytes per second. Zero on the GPU presets, which do not use them.
+struct CpuCalibration {
+  double memory_bandwidth = 0;  // bytes read + written per second by one thread
+  // Arithmetic-bound kernels, seconds per element on one thread.
+  double gelu_forward_s = 0, gelu_backward_s = 0;
+  double cross_entropy_forward_s = 0, cross_entropy_backward_s = 0;  // per logit
+  double sum_of_squares_s = 0;
+  double onebit_compress_s = 0, onebit_decompress_s = 0;
+  double int8_quantize_s = 0, int8_dequantize_s = 0;
+  // The fused attention: per score element forward and backward, and per block backward.
+  double attention_forward_element_s = 0, attention_backward_element_s = 0, attention_backward_block_s = 0;
+  // The shared-memory transport's bus bandwidths, bytes/s, for data just computed (cached:
+  // tp and pp messages) and for buffers last touched a pass ago (cold: dp and ZeRO).
+  struct BusBandwidth {
+    double all_reduce = 0, reduce_scatter = 0, all_gather = 0;
+  };
+  BusBandwidth cached, cold;
+};
+
 struct Cluster {
   std::string name;
   double peak_flops_16 = 0;  // dense bf16/fp16 tensor-core FLOP/s per GPU
@@ -90,13 +115,26 @@ struct Cluster {
   // seconds per logit at the rank's threads; 0: the local predictor's built-in calibration.
   // Not cluster-file keys.
   double cross_entropy_forward_s = 0, cross_entropy_backward_s = 0;
+  // The local predictor's calibration: file keys in a [calibration] table.
+  CpuCalibration cpu;
 
   double peak_flops(Precision p) const { return p == Precision::kFp32 ? peak_flops_32 : peak_flops_16; }
 };
 
-// Presets: "a100-80g", "h100-80g", "h200". An unknown name gets an error listing them.
+// Presets: "a100-80g", "h100-80g", "h200" (configs/clusters/presets/<name>.toml). An unknown
+// name gets an error listing them.
 Status cluster_preset(const std::string& name, Cluster* out);
 std::vector<std::string> cluster_preset_names();
+
+// The files of configs/clusters/presets/, built in: each name (the file's stem) and text.
+// The presets, and "local" (the local predictor's calibration, planner/local.h).
+struct BuiltinClusterFile {
+  const char* name;
+  const char* text;
+};
+const std::vector<BuiltinClusterFile>& builtin_cluster_files();
+// The text of one of them; an error names the known ones.
+Status builtin_cluster_text(const std::string& name, std::string* text);
 
 // The fields a cluster file may set, with the units the file uses (TFLOP/s, GB, GB/s, us;
 // decimal units): what `meshtrain plan --cluster` documents and the loader accepts.

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "compress/onebit.h"
+#include "core/check.h"
 #include "core/memory.h"
 #include "kernels/ops.h"
 #include "model/gpt.h"
@@ -20,6 +21,7 @@
 #include "parallel/shard_layout.h"
 #include "planner/local_memory.h"
 #include "planner/memory.h"
+#include "planner/cluster_file.h"
 #include "planner/placement.h"
 #include "machine/peak.h"
 
@@ -29,69 +31,9 @@ namespace pp = parallel::pp;
 
 namespace {
 
-// ---- Calibration: measured once on this machine ------------------------------------------
-// A 2-core Xeon VM (AVX-512, AMX), 23 GB, Open MPI over shared memory; every figure per
-// rank with one OpenMP thread unless noted, medians of repeated runs on an otherwise idle
-// machine (docs/planning.md, "Local runs (this machine)", has the method and the raw numbers).
-
-// GEMM efficiency of kernels::gemm (oneDNN sgemm) relative to the 2048^3 peak of
-// train/peak.h, for the engine's shapes (M, N, K in 64..1024, each of the three
-// transpositions the linear layers use, operands rotated over 56 MB so that every call
-// starts from cold caches as in training): 0.60-0.80 of the peak, almost flat in shape,
-// 0.65 at a smallest dimension of 64 and 0.70 at 256: max_fraction 0.72, half_dim 5 (against
-// the cached best peak, 209 GFLOP/s on one thread; measure_local_cluster measures both now).
-constexpr double kGemmMaxFraction = 0.72, kGemmHalfDim = 5;
-// Memory bandwidth, bytes read + written per second by one thread: std::copy of 32 MB
-// buffers, 21 GB/s (27 GB/s at 4 MB). LayerNorm, bias and residual kernels, memsets and
-// Adam are charged their bytes over it (measured LayerNorm forward: 0.4 ns per element = 8
-// bytes; backward 0.6-1.0 ns = 16 bytes).
-constexpr double kMemoryBandwidth = 21e9;
-// Kernels bound by arithmetic rather than bytes, seconds per element on one thread
-// (kernels::gelu_* on 64K-1M elements; crossentropy_* per logit at V = 512 and 50304;
-// optim::sum_of_squares, the fixed-order fp64 norm).
-constexpr double kGeluForwardS = 0.9e-9, kGeluBackwardS = 1.05e-9;
-constexpr double kCrossEntropyForwardS = 2.0e-9, kCrossEntropyBackwardS = 1.0e-9;
-constexpr double kSumOfSquaresS = 1.05e-9;
-// 1-bit compression (compress/onebit.h) per element on one thread: signs and the block's
-// sum of squares, and the branch-free expansion back (bench/compress_cost.cc on the AMD EPYC
-// of bench/README.md, 2026-12-04: 1.2 and 0.41 ns; scaled with the machine like the rest).
-constexpr double kOneBitCompressS = 1.2e-9, kOneBitDecompressS = 0.41e-9;
-// int8 blocks of 256 (compress/int8_blocks.h) per element on one thread: the block's peak
-// and the codes, and the decoding (bench/compress_cost.cc on the AVX-512 Xeon, 2026-12-04:
-// 0.86 and 0.11 ns, where the same run measured 1-bit at 1.94 and 0.57).
-constexpr double kInt8QuantizeS = 0.86e-9, kInt8DequantizeS = 0.11e-9;
-// The fused attention (kernels/cpu/attention.cc) per (sequence, head): S = sum over its
-// 64-query blocks of rows x keys score elements; its small GEMMs (4 S hs FLOPs forward: QK^T
-// and PV; 10 S hs backward: QK^T again, dV, dP, dQ, dK) run at the GEMM curve's efficiency
-// at hs, plus per score element (scale, exp, normalise; dS) and, backward, per block. A
-// least-squares fit over C 128-512, 2-8 heads, T 64 and 128, B 2 and 4 (36 shapes, within
-// 16%): forward 2.0 ns per score element, backward 0.5 ns per element and 2.5 us per block.
-constexpr double kAttentionForwardElementS = 2.0e-9, kAttentionBackwardElementS = 0.5e-9;
-constexpr double kAttentionBackwardBlockS = 2.5e-6;
-// Open MPI over shared memory through the engine's communication thread, 2 ranks
-// (bench/comm.sh, meshtrain_bench_comm: nccl-tests' bus bandwidth), GB/s:
-//                    1 MiB   16 MiB   64 MiB
-//   all-reduce        5.3     6.3      2.0
-//   reduce-scatter    1.7     1.5      0.52
-//   all-gather        6.0     5.2      2.5
-// The benchmark reuses its buffers, so up to 16 MiB they stay in cache; 64 MiB does not.
-// In training, tensor- and pipeline-parallel messages are activations just computed
-// (cached: the 1 MiB column), while data-parallel and ZeRO messages are gradient and
-// parameter buffers last touched a pass ago (cold: the 64 MiB column). Messages of 4 KiB
-// take 4-7 us, about 3 us of it the hand-off to the communication thread. Point-to-point
-// is taken at the all-gather's rate (two ranks' all-gather is one exchange).
-struct BusBandwidth {
-  double all_reduce, reduce_scatter, all_gather;
-};
-constexpr BusBandwidth kCachedBusBw{5.3e9, 1.7e9, 6.0e9}, kColdBusBw{2.0e9, 0.52e9, 2.5e9};
-constexpr double kCommLatency = 3.5e-6;  // per ring step
-// While training, the transport copies on cores that are also computing: the collectives
-// of the dp2 runs of docs/planning.md's model take longer than the benchmark's (the
-// engine's trace, --trace, has their spans: reduce-scatters of a 3.2 MB unit under ZeRO-3
-// at 1.2 GB/s bus bandwidth while the other rank computes). The one fraction of the
-// figures above that the dp2 ZeRO-1 and ZeRO-3 runs' step times imply, fitted once.
-constexpr double kLinkEfficiency = 0.6;
-constexpr double kLocalMemoryReserve = 1e9;  // OS, MPI and the runtime (an allowance)
+// The calibration (seconds per element of the engine's CPU kernels, the shared-memory
+// transport's bus bandwidths, the GEMM curve, ...) is data: configs/clusters/presets/local.toml,
+// built in, where each figure's measurement is described; Cluster::cpu holds it.
 
 // ---- Time -----------------------------------------------------------------------------------
 
@@ -107,7 +49,8 @@ struct Costs {
   double peak = 0;  // FLOP/s of one rank
   GemmEfficiency gemm;
   double bandwidth = 0;  // bytes/s of one rank
-  double per_element = 1;  // scale of the per-element costs: kMemoryBandwidth / bandwidth
+  double per_element = 1;  // scale of the per-element costs: cal->memory_bandwidth / bandwidth
+  const CpuCalibration* cal = nullptr;
   double latency = 0;
   double link = 1;  // link efficiency: the fraction of the benchmarks' bandwidth
   // The inter-host link (measured bus bandwidths, per NIC) and whether its time counts:
@@ -125,7 +68,7 @@ struct Costs {
   // cached (activations) or cold (gradient and parameter buffers) data. Inside a host: the
   // shared-memory transport's measured bus bandwidths; across hosts: the link's, at the
   // tensor's size where the cluster file gives rates by size (as bench_comm's sizes count).
-  const BusBandwidth& bus(bool cold) const { return cold ? kColdBusBw : kCachedBusBw; }
+  const CpuCalibration::BusBandwidth& bus(bool cold) const { return cold ? cal->cold : cal->cached; }
   // Across hosts the latency is charged once per collective, not per ring step: on this
   // machine's hosts (more ranks than cores) a small collective waits for its peers to be
   // scheduled, about 100 us for 2 or 4 ranks alike (bench/hosts_comm.sh, every slot busy),
@@ -192,7 +135,7 @@ double compressed_reduction_s(const model::ParamLayout& layout, const Layout& l,
   for (const model::ParamUnit& u : layout.units()) chunk += (u.numel + N - 1) / N;
   const double bytes = (double)N * (double)compress::onebit_chunk_bytes(chunk, cz.scale_block);
   const double elements = (double)N * (double)chunk;
-  const double work = ((elements + chunk) * kOneBitCompressS + 4 * elements * kOneBitDecompressS) * k.per_element +
+  const double work = ((elements + chunk) * k.cal->onebit_compress_s + 4 * elements * k.cal->onebit_decompress_s) * k.per_element +
                       k.bytes_s(24 * elements);
   return k.reduce_scatter_s(bytes, dp, true) + k.all_gather_s(bytes, dp, true) + work + k.all_reduce_s(8, dp);
 }
@@ -234,15 +177,15 @@ LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& 
   const double S = attention_score_elements((int)d.T), heads = d.B * d.NHl;
   const double eff = k.peak * k.gemm.at(kAttentionBlock, std::min<double>(d.T, kAttentionBlock), d.hs);
   const double blocks = std::ceil(d.T / kAttentionBlock);
-  lt.attn_f = heads * (S * kAttentionForwardElementS * k.per_element + 4 * S * d.hs / eff);
-  lt.attn_b = heads * (S * kAttentionBackwardElementS * k.per_element + blocks * kAttentionBackwardBlockS +
+  lt.attn_f = heads * (S * k.cal->attention_forward_element_s * k.per_element + 4 * S * d.hs / eff);
+  lt.attn_b = heads * (S * k.cal->attention_backward_element_s * k.per_element + blocks * k.cal->attention_backward_block_s +
                        10 * S * d.hs / eff);
   // Elementwise: 2 LayerNorms (8 B per element forward, 16 backward), the QKV and fc bias
   // seeding (4 B), the 2 branch bias adds (8 B) and residual adds (12 B), GELU; backward
   // the bias gradients (4 B over each linear's output).
   lt.mem_f = k.bytes_s(2 * Nl * C * 8 + N * (3 * Cl + Fl) * 4 + 2 * Nl * C * 8 + 2 * Nl * C * 12) +
-             N * Fl * kGeluForwardS * k.per_element;
-  lt.mem_b = k.bytes_s(2 * Nl * C * 16 + N * (3 * Cl + C + Fl + C) * 4) + N * Fl * kGeluBackwardS * k.per_element;
+             N * Fl * k.cal->gelu_forward_s * k.per_element;
+  lt.mem_b = k.bytes_s(2 * Nl * C * 16 + N * (3 * Cl + C + Fl + C) * 4) + N * Fl * k.cal->gelu_backward_s * k.per_element;
   // Tensor parallelism (model/gpt.cc): two reductions of the row-parallel outputs forward
   // and of the column-parallel input gradients backward (all-reduce, or reduce-scatter with
   // sp); with sp, all-gathers before both column-parallel linears forward and four
@@ -413,9 +356,9 @@ double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout&
   const double int8_bytes = padded * (1.0 + 4.0 / (double)qz.block);
   const double gather_bytes = qz.weights ? int8_bytes : 4 * padded;
   const double scatter_bytes = qz.grads ? int8_bytes : 4 * padded;
-  const double gather_work = qz.weights ? (padded / d * kInt8QuantizeS + padded * kInt8DequantizeS) * k.per_element : 0;
+  const double gather_work = qz.weights ? (padded / d * k.cal->int8_quantize_s + padded * k.cal->int8_dequantize_s) * k.per_element : 0;
   const double scatter_work =
-      qz.grads ? (double)(d - 1) / d * padded * (kInt8QuantizeS + kInt8DequantizeS) * k.per_element : 0;
+      qz.grads ? (double)(d - 1) / d * padded * (k.cal->int8_quantize_s + k.cal->int8_dequantize_s) * k.per_element : 0;
   const bool once_per_step = p > 1 && l.zero >= 2;
   if (d > 1 && compressed) {
     dp_s = compressed_reduction_s(layout, l, x.dp, k);
@@ -474,7 +417,7 @@ void rank_tail(const StepContext& x, const Costs& k, int r, double tp_s, double*
   const double n_opt = l.zero == 0 ? total : owned;
   // 2bw: the weights copied into the previous version before the update (8 B).
   const double versions = pp::never_flushes(l.schedule) ? k.bytes_s(8 * total) : 0;
-  const double opt = n_opt * kSumOfSquaresS * k.per_element + k.bytes_s(n_opt * 36) + versions +
+  const double opt = n_opt * k.cal->sum_of_squares_s * k.per_element + k.bytes_s(n_opt * 36) + versions +
                      3 * k.all_reduce_s(8, x.world.inter ? x.world : AxisLink{2});
   st->tail[r] = zero_grads + dp_s + tied + opt;
   if (r == 0) st->dp_total = dp_s, st->tp_total = tp_s, st->opt_s = opt;
@@ -504,22 +447,22 @@ Cluster local_cluster(int threads_per_rank, double peak_gflops_fp32, double peak
   using kernels::Precision;
   if (peak_gflops_fp32 <= 0) peak_gflops_fp32 = machine::cached_gemm_peak_gflops(threads, false, Precision::kFp32);
   if (peak_gflops_bf16 <= 0) peak_gflops_bf16 = machine::cached_gemm_peak_gflops(threads, false, Precision::kBf16);
+  // What the machine has (measured or asked of the OS), then the calibration's figures.
   Cluster c;
   c.name = "local";
   c.peak_flops_32 = peak_gflops_fp32 * 1e9;
   c.peak_flops_16 = peak_gflops_bf16 * 1e9;
   const double pages = (double)::sysconf(_SC_PHYS_PAGES), page = (double)::sysconf(_SC_PAGE_SIZE);
   c.memory_bytes = pages > 0 && page > 0 ? pages * page : 16e9;
-  c.reserved_bytes = std::min(kLocalMemoryReserve, c.memory_bytes / 2);
   c.cores = (int)std::max(1u, std::thread::hardware_concurrency());
-  c.hbm_bandwidth = kMemoryBandwidth * std::min(threads, c.cores);
-  c.hbm_efficiency = 1;
-  // Every rank is on this one machine: one "node", its link the MPI shared-memory
-  // transport (all-reduce bus bandwidth; predict_local uses each collective's own).
-  c.gpus_per_node = 1 << 16;
-  c.intra = c.inter = {kCachedBusBw.all_reduce, kCommLatency};
-  c.link_efficiency = kLinkEfficiency;
-  c.gemm = {kGemmMaxFraction, kGemmHalfDim};
+  std::string text;
+  Status read = builtin_cluster_text("local", &text);
+  if (read.is_ok()) read = apply_cluster_toml(text, "configs/clusters/presets/local.toml (built in)", &c);
+  CHECK_MSG(read.is_ok(), read.message().c_str());  // built-in data, held by test_planner_local
+  c.reserved_bytes = std::min(c.reserved_bytes, c.memory_bytes / 2);
+  c.hbm_bandwidth = c.cpu.memory_bandwidth * std::min(threads, c.cores);
+  read = validate(c);
+  CHECK_MSG(read.is_ok(), read.message().c_str());
   return c;
 }
 
@@ -556,7 +499,7 @@ Cluster measure_local_cluster(int threads_per_rank) {
       seconds += median_s(times);
     }
   const double fraction = flops / seconds / c.peak_flops_32;
-  c.gemm.max_fraction = std::min(1.0, fraction * (256 + kGemmHalfDim) / 256);
+  c.gemm.max_fraction = std::min(1.0, fraction * (256 + c.gemm.half_dim) / 256);
   // Memory bandwidth: copies of 32 MB.
   std::vector<double> times;
   const size_t n = (size_t)8 << 20;
@@ -657,14 +600,15 @@ Costs local_costs(const Layout& l, const Cluster& c) {
   k.peak = c.peak_flops(l.precision);
   k.gemm = c.gemm;
   k.bandwidth = c.hbm_bandwidth * c.hbm_efficiency;
-  // Per-element costs were measured on one thread at kMemoryBandwidth: they scale with the
+  // Per-element costs were measured on one thread at cpu.memory_bandwidth: they scale with the
   // threads and with the machine's measured speed (measure_local_cluster) through it.
-  k.per_element = kMemoryBandwidth / k.bandwidth;
+  k.cal = &c.cpu;
+  k.per_element = c.cpu.memory_bandwidth / k.bandwidth;
   k.latency = c.intra.latency;
   k.link = c.link_efficiency;
   k.inter = c.inter;
-  k.ce_forward = c.cross_entropy_forward_s > 0 ? c.cross_entropy_forward_s : kCrossEntropyForwardS * k.per_element;
-  k.ce_backward = c.cross_entropy_backward_s > 0 ? c.cross_entropy_backward_s : kCrossEntropyBackwardS * k.per_element;
+  k.ce_forward = c.cross_entropy_forward_s > 0 ? c.cross_entropy_forward_s : c.cpu.cross_entropy_forward_s * k.per_element;
+  k.ce_backward = c.cross_entropy_backward_s > 0 ? c.cross_entropy_backward_s : c.cpu.cross_entropy_backward_s * k.per_element;
   return k;
 }
 

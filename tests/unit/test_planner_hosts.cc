@@ -1,5 +1,5 @@
 // The planner on clusters of several hosts: where each axis's groups sit under a rank order
-// (planner/placement.h), the cluster files' hosts and links tables (cli/cluster_file.h, read
+// (planner/placement.h), the cluster files' hosts and links tables (planner/cluster_file.h, read
 // with toml++), and what placement does to the predicted step, on GPU nodes (the time
 // model) and on this machine split into hosts (the local predictor). No runs: the measured
 // side is bench/hosts_layouts.sh, which prints the predictions next to the runs.
@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "cli/cluster_file.h"
+#include "planner/cluster_file.h"
 #include "model/config.h"
 #include "planner/cluster.h"
 #include "planner/local.h"
@@ -237,7 +237,7 @@ TEST(PlannerPlacement, LinkRatesInterpolateInLogSize) {
 
 // ---- Cluster files: toml++ tables -------------------------------------------------------
 
-Status parse(const std::string& text, Cluster* c) { return cli::parse_cluster_toml(text, "c.toml", c); }
+Status parse(const std::string& text, Cluster* c) { return planner::parse_cluster_toml(text, "c.toml", c); }
 
 TEST(ClusterFile, HostsAndLinksTablesSetTheirFields) {
   Cluster c;
@@ -340,7 +340,7 @@ all_gather_gbs = 0.047
 
 TEST(ClusterFile, LocalBaseIsThisMachine) {
   Cluster c;
-  const Status s = cli::parse_cluster_toml("base = \"local\"\n[hosts]\nranks_per_host = 2\n", "c.toml", &c,
+  const Status s = planner::parse_cluster_toml("base = \"local\"\n[hosts]\nranks_per_host = 2\n", "c.toml", &c,
                                            [](const std::string& name, Cluster* out) {
                                              if (name != "local") return cluster_preset(name, out);
                                              *out = local_cluster(1, 100, 100);
@@ -349,6 +349,78 @@ TEST(ClusterFile, LocalBaseIsThisMachine) {
   ASSERT_TRUE(s.is_ok()) << s.message();
   EXPECT_GT(c.cores, 0);  // what makes `plan` use the local predictor
   EXPECT_EQ(c.gpus_per_node, 2);
+}
+
+// The presets are the files of configs/clusters/presets/, built in: read from the source
+// tree as a user's cluster file, each predicts what the built-in one does, to the bit.
+TEST(ClusterFile, PresetFilesAreTheBuiltInPresets) {
+  ModelShape m;
+  m.layers = 24, m.hidden = 2048, m.heads = 16, m.seq = 2048, m.vocab = 51200;
+  Layout l;
+  l.tp = 2, l.pp = 2, l.dp = 4, l.micro_batch = 1, l.global_batch = 64, l.zero = 1;
+  ASSERT_EQ(cluster_preset_names(), (std::vector<std::string>{"a100-80g", "h100-80g", "h200"}));
+  for (const std::string& name : cluster_preset_names()) {
+    Cluster built_in, from_file;
+    ASSERT_TRUE(cluster_preset(name, &built_in).is_ok()) << name;
+    const Status s = load_cluster_file(std::string(MESHTRAIN_SOURCE_DIR) + "/configs/clusters/presets/" + name + ".toml",
+                                       &from_file);
+    ASSERT_TRUE(s.is_ok()) << s.message();
+    EXPECT_EQ(from_file.name, name);
+    Prediction a, b;
+    ASSERT_TRUE(predict(m, l, built_in, &a).is_ok() && predict(m, l, from_file, &b).is_ok()) << name;
+    EXPECT_EQ(a.step_s, b.step_s) << name;
+    EXPECT_EQ(a.memory.total(), b.memory.total()) << name;
+  }
+}
+
+Cluster local_based(const std::string& text, Status* s) {
+  Cluster c;
+  *s = planner::parse_cluster_toml(text, "mine.toml", &c, [](const std::string& name, Cluster* out) {
+    if (name != "local") return cluster_preset(name, out);
+    *out = local_cluster(1, 100, 100);
+    return Status::ok();
+  });
+  return c;
+}
+
+// The local predictor's calibration is local.toml's: figures a file of one's own, starting
+// from `base = "local"`, may replace in a [calibration] table.
+TEST(ClusterFile, TheLocalCalibrationIsDataAFileMayOverride) {
+  const Cluster built_in = local_cluster(1, 100, 100);
+  EXPECT_EQ(built_in.cpu.memory_bandwidth, 21e9);  // configs/clusters/presets/local.toml
+  EXPECT_EQ(built_in.cpu.gelu_forward_s, 0.9e-9);
+  EXPECT_EQ(built_in.cpu.cold.reduce_scatter, 0.52e9);
+  EXPECT_EQ(built_in.cpu.attention_backward_block_s, 2.5e-6);
+  EXPECT_EQ(built_in.gemm.max_fraction, 0.72);
+  EXPECT_EQ(built_in.hbm_bandwidth, 21e9);  // one thread
+  EXPECT_EQ(local_cluster(2, 100, 100).hbm_bandwidth, 21e9 * std::min(2, built_in.cores));
+  Cluster gpu;
+  ASSERT_TRUE(cluster_preset("a100-80g", &gpu).is_ok());
+  EXPECT_EQ(gpu.cpu.memory_bandwidth, 0);  // the GPU model does not read it
+
+  Status s;
+  const Cluster slow = local_based("base = \"local\"\n[calibration]\ngelu_forward_s = 1e-7\n"
+                                   "[calibration.cold]\nreduce_scatter_gbps = 0.1\n", &s);
+  ASSERT_TRUE(s.is_ok()) << s.message();
+  EXPECT_EQ(slow.cpu.gelu_forward_s, 1e-7);
+  EXPECT_EQ(slow.cpu.cold.reduce_scatter, 0.1e9);
+  EXPECT_EQ(slow.cpu.gelu_backward_s, built_in.cpu.gelu_backward_s);  // the rest kept
+  // A ZeRO-1 pair reduce-scatters cold gradients and runs GELU: both cost more now.
+  model::GptConfig config;
+  ASSERT_TRUE(model::preset_config("tiny", &config).is_ok());
+  Layout l;
+  l.precision = Precision::kFp32, l.dp = 2, l.zero = 1, l.micro_batch = 2, l.global_batch = 4;
+  Prediction fast_run, slow_run;
+  ASSERT_TRUE(predict_local(config, l, LocalRun{}, built_in, &fast_run).is_ok());
+  ASSERT_TRUE(predict_local(config, l, LocalRun{}, slow, &slow_run).is_ok());
+  EXPECT_GT(slow_run.layer_forward.memory, fast_run.layer_forward.memory);
+  EXPECT_GT(slow_run.dp.total(), fast_run.dp.total());
+
+  std::string m = (local_based("base = \"local\"\n[calibration]\ngelu_forwrd_s = 1e-9\n", &s), s.message());
+  EXPECT_TRUE(m.find("unknown key 'gelu_forwrd_s' in [calibration]") != std::string::npos &&
+              m.find("gelu_forward_s") != std::string::npos) << m;
+  m = (local_based("base = \"local\"\n[calibration.cold]\nall_gather_gbps = -2\n", &s), s.message());
+  EXPECT_TRUE(m.find("'cpu_cold_all_gather_gbps'") != std::string::npos && m.find(">= 0") != std::string::npos) << m;
 }
 
 }  // namespace

@@ -401,7 +401,7 @@ TEST(PlannerTimeCluster, PresetsCarryTheirDatasheetFigures) {
   EXPECT_NE(s.message().find("a100-80g, h100-80g, h200"), std::string::npos) << s.message();
 }
 
-// The cluster file's fields (cli/cluster_file.cc reads the TOML, these interpret it).
+// The cluster file's fields (planner/cluster_file.cc reads the TOML, these interpret it).
 TEST(PlannerTimeCluster, FieldErrorsNameTheKey) {
   Cluster c = a100();
   ASSERT_TRUE(set_cluster_field("memory_gb", "40", "x.toml", &c).is_ok());
@@ -418,7 +418,9 @@ TEST(PlannerTimeCluster, FieldErrorsNameTheKey) {
   EXPECT_EQ(message("gpus_per_node", "4.5"), "'gpus_per_node' in x.toml must be a whole number, got '4.5'");
   EXPECT_EQ(message("link_efficiency", "1.5"), "x.toml: 'link_efficiency' is a fraction in (0, 1], got 1.5");
   EXPECT_EQ(message("peak_tflops_bf16", "0"), "x.toml: 'peak_tflops_bf16' must be > 0, got 0");
-  EXPECT_EQ(cluster_fields().size(), 18u);  // 14, and the optional nics, nodes and two inter-node rates
+  // 14, the optional nics, nodes and two inter-node rates, and the local predictor's 19
+  // calibration figures.
+  EXPECT_EQ(cluster_fields().size(), 37u);
   c.reserved_bytes = 100e9;
   EXPECT_NE(validate(c).message().find("'reserved_gb'"), std::string::npos);
 }

@@ -1,8 +1,8 @@
-#include "cli/toml_parse.h"
+#include "core/toml_parse.h"
 
 #include <algorithm>
 
-namespace meshtrain::cli {
+namespace meshtrain {
 
 namespace {
 
@@ -76,4 +76,4 @@ Status parse_toml(const std::string& text, const std::string& what, toml::table*
   return Status::ok();
 }
 
-}  // namespace meshtrain::cli
+}  // namespace meshtrain

@@ -13,10 +13,10 @@
 
 #include "core/status.h"
 
-namespace meshtrain::cli {
+namespace meshtrain {
 
 // Parses `text`; an error reads "cannot parse <what> (line L, column C): <toml++'s
 // description>, in: <the line>", so that it points at what is there.
 Status parse_toml(const std::string& text, const std::string& what, toml::table* out);
 
-}  // namespace meshtrain::cli
+}  // namespace meshtrain

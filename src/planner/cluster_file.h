@@ -1,5 +1,5 @@
 // Cluster descriptions for the planner: a preset name or a TOML file (read with toml++).
-// The file's top-level keys are planner::cluster_fields() (units as listed there: TFLOP/s,
+// The file's top-level keys are cluster_fields() (units as listed there: TFLOP/s,
 // GB, GB/s, us); `base = "a100-80g"` starts from a preset, `base = "local"` from this
 // machine as the local predictor sees it (planner/local.h); without a base every field that
 // is not optional must be given. Hosts and links may also be written as tables:
@@ -34,7 +34,7 @@
 #include "core/status.h"
 #include "planner/cluster.h"
 
-namespace meshtrain::cli {
+namespace meshtrain::planner {
 
 // Reads a cluster file. Errors name the file and the bad key: TOML that does not parse (with
 // its line and column), unknown tables or table keys, keys set twice or with other than one
@@ -42,20 +42,25 @@ namespace meshtrain::cli {
 // keys (with the nearest known one), values that are not finite numbers (or whole numbers
 // for integer fields), out-of-range values (negative or zero bandwidths, fractions above 1,
 // reserved memory not below the memory), missing fields when there is no base.
-Status load_cluster_file(const std::string& path, planner::Cluster* out);
+Status load_cluster_file(const std::string& path, Cluster* out);
 // A `base` name to the cluster it starts from.
-using BaseLookup = std::function<Status(const std::string& name, planner::Cluster* out)>;
-// The presets, and "local": this machine (planner::measure_local_cluster, one thread per
+using BaseLookup = std::function<Status(const std::string& name, Cluster* out)>;
+// The presets, and "local": this machine (measure_local_cluster, one thread per
 // rank: its GEMM peak and efficiency, memory bandwidth and cross-entropy measured now, in
 // about a second).
-Status base_cluster(const std::string& name, planner::Cluster* out);
+Status base_cluster(const std::string& name, Cluster* out);
 // The same for the file's text; `path` names it in messages and gives the default name.
 // `lookup` resolves `base` (empty: the presets only, not "local").
-Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out,
+Status parse_cluster_toml(const std::string& text, const std::string& path, Cluster* out,
                           const BaseLookup& lookup = {});
 
-// A preset name (planner::cluster_preset_names()) or, when it names an existing file (or
-// ends in .toml), a cluster file.
-Status resolve_cluster(const std::string& preset_or_path, planner::Cluster* out);
+// Sets the fields `text` names over *c (a file without `base`: the local predictor's
+// calibration over the measured machine, planner/local.h). Each value is checked; the
+// whole is not (the caller derives fields from it first, then validates).
+Status apply_cluster_toml(const std::string& text, const std::string& path, Cluster* c);
 
-}  // namespace meshtrain::cli
+// A preset name (cluster_preset_names()) or, when it names an existing file (or
+// ends in .toml), a cluster file.
+Status resolve_cluster(const std::string& preset_or_path, Cluster* out);
+
+}  // namespace meshtrain::planner

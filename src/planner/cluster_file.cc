@@ -1,4 +1,4 @@
-#include "cli/cluster_file.h"
+#include "planner/cluster_file.h"
 
 #include <cstdio>
 #include <algorithm>
@@ -7,13 +7,13 @@
 #include <string_view>
 #include <vector>
 
-#include "cli/toml_parse.h"
+#include "core/toml_parse.h"
 
-namespace meshtrain::cli {
+namespace meshtrain::planner {
 
 namespace {
 
-// The nested tables and the field each of their keys sets (planner::cluster_fields() names).
+// The nested tables and the field each of their keys sets (cluster_fields() names).
 struct TableKey {
   const char* table;  // dotted path of the table
   const char* key;
@@ -29,6 +29,26 @@ constexpr TableKey kTableKeys[] = {
     {"links.inter_host", "latency_us", "inter_node_latency_us"},
     {"links.inter_host", "reduce_scatter_gbs", "inter_node_reduce_scatter_gbps"},
     {"links.inter_host", "all_gather_gbs", "inter_node_all_gather_gbps"},
+    // The local predictor's calibration (configs/clusters/presets/local.toml).
+    {"calibration", "memory_gbps", "cpu_memory_gbps"},
+    {"calibration", "gelu_forward_s", "cpu_gelu_forward_s"},
+    {"calibration", "gelu_backward_s", "cpu_gelu_backward_s"},
+    {"calibration", "cross_entropy_forward_s", "cpu_cross_entropy_forward_s"},
+    {"calibration", "cross_entropy_backward_s", "cpu_cross_entropy_backward_s"},
+    {"calibration", "sum_of_squares_s", "cpu_sum_of_squares_s"},
+    {"calibration", "onebit_compress_s", "cpu_onebit_compress_s"},
+    {"calibration", "onebit_decompress_s", "cpu_onebit_decompress_s"},
+    {"calibration", "int8_quantize_s", "cpu_int8_quantize_s"},
+    {"calibration", "int8_dequantize_s", "cpu_int8_dequantize_s"},
+    {"calibration", "attention_forward_element_s", "cpu_attention_forward_element_s"},
+    {"calibration", "attention_backward_element_s", "cpu_attention_backward_element_s"},
+    {"calibration", "attention_backward_block_s", "cpu_attention_backward_block_s"},
+    {"calibration.cached", "all_reduce_gbps", "cpu_cached_all_reduce_gbps"},
+    {"calibration.cached", "reduce_scatter_gbps", "cpu_cached_reduce_scatter_gbps"},
+    {"calibration.cached", "all_gather_gbps", "cpu_cached_all_gather_gbps"},
+    {"calibration.cold", "all_reduce_gbps", "cpu_cold_all_reduce_gbps"},
+    {"calibration.cold", "reduce_scatter_gbps", "cpu_cold_reduce_scatter_gbps"},
+    {"calibration.cold", "all_gather_gbps", "cpu_cold_all_gather_gbps"},
 };
 
 // One value the file sets: the field, its text, and where it was written ("memory_gb",
@@ -65,14 +85,14 @@ std::string known_tables() {
 //   all_reduce_gbs = 0.109
 //   reduce_scatter_gbs = 0.076   # optional (0 or absent: all_reduce_gbs)
 //   all_gather_gbs = 0.074       # optional
-// Each entry's keys are checked here; the curve's order and ranges by planner::validate().
-Status read_rate_curve(const toml::array& entries, const std::string& path, std::vector<planner::LinkRate>* out) {
+// Each entry's keys are checked here; the curve's order and ranges by validate().
+Status read_rate_curve(const toml::array& entries, const std::string& path, std::vector<LinkRate>* out) {
   const std::string where = "cluster file " + path + ": [[links.inter_host.by_size]]";
   for (size_t i = 0; i < entries.size(); i++) {
     const toml::table* entry = entries[i].as_table();
     const std::string at = where + " entry " + std::to_string(i + 1);
     if (!entry) return Status::error(at + " is not a table");
-    planner::LinkRate rate;
+    LinkRate rate;
     for (const auto& [key_node, node] : *entry) {
       const std::string key(key_node.str());
       double* field = key == "bytes"                ? &rate.bytes
@@ -96,7 +116,7 @@ Status read_rate_curve(const toml::array& entries, const std::string& path, std:
 // fields (the inter-host rate curve into `curve`). Unknown tables and table keys are errors
 // naming them.
 Status flatten(const toml::table& table, const std::string& prefix, const std::string& path, std::vector<Item>* out,
-               std::vector<planner::LinkRate>* curve) {
+               std::vector<LinkRate>* curve) {
   for (const auto& [key_node, node] : table) {
     const std::string key(key_node.str());
     if (const toml::table* sub = node.as_table()) {
@@ -154,48 +174,74 @@ Status check_characters(const std::string& text, const std::string& path) {
   return Status::ok();
 }
 
-Status no_local_base(const std::string& name, planner::Cluster* out) { return planner::cluster_preset(name, out); }
+Status no_local_base(const std::string& name, Cluster* out) { return cluster_preset(name, out); }
 
-}  // namespace
+// A file's items, checked for keys set twice, and its rate curve.
+struct FileItems {
+  std::vector<Item> items;
+  std::vector<LinkRate> curve;
+  std::map<std::string, std::string> written;  // field -> where it was set
+};
 
-Status parse_cluster_toml(const std::string& text, const std::string& path, planner::Cluster* out,
-                          const BaseLookup& lookup) {
+Status read_items(const std::string& text, const std::string& path, FileItems* out) {
   RETURN_IF_ERROR(check_characters(text, path));
   toml::table table;
   RETURN_IF_ERROR(parse_toml(text, "cluster file " + path, &table));
-  std::vector<Item> items;
-  std::vector<planner::LinkRate> curve;
-  RETURN_IF_ERROR(flatten(table, "", path, &items, &curve));
-  std::map<std::string, std::string> written;  // field -> where it was set
-  for (const Item& item : items)
-    if (auto [it, fresh] = written.emplace(item.field, item.written); !fresh)
+  RETURN_IF_ERROR(flatten(table, "", path, &out->items, &out->curve));
+  for (const Item& item : out->items)
+    if (auto [it, fresh] = out->written.emplace(item.field, item.written); !fresh)
       return Status::error(it->second == item.written
                                ? "key '" + item.written + "' is set twice in " + path
                                : "'" + item.field + "' is set twice in " + path + ": as '" + it->second + "' and as '" +
                                      item.written + "'");
+  return Status::ok();
+}
+
+// Sets every item but `base` on *c, then the rate curve.
+Status apply_items(const FileItems& f, const std::string& path, Cluster* c) {
+  for (const Item& item : f.items) {
+    if (item.field == "base") continue;
+    const std::string where = item.written == item.field ? path : path + " (" + item.written + ")";
+    RETURN_IF_ERROR(set_cluster_field(item.field, item.value, where, c));
+  }
+  if (!f.curve.empty()) c->inter.by_size = f.curve;
+  return Status::ok();
+}
+
+}  // namespace
+
+Status parse_cluster_toml(const std::string& text, const std::string& path, Cluster* out, const BaseLookup& lookup) {
+  FileItems f;
+  RETURN_IF_ERROR(read_items(text, path, &f));
   // The base first, whatever its position in the file.
-  planner::Cluster c;
-  const auto base = std::find_if(items.begin(), items.end(), [](const Item& i) { return i.field == "base"; });
-  if (base != items.end()) {
+  Cluster c;
+  const auto base = std::find_if(f.items.begin(), f.items.end(), [](const Item& i) { return i.field == "base"; });
+  if (base != f.items.end()) {
     RETURN_IF_ERROR((lookup ? lookup : no_local_base)(base->value, &c).with_context(path + ": 'base'"));
   } else {
     c.name = std::filesystem::path(path).stem().string();
   }
-  for (const Item& item : items) {
-    if (item.field == "base") continue;
-    const std::string where = item.written == item.field ? path : path + " (" + item.written + ")";
-    RETURN_IF_ERROR(planner::set_cluster_field(item.field, item.value, where, &c));
-  }
-  if (base == items.end()) {
+  RETURN_IF_ERROR(apply_items(f, path, &c));
+  if (base == f.items.end()) {
     std::string missing;
-    for (const planner::ClusterField& f : planner::cluster_fields())
-      if (!f.optional && !written.count(f.key)) missing += (missing.empty() ? "" : ", ") + std::string(f.key);
+    for (const ClusterField& field : cluster_fields())
+      if (!field.optional && !f.written.count(field.key)) missing += (missing.empty() ? "" : ", ") + std::string(field.key);
     if (!missing.empty()) return Status::error("cluster file " + path + " has no 'base' preset and lacks: " + missing);
   }
-  if (!curve.empty()) c.inter.by_size = curve;
-  RETURN_IF_ERROR(planner::validate(c).with_context(path));
+  RETURN_IF_ERROR(validate(c).with_context(path));
   *out = c;
   return Status::ok();
 }
 
-}  // namespace meshtrain::cli
+Status apply_cluster_toml(const std::string& text, const std::string& path, Cluster* c) {
+  FileItems f;
+  RETURN_IF_ERROR(read_items(text, path, &f));
+  for (const Item& item : f.items)
+    if (item.field == "base") return Status::error("cluster file " + path + " sets 'base', which it cannot here");
+  Cluster updated = *c;
+  RETURN_IF_ERROR(apply_items(f, path, &updated));
+  *c = updated;
+  return Status::ok();
+}
+
+}  // namespace meshtrain::planner
