@@ -267,4 +267,29 @@ Status check_layout(const Layout& l, const LayoutModel& m, LayoutReader reader) 
   return text.empty() ? Status::ok() : Status::error(text);
 }
 
+const char* zero3_gather_name(Zero3Gather g) {
+  switch (g) {
+    case Zero3Gather::kStep: return "step";
+    case Zero3Gather::kUse: return "use";
+    default: return "auto";
+  }
+}
+
+Status parse_zero3_gather(const std::string& name, Zero3Gather* out) {
+  for (Zero3Gather g : {Zero3Gather::kAuto, Zero3Gather::kStep, Zero3Gather::kUse})
+    if (name == zero3_gather_name(g)) return *out = g, Status::ok();
+  return Status::error("--zero3-gather must be auto, step or use, got '" + name + "'");
+}
+
+DpStep dp_step(const Layout& l) {
+  DpStep s;
+  s.reduce_once_per_step = l.pp > 1;
+  s.reduces_per_micro_batch = l.zero >= 2 && !s.reduce_once_per_step;
+  s.keep_gathered = l.zero3_gather == Zero3Gather::kStep ||
+                    (l.zero3_gather == Zero3Gather::kAuto && l.pp > 1 && !l.offload.params);
+  if (l.zero == 3 && !s.keep_gathered) s.gathers_per_use_step = l.recompute == model::Recompute::kFull ? 3 : 2;
+  s.gathers_updated_params = l.zero == 1 || l.zero == 2;
+  return s;
+}
+
 }  // namespace meshtrain::parallel

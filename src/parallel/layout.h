@@ -32,6 +32,11 @@ struct OffloadTiers {
   bool any() const { return optimizer || params || grads; }
 };
 
+// --zero3-gather: when ZeRO-3 gathers a unit's parameters (DpStep::keep_gathered).
+enum class Zero3Gather { kAuto, kStep, kUse };
+const char* zero3_gather_name(Zero3Gather g);  // "auto", "step", "use"
+Status parse_zero3_gather(const std::string& name, Zero3Gather* out);
+
 struct Layout {
   // ---- Axes: world = tp x cp x dp x pp ranks (comm/mesh.h places them).
   int tp = 1, pp = 1, dp = 1;
@@ -49,6 +54,7 @@ struct Layout {
 
   // ---- Choices.
   int zero = 0;  // ZeRO stage 0-3 over dp
+  Zero3Gather zero3_gather = Zero3Gather::kAuto;
   pp::ScheduleKind schedule = pp::ScheduleKind::k1F1B;
   std::vector<int> stage_layers;  // layers per stage (pp x v entries); empty: balanced
   bool sp = false;                // sequence parallelism over tp
@@ -61,7 +67,6 @@ struct Layout {
   bool uneven_steps = false;      // steps of different lengths (a sequence-length curriculum)
 
   int world() const { return tp * cp * pp * dp; }
-  int gpus() const { return world(); }
   // m, the micro-batches of one step on one dp rank (0 when the batch does not divide).
   int micro_batches() const;
   bool whole_experts() const { return expert_tp == model::ExpertTp::kReplicated && tp > 1; }
@@ -80,6 +85,29 @@ struct LayoutModel {
   bool is_moe() const { return experts > 0; }
 };
 LayoutModel layout_model(const model::GptConfig& c);
+
+// What data parallelism does in one step of a layout, as parallel::DataParallel runs it:
+// when gradients are reduced and parameters gathered. The engine's DpConfig, the GPU and
+// local time models and the local planner's memory replay all take it from here, so that a
+// change to when the engine reduces or gathers is made once.
+struct DpStep {
+  // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
+  // accumulate each unit's gradient over the step and reduce-scatter it once, not after
+  // every micro-batch's backward. (ZeRO 0-1 reduce once, after the last, anyway.)
+  bool reduce_once_per_step = false;
+  // ZeRO-2/3 reducing after every micro-batch's backward.
+  bool reduces_per_micro_batch = false;
+  // ZeRO-3: each unit gathered once per step and kept to its end (its full parameters
+  // resident meanwhile), or at every use. --zero3-gather auto keeps them under a pipeline
+  // unless the parameters are in files, where keeping them all would hold the whole model.
+  bool keep_gathered = false;
+  // ZeRO-3 gathering at every use: per unit and micro-batch, its forward, its backward, and
+  // full recomputation's second forward.
+  int gathers_per_use_step = 0;
+  // ZeRO 1-2: the updated shards all-gathered after the optimizer step.
+  bool gathers_updated_params = false;
+};
+DpStep dp_step(const Layout& l);
 
 // A broken rule: its name (stable, for tests and tools) and the reason, in flag terms.
 struct LayoutError {

@@ -236,7 +236,7 @@ StepContext step_context(const model::GptConfig& config, const Layout& l, const 
   dims.tp = axis_link(axis_stride(l, MeshAxis::kTp), t, c);
   x.dp = axis_link(axis_stride(l, MeshAxis::kDp), l.dp, c);
   x.pp = axis_link(axis_stride(l, MeshAxis::kPp), l.pp, c);
-  x.world = axis_link(1, l.gpus(), c);
+  x.world = axis_link(1, l.world(), c);
   dims.B = B, dims.T = T, dims.N = (double)B * T, dims.sp = l.sp && t > 1;
   dims.Nl = dims.sp ? dims.N / t : dims.N;
   dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
@@ -344,7 +344,7 @@ RankElements rank_elements(const model::ParamLayout& layout, const parallel::Sha
 // transport copies and reduces on them), so every byte counts.
 double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout& layout, const RankElements& n) {
   const Layout& l = *x.layout;
-  const int p = l.pp, d = l.dp, m = x.m;
+  const int d = l.dp, m = x.m;
   const double total = n.total, owned = n.owned, padded = n.padded;
   double dp_s = 0;
   const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
@@ -359,7 +359,7 @@ double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout&
   const double gather_work = qz.weights ? (padded / d * k.cal->int8_quantize_s + padded * k.cal->int8_dequantize_s) * k.per_element : 0;
   const double scatter_work =
       qz.grads ? (double)(d - 1) / d * padded * (k.cal->int8_quantize_s + k.cal->int8_dequantize_s) * k.per_element : 0;
-  const bool once_per_step = p > 1 && l.zero >= 2;
+  const parallel::DpStep step = parallel::dp_step(l);
   if (d > 1 && compressed) {
     dp_s = compressed_reduction_s(layout, l, x.dp, k);
     if (l.zero == 1) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
@@ -373,13 +373,16 @@ double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout&
                scatter_work;
         break;
       default: {  // 2, 3: every micro-batch (once per step under pp) reduce-scatters the staging
-        double per_mb =
+        const double reduce =
             k.bytes_s(4 * padded + 12 * owned) + k.reduce_scatter_s(scatter_bytes, x.dp, true) + scatter_work;
-        if (l.zero == 3) {  // parameters gathered before each forward and backward use (once under pp)
-          const double gathers = once_per_step ? 1 : x.recompute == model::Recompute::kFull ? 3 : 2;
-          per_mb += gathers * (k.all_gather_s(gather_bytes, x.dp, true) + gather_work);
-        }
-        dp_s = (once_per_step ? 1 : m) * per_mb;
+        // ZeRO-3's parameters gathered at every use, or once per step and kept (parallel::DpStep).
+        const double gather = l.zero == 3 ? k.all_gather_s(gather_bytes, x.dp, true) + gather_work : 0;
+        const double per_use = step.gathers_per_use_step * gather, kept = step.keep_gathered ? gather : 0;
+        const int reductions = step.reduces_per_micro_batch ? m : 1;
+        // The usual pairs (reduce and gather per micro-batch, or both once per step) as one
+        // window repeated; --zero3-gather's other choices apart.
+        dp_s = step.keep_gathered == !step.reduces_per_micro_batch ? reductions * (reduce + per_use + kept)
+                                                                   : reductions * reduce + m * per_use + kept;
       }
     }
     if (l.zero == 1 || l.zero == 2) dp_s += k.all_gather_s(4 * padded, x.dp, true) + k.bytes_s(12 * padded);
@@ -399,7 +402,7 @@ void rank_tail(const StepContext& x, const Costs& k, int r, double tp_s, double*
   const double total = n.total, owned = n.owned, padded = n.padded;
   // Under a pipeline ZeRO-2/3 reduce (and ZeRO-3 gathers) once per step, from whole
   // staging buffers that are zeroed as they are taken.
-  const bool once_per_step = p > 1 && l.zero >= 2;
+  const bool once_per_step = l.zero >= 2 && parallel::dp_step(l).reduce_once_per_step;
   const double zero_grads = k.bytes_s(4 * (l.zero >= 2 ? (double)shards.local_total() : total)) +
                             (once_per_step ? k.bytes_s(4 * padded) : 0);
   const double dp_s = rank_dp_s(x, k, layout, n);
@@ -540,9 +543,7 @@ namespace {
 Status check_local(const model::GptConfig& config, const Layout& l, const LocalRun& run, const Cluster& c, int T) {
   if (T > config.max_seq_len) return Status::error("seq (" + std::to_string(T) + ") exceeds the model's max_seq_len");
   const ModelShape shape = model_shape(config, T);
-  parallel::LayoutModel lm = parallel::layout_model(config);
-  RETURN_IF_ERROR(validate(shape, l, parallel::LayoutReader::kLocalPlanner));
-  RETURN_IF_ERROR(parallel::check_layout(l, lm, parallel::LayoutReader::kLocalPlanner));  // the padded vocabulary too
+  RETURN_IF_ERROR(validate(shape, l, parallel::layout_model(config), parallel::LayoutReader::kLocalPlanner));
   RETURN_IF_ERROR(validate(c));
   RETURN_IF_ERROR(check_fits_nodes(l, c));
   if (l.precision != Precision::kFp32)
@@ -633,7 +634,7 @@ Status local_step(const model::GptConfig& config, const Layout& l, const LocalRu
     cpu += (double)t * d * (cpu_times.busy[r] + cpu_times.tail[r]);
     wire = std::max(wire, full.busy[r] + full.tail[r] - cpu_times.busy[r] - cpu_times.tail[r]);
   }
-  const int cores = c.cores > 0 ? c.cores : l.gpus() * run.threads;
+  const int cores = c.cores > 0 ? c.cores : l.world() * run.threads;
   const double shared = cpu * run.threads / cores + wire;
   pr.step_s = std::max(critical, shared);
   const double slow = pr.step_s / critical;  // time-sharing stretch of every part
@@ -649,8 +650,8 @@ Status local_step(const model::GptConfig& config, const Layout& l, const LocalRu
   const ModelShape shape = model_shape(config, T);
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
   pr.model_flops = model_flops(shape, l.global_batch);
-  pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.gpus()) / 1e12;
-  pr.mfu = pr.model_flops / (pr.step_s * l.gpus() * peak);
+  pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.world()) / 1e12;
+  pr.mfu = pr.model_flops / (pr.step_s * l.world() * peak);
   return Status::ok();
 }
 

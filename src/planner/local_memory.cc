@@ -70,15 +70,17 @@ class Pool {
 };
 
 // parallel::DataParallel's buffers for fp32 storage (the ParamStore calls the model makes,
-// the reductions, the parameter all-gather after the step), data_parallel.cc. Under a
-// pipeline ZeRO-2/3 reduce once per step and ZeRO-3 keeps units gathered to the step's end
-// (train/setup.cc's DpConfig: reduce_once_per_step, keep_gathered).
+// the reductions, the parameter all-gather after the step), data_parallel.cc. When it
+// reduces and gathers is the layout's parallel::DpStep, as the engine's DpConfig takes it:
+// under a pipeline ZeRO-2/3 reduce once per step, and ZeRO-3 may keep units gathered to the
+// step's end.
 class StoreReplay {
  public:
   StoreReplay(const model::ParamLayout& layout, const parallel::ShardLayout& shards, int zero, int micro_batches,
-              bool once_per_step, const parallel::QuantizedComm& quantized, Tracker* t)
-      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches), once_(once_per_step && zero >= 2),
-        quantized_(quantized), t_(t), pool_(t) {
+              const parallel::DpStep& step, const parallel::QuantizedComm& quantized, Tracker* t)
+      : layout_(layout), shards_(shards), zero_(zero), m_(micro_batches),
+        once_(step.reduce_once_per_step && zero >= 2), keep_(step.keep_gathered && zero == 3), quantized_(quantized),
+        t_(t), pool_(t) {
     const int n = layout.num_units();
     gathered_.assign(n, false);
     decoding_.assign(n, 0);
@@ -97,7 +99,7 @@ class StoreReplay {
   }
   void release_params(int u) {
     if (zero_ < 3) return;
-    if (--refs_[u] > 0 || once_) return;  // kept to the step's end
+    if (--refs_[u] > 0 || keep_) return;  // kept to the step's end
     drop(u);
   }
   // finish_reductions: the units kept gathered are freed (ZeRO-3 under a pipeline).
@@ -195,7 +197,7 @@ class StoreReplay {
   const model::ParamLayout& layout_;
   const parallel::ShardLayout& shards_;
   int zero_, m_;
-  bool once_;
+  bool once_, keep_;
   parallel::QuantizedComm quantized_;
   Tracker* t_;
   Pool pool_;
@@ -414,7 +416,7 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   if (parallel::pp::never_flushes(l.schedule)) tracker.alloc(MemCategory::kParams, state.params);  // 2bw's previous version
   tracker.alloc(MemCategory::kGrads, state.grads);
   tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
-  StoreReplay store(layout, shards, l.zero, m, l.pp > 1, l.quantized, &tracker);
+  StoreReplay store(layout, shards, l.zero, m, parallel::dp_step(l), l.quantized, &tracker);
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
                     l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};
   replay.step(true);

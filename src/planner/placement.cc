@@ -31,8 +31,8 @@ GroupPlacement place_group(int stride, int size, const Cluster& c) {
 }
 
 Status check_fits_nodes(const Layout& l, const Cluster& c) {
-  if (c.nodes <= 0 || (long long)l.gpus() <= (long long)c.nodes * c.gpus_per_node) return Status::ok();
-  return Status::error("the layout needs " + std::to_string(l.gpus()) + " ranks; cluster " + c.name + " has " +
+  if (c.nodes <= 0 || (long long)l.world() <= (long long)c.nodes * c.gpus_per_node) return Status::ok();
+  return Status::error("the layout needs " + std::to_string(l.world()) + " ranks; cluster " + c.name + " has " +
                        std::to_string(c.nodes) + " nodes x " + std::to_string(c.gpus_per_node) + " = " +
                        std::to_string((long long)c.nodes * c.gpus_per_node));
 }

@@ -127,6 +127,10 @@ parallel::LayoutModel layout_model(const ModelShape& m) {
 }
 
 Status validate(const ModelShape& m, const Layout& l, parallel::LayoutReader reader) {
+  return validate(m, l, layout_model(m), reader);
+}
+
+Status validate(const ModelShape& m, const Layout& l, const parallel::LayoutModel& lm, parallel::LayoutReader reader) {
   auto positive = [](const char* name, double v) {
     return v >= 1 ? Status::ok()
                   : Status::error(std::string(name) + " must be >= 1, got " + std::to_string((long long)v));
@@ -150,7 +154,7 @@ Status validate(const ModelShape& m, const Layout& l, parallel::LayoutReader rea
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
   // Every rule joining the axes and the choices (the engine's own: parallel/layout.h), and a
   // given stage split, all listed.
-  std::string why = parallel::check_layout(l, layout_model(m), reader).message();
+  std::string why = parallel::check_layout(l, lm, reader).message();
   if (!l.stage_layers.empty() && l.pp > 1) {
     std::vector<int> checked;
     const Status split = pp::split_layers(m.layers, l.pp * l.virtual_stages, {}, l.stage_layers, &checked);
@@ -488,7 +492,8 @@ struct Step {
   LayerTime lt;
   // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and gathers
   // ZeRO-3 parameters at their first use in the step, keeping them to its end
-  // (DpConfig::reduce_once_per_step and keep_gathered, the `--zero3-gather step` default).
+  // (parallel::DpStep: reduce_once_per_step, and keep_gathered, which --zero3-gather auto
+  // gives whenever a pipeline reduces once; the planners' layouts keep auto).
   bool once_per_step;
   bool split;  // a zero-bubble schedule: backward split into B and W
   StageParams sparams;
@@ -515,7 +520,7 @@ struct Step {
     // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
     ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, d / l.ep, c);
     lt = layer_time(m, l, c, tp_ring, ep_ring);
-    once_per_step = p > 1 && d > 1 && l.zero >= 2;
+    once_per_step = d > 1 && l.zero >= 2 && parallel::dp_step(l).reduce_once_per_step;
     split = pp::splits_backward(l.schedule);
     sparams = stage_params(m, l);
     const double int8_e = 1.0 + 4.0 / (double)l.quantized.block;
@@ -879,8 +884,8 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s + dp.compressor_s;
   r.tokens_per_s = l.global_batch * x.s / r.step_s;
   r.model_flops = model_flops(m, l.global_batch);
-  r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.gpus()) / 1e12;
-  r.mfu = r.model_flops / (r.step_s * l.gpus() * x.peak);
+  r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.world()) / 1e12;
+  r.mfu = r.model_flops / (r.step_s * l.world() * x.peak);
   peak_memory(x, layers, sim, &r);
   r.memory_available = c.memory_bytes - c.reserved_bytes;
   return Status::ok();

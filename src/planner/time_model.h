@@ -182,6 +182,9 @@ struct Prediction {
 parallel::LayoutModel layout_model(const ModelShape& m);
 Status validate(const ModelShape& m, const Layout& l,
                 parallel::LayoutReader reader = parallel::LayoutReader::kGpuPlanner);
+// The same, the rules asked of `lm` (the engine's model, parallel::layout_model(config), whose
+// padded vocabulary the shape does not carry: the local planner's).
+Status validate(const ModelShape& m, const Layout& l, const parallel::LayoutModel& lm, parallel::LayoutReader reader);
 
 Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Prediction* out);
 

@@ -172,6 +172,7 @@ Status to_layout(const TrainOptions& o, int world, parallel::Layout* out) {
   if (l.schedule == parallel::pp::ScheduleKind::kZbV && o.virtual_stages == 1) l.virtual_stages = 2;
   l.stage_layers = o.stage_layers;
   l.zero = o.zero, l.sp = o.sp;
+  RETURN_IF_ERROR(parallel::parse_zero3_gather(o.zero3_gather, &l.zero3_gather));
   l.quantized.weights = o.zero_quantized_weights, l.quantized.grads = o.zero_quantized_gradients;
   l.memory_budget = o.memory_budget_gb > 0;
   l.uneven_steps = o.curriculum.kind != "none";

@@ -402,15 +402,11 @@ parallel::DpConfig dp_config(const TrainOptions& o, const Run& run) {
   dpc.quantized.weights = l.quantized.weights;
   dpc.quantized.grads = l.quantized.grads;
   dpc.weight_versions = l.schedule == parallel::pp::ScheduleKind::k2BW;
-  // Under a pipeline each micro-batch's backward runs apart from the others': ZeRO-2/3
-  // accumulate a unit's gradient over the step and reduce-scatter it once (not m times),
-  // and ZeRO-3 gathers a unit once per step unless --zero3-gather use asks for every use.
-  const bool pipelined = l.pp > 1;
-  dpc.reduce_once_per_step = pipelined;
+  // When it reduces and gathers: the layout's DpStep, which the planners' models read too.
+  const parallel::DpStep step = parallel::dp_step(l);
+  dpc.reduce_once_per_step = step.reduce_once_per_step;
+  dpc.keep_gathered = step.keep_gathered;
   const OffloadTiers& tiers = l.offload;
-  // With the parameter shards in files, keeping every gathered unit would hold the whole
-  // model: auto gathers at every use then.
-  dpc.keep_gathered = o.zero3_gather == "step" || (o.zero3_gather == "auto" && pipelined && !tiers.params);
   const bool sharded = l.zero == 3;
   // ZeRO-Infinity: the shards in files from the start, or aligned so a budget can move them.
   dpc.files = {o.offload_dir, run.mesh->world().rank(), tiers.params, tiers.grads, !o.offload_page_cache,

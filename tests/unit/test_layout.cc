@@ -157,5 +157,38 @@ TEST(Layout, TheEdgeParsesNamesOnce) {
   EXPECT_NE(train::to_layout(o, 2, &l).message().find("world size 2 is not divisible by tp"), std::string::npos);
 }
 
+// When data parallelism reduces and gathers: one derivation (parallel::dp_step) that the
+// engine's DpConfig, both time models and the memory replay read.
+TEST(Layout, DpStepSaysWhenGradientsReduceAndParametersGather) {
+  parallel::Layout l;
+  l.dp = 2, l.zero = 3;
+  parallel::DpStep s = parallel::dp_step(l);
+  EXPECT_TRUE(s.reduces_per_micro_batch && !s.reduce_once_per_step && !s.keep_gathered);
+  EXPECT_EQ(s.gathers_per_use_step, 2);  // forward and backward
+  l.recompute = model::Recompute::kFull;
+  EXPECT_EQ(parallel::dp_step(l).gathers_per_use_step, 3) << "full recompute gathers again for its forward";
+  l.pp = 2;  // a pipeline: once per step, kept to its end
+  s = parallel::dp_step(l);
+  EXPECT_TRUE(s.reduce_once_per_step && !s.reduces_per_micro_batch && s.keep_gathered);
+  EXPECT_EQ(s.gathers_per_use_step, 0);
+  l.offload.params = true;  // keeping every unit would hold the whole model
+  EXPECT_FALSE(parallel::dp_step(l).keep_gathered);
+  l.zero3_gather = parallel::Zero3Gather::kStep;
+  EXPECT_TRUE(parallel::dp_step(l).keep_gathered);
+  l.offload.params = false, l.zero3_gather = parallel::Zero3Gather::kUse;
+  EXPECT_FALSE(parallel::dp_step(l).keep_gathered);
+  l.zero = 1;
+  s = parallel::dp_step(l);
+  EXPECT_TRUE(s.gathers_updated_params && !s.reduces_per_micro_batch && s.gathers_per_use_step == 0);
+
+  train::TrainOptions o = grid_options();
+  o.zero3_gather = "sometimes";
+  EXPECT_NE(train::to_layout(o, 2, &l).message().find("--zero3-gather must be auto, step or use, got 'sometimes'"),
+            std::string::npos);
+  o.zero3_gather = "use";
+  ASSERT_TRUE(train::to_layout(o, 2, &l).is_ok());
+  EXPECT_EQ(l.zero3_gather, parallel::Zero3Gather::kUse);
+}
+
 }  // namespace
 }  // namespace meshtrain

@@ -75,7 +75,7 @@ struct LocalCase {
   std::string name;
   std::string flags;  // the layout's `meshtrain train` flags
   Layout layout;
-  int ranks() const { return layout.gpus(); }
+  int ranks() const { return layout.world(); }
 };
 
 Layout layout(int tp, int pp, int dp, int zero, int m, bool sp = false, Recompute r = Recompute::kNone,

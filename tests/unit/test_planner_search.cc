@@ -73,7 +73,7 @@ TEST(PlannerSearch, RankingAndFixedChoices) {
     const Candidate& x = all[i];
     EXPECT_EQ(x.layout.tp, 2);
     EXPECT_EQ(x.layout.recompute, Recompute::kSelective);
-    EXPECT_EQ(x.layout.gpus(), 16);
+    EXPECT_EQ(x.layout.world(), 16);
     EXPECT_TRUE(validate(m, x.layout).is_ok());
     if (x.layout.pp > 1 && x.layout.zero > 1) seen_zero_under_pp = true;  // the engine runs them (once per step)
     if (!x.prediction.fits()) seen_misfit = true;

@@ -438,7 +438,7 @@ TEST(PlannerTimeH100, PublishedRunsWithinFifteenPercent) {
           << r.name << ": predicted " << p.tokens_per_s << " tokens/s, published " << r.tokens_per_s;
       EXPECT_TRUE(p.fits()) << r.name << ": " << p.memory.total() / 1e9 << " GB";
     } else {
-      const double tflops = p.model_flops / (p.step_s * r.layout.gpus()) / 1e12;
+      const double tflops = p.model_flops / (p.step_s * r.layout.world()) / 1e12;
       EXPECT_LT(std::abs(rel_err(tflops, r.tflops_per_gpu)), 0.15)
           << r.name << ": predicted " << tflops << " TFLOP/s per GPU, published " << r.tflops_per_gpu;
     }
