@@ -43,6 +43,9 @@ std::string run_data_dir(const std::string& model_path);
 train::Console stdio_console();
 // Prints "meshtrain: error: ..." and returns exit code 1.
 int fail(const Status& status);
+// Decoding (generate, serve) runs without context parallelism: a KV cache grows one token at a
+// time, with nothing to split. An error for `command` unless cp is 1.
+Status decode_without_cp(const char* command, int cp);
 // A command on `ranks` ranks: run by this process under mpirun (supervise, one OpenMP thread
 // count `threads` per rank, 0: cores / ranks) when it is not one of them yet and ranks > 1;
 // else fn on this rank's world, whose error is printed, then MPI finalized. The exit code.

@@ -108,6 +108,13 @@ train::Console stdio_console() {
           stdout_is_terminal()};
 }
 
+Status decode_without_cp(const char* command, int cp) {
+  if (cp == 1) return Status::ok();
+  return Status::error(std::string(command) + " does not run under context parallelism (--cp " + std::to_string(cp) +
+                       "): decoding grows one token at a time and splits the model with --tp and --pp; --cp is "
+                       "for training long sequences");
+}
+
 int fail(const Status& s) {
   std::fprintf(stderr, "meshtrain: error: %s\n", s.message().c_str());
   return 1;

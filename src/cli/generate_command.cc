@@ -27,6 +27,7 @@ struct GenerateOptions {
   int max_new_tokens = 100, top_k = kDefaultSampling.top_k, threads = 0;
   int batch = 8;  // --prompts decoded together
   int tp = 1, pp = 1, dp = 1;  // the ranks' layout (tp x pp a model group; dp replicas)
+  int cp = 1;                  // refused unless 1 (decode_without_cp)
   int micro_batches = 1;       // with pp: groups of sequences that follow each other
   WeightPlacement weights;
   int logprobs = -1;  // -1: none; N >= 0: each token's, and the N most likely alternatives
@@ -56,6 +57,7 @@ Status read_prompts(const GenerateOptions& o, std::vector<std::string>* prompts)
 }
 
 Status check_generate_options(const GenerateOptions& o) {
+  RETURN_IF_ERROR(decode_without_cp("generate", o.cp));
   if (o.max_new_tokens < 0) return Status::error("--max-new-tokens must be >= 0");
   if (o.temperature < 0) return Status::error("--temperature must be >= 0 (0 = greedy)");
   if (o.top_k < 0) return Status::error("--top-k must be >= 0 (0 = no limit)");
@@ -211,6 +213,7 @@ Command add_generate_command(CLI::App& app) {
                   "on 2 cores)")
       ->capture_default_str();
   cmd->add_option("--dp", o->dp, "Model replicas, each continuing its share of --prompts")->capture_default_str();
+  cmd->add_option("--cp", o->cp, "Context parallelism: training only (decoding refuses --cp > 1)")->capture_default_str();
   return {cmd, [o] {
             if (Status s = check_generate_options(*o); !s.is_ok()) return fail(s);
             return run_on_ranks(o->tp * o->pp * o->dp, o->threads, [o](comm::Group& world) { return generate(*o, world); });

@@ -341,7 +341,7 @@ Status elastic_shape(const LaunchOptions& o, const std::string& failed_host, con
   while (dp >= 1 && o.global_batch % (o.micro_batch * dp) != 0) dp--;
   if (dp < 1)
     return Status::error("the hosts left hold " + std::to_string(slots) + " slots, not one replica of " +
-                         std::to_string(o.model_parallel) + " ranks (tp x pp) whose dp divides the global batch " +
+                         std::to_string(o.model_parallel) + " ranks (tp x cp x pp) whose dp divides the global batch " +
                          std::to_string(o.global_batch));
   RETURN_IF_ERROR(write_file_synced(new_hostfile, kept.data(), kept.size()));
   out->dp = dp;

@@ -26,7 +26,7 @@ struct LaunchOptions {
   // --elastic: a restart leaves out the host of the rank that failed and runs on fewer
   // data-parallel ranks, with the same global batch (more gradient accumulation).
   bool elastic = false;
-  int model_parallel = 1;  // tp x pp: the ranks of one model replica
+  int model_parallel = 1;  // tp x cp x pp: the ranks of one model replica
   int dp = 1;
   int micro_batch = 1;
   int global_batch = 1;    // rows per step: micro-batch x grad-accum x dp

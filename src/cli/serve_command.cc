@@ -50,6 +50,7 @@ struct ServeOptions {
   std::string model, tokenizer, host = "127.0.0.1";
   int port = 8000, threads = 0, max_batch = 8;
   int tp = 1, pp = 1;  // the model group's layout
+  int cp = 1;          // refused unless 1 (decode_without_cp)
   int micro_batches = 1;  // with pp: groups of sequences that follow each other
   WeightPlacement weights;
   net::ServerLimits limits;
@@ -364,12 +365,14 @@ Command add_serve_command(CLI::App& app) {
   add_weight_flags(cmd, &o->weights);
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks (split by key/value heads; same text)")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline stages (split by layers; same text)")->capture_default_str();
+  cmd->add_option("--cp", o->cp, "Context parallelism: training only (decoding refuses --cp > 1)")->capture_default_str();
   cmd->add_option("--micro-batches", o->micro_batches,
                   "With --pp: a step's sequences go through the stages in this many groups (1 measured fastest "
                   "on 2 cores)")
       ->capture_default_str();
   return {cmd, [o] {
             if (o->tp < 1 || o->pp < 1) return fail(Status::error("--tp and --pp must be >= 1"));
+            if (Status s = decode_without_cp("serve", o->cp); !s.is_ok()) return fail(s);
             if (o->micro_batches < 1) return fail(Status::error("--micro-batches must be >= 1"));
             return run_on_ranks(o->tp * o->pp, o->threads, [o](comm::Group& world) { return serve(*o, world); });
           }};

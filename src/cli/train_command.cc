@@ -116,6 +116,13 @@ Command add_train_command(CLI::App& app) {
                   "default G = B*A*dp");
   cmd->add_option("--tp", o->tp, "Tensor-parallel ranks")->capture_default_str();
   cmd->add_option("--pp", o->pp, "Pipeline-parallel stages")->capture_default_str();
+  cmd->add_option("--cp", o->cp,
+                  "Context-parallel ranks: each sequence split over them, 2 chunks each, load-balanced for causal "
+                  "attention (docs/long_context.md)")
+      ->capture_default_str();
+  cmd->add_option("--cp-comm", o->cp_comm,
+                  "How attention crosses the cp ranks: ring (K/V blocks point to point, overlapped with attention)")
+      ->capture_default_str();
   cmd->add_option("--rank-order", o->rank_order,
                   "Which axis varies fastest over the ranks, fastest first: tp-dp-pp keeps tp groups on one host "
                   "(a hostfile's slots hold consecutive ranks; the default), dp-tp-pp puts dp groups there, ...");
@@ -187,6 +194,12 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--recompute-every", o->recompute_every,
                   "Recompute blocks l with l % k == 0 only (the others keep everything)")
       ->capture_default_str();
+  cmd->add_flag("--doc-mask", o->doc_mask,
+                "Document masks: a packed row's documents (each ended by the end-of-text token) do not "
+                "attend to one another, and positions restart at each (docs/long_context.md)");
+  cmd->add_option("--doc-separator", o->doc_separator,
+                  "--doc-mask: the token id that ends a document (default: the data's tokenizer's "
+                  "end-of-text)");
   cmd->add_option("--dropout", o->dropout,
                   "Dropout probability on the embedding and each residual branch (masks from a "
                   "counter-based RNG: the same for every layout)")
@@ -268,7 +281,7 @@ Command add_train_command(CLI::App& app) {
               if (Status s = fixed_layout_flags(cmd, *o, &fixed); !s.is_ok()) return fail(s);
             }
             if (!comm::launched_by_mpi()) {
-              int ranks = o->tp * o->pp * std::max(1, o->dp);
+              int ranks = o->tp * std::max(1, o->cp) * o->pp * std::max(1, o->dp);
               train::TrainOptions probe = *o;  // the layout the ranks will run
               if (!o->plan.empty()) {
                 if (o->ranks < 1) return fail(Status::error("--plan auto needs --ranks N: how many ranks to lay out"));
@@ -289,7 +302,7 @@ Command add_train_command(CLI::App& app) {
                 launch->threads_per_rank = o->threads;
                 launch->out_dir = o->out_dir;
                 launch->comm_timeout = o->comm_timeout;
-                launch->model_parallel = o->tp * o->pp;
+                launch->model_parallel = o->tp * std::max(1, o->cp) * o->pp;
                 launch->dp = ranks / launch->model_parallel;
                 launch->micro_batch = o->micro_batch;
                 launch->global_batch = o->global_batch > 0 ? o->global_batch

@@ -59,31 +59,38 @@ Status resolve_expert_parallel(int ep, MeshShape* out) {
   return Status::ok();
 }
 
-Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out) {
+Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out, int cp) {
   if (world < 1) return Status::error("world size must be >= 1, got " + std::to_string(world));
   if (tp < 1)
     return Status::error("tensor-parallel size (tp) must be >= 1, got " + std::to_string(tp));
   if (pp < 1)
     return Status::error("pipeline-parallel size (pp) must be >= 1, got " + std::to_string(pp));
+  if (cp < 1) return Status::error("context-parallel size (cp) must be >= 1, got " + std::to_string(cp));
+  if (cp > world)
+    return Status::error("--cp " + std::to_string(cp) + " splits each sequence over more ranks than the job's " +
+                         std::to_string(world));
   if (dp < 0) {
     return Status::error("data-parallel size (dp) must be >= 1 (or 0 to derive it), got " +
                          std::to_string(dp));
   }
-  const int64_t tp_pp = int64_t{tp} * pp;
-  if (world % tp_pp != 0) {
-    return Status::error("world size " + std::to_string(world) +
-                         " is not divisible by tp·pp = " + std::to_string(tp) + "·" +
-                         std::to_string(pp) + " = " + std::to_string(tp_pp));
+  // The model-parallel axes, as the messages name them (cp only when it is used).
+  const int64_t model = int64_t{tp} * cp * pp;
+  const std::string names = cp > 1 ? "tp·cp·pp" : "tp·pp";
+  const std::string sizes = cp > 1 ? std::to_string(tp) + "·" + std::to_string(cp) + "·" + std::to_string(pp)
+                                   : std::to_string(tp) + "·" + std::to_string(pp);
+  if (world % model != 0) {
+    return Status::error("world size " + std::to_string(world) + " is not divisible by " + names + " = " + sizes +
+                         " = " + std::to_string(model));
   }
-  const int64_t derived = world / tp_pp;
+  const int64_t derived = world / model;
   if (dp != 0 && dp != derived) {
-    return Status::error("tp·pp·dp = " + std::to_string(tp) + "·" + std::to_string(pp) + "·" +
-                         std::to_string(dp) + " = " + std::to_string(tp_pp * dp) +
+    return Status::error(names + "·dp = " + sizes + "·" + std::to_string(dp) + " = " + std::to_string(model * dp) +
                          " does not equal the world size " + std::to_string(world) +
                          " (leave dp at 0 to derive it)");
   }
   out->tp = tp;
   out->pp = pp;
+  out->cp = cp;
   out->dp = static_cast<int>(derived);
   return Status::ok();
 }

@@ -65,7 +65,8 @@ struct MeshCoord {
 
 // Resolves the mesh of `world` ranks from the requested axis sizes; dp = 0 derives dp as
 // world / (tp·pp). Errors: a size < 1 (dp < 0), tp·pp not dividing world, tp·pp·dp != world.
-Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out);
+// cp (context parallelism) counts like tp and pp: world / (tp·cp·pp) is the derived dp.
+Status resolve_mesh(int world, int tp, int pp, int dp, MeshShape* out, int cp = 1);
 // Sets out->ep: an error unless ep >= 1 divides out->dp.
 Status resolve_expert_parallel(int ep, MeshShape* out);
 

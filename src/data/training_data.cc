@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "data/tokenizer_files.h"
 
 namespace meshtrain::data {
@@ -59,6 +60,22 @@ int data_tokenizer_vocab(const std::string& data_arg) {
   const std::string copy = (std::filesystem::path(sources[0].dir) / kTokenizerFolder).string();
   if (has_tokenizer_copy(copy) && tokenizer_copy_vocab(copy, &vocab).is_ok()) return vocab;
   return 0;
+}
+
+Status data_document_separator(const std::string& data_arg, int* separator) {
+  std::vector<MixtureSpec> sources;
+  RETURN_IF_ERROR(parse_mixture(data_arg, &sources));
+  const std::string copy = (std::filesystem::path(sources[0].dir) / kTokenizerFolder).string();
+  if (!has_tokenizer_copy(copy))
+    return Status::error("--data " + sources[0].dir + " holds no copy of its tokenizer (" + copy +
+                         "), so its end-of-text token is unknown: give --doc-separator ID (GPT-2's is 50256)");
+  std::unique_ptr<Tokenizer> tok;
+  RETURN_IF_ERROR(load_tokenizer(copy, &tok));
+  *separator = tok->document_separator();
+  if (*separator < 0)
+    return Status::error("the tokenizer of --data " + sources[0].dir + " has no end-of-text (or BOS) token to "
+                         "end documents: give --doc-separator ID");
+  return Status::ok();
 }
 
 std::string describe_shares(const TokenLoader& loader, int64_t steps, int G) {

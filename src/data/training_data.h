@@ -26,6 +26,11 @@ Status open_training_data(const std::string& data_arg, TrainingData* out);
 // its manifest or its tokenizer copy; 0 when it names none.
 int data_tokenizer_vocab(const std::string& data_arg);
 
+// The token that ends each document in `data_arg`'s (first) source: the end-of-text token of
+// the tokenizer it was prepared with (its copy in the folder; BOS where it has no EOS, as
+// prep separates documents). An error when the folder holds no tokenizer copy.
+Status data_document_separator(const std::string& data_arg, int* separator);
+
 // The realised shares as JSON-ready text: "web 0.7000, books 0.3000".
 std::string describe_shares(const TokenLoader& loader, int64_t steps, int G);
 

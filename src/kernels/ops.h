@@ -39,15 +39,17 @@ Precision peak_precision(Precision p);
 
 // out[B,T,C] = wte[inp[b,t] - vb, :] + wpe[t, :] where wte holds the vocabulary rows
 // [vb, vb + vn) (a tensor-parallel rank's slice; all of it when tp = 1). Tokens outside
-// the slice contribute zero; wpe may be null (added by one tp rank only).
+// the slice contribute zero; wpe may be null (added by one tp rank only). `positions` [B*T],
+// when given, names each row's position instead of t (a document mask restarts them; a
+// context-parallel rank's rows sit at their places in the whole sequence).
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                     int C, int vb, int vn);
+                     int C, int vb, int vn, const int* positions = nullptr);
 // The same with wte in bfloat16 (16-bit weight storage): its rows are widened as they are read.
 void encoder_forward(float* out, const int* inp, const uint16_t* wte, const float* wpe, int B,
-                     int T, int C, int vb, int vn);
+                     int T, int C, int vb, int vn, const int* positions = nullptr);
 // dwte rows of the slice and (when dwpe is not null) all of dwpe accumulate.
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                      int C, int vb, int vn);
+                      int C, int vb, int vn, const int* positions = nullptr);
 
 // out[N,C] = (inp - mean) * rstd * weight + bias, eps 1e-5; mean[N], rstd[N] kept for backward.
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
@@ -135,6 +137,34 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
 void attention_cached_forward(float* out, const float* q, int ldq, const float* k_cache,
                               const float* v_cache, int p, int n, int C, int NH, int NKV);
 
+// ---- Attention by key ranges: document masks and context parallelism (docs/long_context.md) ----
+// Query rows against a block of key/value rows, query row i of batch row b seeing the
+// block's keys [lo[b*n+i], hi[b*n+i]) (an empty range sees none). A causal mask, a
+// document mask and a ring step's block of another rank's keys are all such ranges, because
+// a row's visible keys are contiguous: from its document's first token to itself.
+struct AttentionBlock {
+  const float* q;  // [B, n, ldq]: query head h at column h*hs
+  int ldq;
+  const float *k, *v;  // [B, m, ldkv] each: key/value head g at column g*hs
+  int ldkv;
+  int B, n, m, NH, NKV, hs;
+  const int *lo, *hi;  // [B*n]
+};
+// out[B, n, ldo] (head h at h*hs) and lse[B, NH, n] over the visible keys; a row that sees
+// none gets out 0 and lse -inf. Works on blocks of query rows: a thread's scores are at
+// most 64 x m floats, never n x m per head.
+void attention_ranged_forward(float* out, int ldo, float* lse, const AttentionBlock& x);
+// Adds to dq [B,n,lddq] and dk, dv [B,m,lddkv] (never overwrites) the gradient of the
+// rows' final output `out` (lse its final log-sum-exp) through this block's keys: the
+// whole gradient when the block holds every key, a ring step's share otherwise.
+void attention_ranged_backward(float* dq, int lddq, float* dk, float* dv, int lddkv, const float* dout,
+                               const float* out, int ldo, const float* lse, const AttentionBlock& x);
+// Folds a partial result over more keys (out_part [B,n,ld], lse_part [B,NH,n]) into a
+// running one (out, lse), weighting each by its share exp(lse_x - lse_new) of the new
+// softmax sum. Either side may have seen no keys (lse -inf).
+void attention_merge(float* out, float* lse, const float* out_part, const float* lse_part, int B, int n,
+                     int NH, int hs, int ld);
+
 // ---- Llama-family parts ----
 
 // RMSNorm (Zhang & Sennrich 2019): out[N,C] = inp * rstd * weight, rstd[N] = 1/sqrt(mean(inp^2)
@@ -158,11 +188,11 @@ struct RopeScaling {
 // cos and sin [positions, hs/2] (computed in double).
 void rope_inverse_frequencies(double* inv_freq, int hs, double theta, const RopeScaling& scaling);
 void rope_table(float* cos, float* sin, int positions, int hs, double theta, const RopeScaling& scaling);
-// Turns x in place: row n (n < N) is at position pos0 + n % T and holds `heads` heads of hs
-// columns from x + n * ld. inverse turns by the opposite angles: the rotation is
-// orthogonal, so that is its backward (dx_in = R^T dx_out).
+// Turns x in place: row n (n < N) is at position pos0 + n % T, or positions[n] when given,
+// and holds `heads` heads of hs columns from x + n * ld. inverse turns by the opposite
+// angles: the rotation is orthogonal, so that is its backward (dx_in = R^T dx_out).
 void rope_rotate(float* x, int N, int T, int ld, int heads, int hs, const float* cos, const float* sin,
-                 int pos0, bool inverse);
+                 int pos0, bool inverse, const int* positions = nullptr);
 
 // SwiGLU (Shazeer 2020): out[N,F] = silu(gate) * up for inp[N,2F] = [gate | up] per row,
 // silu(g) = g * sigmoid(g). The bf16 form rounds its output, as gelu_forward's.
@@ -255,6 +285,8 @@ struct AdamWScalars {
 //   m = m + (g - m) * (1 - b1);  v = v * b2 + (1 - b2) * g * g;
 //   p = p * decay - step_size * m / (sqrt(v) / bias2_sqrt + eps).
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWScalars& s);
+// x[i] *= factor (gradient clipping's multiplication, on the way into the update).
+void scale_inplace(float* x, size_t n, float factor);
 // 1-bit Adam's compressed phase, where u is the momentum already divided by the frozen
 // denominator: p = p * decay - step_size * u.
 void adamw_preconditioned_update(float* p, const float* u, size_t n, float decay, float step_size);

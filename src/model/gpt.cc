@@ -56,6 +56,7 @@ Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequen
   if (local != LocalState::kNone)
     local_ = std::make_unique<LocalParamStore>(layout_, local == LocalState::kParamsAndGrads);
   store_ = local_.get();
+  pipeline_.tied_head().configure(chunks_, config_.layers, layout_.has_untied_head());
 }
 
 void Gpt::set_recompute(Recompute mode, int every) {
@@ -74,7 +75,8 @@ Recompute Gpt::recompute_of(int l) const {
 // MLP counts its own (moe_flops: its rows depend on the routing).
 void Gpt::count_block_flops(int l, int B, int T, bool recomputing, bool attention_only) {
   const double N = (double)B * T, C = config_.dim;
-  const double attention = 2.0 * 2.0 * B * (double)T * T / 2.0 * Cl_;  // QK^T and PV, causal half
+  // QK^T and PV, causal half; under cp this rank's T rows see the whole sequence's keys.
+  const double attention = 2.0 * 2.0 * B * (double)T * T * cp_size() / 2.0 * Cl_;
   const double mlp = config_.is_moe_layer(l) ? 0.0 : (double)Fcl_ + Fl_;
   const double linears = 2.0 * N * C * ((double)Ql_ + Cl_ + mlp);
   const double f = attention_only ? attention : attention + linears;
@@ -126,12 +128,68 @@ void Gpt::norm_backward_tp(float* dinp, float* dweight, float* dbias, const floa
     for (int c = 0; c < C; c++) dbias[c] += dwb[C + c];
 }
 
-// Training rows start at position 0: row n of a B x T micro-batch is at position n % T.
+// Training rows start at position 0: row n of a B x T micro-batch is at position n % T,
+// unless a document mask restarts them.
 void Gpt::rotate_qk(float* qkv, int B, int T, bool inverse) const {
   if (config_.positions != Positions::kRope) return;
   const int hs = config_.head_dim(), N = B * T;
-  k::rope_rotate(qkv, N, T, Ql_, NHl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse);
-  k::rope_rotate(qkv + Cl_, N, T, Ql_, NKVl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse);
+  const int* at = row_positions();
+  k::rope_rotate(qkv, N, T, Ql_, NHl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse, at);
+  k::rope_rotate(qkv + Cl_, N, T, Ql_, NKVl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse, at);
+}
+
+const int* Gpt::row_positions() const { return rows_placed() ? set().documents.positions.data() : nullptr; }
+
+void Gpt::set_context_parallel(comm::Group* cp, CpComm comm) {
+  cp_ = cp && cp->size() > 1 ? cp : nullptr;
+  CHECK_MSG(comm == CpComm::kRing, "only --cp-comm ring is implemented");
+  ring_ = cp_ ? std::make_unique<RingAttention>(*cp_, 0) : nullptr;
+  B_ = T_ = 0;
+}
+
+void Gpt::place_rows(ActivationSet& s, const int*& inputs, const int*& targets, int B, int T) {
+  if (!cp_) {
+    CHECK_MSG(inputs, "a document mask needs the micro-batch's tokens on every pipeline stage");
+    s.documents = document_rows(inputs, B, T, doc_separator_);
+    return;
+  }
+  const CpSplit split{cp_->size(), cp_->rank()};
+  DocumentRows whole;
+  if (document_mask()) {
+    CHECK_MSG(inputs, "a document mask needs the micro-batch's tokens on every pipeline stage");
+    whole = document_rows(inputs, B, T, doc_separator_);
+  }
+  s.documents = local_rows(split, document_mask() ? &whole : nullptr, B, T);
+  // This rank's tokens and targets, kept in the set (the first and last stages read them).
+  if (inputs) s.local_inputs = split.take(inputs, B, T), inputs = s.local_inputs.data();
+  if (targets) s.local_targets = split.take(targets, B, T), targets = s.local_targets.data();
+}
+
+k::AttentionBlock Gpt::ranged_block(const float* qkv, int B, int T) const {
+  const int hs = config_.head_dim();
+  const DocumentRows& d = set().documents;
+  return {qkv, Ql_, qkv + Cl_, qkv + Cl_ + NKVl_ * hs, Ql_, B, T, T, NHl_, NKVl_, hs, d.key_begin.data(),
+          d.key_end.data()};
+}
+
+// Under a document mask the ranged kernel runs in fp32 at every precision (docs/long_context.md).
+void Gpt::attend(BlockActivations& a, int B, int T) {
+  if (cp_)
+    return ring_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
+  if (!document_mask()) return k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
+  k::attention_ranged_forward(a.atty, Cl_, a.att_lse, ranged_block(a.qkv, B, T));
+}
+
+void Gpt::attend_backward(const BlockActivations& a, int B, int T) {
+  if (cp_)
+    return ring_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
+                           set().documents);
+  if (!document_mask())
+    return k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
+  std::fill(dqkv_, dqkv_ + (size_t)B * T * Ql_, 0.0f);  // the ranged backward adds
+  const int CK = NKVl_ * config_.head_dim();
+  k::attention_ranged_backward(dqkv_, Ql_, dqkv_ + Cl_, dqkv_ + Cl_ + CK, Ql_, datty_, a.atty, Cl_, a.att_lse,
+                               ranged_block(a.qkv, B, T));
 }
 
 float* Gpt::params() {
@@ -260,13 +318,8 @@ void Gpt::ensure_activations(int B, int T) {
     // Every tensor grows with T at a fixed B: the reserved shape's sizes hold this one's.
     reserved_ = activation_inventory(config_, reserved_B_, reserved_T_, tp_size_, sp_, layout_.ep(),
                                      moe_training_.capacity_factor, layout_.expert_tp());
-    // Kept, free and laid out again on next use (as sets_.clear() below leaves none: no
-    // backward spans a change of shape).
-    for (auto& s : sets_) s->chunk = -1, s->micro_batch = -1;
-  } else {
-    sets_.clear();  // laid out again on first use
   }
-  set_ = nullptr;
+  pipeline_.sets().reshape(reuse);
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
   // the gradients of one block's intermediates in backward.
   const size_t shared = inventory_.recompute_scratch(recompute_) + inventory_.gradient_scratch;
@@ -382,51 +435,12 @@ void Gpt::layout_set(int c, ActivationSet& s) {
   CHECK(cursor <= s.data.data() + s.data.size());
 }
 
-// Sets of the same size serve any chunk (interleaved chunks of equal layer counts share one
-// pool), so the allocated sets never exceed those alive at once for any one set size.
-Gpt::ActivationSet& Gpt::open_set(int c, int mb) {
-  ActivationSet* free_set = nullptr;
-  for (auto& s : sets_) {
-    if (s->micro_batch == mb && s->chunk == c) return *s;  // forward again without backward (evaluation)
-    if (s->micro_batch < 0 && !free_set && s->data.size() == set_capacity(c)) free_set = s.get();
-  }
-  if (!free_set) {
-    sets_.push_back(std::make_unique<ActivationSet>());
-    free_set = sets_.back().get();
-  }
-  if (free_set->chunk != c) layout_set(c, *free_set);
-  free_set->micro_batch = mb;
-  return *free_set;
-}
-
-const Gpt::ActivationSet& Gpt::find_set(int c, int mb) const {
-  for (const auto& s : sets_)
-    if (s->micro_batch == mb && s->chunk == c) return *s;
-  CHECK_MSG(false, "backward of a micro-batch whose forward did not run");
-}
-
-Gpt::ActivationSet& Gpt::find_set(int c, int mb) {
-  return const_cast<ActivationSet&>(std::as_const(*this).find_set(c, mb));
-}
-
-int Gpt::sets_in_flight() const {
-  int n = 0;
-  for (const auto& s : sets_) n += s->micro_batch >= 0;
-  return n;
-}
-
-int64_t Gpt::pending_weight_bytes() const {
-  int64_t bytes = 0;
-  for (const auto& [key, work] : deferred_)
-    for (const DeferredWeightGrad& d : work)
-      bytes += (int64_t)((d.dout.size() + d.inp.size()) * sizeof(float) + (d.dout16.size() + d.inp16.size()) * 2);
-  return bytes;
-}
-
 int64_t Gpt::activation_set_bytes(int c) const { return (int64_t)(set_capacity(c) * sizeof(float)); }
 
-size_t Gpt::boundary_elements(int B, int T) const {
-  return (size_t)B * T / (sp_ ? tp_size_ : 1) * config_.dim;
+size_t Gpt::boundary_elements(int B, int T) const { return local_boundary_elements(B, T / cp_size()); }
+
+size_t Gpt::local_boundary_elements(int B, int Tl) const {
+  return (size_t)B * Tl / (sp_ ? tp_size_ : 1) * config_.dim;
 }
 
 // Megatron's block: column-parallel QKV and fc (no communication), row-parallel output
@@ -525,7 +539,7 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl);
   k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, Ql_, precision_);
   rotate_qk(a.qkv, B, T, false);
-  k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
+  attend(a, B, T);
   k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
@@ -549,15 +563,15 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
 void Gpt::embedding_forward(const int* inputs, int B, int T) {
   const int E = layout_.embedding_unit();
   const float* emb = store_->acquire_params(E);
-  set_->inputs.assign(inputs, inputs + (size_t)B * T);
-  float* embedded = sp_ ? partial_ : set_->input;  // all rows; input keeps this rank's
+  set().inputs.assign(inputs, inputs + (size_t)B * T);
+  float* embedded = sp_ ? partial_ : set().input;  // all rows; input keeps this rank's
   const float* wpe = tp_rank_ == 0 && layout_.has_wpe() ? param(E, emb, layout_.wpe()) : nullptr;
   const k::GemmInput wte = gemm_weight(E, emb, layout_.wte());
-  if (wte.bf16) k::encoder_forward(embedded, inputs, wte.bf16, wpe, B, T, config_.dim, vb_, Vl_);
-  else k::encoder_forward(embedded, inputs, wte.fp32, wpe, B, T, config_.dim, vb_, Vl_);
+  if (wte.bf16) k::encoder_forward(embedded, inputs, wte.bf16, wpe, B, T, config_.dim, vb_, Vl_, row_positions());
+  else k::encoder_forward(embedded, inputs, wte.fp32, wpe, B, T, config_.dim, vb_, Vl_, row_positions());
   store_->release_params(E);
-  reduce_rows(embedded, set_->input);
-  dropout(set_->input, Nl_, 0);
+  reduce_rows(embedded, set().input);
+  dropout(set().input, Nl_, 0);
 }
 
 const float* Gpt::blocks_forward(int c, const float* residual, int B, int T) {
@@ -573,11 +587,11 @@ const float* Gpt::blocks_forward(int c, const float* residual, int B, int T) {
 void Gpt::head_forward(const float* residual, int B, int T) {
   const int N = B * T, C = config_.dim, F = layout_.final_unit();
   const float* fin = store_->acquire_params(F);
-  norm_forward(set_->lnf, set_->lnf_mean, set_->lnf_rstd, residual, param(F, fin, layout_.lnf_w()),
+  norm_forward(set().lnf, set().lnf_mean, set().lnf_rstd, residual, param(F, fin, layout_.lnf_w()),
                layout_.has_lnf_b() ? param(F, fin, layout_.lnf_b()) : nullptr, Nl_);
-  gather_rows(set_->lnf, set_->lnf_full);
+  gather_rows(set().lnf, set().lnf_full);
   auto head_gemm = [&](const k::GemmInput& w) {
-    k::gemm(precision_, false, true, N, vn_, C, 1.0f, set_->lnf_full, C, w, C, 0.0f, set_->logits, logits_ld());
+    k::gemm(precision_, false, true, N, vn_, C, 1.0f, set().lnf_full, C, w, C, 0.0f, set().logits, logits_ld());
   };
   if (layout_.has_untied_head()) {  // in the final norm's unit
     head_gemm(gemm_weight(F, fin, layout_.head()));
@@ -593,10 +607,15 @@ void Gpt::head_forward(const float* residual, int B, int T) {
 float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, const float* input,
                          int B, int T) {
   CHECK_MSG(store_, "no parameter store");
+  const int T_whole = T;
+  T /= cp_size();  // this rank's rows of each sequence
+  if (ring_) ring_->set_sequence(T_whole);
   ensure_activations(B, T);
   cur_chunk_ = c;
-  set_ = &open_set(c, mb);
-  set_->step = step_, set_->first_token_row = first_token_row_;
+  ActivationSet& opened =
+      pipeline_.sets().open(c, mb, set_capacity(c), [this](int chunk, ActivationSet& s) { layout_set(chunk, s); });
+  opened.step = step_, opened.first_token_row = first_token_row_;
+  if (rows_placed()) place_rows(opened, inputs, targets, B, T_whole);
   store_->begin_pass(Pass::kForward);
   const bool first = is_first_stage(c), last = is_last_stage(c);
   // The embedding unit stays acquired for the whole chunk when it serves both ends.
@@ -605,33 +624,37 @@ float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, c
   if (first) embedding_forward(inputs, B, T);
   else {
     CHECK_MSG(input, "a stage after the first needs the previous stage's output");
-    std::memcpy(set_->input, input, sizeof(float) * boundary_elements(B, T));
+    std::memcpy(set().input, input, sizeof(float) * local_boundary_elements(B, T));
   }
-  const float* out = blocks_forward(c, set_->input, B, T);
+  const float* out = blocks_forward(c, set().input, B, T);
   float loss = 0;
   if (last) {
     head_forward(out, B, T);
     if (targets) {
       const int N = B * T;
-      set_->targets.assign(targets, targets + N);
+      set().targets.assign(targets, targets + N);
       vocab_parallel_loss(N);
       double sum = 0;
-      for (int i = 0; i < N; i++) sum += set_->losses[i];
-      loss = static_cast<float>(sum / N);
+      for (int i = 0; i < N; i++) sum += set().losses[i];
+      if (cp_) cp_->all_reduce_f64(&sum, 1, comm::ReduceOp::kSum);  // the whole sequences' tokens
+      loss = static_cast<float>(sum / ((double)N * cp_size()));
     }
   }
   if (E >= 0) store_->release_params(E);
   return loss;
 }
 
-const float* Gpt::chunk_output(int c, int mb) const { return find_set(c, mb).blocks.back().residual3; }
+const float* Gpt::chunk_output(int c, int mb) const {
+  return pipeline_.sets().find(c, mb).blocks.back().residual3;
+}
 
 const float* Gpt::forward_logits(const int* inputs, int B, int T) {
   CHECK_MSG(tp_size_ == 1, "forward_logits returns whole-vocabulary logits: tp = 1 only");
   CHECK_MSG(layout_.is_whole_model(), "forward_logits needs the whole model");
+  CHECK_MSG(!cp_, "forward_logits (decoding) does not run under context parallelism");
   forward_chunk(0, 0, inputs, nullptr, nullptr, B, T);
   // Rows move from the packed stride out to Vp, last row first (each moves up).
-  float* logits = set_->logits;
+  float* logits = set().logits;
   for (int n = B * T - 1; n > 0; n--)
     std::memmove(logits + (size_t)n * Vl_, logits + (size_t)n * logits_ld(), sizeof(float) * vn_);
   return logits;
@@ -640,8 +663,8 @@ const float* Gpt::forward_logits(const int* inputs, int B, int T) {
 // Vocabulary-parallel cross-entropy: no rank holds all logits; the log-sum-exp is combined
 // from each rank's (max-shifted) partial sums, the target logit from the rank that has it.
 void Gpt::vocab_parallel_loss(int N) {
-  float *lse = set_->lse, *target_logit = set_->target_logit;
-  k::crossentropy_forward(lse, target_logit, set_->logits, set_->targets.data(), N, vn_, logits_ld(), vb_);
+  float *lse = set().lse, *target_logit = set().target_logit;
+  k::crossentropy_forward(lse, target_logit, set().logits, set().targets.data(), N, vn_, logits_ld(), vb_);
   if (tp_) {
     std::vector<float> global_max(lse, lse + N), scaled(N);
     tp_all_reduce(global_max.data(), N, comm::ReduceOp::kMax);
@@ -650,7 +673,7 @@ void Gpt::vocab_parallel_loss(int N) {
     for (int i = 0; i < N; i++) lse[i] = global_max[i] + std::log(scaled[i]);
     tp_all_reduce(target_logit, N);
   }
-  for (int i = 0; i < N; i++) set_->losses[i] = lse[i] - target_logit[i];
+  for (int i = 0; i < N; i++) set().losses[i] = lse[i] - target_logit[i];
 }
 
 float Gpt::forward(const int* inputs, const int* targets, int B, int T) {
@@ -697,11 +720,11 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   norm_backward_tp(dresidual_, G(kLn2W), G(kLn2B), dln, a.residual2, W(kLn2W), a.ln2_mean, a.ln2_rstd, Nl);
   // Attention: dresidual is now d(residual2).
   if (mode == Recompute::kSelective) {  // the attention core, from the stored qkv
-    k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
+    attend(a, B, T);
     count_block_flops(l, B, T, true, true);
   }
   linear(datty_, kAttProjW, kAttProjB, gather_rows(dropout_grad(dresidual_, 1 + 2 * l), gathered_), a.atty, Cl_, C);
-  k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
+  attend_backward(a, B, T);
   rotate_qk(dqkv_, B, T, /*inverse=*/true);  // to the gradients of the unrotated q and k
   const float* ln1_rows = gather_rows(a.ln1, gathered_);
   linear(partial_, kQkvW, kQkvB, dqkv_, ln1_rows, C, Ql_, sp_ ? a.ln1 : nullptr);
@@ -709,13 +732,13 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   dln = reduce_rows(partial_, dln_);  // f
   norm_backward_tp(dresidual_, G(kLn1W), G(kLn1B), dln, block_in, W(kLn1W), a.ln1_mean, a.ln1_rstd, Nl);
   store_->release_params(u);
-  if (!defer_weights_) store_->release_grads(u);  // else its W does, after adding the rest
+  if (!pipeline_.weights().deferring()) store_->release_grads(u);  // else its W does, after adding the rest
 }
 
 void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
                           const float* dout, k::GemmInput inp, k::GemmInput weight, int N, int C, int OC,
                           const float* local_rows) {
-  if (!defer_weights_) {
+  if (!pipeline_.weights().deferring()) {
     k::matmul_backward(dinp, weight_grad(u, gunit, w), b ? grad(u, gunit, *b) : nullptr, dout, inp, weight, N, C, OC,
                        precision_);
     return;
@@ -726,7 +749,7 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
   const bool bf16 = precision_ == k::Precision::kBf16;
   k::matmul_backward(dinp, k::GradOutput(static_cast<float*>(nullptr)), bf16 && b ? grad(u, gunit, *b) : nullptr, dout,
                      inp, weight, N, C, OC, precision_);
-  DeferredWeightGrad d;
+  DeferredWeights::Work d;
   d.unit = u;
   k::GemmInput kept_dout((const float*)nullptr);
   if (bf16) {
@@ -739,8 +762,8 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
     kept_dout = k::GemmInput((const float*)d.dout.data());
   }
   k::GemmInput kept = inp;
-  const bool regather = local_rows && set_->holds(local_rows);
-  if (regather || set_->holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
+  const bool regather = local_rows && set().holds(local_rows);
+  if (regather || set().holds(inp.bf16 ? (const void*)inp.bf16 : (const void*)inp.fp32)) {
     // In the set, which stays until the W (no copy); gathered rows are gathered again there.
   } else if (inp.bf16) {
     d.inp16.allocate(MemCategory::kActivations, (size_t)N * C);
@@ -761,7 +784,7 @@ void Gpt::linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w
                          k::GemmInput((const float*)nullptr), N, C, OC, precision_);
     }
   };
-  deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
+  pipeline_.weights().keep(std::move(d));
 }
 
 // Head: logits = lnf @ wte^T over this rank's vocabulary slice, then the final norm; leaves
@@ -772,14 +795,14 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const int E = layout_.has_untied_head() ? -1 : layout_.embedding_unit(), F = layout_.final_unit();
   // dlogits replace the logits in place: bf16 GEMMs get them already rounded (half the
   // bytes to read, no second rounding), others in fp32.
-  k::GemmInput dlogits(set_->logits);
+  k::GemmInput dlogits(set().logits);
   int ld = logits_ld();
   if (precision_ == k::Precision::kBf16) {
     dlogits = k::GemmInput(k::crossentropy_backward_bf16_inplace(
-        set_->logits, set_->lse, set_->targets.data(), loss_scale, N, vn_, ld, vb_));
+        set().logits, set().lse, set().targets.data(), loss_scale, N, vn_, ld, vb_));
     ld *= 2;  // in 16-bit words
   } else {
-    k::crossentropy_backward(set_->logits, set_->logits, set_->lse, set_->targets.data(), loss_scale,
+    k::crossentropy_backward(set().logits, set().logits, set().lse, set().targets.data(), loss_scale,
                              N, vn_, ld, vb_);
   }
   // The head's weight: wte (tied, the embedding unit) or its own (the final norm's unit).
@@ -792,23 +815,19 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
   // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W
   // (checked below: a copy would be N x vocabulary).
-  const float* lnf = set_->lnf_full;
+  const float* lnf = set().lnf_full;
   auto head_weight = [this, dlogits, ld, lnf, N, C](float* dst) {
     k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, dst, C);
   };
-  const bool defer_head = defer_weights_ && (untied || !layout_.has_layer(0));
+  const bool defer_head = pipeline_.weights().deferring() && (untied || !layout_.has_layer(0));
   if (defer_head) {
-    CHECK(set_->holds(lnf) && set_->holds(dlogits.bf16 ? (const void*)dlogits.bf16 : (const void*)dlogits.fp32));
-    DeferredWeightGrad d;
+    CHECK(set().holds(lnf) && set().holds(dlogits.bf16 ? (const void*)dlogits.bf16 : (const void*)dlogits.fp32));
+    DeferredWeights::Work d;
     d.unit = H;
     d.add = [this, head_weight, H, tensor = &head](float* g) { head_weight(grad(H, g, *tensor)); };
-    deferred_[{cur_chunk_, set_->micro_batch}].push_back(std::move(d));
-  } else if (separate_tied_head()) {
-    if (tied_head_grad_.empty()) {
-      tied_head_grad_.allocate(MemCategory::kGrads, head.numel);
-      std::memset(tied_head_grad_.data(), 0, sizeof(float) * head.numel);
-    }
-    head_weight(tied_head_grad_.data());
+    pipeline_.weights().keep(std::move(d));
+  } else if (pipeline_.tied_head().separate()) {
+    head_weight(pipeline_.tied_head().sum(head.numel));
   } else {
     head_weight(grad(H, hg, head));
   }
@@ -823,7 +842,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   float* gfin = untied ? hg : store_->acquire_grads(F);
   norm_backward_tp(dresidual_, grad(F, gfin, layout_.lnf_w()),
                    layout_.has_lnf_b() ? grad(F, gfin, layout_.lnf_b()) : nullptr, dlnf,
-                   set_->blocks.back().residual3, param(F, fin, layout_.lnf_w()), set_->lnf_mean, set_->lnf_rstd,
+                   set().blocks.back().residual3, param(F, fin, layout_.lnf_w()), set().lnf_mean, set().lnf_rstd,
                    Nl_);
   store_->release_params(F);
   if (!(untied && defer_head)) store_->release_grads(F);  // else the W after the head's
@@ -836,63 +855,31 @@ void Gpt::embedding_backward(int B, int T) {
   float* gemb = store_->acquire_grads(E);
   float* gwte = grad(E, gemb, layout_.wte());
   k::encoder_backward(gwte, layout_.has_wpe() ? grad(E, gemb, layout_.wpe()) : nullptr,
-                      gather_rows(dropout_grad(dresidual_, 0), gathered_), set_->inputs.data(), B,
-                      T, config_.dim, vb_, Vl_);
-  if (separate_tied_head() && set_->micro_batch == last_micro_batch_) {
-    // Every micro-batch's head backward ran before this (its own stage 2p-1 before stage 0).
-    CHECK_MSG(!tied_head_grad_.empty(), "the step's tied head gradient is missing");
-    float* head = tied_head_grad_.data();
-    for (size_t i = 0; i < tied_head_grad_.size(); i++) gwte[i] += head[i], head[i] = 0;
-  }
+                      gather_rows(dropout_grad(dresidual_, 0), gathered_), set().inputs.data(), B,
+                      T, config_.dim, vb_, Vl_, row_positions());
+  if (pipeline_.tied_head().separate()) pipeline_.tied_head().join(set().micro_batch, gwte);
   store_->release_grads(E);
-}
-
-bool Gpt::separate_tied_head() const {
-  if (layout_.has_untied_head() || chunks_.size() < 2) return false;
-  int first = -1, last = -1;
-  for (int c = 0; c < (int)chunks_.size(); c++) {
-    if (is_first_stage(c)) first = c;
-    if (is_last_stage(c)) last = c;
-  }
-  return first >= 0 && last >= 0 && first != last;
 }
 
 void Gpt::backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights) {
   const int B = B_, T = T_;
   cur_chunk_ = c;
   loss_scale_ = loss_scale;
-  defer_weights_ = defer_weights;
-  set_ = &find_set(c, mb);
-  CHECK_MSG(!deferred_.count({c, mb}), "a backward of a micro-batch whose W has not run");
+  pipeline_.sets().use(c, mb);
+  pipeline_.weights().begin_backward(c, mb, defer_weights);
   store_->begin_pass(Pass::kBackward);
   if (is_last_stage(c)) {
-    CHECK_MSG(!set_->targets.empty(), "backward of a forward that computed no loss");
+    CHECK_MSG(!set().targets.empty(), "backward of a forward that computed no loss");
     head_backward(c, B, T, loss_scale);
   } else if (dout != dresidual_) {  // the next chunk on this rank leaves it in place
-    std::memcpy(dresidual_, dout, sizeof(float) * boundary_elements(B, T));
+    std::memcpy(dresidual_, dout, sizeof(float) * local_boundary_elements(B, T));
   }
   const ModelPart::Chunk& ch = chunks_[c];
   for (int l = ch.end - 1; l >= ch.begin; l--)
-    block_backward(l, l == ch.begin ? set_->input : acts(l - 1).residual3, B, T);
+    block_backward(l, l == ch.begin ? set().input : acts(l - 1).residual3, B, T);
   if (is_first_stage(c)) embedding_backward(B, T);
-  defer_weights_ = false;
-  if (!defer_weights) set_->micro_batch = -1;
-}
-
-void Gpt::weight_backward_chunk(int c, int mb) {
-  auto it = deferred_.find({c, mb});
-  CHECK_MSG(it != deferred_.end(), "a W without its B");
-  std::vector<DeferredWeightGrad>& work = it->second;
-  store_->begin_pass(Pass::kBackward);
-  // Each unit's gradients go back to the store after its last piece of work.
-  std::map<int, size_t> last;
-  for (size_t i = 0; i < work.size(); i++) last[work[i].unit] = i;
-  for (size_t i = 0; i < work.size(); i++) {
-    work[i].add(store_->acquire_grads(work[i].unit));
-    if (last[work[i].unit] == i) store_->release_grads(work[i].unit);
-  }
-  deferred_.erase(it);
-  find_set(c, mb).micro_batch = -1;
+  pipeline_.weights().end_backward();
+  if (!defer_weights) pipeline_.sets().release(c, mb);
 }
 
 void Gpt::backward(float loss_scale) {
@@ -903,10 +890,10 @@ void Gpt::backward(float loss_scale) {
 // Sites: 0 the embedding, 1 + 2l block l's attention branch, 2 + 2l its MLP branch.
 void Gpt::dropout(float* x, int rows, int site) const {
   if (dropout_p_ <= 0) return;
-  const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)set_->step * 0xC2B2AE3D27D4EB4Full ^
+  const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)set().step * 0xC2B2AE3D27D4EB4Full ^
                        (uint64_t)site * 0x165667B19E3779F9ull;
   // This rank's residual rows start at its share of the micro-batch under sequence parallelism.
-  const int64_t row0 = set_->first_token_row + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
+  const int64_t row0 = set().first_token_row + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
   k::dropout_forward(x, rows, config_.dim, dropout_p_, key, row0);
 }
 
@@ -918,7 +905,7 @@ const float* Gpt::dropout_grad(const float* dresidual, int site) {
 }
 
 int64_t Gpt::stored_activation_bytes(int B, int T) {
-  ensure_activations(B, T);
+  ensure_activations(B, T / cp_size());
   int64_t bytes = shared_activation_bytes() - (int64_t)sizeof(float) * inventory_.gradient_scratch;
   for (int c = 0; c < num_chunks(); c++) bytes += activation_set_bytes(c);
   return bytes;

@@ -5,8 +5,6 @@
 // set per micro-batch in flight.
 #pragma once
 #include <cstdint>
-#include <functional>
-#include <map>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,38 +17,10 @@
 #include "model/recompute.h"
 #include "model/param_layout.h"
 #include "model/param_store.h"
+#include "model/context_parallel.h"
+#include "model/pipeline_state.h"
 
 namespace meshtrain::model {
-
-// Everything the backward pass needs from the forward pass, one set per block. Q = C + 2 KV
-// is the fused q, k, v width (KV = kv_heads x hs), Fc the MLP's first projection (F, or 2F
-// for SwiGLU's [gate | up]), F its hidden width. (Tensor-parallel shapes: each of these and
-// NH divided by t.)
-struct BlockActivations {
-  float* ln1;        // [B,T,C]
-  float* ln1_mean;   // [B,T] (LayerNorm only)
-  float* ln1_rstd;   // [B,T]
-  float* qkv;        // [B,T,Q], q and k rotated (RoPE)
-  float* atty;       // [B,T,C]
-  float* att_lse;    // [B,NH,T]
-  float* residual2;  // [B,T,C]
-  float* ln2;        // [B,T,C]
-  float* ln2_mean;   // [B,T] (LayerNorm only)
-  float* ln2_rstd;   // [B,T]
-  float* fch;        // [B,T,Fc]
-  float* fch_gelu;   // [B,T,F] GELU's or SwiGLU's output; with bf16 GEMMs its bf16 words, in the slot's first half
-  float* residual3;  // [B,T,C]
-  // An MoE layer's MLP (docs/moe.md), with M <= N*k dispatched rows and El experts' widths
-  // Fcel, Fel (Fc, F per expert over t): fch [M,Fcel] and fch_gelu [M,Fel] hold the experts'
-  // rows in dispatch order, then
-  float* router_logits;  // [N,E] fp32
-  MoeRoute route;        // [N*k] x 4 and [E+1] ints
-  int* received;         // [ep*El] rows each ep rank sent for each of this rank's El experts
-  float* expert_in;      // [R,C] (ep > 1) the rows this rank's experts received, expert-major
-  float* expert_out;     // [Nk,C] each dispatched row's expert output (partial over tp)
-  float* shared_fch;     // [N, S*Fcel] the shared experts' (S > 0)
-  float* shared_act;     // [N, S*Fel]
-};
 
 // What each block keeps for its backward pass (Korthikanti et al. 2022's trade):
 //   kNone: everything; kSelective: all but the attention core's output and log-sum-exp,
@@ -146,6 +116,17 @@ class Gpt {
   // core's four products at bf16. Parameters, gradients, activations, LayerNorm, softmax
   // and the loss stay fp32.
   void set_precision(kernels::Precision p) { precision_ = p; }
+  // Document masks (model/document_rows.h): attention stays inside each document of a
+  // packed row, ended by token `separator`, and positions restart at each; -1: off. Every
+  // pipeline stage then needs the micro-batch's tokens (forward_chunk's inputs).
+  void set_document_mask(int separator) { doc_separator_ = separator; }
+  bool document_mask() const { return doc_separator_ >= 0; }
+  // Context parallelism (model/context_parallel.h): each sequence split over the ranks of
+  // `cp` (null or size 1: off). The B x T micro-batches passed in stay whole; this rank
+  // runs its T/cp rows of each, and the losses it returns are the whole sequences'. Set
+  // before reserve_activations.
+  void set_context_parallel(comm::Group* cp, CpComm comm = CpComm::kRing);
+  int cp_size() const { return cp_ ? cp_->size() : 1; }
   kernels::Precision precision() const { return precision_; }
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
   void set_recompute(Recompute mode, int every = 1);
@@ -159,7 +140,7 @@ class Gpt {
   // sequence-length curriculum's short steps, evaluations) lay their tensors out in it
   // instead of allocating anew at each length, whose first touch costs more than the step
   // (0.2-0.7 s per new length on the Brown runs of docs/curriculum.md). 0: none.
-  void reserve_activations(int B, int T) { reserved_B_ = B, reserved_T_ = T, B_ = T_ = 0; }
+  void reserve_activations(int B, int T) { reserved_B_ = B, reserved_T_ = T / cp_size(), B_ = T_ = 0; }
   // Bytes of one micro-batch's stored set for chunk c, and of the scratch shared by all
   // sets (recomputation and backward). Sets of equal size are one pool, so the activation
   // peak = sum over set sizes of (most sets of that size alive at once) x size + shared.
@@ -231,54 +212,26 @@ class Gpt {
   // the first stage, the gradient of the chunk's input is left in input_grad().
   //
   // With defer_weights (a zero-bubble schedule's B), the linear layers' weight and bias
-  // gradients are left for weight_backward_chunk(c, mb) (its W), which adds them in the
-  // same order, releases the units' gradients to the store and frees the set. What W reads
-  // is kept: each linear layer's output gradient copied out of the scratch, which the next
-  // B overwrites, and its input too unless it lies in the micro-batch's set (recomputed
-  // activations do not; rows gathered under sp are gathered again from the stored shard);
-  // the head's reads stay in the set. A tied head's weight gradient on a rank that also
-  // runs the embedding stays in B: the embedding unit's gradient would otherwise be
-  // released before the head adds to it.
+  // gradients are left for the micro-batch's W (pipeline().weight_pass(c, mb, ...)), which
+  // adds them in the same order, releases the units' gradients to the store and frees the
+  // set. What W reads is kept: each linear layer's output gradient copied out of the
+  // scratch, which the next B overwrites, and its input too unless it lies in the
+  // micro-batch's set (recomputed activations do not; rows gathered under sp are gathered
+  // again from the stored shard); the head's reads stay in the set. A tied head's weight
+  // gradient on a rank that also runs the embedding stays in B: the embedding unit's
+  // gradient would otherwise be released before the head adds to it.
   void backward_chunk(int c, int mb, const float* dout, float loss_scale, bool defer_weights = false);
-  void weight_backward_chunk(int c, int mb);
   const float* input_grad() const { return dresidual_; }
-  // A pipeline executor's, before each step's passes: the set id of the step's last
-  // micro-batch, where a tied head's gradient summed apart (separate_tied_head) joins the
-  // embedding's.
-  void set_last_micro_batch(int id) { last_micro_batch_ = id; }
-  // Frees the set of a forward that will have no backward (evaluation).
-  void drop_activations(int c, int mb) { find_set(c, mb).micro_batch = -1; }
-  // Micro-batches whose activations are held (forward done, backward, or W, not yet).
-  int sets_in_flight() const;
-  // Bytes the Bs whose W has not run keep for it (output gradients, inputs not in a set).
-  int64_t pending_weight_bytes() const;
+  // What the passes keep between them for a pipeline schedule (model/pipeline_state.h): the
+  // activation sets in flight, the Ws' work, zb-v's tied head gradient. The executor drives
+  // it between passes: sets alive, Ws, the step's last micro-batch, an evaluation's set.
+  PipelineState& pipeline() { return pipeline_; }
+  const PipelineState& pipeline() const { return pipeline_; }
 
   // FLOPs per token of forward + backward, llm.c's convention: 6N + 6*L*T*C.
   double flops_per_token(int T) const;
 
  private:
-  // One micro-batch's activations of one chunk, kept from its forward to its backward.
-  struct ActivationSet {
-    int micro_batch = -1;  // -1: free
-    int chunk = -1;        // the chunk it is laid out for
-    Buffer<float> data;    // one allocation for every tensor below
-    float* input = nullptr;  // [Nl,C] the embedding output or the received activation
-    std::vector<BlockActivations> blocks;  // the chunk's layers
-    // Last stage only: the final norm, the head and the loss.
-    float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // [Nl,C], [Nl], [Nl]
-    float* lnf_full = nullptr;     // [B,T,C] the head's input, all rows
-    float* logits = nullptr;       // [B,T,Vp/t] (row stride logits_ld()), becomes dlogits in backward
-    float* lse = nullptr;          // [B,T] log-sum-exp over the whole vocabulary
-    float* target_logit = nullptr; // [B,T]
-    float* losses = nullptr;       // [B,T]
-    std::vector<int> inputs, targets;
-    int64_t step = 0, first_token_row = 0;  // dropout position
-    // Whether p points into this set (so it stays until the set is freed).
-    bool holds(const void* p) const {
-      const char* begin = reinterpret_cast<const char*>(data.data());
-      return p >= begin && p < begin + data.size() * sizeof(float);
-    }
-  };
   void ensure_activations(int B, int T);
   size_t set_floats(int c, const ActivationInventory& inventory) const;
   // What a set for chunk c holds: set_floats at this length, or at the reserved one when
@@ -287,9 +240,6 @@ class Gpt {
   bool within_reserve() const { return reserved_B_ == B_ && T_ <= reserved_T_; }
   template <typename Take>
   void take_block(BlockActivations& a, Take& take, bool with_core, bool with_output, bool moe) const;
-  ActivationSet& open_set(int c, int mb);  // a set for (c, mb): reused or new
-  ActivationSet& find_set(int c, int mb);
-  const ActivationSet& find_set(int c, int mb) const;
   void layout_set(int c, ActivationSet& s);
   void tp_all_reduce(float* x, size_t n, comm::ReduceOp op = comm::ReduceOp::kSum);
   // Conjugate pair on the token rows: all of them from this rank's share (identity without
@@ -307,6 +257,19 @@ class Gpt {
                         const float* rstd, int rows);
   // RoPE on q and k of a block's qkv (inverse: on their gradients); no-op for learned positions.
   void rotate_qk(float* qkv, int B, int T, bool inverse) const;
+  // Each row's position under a document mask or cp (the set's), else null: row t is at t.
+  const int* row_positions() const;
+  bool rows_placed() const { return document_mask() || cp_; }  // the set's documents hold each row's place
+  // Places the opened set's rows: their positions and keys; under cp, takes this rank's rows
+  // of inputs and targets into it and points them there.
+  void place_rows(ActivationSet& s, const int*& inputs, const int*& targets, int B, int T);
+  // The tensor between stages for B rows of Tl tokens on this rank.
+  size_t local_boundary_elements(int B, int Tl) const;
+  // The attention core of block activations a (out atty, att_lse from qkv), and its
+  // backward into dqkv_: causal, or by each row's key range under a document mask.
+  void attend(BlockActivations& a, int B, int T);
+  void attend_backward(const BlockActivations& a, int B, int T);
+  kernels::AttentionBlock ranged_block(const float* qkv, int B, int T) const;
   void vocab_parallel_loss(int N);
   // Row stride of a set's logits: the real columns (vn) packed, not the padded Vl. The
   // bf16 head GEMM writing 50257 columns at a stride of 50304 floats (a multiple of 512
@@ -318,16 +281,10 @@ class Gpt {
   void head_forward(const float* residual, int B, int T);
   void head_backward(int c, int B, int T, float loss_scale);
   void embedding_backward(int B, int T);
-  // A rank that runs the embedding and the tied head in different chunks (zb-v's rank 0, in
-  // the V): their backwards interleave as the schedule's list orders them, and zb-v places
-  // its list for measured costs, so one gradient taking both would be summed in an order
-  // that follows the timings. The head's part adds up in tied_head_grad_ instead, in
-  // micro-batch order, and joins the embedding's gradient at the step's last embedding
-  // backward: the same sums whatever the list, so runs repeat bit for bit.
-  bool separate_tied_head() const;
-  Buffer<float> tied_head_grad_;  // [this rank's vocabulary rows, C], fp32
-  int last_micro_batch_ = -1;
-  BlockActivations& acts(int l) { return set_->blocks[l - chunks_[cur_chunk_].begin]; }
+  // The activation set the running forward or backward uses.
+  ActivationSet& set() { return pipeline_.sets().current(); }
+  const ActivationSet& set() const { return pipeline_.sets().current(); }
+  BlockActivations& acts(int l) { return set().blocks[l - chunks_[cur_chunk_].begin]; }
   int cur_chunk_ = 0;
 
   // Gradient of tensor t of unit u, whose fp32 gradient buffer acquire_grads(u) returned as
@@ -396,18 +353,6 @@ class Gpt {
   void linear_backward(float* dinp, int u, float* gunit, const ParamTensor& w, const ParamTensor* b,
                        const float* dout, kernels::GemmInput inp, kernels::GemmInput weight, int N, int C, int OC,
                        const float* local_rows = nullptr);
-  // Weight-gradient work a B left for its W: adds to unit `unit`'s gradients.
-  struct DeferredWeightGrad {
-    int unit = -1;
-    std::function<void(float* unit_grads)> add;
-    // Copies of what it reads that the next B would overwrite: the output gradient (fp32,
-    // or at bf16 precision the rounded words the weight GEMM reads), and the input unless
-    // it lies in the micro-batch's set (fp32 or bf16).
-    Buffer<float> dout, inp;
-    Buffer<uint16_t> dout16, inp16;
-  };
-  bool defer_weights_ = false;  // the backward running is a B
-  std::map<std::pair<int, int>, std::vector<DeferredWeightGrad>> deferred_;  // by (chunk, micro-batch)
   void block_backward(int l, const float* block_in, int B, int T);
   void add_kv_replica_grads(kernels::GradOutput dqkv_weight, float* dqkv_bias, const float* inp, int N);
 
@@ -421,8 +366,7 @@ class Gpt {
   ActivationInventory inventory_;  // for B_ x T_ (activation_inventory)
   int reserved_B_ = 0, reserved_T_ = 0;  // reserve_activations
   ActivationInventory reserved_;         // for the reserved shape, while within_reserve()
-  std::vector<std::unique_ptr<ActivationSet>> sets_;  // a pool, laid out per use (open_set)
-  ActivationSet* set_ = nullptr;  // the set the running forward/backward uses
+  PipelineState pipeline_;  // the activation sets, among the rest (pipeline())
   // Scratch shared by every set: recomputed tensors, the gradients of activations reused
   // by every block in backward, and buffers for the tensor-parallel exchanges.
   Buffer<float> shared_;
@@ -438,6 +382,9 @@ class Gpt {
   const float* dropout_grad(const float* dresidual, int site);  // masked copy, or dresidual
   float dropout_p_ = 0;
   uint64_t dropout_seed_ = 0;
+  int doc_separator_ = -1;  // set_document_mask
+  comm::Group* cp_ = nullptr;  // set_context_parallel (null: off)
+  std::unique_ptr<RingAttention> ring_;
   int64_t step_ = 0, first_token_row_ = 0;
   float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask
   kernels::Precision precision_ = kernels::Precision::kFp32;

@@ -175,10 +175,7 @@ void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay
                         const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n) {
   float g[kBlock];
   kernels::from_half(p, g16, g, n);
-  if (grad_coef != 1.0f) {
-#pragma omp simd
-    for (size_t i = 0; i < n; i++) g[i] *= grad_coef;
-  }
+  if (grad_coef != 1.0f) kernels::scale_inplace(g, n, grad_coef);
   kernels::adamw_update(w, g, m, v, n, scalars(c, decay));
   kernels::to_half(p, w, p16, n);
 }
@@ -199,10 +196,7 @@ void AdamW::update(const AdamRun& run) const {
     return;
   }
   float* g = static_cast<float*>(run.grads);
-  if (grad_coef != 1.0f) {  // clip_grads' multiplication, on the way to the update
-#pragma omp parallel for simd schedule(static)
-    for (size_t i = 0; i < run.count; i++) g[i] *= grad_coef;
-  }
+  if (grad_coef != 1.0f) kernels::scale_inplace(g, run.count, grad_coef);  // clip_grads' multiplication
   kernels::adamw_update(static_cast<float*>(run.params), g, run.m, run.v, run.count, scalars(c, decay));
 }
 

@@ -81,6 +81,29 @@ std::string whole_experts_need_moe(const Layout& l, const LayoutModel& m) {
   return l.whole_experts() && !m.is_moe() ? "--expert-tp needs a Mixture-of-Experts model (--moe-experts)" : "";
 }
 
+// ---- Context parallelism ------------------------------------------------------------------
+
+// The load-balanced split cuts each sequence into 2 x cp chunks (model/context_parallel.h).
+std::string cp_splits_sequence(const Layout& l, const LayoutModel& m) {
+  if (l.cp <= 1 || m.seq_len <= 0 || m.seq_len % (2 * l.cp) == 0) return "";
+  return "--cp " + str(l.cp) + " cuts each sequence into 2 x cp = " + str(2 * l.cp) +
+         " chunks (rank r holds chunks r and 2cp-1-r): --seq-len " + str(m.seq_len) + " is not divisible by " +
+         str(2 * l.cp);
+}
+
+std::string cp_comm_implemented(const Layout& l, const LayoutModel&) {
+  if (l.cp <= 1 || l.cp_comm == model::CpComm::kRing) return "";
+  return std::string("--cp-comm ") + model::cp_comm_name(l.cp_comm) +
+         " is not implemented in this engine yet: use --cp-comm ring";
+}
+
+// Routing and its balance losses are per sequence, and dropout masks are keyed by
+// contiguous token rows: neither is split over cp ranks yet.
+std::string cp_dense_models(const Layout& l, const LayoutModel& m) {
+  if (l.cp <= 1 || !m.is_moe()) return "";
+  return "--cp does not yet run Mixture-of-Experts models (routing balances over whole sequences)";
+}
+
 // ---- Pipeline schedules -------------------------------------------------------------------
 
 std::string stages_have_layers(const Layout& l, const LayoutModel& m) {
@@ -209,6 +232,9 @@ const std::vector<Rule>& rules() {
       {"ep-inside-dp", ep_inside_dp},
       {"ep-splits-experts", ep_splits_experts},
       {"whole-experts-need-moe", whole_experts_need_moe},
+      {"cp-splits-sequence", cp_splits_sequence},
+      {"cp-comm-implemented", cp_comm_implemented, Binds::kEngine},
+      {"cp-dense-models", cp_dense_models, Binds::kEngine},
       {"stages-have-layers", stages_have_layers},
       {"schedule-chunks", schedule_chunks},
       {"schedule-needs-pipeline", schedule_needs_pipeline},

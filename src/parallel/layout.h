@@ -18,6 +18,7 @@
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "model/config.h"
+#include "model/cp_comm.h"
 #include "model/param_layout.h"
 #include "model/recompute.h"
 #include "parallel/dp/compressed_reduce.h"
@@ -41,6 +42,7 @@ struct Layout {
   // ---- Axes: world = tp x cp x dp x pp ranks (comm/mesh.h places them).
   int tp = 1, pp = 1, dp = 1;
   int cp = 1;              // context parallelism: each sequence split over cp ranks
+  model::CpComm cp_comm = model::CpComm::kRing;  // how attention crosses the cp ranks
   int ep = 1;              // expert parallelism, carved out of dp (MoE models)
   int virtual_stages = 1;  // v, model chunks per pipeline rank
   comm::RankOrder order = comm::kDefaultRankOrder;
@@ -79,6 +81,7 @@ struct Layout {
 struct LayoutModel {
   int layers = 0, heads = 0, kv_heads = 0, ffn = 0;
   int experts = 0, expert_ffn = 0;
+  int seq_len = 0;  // T, the tokens of a sequence; 0: not checked
   // The head's rows split over tp (the engine's padded vocabulary); 0: not checked (the
   // GPU planner's published models pad as their stacks do).
   int split_vocab = 0;

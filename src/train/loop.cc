@@ -186,7 +186,7 @@ Status Training::report(int64_t k, const StepOutcome& s) {
   bool peak_raised = false;
   const double flops_per_token = run_.gpt->flops_per_token(s.shape.L);  // at this step's length
   rep.mfu = machine::honest_mfu(rep.tokens_per_s * flops_per_token / world_.size() / 1e9, &run_.peak_gflops,
-                                run_.threads, run_.precision, o.peak_gflops <= 0, &peak_raised);
+                                run_.threads, run_.layout.precision, o.peak_gflops <= 0, &peak_raised);
   if (peak_raised)
     reporter_.note("note: this step ran above the cached GEMM peak (measured on a busy machine?); "
                    "the peak was measured again and is now " + std::to_string((int)run_.peak_gflops) + " GFLOP/s");

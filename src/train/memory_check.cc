@@ -151,7 +151,7 @@ Status check_memory_fits(const TrainOptions& o, const Run& run, int world_rank) 
   const machine::MemoryLimit limit = machine::usable_memory(ranks_on_this_host());
   if (bytes <= limit.bytes) return Status::ok();
   const bool files = need.tiers.any() || o.memory_budget_gb > 0;
-  const bool exact = run.precision == kernels::Precision::kFp32;
+  const bool exact = run.layout.precision == kernels::Precision::kFp32;
   std::string msg = "rank " + std::to_string(world_rank) + " would need " + (exact ? "" : "at least ") + gb(bytes) +
                     " at its peak" + (exact ? "" : " (16-bit storage: a lower bound from the fp32 replay)") +
                     (files ? " with the state that can go to files there" : "") +

@@ -37,6 +37,8 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"grad_accum", o.grad_accum},
           {"global_batch", o.global_batch},
           {"tp", o.tp},
+          {"cp", o.cp},
+          {"cp_comm", o.cp_comm},
           {"pp", o.pp},
           {"dp", o.dp},
           {"ep", o.ep},
@@ -57,6 +59,8 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"recompute", o.recompute},
           {"recompute_every", o.recompute_every},
           {"dropout", o.dropout},
+          {"doc_mask", o.doc_mask},
+          {"doc_separator", o.doc_separator},
           {"precision", o.precision},
           {"loss_scale", o.loss_scale.initial},
           {"loss_scale_window", o.loss_scale.growth_interval},
@@ -158,8 +162,9 @@ Status parse_choices(const TrainOptions& o, parallel::Layout* l) {
 Status to_layout(const TrainOptions& o, int world, parallel::Layout* out) {
   parallel::Layout l;
   comm::MeshShape shape;
-  RETURN_IF_ERROR(comm::resolve_mesh(world, o.tp, o.pp, o.dp, &shape));
-  l.tp = shape.tp, l.pp = shape.pp, l.dp = shape.dp, l.ep = o.ep;
+  RETURN_IF_ERROR(comm::resolve_mesh(world, o.tp, o.pp, o.dp, &shape, o.cp));
+  l.tp = shape.tp, l.pp = shape.pp, l.dp = shape.dp, l.cp = shape.cp, l.ep = o.ep;
+  RETURN_IF_ERROR(model::parse_cp_comm(o.cp_comm, &l.cp_comm));
   if (o.expert_tp != 0 && o.expert_tp != 1 && o.expert_tp != o.tp)
     return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or --tp (" +
                          std::to_string(o.tp) + ", each split over them), got " + std::to_string(o.expert_tp));

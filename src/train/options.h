@@ -42,9 +42,14 @@ struct TrainOptions {
   int micro_batch = 4;  // B, rows per micro-batch on each data-parallel rank
   int grad_accum = 0;   // A (0: 1, or derived from global_batch); G = B*A*dp rows
   int global_batch = 0; // G; when set, A = G/(B*dp) is derived for any layout
+  // Document masks: attention inside each packed document, positions restarting at each.
+  bool doc_mask = false;
+  int doc_separator = -1;  // the token ending a document; -1: the data's tokenizer's end-of-text
 
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
+  int cp = 1;                      // context parallelism: each sequence over cp ranks
+  std::string cp_comm = "ring";    // ring | a2a | hybrid
   int ep = 1;  // expert parallelism, carved out of dp (MoE models)
   // Which axis varies fastest over the world's ranks, then the next (comm/mesh.h): the
   // default keeps tp neighbours on one host; dp-tp-pp puts dp neighbours there instead.

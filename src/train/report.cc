@@ -46,7 +46,7 @@ json bubble_parts_json(Run& run, double measured) {
   namespace pp = parallel::pp;
   const pp::PassCosts& stages = run.pipeline->times().stages;
   pp::BubbleParts parts;
-  if (!pp::explain_bubble(run.schedule, run.mesh_shape.pp, run.shape.A, run.chunks, stages, measured, &parts).is_ok())
+  if (!pp::explain_bubble(run.layout.schedule, run.mesh_shape.pp, run.shape.A, run.layout.chunks(), stages, measured, &parts).is_ok())
     parts = {-1, -1, -1};
   auto ms = [](std::vector<double> x) {
     for (double& e : x) e *= 1e3;
@@ -66,8 +66,8 @@ json pipeline_json(Run& run) {
   double sums[2] = {t.compute_s, t.window_s};
   run.mesh->pp().all_reduce_f64(sums, 2, comm::ReduceOp::kSum);
   parallel::pp::SimResult sim;
-  const Status simulated = parallel::pp::simulate(run.schedule, run.mesh_shape.pp, run.shape.A,
-                                                  run.chunks, 1.0, 2.0, &sim);
+  const Status simulated = parallel::pp::simulate(run.layout.schedule, run.mesh_shape.pp, run.shape.A,
+                                                  run.layout.chunks(), 1.0, 2.0, &sim);
   const double bubble = sums[1] > 0 ? 1.0 - sums[0] / sums[1] : 0.0;
   json out = {{"bubble", bubble},
               {"bubble_theory", simulated.is_ok() ? sim.bubble_fraction : -1.0},
@@ -164,10 +164,13 @@ std::vector<std::string> summary_lines(Run& run, comm::Group& world, const json&
       "peak memory per rank (MiB): params, grads, optimizer state, activations + buffers, total"};
   for (int r = 0; r < world.size(); r++) {
     const double* f = all.data() + (size_t)r * kFields;
+    const std::string cp = run.mesh_shape.cp > 1
+                               ? formatted(" cp %d", comm::Mesh::coordinates(r, run.mesh_shape).cp)
+                               : std::string();
     lines.push_back(formatted(
-        "  rank %2d %s(tp %d pp %d dp %d) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f",
+        "  rank %2d %s(tp %d pp %d dp %d%s) | params %8.2f | grads %8.2f | optim %8.2f | acts+buf %8.2f | total %8.2f",
         r, run.hosts.size() > 1 && run.hosts.front() != run.hosts.back() ? ("on " + run.hosts[r] + " ").c_str() : "",
-        (int)f[0], (int)f[1], (int)f[2], f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib));
+        (int)f[0], (int)f[1], (int)f[2], cp.c_str(), f[3] / mib, f[4] / mib, f[5] / mib, f[6] / mib, f[7] / mib));
   }
   if (!run.pipeline) return lines;
   std::string split;
@@ -178,7 +181,7 @@ std::vector<std::string> summary_lines(Run& run, comm::Group& world, const json&
   const json parts = pipeline.value("bubble_parts", json::object());
   lines.push_back(formatted("pipeline: %s, %d stages of layers %s, m=%d micro-batches | bubble (last step) measured %.3f = "
                             "schedule %.3f + stage imbalance %.3f + overhead %.3f (at the measured stage costs; theory %.3f)",
-                            parallel::pp::schedule_name(run.schedule), (int)run.stage_layers.size(), split.c_str(),
+                            parallel::pp::schedule_name(run.layout.schedule), (int)run.stage_layers.size(), split.c_str(),
                             run.shape.A, pipeline.value("bubble", 0.0), parts.value("schedule", 0.0),
                             parts.value("imbalance", 0.0), parts.value("overhead", 0.0),
                             pipeline.value("bubble_theory", 0.0)));
@@ -303,6 +306,9 @@ void add_layout_notes(const Run& run, std::vector<std::string>* lines) {
   if (!in_files.empty())
     add("in files under " + o.offload_dir + ": " + in_files + " (" + (direct ? "O_DIRECT" : "through the page cache") + ")");
   if (run.curriculum.on()) add("curriculum: " + run.curriculum.describe() + "; LR schedule by " + o.lr_unit);
+  if (run.doc_separator >= 0)
+    add("document masks: each packed document attends only to itself, positions restart after token " +
+        std::to_string(run.doc_separator));
 }
 
 }  // namespace
@@ -319,7 +325,7 @@ std::vector<std::string> banner_lines(const Run& run) {
                             o.precision.c_str(), run.threads, run.peak_gflops));
   lines.push_back(formatted("machine: %s | %s | oneDNN ISA %s | %s", cpu_info().model.c_str(),
                             cpu_info().flags().c_str(), kernels::onednn_isa_name(),
-                            machine::mfu_basis(run.precision).c_str()));
+                            machine::mfu_basis(run.layout.precision).c_str()));
   if (run.train_data.is_mixture())
     lines.push_back(formatted("data: a mixture of %s (by rows; realised over the run's %lld steps: %s)",
                               o.data_dir.c_str(), (long long)o.steps,

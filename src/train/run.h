@@ -37,14 +37,12 @@ struct Run {
   std::unique_ptr<comm::Mesh> mesh;
   data::TokenLoader train_data, val_data;
   bool has_val = false;
+  int doc_separator = -1;  // --doc-mask's separator token, resolved; -1: no document mask
   std::unique_ptr<model::Gpt> gpt;
   std::unique_ptr<parallel::DataParallel> dp;
   // Pipeline (pp > 1): the layers of each stage, this rank's chunks, the executor.
   std::vector<int> stage_layers;
   model::ModelPart part;
-  parallel::pp::ScheduleKind schedule = parallel::pp::ScheduleKind::k1F1B;
-  int chunks = 1;  // model chunks per pipeline rank: --virtual-stages, or 2 under zb-v
-  kernels::Precision precision = kernels::Precision::kFp32;
   std::unique_ptr<optim::DynamicLossScaler> scaler;  // fp16 only
   NonfinitePolicy nonfinite;                         // without a scaler (train_step)
   std::unique_ptr<parallel::pp::PipelineExecutor> pipeline;

@@ -96,6 +96,10 @@ Status check_options(const TrainOptions& o) {
   if (o.save_every > 0 && o.out_dir.empty()) return Status::error("--save-every needs --out DIR");
   RETURN_IF_ERROR(check_compression(o));
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
+  if (o.doc_separator < -1) return Status::error("--doc-separator must be a token id >= 0");
+  if (o.doc_separator >= 0 && !o.doc_mask) return Status::error("--doc-separator goes with --doc-mask");
+  // Dropout masks are keyed by contiguous token rows; a cp rank's rows are two chunks.
+  if (o.cp > 1 && o.dropout > 0) return Status::error("--dropout does not run under --cp yet");
   const auto& ls = o.loss_scale;
   if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
     return Status::error("--loss-scale must be >= --loss-scale-min > 0");
@@ -120,8 +124,6 @@ Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   parallel::Layout& l = run->layout;
   RETURN_IF_ERROR(to_layout(o, world.size(), &l));
   run->mesh_shape = l.mesh();
-  run->schedule = l.schedule;
-  run->chunks = l.chunks();
   BatchShape& b = run->shape;
   b.B = l.micro_batch;
   b.dp = l.dp;
@@ -275,9 +277,9 @@ Status restore_expert_bias(const std::string& dir, Run* run) {
 }
 
 checkpoint::RankState rank_state(Run& run, float* master, float* m, float* v) {
-  const bool moments_full = run.opt.zero == 0;
+  const bool moments_full = run.layout.zero == 0;
   if (run.dp->half_storage()) return {master, moments_full, m, v, moments_full, {}, {}};
-  const bool sharded = run.opt.zero == 3;
+  const bool sharded = run.layout.zero == 3;
   return {sharded ? run.dp->param_shard() : run.gpt->params(), !sharded, m, v, moments_full, {}, {}};
 }
 
@@ -383,8 +385,10 @@ void build_model(const TrainOptions& o, Run* run) {
   run->gpt = std::make_unique<model::Gpt>(run->config, parallel::model_state_for_stage(l.zero, l.precision),
                                           &run->mesh->tp(), l.sp, run->part, &run->mesh->ep(), expert_tp(o));
   run->gpt->set_recompute(l.recompute, o.recompute_every);
-  run->gpt->set_precision(run->precision);
+  run->gpt->set_precision(run->layout.precision);
   run->gpt->set_dropout(o.dropout, o.seed);
+  run->gpt->set_document_mask(run->doc_separator);
+  run->gpt->set_context_parallel(&run->mesh->cp(), l.cp_comm);
   run->gpt->set_moe_training(moe_training(o));
   run->gpt->reserve_activations(run->shape.B, run->shape.T);
 }
@@ -421,7 +425,7 @@ parallel::DpConfig dp_config(const TrainOptions& o, const Run& run) {
 // training); otherwise the model's own buffers.
 Status create_store(const TrainOptions& o, const parallel::DpConfig& dpc, Run* run) {
   comm::Group* tp = &run->mesh->tp();
-  const bool initial_copy = dpc.zero_stage == 3 || run->precision != kernels::Precision::kFp32;
+  const bool initial_copy = dpc.zero_stage == 3 || run->layout.precision != kernels::Precision::kFp32;
   if (dpc.zero_stage == 3 && o.init_from.empty()) {
     model::InitialWeights init(run->config, o.seed);
     const model::ParamLayout& layout = run->gpt->layout();
@@ -446,11 +450,11 @@ Status create_store(const TrainOptions& o, const parallel::DpConfig& dpc, Run* r
 // alone. ZB-V's V puts both on rank 0: one copy.
 void attach_pipeline(Run* run) {
   const int p = run->mesh_shape.pp, r = run->mesh->pp_rank();
-  const int last = parallel::pp::rank_of_stage(run->schedule, p, run->chunks, p * run->chunks - 1);
+  const int last = parallel::pp::rank_of_stage(run->layout.schedule, p, run->layout.chunks(), p * run->layout.chunks() - 1);
   const int tied_peer = !run->config.tied_head || last == 0 ? -1 : r == 0 ? last : r == last ? 0 : -1;
   run->dp->set_pipeline(&run->mesh->pp(), tied_peer);
-  run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(*run->gpt, run->mesh->pp(), run->schedule,
-                                                                    run->chunks, &run->mesh->world());
+  run->pipeline = std::make_unique<parallel::pp::PipelineExecutor>(*run->gpt, run->mesh->pp(), run->layout.schedule,
+                                                                    run->layout.chunks(), &run->mesh->world());
 }
 
 // --resume: the loss scaler, the skipped-step count, the experts' biases, every rank's shard
@@ -478,7 +482,7 @@ Status build_state(const TrainOptions& o, const std::string& resume_dir, Run* ru
   build_model(o, run);
   RETURN_IF_ERROR(create_store(o, dp_config(o, *run), run));
   if (run->mesh_shape.pp > 1) attach_pipeline(run);
-  if (run->precision == kernels::Precision::kFp16)
+  if (run->layout.precision == kernels::Precision::kFp16)
     run->scaler = std::make_unique<optim::DynamicLossScaler>(o.loss_scale);
   RETURN_IF_ERROR(place_state(o, run->layout.offload, run));
   return resume_dir.empty() ? Status::ok() : restore_run(o, resume_dir, run);
@@ -514,7 +518,7 @@ Status write_run_files(const TrainOptions& o, const Run& run) {
   }
   resolved["machine"] = machine::machine_json();
   resolved["machine"]["mfu_peak_gflops"] = run.peak_gflops;
-  resolved["machine"]["mfu_basis"] = machine::mfu_basis(run.precision);
+  resolved["machine"]["mfu_basis"] = machine::mfu_basis(run.layout.precision);
   RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.json").string(), resolved.dump(2) + "\n"));
   if (!o.resolved_config_toml.empty())
     RETURN_IF_ERROR(write_text((fs::path(o.out_dir) / "config.toml").string(), o.resolved_config_toml));
@@ -564,6 +568,19 @@ Status check_data_tokenizer(const TrainOptions& o, const data::TrainingData& dat
   return Status::ok();
 }
 
+// --doc-mask's separator: --doc-separator, else the data's tokenizer's end-of-text token; it
+// must be one of the model's ids (a token the data holds).
+Status resolve_document_separator(const TrainOptions& o, int vocab, int* separator) {
+  *separator = -1;
+  if (!o.doc_mask) return Status::ok();
+  if (o.doc_separator >= 0) *separator = o.doc_separator;
+  else RETURN_IF_ERROR(data::data_document_separator(o.data_dir, separator).with_context("--doc-mask"));
+  if (*separator >= vocab)
+    return Status::error("--doc-mask: the end-of-text token " + std::to_string(*separator) +
+                         " is not in the model's vocabulary of " + std::to_string(vocab) + " ids");
+  return Status::ok();
+}
+
 // Opens --data (one folder or a mixture). Each rank verifies its share of the shards; a
 // damaged shard on any rank stops every rank (agree()).
 Status open_data(const TrainOptions& o, comm::Group& world, Run* run) {
@@ -596,7 +613,6 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
   // The launcher's check, first (every broken layout rule at once); what follows cannot
   // fail on the flags, layout or model it passed.
   RETURN_IF_ERROR(check_flags_and_layout(o, world.size()));
-  RETURN_IF_ERROR(parse_precision_flag(o.precision, &run->precision));
   run->opt = o;
   run->is_main = world.rank() == 0;
   run->threads = o.threads > 0 ? o.threads : default_threads(local_ranks());
@@ -611,9 +627,9 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
-                                               p * run->chunks, o.stage_layers, &run->stage_layers));
+                                               p * run->layout.chunks(), o.stage_layers, &run->stage_layers));
     run->part = parallel::pp::rank_part(run->stage_layers, p, comm::Mesh::coordinates(world.rank(), run->mesh_shape).pp,
-                                        run->schedule);
+                                        run->layout.schedule);
   }
   if (o.sp && (run->shape.B * run->shape.T) % run->mesh_shape.tp != 0)
     return Status::error("--sp needs micro-batch x seq-len (" +
@@ -627,7 +643,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
                              std::to_string(run->mesh_shape.tp) + "; length " + std::to_string(L) + " gives " +
                              std::to_string(run->shape.B * L) + " tokens (choose --curriculum-step a multiple of it)");
   if (!o.trace_file.empty()) RETURN_IF_ERROR(check_trace_path(o.trace_file));
-
+  RETURN_IF_ERROR(resolve_document_separator(o, run->config.vocab, &run->doc_separator));
   return open_data(o, world, run);
 }
 
@@ -642,7 +658,9 @@ Status check_flags_and_layout(const TrainOptions& o, int world) {
   model::GptConfig config;
   int seq_len = 0;
   RETURN_IF_ERROR(resolve_run_model(o, &config, &seq_len));
-  return parallel::check_layout(layout, parallel::layout_model(config), parallel::LayoutReader::kEngine);
+  parallel::LayoutModel m = parallel::layout_model(config);
+  m.seq_len = seq_len;
+  return parallel::check_layout(layout, m, parallel::LayoutReader::kEngine);
 }
 
 Status agree(comm::Group& world, const Status& mine) {
@@ -731,7 +749,7 @@ Status prepare(const TrainOptions& o, comm::Group& world, Run* run, const std::f
   if (o.overwrite && run->is_main) RETURN_IF_ERROR(clear_earlier_run(o.out_dir));
   run->peak_gflops = o.peak_gflops > 0 ? o.peak_gflops
                                        : machine::cached_gemm_peak_gflops(run->threads, run->is_main && !o.quiet,
-                                                                          run->precision);
+                                                                          run->layout.precision);
   if (run->is_main && !o.out_dir.empty()) RETURN_IF_ERROR(write_run_files(o, *run));
   comm::set_comm_timeout(o.comm_timeout);
   if (!o.trace_file.empty()) trace::Tracer::instance().enable(world.rank());

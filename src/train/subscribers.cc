@@ -46,9 +46,9 @@ namespace {
 nlohmann::json step_trace_args(const Run& run, int64_t step) {
   nlohmann::json args = {{"step", step}};
   if (run.pipeline)
-    args["pipeline"] = {{"schedule", parallel::pp::schedule_name(run.schedule)}, {"pp", run.mesh_shape.pp},
+    args["pipeline"] = {{"schedule", parallel::pp::schedule_name(run.layout.schedule)}, {"pp", run.mesh_shape.pp},
                         {"pp_rank", run.mesh->pp_rank()}, {"micro_batches", run.shape.A},
-                        {"virtual_stages", run.chunks}};
+                        {"virtual_stages", run.layout.chunks()}};
   return args;
 }
 

@@ -180,6 +180,31 @@ TEST_F(Guards, NonFiniteAndNegativeRealFlagsAreRefused) {
   EXPECT_EQ(off.exit_code, 0) << describe(off);
 }
 
+// --doc-mask finds the data's end-of-text token in the tokenizer copy prep keeps (Brown's:
+// GPT-2's 50256), says so in the banner and config.json; a separator outside the vocabulary,
+// a --doc-separator without --doc-mask and data without a tokenizer copy are refused before
+// training starts.
+TEST_F(Guards, DocumentMasksFindTheirSeparatorOrSayWhy) {
+  const RunResult ok = run(train(kTiny + " --steps 2 --doc-mask --out " + path("run")));
+  ASSERT_EQ(ok.exit_code, 0) << describe(ok);
+  EXPECT_NE(ok.out.find("document masks: each packed document attends only to itself, positions restart after "
+                        "token 50256"),
+            std::string::npos)
+      << ok.out;
+  EXPECT_NE(read_file(path("run") + "/config.json").find("\"doc_mask\": true"), std::string::npos);
+  expect_failure(run(train(kTiny + " --steps 1 --doc-mask --doc-separator 50257")),
+                 {"--doc-mask: the end-of-text token 50257 is not in the model's vocabulary of 50257 ids"});
+  expect_failure(run(train(kTiny + " --steps 1 --doc-separator 13")), {"--doc-separator goes with --doc-mask"});
+  // A bare token file: no tokenizer copy beside it.
+  const std::string bare = path("bare");
+  std::filesystem::create_directories(bare);
+  std::filesystem::copy_file(corpus_ + "/train.bin", bare + "/train.bin");
+  expect_failure(run(train(kTiny + " --steps 1 --doc-mask", bare)),
+                 {"--doc-mask: --data " + bare + " holds no copy of its tokenizer", "give --doc-separator ID"});
+  const RunResult named = run(train(kTiny + " --steps 1 --doc-mask --doc-separator 50256 --quiet", bare));
+  EXPECT_EQ(named.exit_code, 0) << describe(named);
+}
+
 // ---- Heartbeats and the watchdog's summary ---------------------------------------------------
 
 // A new step is written at once, not at the next timed beat (5 s here): a rank that dies

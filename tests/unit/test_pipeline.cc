@@ -11,7 +11,8 @@
 //                          selective and pp2·dp2 ZeRO-3, zb-v at pp4, tp2·pp2 and pp2·dp2 ZeRO-3,
 //                          2bw at pp2, pp4, tp2·pp2 --sp selective, pp2·dp2 ZeRO-1 and
 //                          tp2·pp2·dp2 ZeRO-1 (against
-//                          the one-rank run of 2bw's delayed update), at a global batch of 8 rows
+//                          the one-rank run of 2bw's delayed update), document masks with tp2·pp2
+//                          --sp selective and pp2 interleaved v=2, at a global batch of 8 rows
 //                          on an 8-layer tiny model: every step's loss within 1e-5 of the
 //                          single-rank run, grad_norm within 1e-5 relative, final weights
 //                          within the tp suite's tolerances; bubble_theory and the peak
@@ -144,6 +145,7 @@ struct Layout {
   int accum = 1;        // --grad-accum: m
   double dropout = 0;   // masks keyed by global token position: layout-independent
   std::string zero3_gather = "";  // --zero3-gather, empty: the default (step under pp)
+  int doc_separator = -1;  // --doc-mask --doc-separator ID (13, GPT-2's ".": a document per sentence)
 
   int ranks() const { return tp * pp * dp; }
   int micro_batch() const { return kGlobalBatch / (dp * accum); }
@@ -158,6 +160,7 @@ struct Layout {
     }
     if (dropout > 0) f += " --dropout " + std::to_string(dropout);
     if (!zero3_gather.empty()) f += " --zero3-gather " + zero3_gather;
+    if (doc_separator >= 0) f += " --doc-mask --doc-separator " + std::to_string(doc_separator);
     return f + " --micro-batch " + std::to_string(micro_batch()) + " --grad-accum " +
            std::to_string(accum);
   }
@@ -203,12 +206,17 @@ std::vector<Layout> parity_layouts() {
       {.tp = 2, .pp = 2, .schedule = "2bw", .sp = true, .recompute = "selective", .accum = 2},
       {.pp = 2, .dp = 2, .zero = 1, .schedule = "2bw", .accum = 2},
       {.tp = 2, .pp = 2, .dp = 2, .zero = 1, .schedule = "2bw", .accum = 2},  // 3D: 8 ranks, B = 2
+      // Document masks (a document per sentence): every stage places its rows in their
+      // documents from the micro-batch's tokens; with tp, sp and recomputation, and
+      // interleaved chunks (a stage that is neither first nor last).
+      {.tp = 2, .pp = 2, .sp = true, .recompute = "selective", .accum = 2, .doc_separator = 13},
+      {.pp = 2, .schedule = "interleaved", .v = 2, .accum = 4, .doc_separator = 13},
   };
 }
 
 // The single-rank run a cell is compared with: the same dropout, and 2bw's delayed update.
 Layout reference_of(const Layout& c) {
-  return Layout{.schedule = c.schedule == "2bw" ? "2bw" : "1f1b", .dropout = c.dropout};
+  return Layout{.schedule = c.schedule == "2bw" ? "2bw" : "1f1b", .dropout = c.dropout, .doc_separator = c.doc_separator};
 }
 
 // The cached run of a parity layout: model shape, layout flags, 20 steps, one eval batch.
@@ -344,7 +352,8 @@ double median_of(const Metrics& m, const char* field, int from) {
 TEST_F(Pipeline, ParityMatrix) {
   const std::vector<Layout> layouts = parity_layouts();
   std::vector<Layout> runs = layouts;
-  const std::vector<Layout> references = {kReference, Layout{.dropout = 0.1}, Layout{.schedule = "2bw"}};
+  const std::vector<Layout> references = {kReference, Layout{.dropout = 0.1}, Layout{.schedule = "2bw"},
+                                          Layout{.doc_separator = 13}};
   runs.insert(runs.end(), references.begin(), references.end());
   ensure(runs);
   struct Reference {
@@ -368,6 +377,8 @@ TEST_F(Pipeline, ParityMatrix) {
       << "dropout changes the loss";
   EXPECT_NE(refs[kReference.flags()].metrics.steps[2]["loss"], refs[Layout{.schedule = "2bw"}.flags()].metrics.steps[2]["loss"])
       << "2bw's delayed update changes the loss";
+  EXPECT_NE(refs[kReference.flags()].metrics.steps[0]["loss"], refs[Layout{.doc_separator = 13}.flags()].metrics.steps[0]["loss"])
+      << "document masks change the loss";
 
   // One cell; an ASSERT ends only this cell.
   auto check = [&](const Layout& c) {

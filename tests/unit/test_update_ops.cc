@@ -65,6 +65,21 @@ TEST(CpuKernels, AdamWUpdateInsideAParallelRegionEqualsOneCall) {
   EXPECT_TRUE(same_bits(p, wp) && same_bits(m, wm) && same_bits(v, wv));
 }
 
+TEST(CpuKernels, ScaleInplaceMatchesReferenceBitForBit) {
+  std::mt19937 rng(63);
+  for (size_t n : kSizes)
+    for (float factor : {0.5f, 0.37f, 1e-30f}) {
+      const auto before = to_float(random_vec(n, rng));
+      auto x = before, r = before;
+      scale_inplace(x.data(), n, factor);
+      ref::scale_inplace(r.data(), n, factor);
+      EXPECT_TRUE(same_bits(x, r)) << n << " x " << factor;
+      if (factor == 0.5f) {  // a power of two scales exactly: each value is halved
+        for (size_t i = 0; i < n; i++) ASSERT_EQ(x[i] * 2.0f, before[i]) << i;
+      }
+    }
+}
+
 TEST(CpuKernels, AdamWPreconditionedUpdateMatchesReferenceBitForBit) {
   std::mt19937 rng(63);
   for (size_t n : kSizes) {

@@ -1,4 +1,4 @@
-// A zero-bubble schedule's W (Gpt::weight_backward_chunk): the weight gradients a B left.
+// A zero-bubble schedule's W (model::PipelineState::weight_pass): the weight gradients a B left.
 //
 // TiedHead: a rank that holds the first and the last stage in two chunks (zb-v's rank 0, in the V)
 // with a tied head: both chunks' backwards add into the embedding's gradient, and their
@@ -33,7 +33,7 @@ std::vector<float> gradients(const std::vector<bool>& order) {
   model::Gpt gpt(c, model::Gpt::LocalState::kParamsAndGrads, nullptr, false, model::ModelPart{{{0, 1}, {1, 2}}});
   gpt.init_weights(5);
   gpt.zero_grads();
-  gpt.set_last_micro_batch(kMicroBatches - 1);
+  gpt.pipeline().tied_head().set_last_micro_batch(kMicroBatches - 1);
   const data::TokenLoader data = testing_util::random_tokens(4000);
   std::vector<int> inputs(kB * kT), targets(kB * kT);
   for (int mb = 0; mb < kMicroBatches; mb++) {
@@ -119,9 +119,9 @@ std::vector<TpPass> tp_passes(bool sp) {
     gpt.zero_grads();
     gpt.forward_chunk(0, 0, inputs.data(), targets.data(), nullptr, kB, kT);
     gpt.backward_chunk(0, 0, nullptr, scale, /*defer_weights=*/true);
-    out[r].kept = gpt.pending_weight_bytes();
-    gpt.weight_backward_chunk(0, 0);
-    EXPECT_EQ(gpt.pending_weight_bytes(), 0);
+    out[r].kept = gpt.pipeline().weights().pending_bytes();
+    gpt.pipeline().weight_pass(0, 0, *gpt.param_store());
+    EXPECT_EQ(gpt.pipeline().weights().pending_bytes(), 0);
     out[r].deferred.assign(gpt.grads(), gpt.grads() + gpt.layout().total());
     gpt.zero_grads();
     gpt.forward_chunk(0, 0, inputs.data(), targets.data(), nullptr, kB, kT);

@@ -37,6 +37,13 @@ void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const 
   });
 }
 
+void scale_inplace(float* x, size_t n, float factor) {
+  adam_blocks(n, [&](size_t b, size_t e) {
+#pragma omp simd
+    for (size_t i = b; i < e; i++) x[i] *= factor;
+  });
+}
+
 void adamw_preconditioned_update(float* p, const float* u, size_t n, float decay, float step_size) {
   adam_blocks(n, [&](size_t b, size_t e) {
 #pragma omp simd

@@ -21,7 +21,7 @@ namespace {
 // writes wte's row id into o.
 template <typename CopyRow>
 void lookup_embeddings(float* out, const int* inp, const float* wpe, int B, int T, int C, int vb,
-                       int vn, CopyRow copy_row) {
+                       int vn, const int* positions, CopyRow copy_row) {
 #pragma omp parallel for collapse(2) schedule(static)
   for (int b = 0; b < B; b++) {
     for (int t = 0; t < T; t++) {
@@ -30,7 +30,7 @@ void lookup_embeddings(float* out, const int* inp, const float* wpe, int B, int 
       if (id >= 0 && id < vn) copy_row(id, o);
       else std::fill(o, o + C, 0.0f);
       if (!wpe) continue;
-      const float* p = wpe + (size_t)t * C;
+      const float* p = wpe + (size_t)(positions ? positions[(size_t)b * T + t] : t) * C;
 #pragma omp simd
       for (int c = 0; c < C; c++) o[c] += p[c];
     }
@@ -40,21 +40,21 @@ void lookup_embeddings(float* out, const int* inp, const float* wpe, int B, int 
 }  // namespace
 
 void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
-                     int C, int vb, int vn) {
-  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, [&](int id, float* o) {
+                     int C, int vb, int vn, const int* positions) {
+  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, positions, [&](int id, float* o) {
     std::copy(wte + (size_t)id * C, wte + (size_t)(id + 1) * C, o);
   });
 }
 
 void encoder_forward(float* out, const int* inp, const uint16_t* wte, const float* wpe, int B,
-                     int T, int C, int vb, int vn) {
-  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, [&](int id, float* o) {
+                     int T, int C, int vb, int vn, const int* positions) {
+  lookup_embeddings(out, inp, wpe, B, T, C, vb, vn, positions, [&](int id, float* o) {
     widen_block_from_bf16(wte + (size_t)id * C, o, C);
   });
 }
 
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
-                      int C, int vb, int vn) {
+                      int C, int vb, int vn, const int* positions) {
   // Tokens repeat, so rows of dwte collide: each thread owns a column range.
 #pragma omp parallel for schedule(static)
   for (int c0 = 0; c0 < C; c0 += kColumnChunk) {
@@ -68,7 +68,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
           for (int c = c0; c < c1; c++) de[c] += d[c];
         }
         if (dwpe) {
-          float* dp = dwpe + (size_t)t * C;
+          float* dp = dwpe + (size_t)(positions ? positions[(size_t)b * T + t] : t) * C;
           for (int c = c0; c < c1; c++) dp[c] += d[c];
         }
       }

@@ -41,12 +41,12 @@ void rope_table(float* cos, float* sin, int positions, int hs, double theta, con
 }
 
 void rope_rotate(float* x, int N, int T, int ld, int heads, int hs, const float* cos, const float* sin,
-                 int pos0, bool inverse) {
+                 int pos0, bool inverse, const int* positions) {
   const int half = hs / 2;
   const float sign = inverse ? -1.0f : 1.0f;
 #pragma omp parallel for schedule(static)
   for (int n = 0; n < N; n++) {
-    const size_t pos = (size_t)(pos0 + n % T);
+    const size_t pos = positions ? (size_t)positions[n] : (size_t)(pos0 + n % T);
     const float* c = cos + pos * half;
     const float* s = sin + pos * half;
     for (int h = 0; h < heads; h++) {

@@ -33,23 +33,23 @@ inline double bf16_round(double x) {
 
 template <typename F>
 void encoder_forward(F* out, const int* inp, const F* wte, const F* wpe, int B, int T, int C,
-                     int vb, int vn) {
+                     int vb, int vn, const int* positions = nullptr) {
   for (int bt = 0; bt < B * T; bt++) {
     const bool mine = inp[bt] >= vb && inp[bt] < vb + vn;
     for (int c = 0; c < C; c++)
       out[(size_t)bt * C + c] = (mine ? wte[(size_t)(inp[bt] - vb) * C + c] : F(0)) +
-                                (wpe ? wpe[(size_t)(bt % T) * C + c] : F(0));
+                                (wpe ? wpe[(size_t)(positions ? positions[bt] : bt % T) * C + c] : F(0));
   }
 }
 
 template <typename F>
 void encoder_backward(F* dwte, F* dwpe, const F* dout, const int* inp, int B, int T, int C,
-                      int vb, int vn) {
+                      int vb, int vn, const int* positions = nullptr) {
   for (int bt = 0; bt < B * T; bt++)
     for (int c = 0; c < C; c++) {
       if (inp[bt] >= vb && inp[bt] < vb + vn)
         dwte[(size_t)(inp[bt] - vb) * C + c] += dout[(size_t)bt * C + c];
-      if (dwpe) dwpe[(size_t)(bt % T) * C + c] += dout[(size_t)bt * C + c];
+      if (dwpe) dwpe[(size_t)(positions ? positions[bt] : bt % T) * C + c] += dout[(size_t)bt * C + c];
     }
 }
 
@@ -196,6 +196,79 @@ void attention_backward(F* dqkv, const F* dout, const F* qkv, const F* out, cons
       }
 }
 
+// Attention by key ranges (ops.h): query row i of batch row b sees keys [lo, hi) of the
+// block; q [B,n,ldq], k and v [B,m,ldkv], out [B,n,ldo], lse [B,NH,n] (-inf: no keys).
+template <typename F>
+struct RefAttentionBlock {
+  const F* q;
+  int ldq;
+  const F *k, *v;
+  int ldkv;
+  int B, n, m, NH, NKV, hs;
+  const int *lo, *hi;
+};
+
+template <typename F>
+void attention_ranged_forward(F* out, int ldo, F* lse, const RefAttentionBlock<F>& x) {
+  const F scale = F(1) / std::sqrt(F(x.hs));
+  const int group = x.NH / x.NKV;
+  std::vector<F> s(x.m);
+  for (int b = 0; b < x.B; b++)
+    for (int h = 0; h < x.NH; h++)
+      for (int i = 0; i < x.n; i++) {
+        const size_t row = (size_t)b * x.n + i;
+        const F* q = x.q + row * x.ldq + (size_t)h * x.hs;
+        F* o = out + row * ldo + (size_t)h * x.hs;
+        for (int d = 0; d < x.hs; d++) o[d] = 0;
+        F mx = -INFINITY;
+        for (int j = x.lo[row]; j < x.hi[row]; j++) {
+          const F* k = x.k + ((size_t)b * x.m + j) * x.ldkv + (size_t)(h / group) * x.hs;
+          F dot = 0;
+          for (int d = 0; d < x.hs; d++) dot += q[d] * k[d];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        F sum = 0;
+        for (int j = x.lo[row]; j < x.hi[row]; j++) sum += std::exp(s[j] - mx);
+        for (int j = x.lo[row]; j < x.hi[row]; j++) {
+          const F* v = x.v + ((size_t)b * x.m + j) * x.ldkv + (size_t)(h / group) * x.hs;
+          for (int d = 0; d < x.hs; d++) o[d] += std::exp(s[j] - mx) / sum * v[d];
+        }
+        lse[((size_t)b * x.NH + h) * x.n + i] = sum > 0 ? mx + std::log(sum) : F(-INFINITY);
+      }
+}
+
+// Adds the block's share of the gradient of the final out (with its final lse) to dq, dk, dv.
+template <typename F>
+void attention_ranged_backward(F* dq, int lddq, F* dk, F* dv, int lddkv, const F* dout, const F* out, int ldo,
+                               const F* lse, const RefAttentionBlock<F>& x) {
+  const F scale = F(1) / std::sqrt(F(x.hs));
+  const int group = x.NH / x.NKV;
+  for (int b = 0; b < x.B; b++)
+    for (int h = 0; h < x.NH; h++)
+      for (int i = 0; i < x.n; i++) {
+        const size_t row = (size_t)b * x.n + i;
+        const F* q = x.q + row * x.ldq + (size_t)h * x.hs;
+        const F* dO = dout + row * ldo + (size_t)h * x.hs;
+        const F* O = out + row * ldo + (size_t)h * x.hs;
+        F rowdot = 0;
+        for (int d = 0; d < x.hs; d++) rowdot += dO[d] * O[d];
+        for (int j = x.lo[row]; j < x.hi[row]; j++) {
+          const size_t kv = ((size_t)b * x.m + j) * x.ldkv + (size_t)(h / group) * x.hs;
+          const size_t dkv = ((size_t)b * x.m + j) * lddkv + (size_t)(h / group) * x.hs;
+          F s = 0, g = 0;
+          for (int d = 0; d < x.hs; d++) s += q[d] * x.k[kv + d], g += dO[d] * x.v[kv + d];
+          const F p = std::exp(s * scale - lse[((size_t)b * x.NH + h) * x.n + i]);
+          const F ds = p * (g - rowdot);
+          for (int d = 0; d < x.hs; d++) {
+            dq[row * lddq + (size_t)h * x.hs + d] += scale * ds * x.k[kv + d];
+            dk[dkv + d] += scale * ds * q[d];
+            dv[dkv + d] += p * dO[d];
+          }
+        }
+      }
+}
+
 template <typename F>
 void attention_cached_forward(F* out, const F* q, int ldq, const F* k_cache, const F* v_cache,
                               int p, int n, int C, int NH, int NKV) {
@@ -255,13 +328,14 @@ void rmsnorm_backward(F* dinp, F* dweight, const F* dout, const F* inp, const F*
 
 // Rotates x in place as kernels::rope_rotate, with the angles computed here from inv_freq.
 template <typename F>
-void rope_rotate(F* x, int N, int T, int ld, int heads, int hs, const double* inv_freq, int pos0, bool inverse) {
+void rope_rotate(F* x, int N, int T, int ld, int heads, int hs, const double* inv_freq, int pos0, bool inverse,
+                 const int* positions = nullptr) {
   const int half = hs / 2;
   for (int n = 0; n < N; n++)
     for (int h = 0; h < heads; h++) {
       F* r = x + (size_t)n * ld + (size_t)h * hs;
       for (int i = 0; i < half; i++) {
-        const double angle = double(pos0 + n % T) * inv_freq[i];
+        const double angle = double(positions ? positions[n] : pos0 + n % T) * inv_freq[i];
         const F c = F(std::cos(angle)), s = F(inverse ? -std::sin(angle) : std::sin(angle));
         const F a = r[i], b = r[i + half];
         r[i] = a * c - b * s;

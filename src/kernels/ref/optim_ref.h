@@ -32,6 +32,10 @@ void adamw_preconditioned_update(F* p, const F* u, size_t n, F decay, F step_siz
 
 // The scale of every block first (max |x| / 127; NaN where a value is not finite), then
 // each value's code from its block's peak.
+inline void scale_inplace(float* x, size_t n, float factor) {
+  for (size_t i = 0; i < n; i++) x[i] = x[i] * factor;
+}
+
 inline void quantize_int8(const float* x, size_t n, size_t block, uint8_t* out) {
   const size_t blocks = (n + block - 1) / block;
   std::vector<float> peak(blocks, 0.f);

@@ -118,7 +118,9 @@ struct PipelineExecutor::Pass {
 
 void PipelineExecutor::run_forward(const Action& a, const Pass& pass, StepState& s) {
   const int c = a.chunk;
-  if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c))
+  // The first stage embeds the tokens, the last scores the targets; under a document mask
+  // every stage places its rows in their documents.
+  if (gpt_.is_first_stage(c) || gpt_.is_last_stage(c) || gpt_.document_mask())
     (pass.next ? s.data.fill_next : s.data.fill)(pass.mb, s.inputs.data(), s.targets.data());
   gpt_.set_batch_position(pass.mb_step, s.data.first_token_row(pass.mb));
   const float* in = gpt_.is_first_stage(c) ? nullptr : take(kActivation, pass.id, c);
@@ -134,7 +136,7 @@ void PipelineExecutor::run_forward(const Action& a, const Pass& pass, StepState&
   times_.carried += pass.next;
   if (gpt_.is_last_stage(c)) s.loss_sum += (double)loss * s.B * s.T;  // never a next step's: w = 0 there
   else hand_over(kActivation, pass.id, c, gpt_.chunk_output(c, pass.id), s.n);
-  times_.peak_sets = std::max(times_.peak_sets, gpt_.sets_in_flight());
+  times_.peak_sets = std::max(times_.peak_sets, gpt_.pipeline().sets().in_flight());
 }
 
 void PipelineExecutor::run_backward(const Action& a, const Pass& pass, StepState& s) {
@@ -161,7 +163,7 @@ void PipelineExecutor::run_weight(const Action& a, const Pass& pass, StepState& 
   {
     trace::Tracer::Span span(trace::Lane::kCompute, span_name('W', a.microbatch, a.chunk, v_),
                              trace::category::kBackwardWeight, where_in_step(a, s.step));
-    gpt_.weight_backward_chunk(a.chunk, pass.id);
+    gpt_.pipeline().weight_pass(a.chunk, pass.id, *gpt_.param_store());
   }
   times_.compute_s += now_s() - t0;
   times_.weight_s[a.chunk] += now_s() - t0;
@@ -230,7 +232,7 @@ double PipelineExecutor::train_step(int m, int B, int T, int64_t step, const Mic
               std::vector<int>((size_t)B * T), std::vector<int>((size_t)B * T), 0.0};
   times_ = PipelineTimes{};
   times_.forward_s.assign(v_, 0.0), times_.backward_s.assign(v_, 0.0), times_.weight_s.assign(v_, 0.0);
-  gpt_.set_last_micro_batch(set_id(m - 1, m, step));
+  gpt_.pipeline().tied_head().set_last_micro_batch(set_id(m - 1, m, step));
   const double start = now_s();
   size_t posted = 0;  // actions up to here have had their receives posted
   for (size_t i = 0; i < actions.size(); i++) {
@@ -285,7 +287,7 @@ double PipelineExecutor::forward_only(const int* inputs, const int* targets, int
     if (gpt_.is_last_stage(c)) loss = l;
     if (next >= 0 && next != r) pp_.send(gpt_.chunk_output(c, kEvalSet), n, next, kEvalTag);
     if (next == r) std::memcpy(in.data(), gpt_.chunk_output(c, kEvalSet), sizeof(float) * n);
-    gpt_.drop_activations(c, kEvalSet);
+    gpt_.pipeline().sets().release(c, kEvalSet);
   }
   pp_.all_reduce_f64(&loss, 1, comm::ReduceOp::kSum);
   return loss;

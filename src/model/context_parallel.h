@@ -1,0 +1,75 @@
+// Context parallelism (--cp N, docs/long_context.md): each sequence split over the N ranks of
+// the cp group. Everything outside attention runs on a rank's own tokens at their places
+// in the sequence; attention sees every key it may through the ring below.
+//
+// The split balances causal attention (Megatron-Core's): the sequence of T tokens is cut
+// into 2N chunks of T/(2N), and rank r holds chunks r and 2N-1-r, an early chunk whose
+// queries see few keys and a late one whose queries see many.
+//
+// Ring attention: each rank's k and v (one block) travel around the cp ranks point to point,
+// the next block's transfer posted before the current block's attention runs so that it
+// overlaps it; each block's partial output joins the rank's by the log-sum-exp
+// (kernels::attention_merge). Backward sends the blocks around again, each with the sum of
+// its dk and dv so far, which ends at the block's own rank after N steps. A block that no
+// row of the rank sees (an earlier rank's late chunk seen by an early chunk, or another
+// document) is skipped by the kernel's key ranges.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "comm/group.h"
+#include "core/memory.h"
+#include "core/status.h"
+#include "kernels/ops.h"
+#include "model/cp_comm.h"
+#include "model/document_rows.h"
+
+namespace meshtrain::model {
+
+// Which rows of a T-token sequence cp rank `rank` of `size` holds.
+struct CpSplit {
+  int size = 1, rank = 0;
+  int chunk(int T) const { return T / (2 * size); }
+  int local(int T) const { return T / size; }
+  // The index in the sequence of the rank's local row t (0 <= t < T/size).
+  int sequence_index(int t, int T) const;
+  // Keys of rank `owner` (its local rows, in order) whose sequence index is below x.
+  int keys_before(int x, int owner, int T) const;
+  // The rank's rows of B sequences of T values each, in local order.
+  std::vector<int> take(const int* full, int B, int T) const;
+};
+
+// Each local row's position and visible keys (in sequence indices) under cp: from the
+// document rows of the whole sequences (a document mask) or causal ones.
+DocumentRows local_rows(const CpSplit& split, const DocumentRows* whole, int B, int T);
+
+// Ring attention over the cp group for one rank's heads. Buffers are communication memory,
+// sized on first use for B x T/cp rows.
+class RingAttention {
+ public:
+  RingAttention(comm::Group& cp, int T) : cp_(cp), T_(T) {}
+  // Attention of this rank's rows: q, k, v in qkv [B, Tl, ld] (q at column 0, k at C, v at
+  // C + CK), out [B, Tl, C] and lse [B, NH, Tl]; `rows` the rank's rows (local_rows).
+  void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
+               const DocumentRows& rows);
+  // Overwrites dqkv [B, Tl, ld] with the gradient through attention of dout (out, lse: the
+  // forward's).
+  void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
+                int B, int NH, int NKV, int hs, const DocumentRows& rows);
+  // The sequence length the split is of (a curriculum's step changes it).
+  void set_sequence(int T) { T_ = T; }
+
+ private:
+  int next() const { return (cp_.rank() + 1) % cp_.size(); }
+  int prev() const { return (cp_.rank() + cp_.size() - 1) % cp_.size(); }
+  void ensure(size_t kv, size_t out, size_t lse);
+  // Each local row's visible keys among block owner's: [lo, hi) in the block's rows.
+  void ranges_for(int owner, const DocumentRows& rows, int B, int Tl);
+  comm::Group& cp_;
+  int T_;
+  Buffer<float> block_, next_block_, dblock_, next_dblock_;  // [B, Tl, 2 CK] k then v per row
+  Buffer<float> part_out_, part_lse_;
+  std::vector<int> lo_, hi_;
+};
+
+}  // namespace meshtrain::model
