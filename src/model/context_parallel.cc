@@ -138,3 +138,136 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
 }
 
 }  // namespace meshtrain::model
+
+namespace meshtrain::model {
+
+namespace {
+
+int width(const UlyssesAttention::Segments& segments) {
+  int w = 0;
+  for (const auto& s : segments) w += s.width;
+  return w;
+}
+
+}  // namespace
+
+UlyssesAttention::Heads UlyssesAttention::heads_of(int j, int NH, int NKV) const {
+  const int nq = NH / cp_.size(), q0 = j * nq, group = NH / NKV;
+  const int kv0 = q0 / group, kv_end = (q0 + nq - 1) / group + 1;
+  return {q0, nq, kv0, kv_end - kv0};
+}
+
+UlyssesAttention::Segments UlyssesAttention::qkv_columns(int j, int NH, int NKV, int hs) const {
+  const Heads h = heads_of(j, NH, NKV);
+  const int C = NH * hs, CK = NKV * hs;
+  return {{h.q0 * hs, h.nq * hs}, {C + h.kv0 * hs, h.nkv * hs}, {C + CK + h.kv0 * hs, h.nkv * hs}};
+}
+
+UlyssesAttention::Segments UlyssesAttention::out_columns(int j, int NH, int NKV, int hs) const {
+  const Heads h = heads_of(j, NH, NKV);
+  return {{h.q0 * hs, h.nq * hs}};
+}
+
+void UlyssesAttention::to_whole(const float* local, int ld, int B, const std::vector<Segments>& cols, float* whole) {
+  const int p = cp_.size(), Tl = T_ / p, W = width(cols[cp_.rank()]);
+  const size_t Nl = (size_t)B * Tl, n = Nl * W;  // every rank's block is as wide as this one's
+  for (int j = 0; j < p; j++) {
+    float* block = send_.data() + j * n;
+    for (size_t i = 0; i < Nl; i++) {
+      float* row = block + i * W;
+      for (const Segment& s : cols[j]) std::memcpy(row, local + i * ld + s.offset, sizeof(float) * s.width), row += s.width;
+    }
+  }
+  cp_.all_to_all(send_.data(), recv_.data(), n);
+  for (int i = 0; i < p; i++) {  // rank i's rows, at their places in the sequences
+    const CpSplit split{p, i};
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        std::memcpy(whole + ((size_t)b * T_ + split.sequence_index(t, T_)) * W,
+                    recv_.data() + i * n + ((size_t)b * Tl + t) * W, sizeof(float) * W);
+  }
+}
+
+void UlyssesAttention::to_local(const float* whole, int B, const std::vector<Segments>& cols, float* local, int ld,
+                                bool add) {
+  const int p = cp_.size(), Tl = T_ / p, W = width(cols[cp_.rank()]);
+  const size_t Nl = (size_t)B * Tl, n = Nl * W;
+  for (int i = 0; i < p; i++) {
+    const CpSplit split{p, i};
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++)
+        std::memcpy(send_.data() + i * n + ((size_t)b * Tl + t) * W,
+                    whole + ((size_t)b * T_ + split.sequence_index(t, T_)) * W, sizeof(float) * W);
+  }
+  cp_.all_to_all(send_.data(), recv_.data(), n);
+  for (int j = 0; j < p; j++) {  // in rank order: replicated key/value heads sum in one order
+    const float* block = recv_.data() + j * n;
+    for (size_t i = 0; i < Nl; i++) {
+      const float* row = block + i * W;
+      for (const Segment& s : cols[j]) {
+        float* dst = local + i * ld + s.offset;
+        if (add) {
+          for (int c = 0; c < s.width; c++) dst[c] += row[c];
+        } else {
+          std::memcpy(dst, row, sizeof(float) * s.width);
+        }
+        row += s.width;
+      }
+    }
+  }
+}
+
+void UlyssesAttention::forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
+                               const DocumentRows* whole, k::Precision precision) {
+  const int p = cp_.size();
+  const Heads me = heads_of(cp_.rank(), NH, NKV);
+  std::vector<Segments> qkv_cols(p), out_cols(p);
+  for (int j = 0; j < p; j++) qkv_cols[j] = qkv_columns(j, NH, NKV, hs), out_cols[j] = out_columns(j, NH, NKV, hs);
+  const int W = width(qkv_cols[cp_.rank()]), Cq = me.nq * hs;
+  const size_t rows = (size_t)B * T_;
+  for (Buffer<float>* b : {&send_, &recv_, &qkv_})
+    if (b->size() != rows * W) b->allocate(MemCategory::kComm, rows * W);
+  if (out_.size() != rows * Cq) out_.allocate(MemCategory::kComm, rows * Cq);
+  to_whole(qkv, ld, B, qkv_cols, qkv_.data());
+  if (whole) {
+    const k::AttentionBlock x{qkv_.data(), W, qkv_.data() + Cq, qkv_.data() + Cq + me.nkv * hs, W, B, T_, T_,
+                              me.nq, me.nkv, hs, whole->key_begin.data(), whole->key_end.data()};
+    k::attention_ranged_forward(out_.data(), Cq, lse, x);
+  } else {
+    k::attention_forward(out_.data(), lse, qkv_.data(), B, T_, Cq, me.nq, me.nkv, precision);
+  }
+  to_local(out_.data(), B, out_cols, out, NH * hs, /*add=*/false);
+}
+
+void UlyssesAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                                int ld, int B, int NH, int NKV, int hs, const DocumentRows* whole,
+                                k::Precision precision) {
+  const int p = cp_.size();
+  const Heads me = heads_of(cp_.rank(), NH, NKV);
+  std::vector<Segments> qkv_cols(p), out_cols(p);
+  for (int j = 0; j < p; j++) qkv_cols[j] = qkv_columns(j, NH, NKV, hs), out_cols[j] = out_columns(j, NH, NKV, hs);
+  const int W = width(qkv_cols[cp_.rank()]), Cq = me.nq * hs;
+  const size_t rows = (size_t)B * T_;
+  for (Buffer<float>* b : {&send_, &recv_, &qkv_, &dqkv_})
+    if (b->size() != rows * W) b->allocate(MemCategory::kComm, rows * W);
+  for (Buffer<float>* b : {&out_, &dout_})
+    if (b->size() != rows * Cq) b->allocate(MemCategory::kComm, rows * Cq);
+  // The traded copies again, from what the block stored.
+  to_whole(qkv, ld, B, qkv_cols, qkv_.data());
+  to_whole(out, NH * hs, B, out_cols, out_.data());
+  to_whole(dout, NH * hs, B, out_cols, dout_.data());
+  if (whole) {
+    std::fill(dqkv_.data(), dqkv_.data() + rows * W, 0.0f);
+    const k::AttentionBlock x{qkv_.data(), W, qkv_.data() + Cq, qkv_.data() + Cq + me.nkv * hs, W, B, T_, T_,
+                              me.nq, me.nkv, hs, whole->key_begin.data(), whole->key_end.data()};
+    k::attention_ranged_backward(dqkv_.data(), W, dqkv_.data() + Cq, dqkv_.data() + Cq + me.nkv * hs, W,
+                                 dout_.data(), out_.data(), Cq, lse, x);
+  } else {
+    k::attention_backward(dqkv_.data(), dout_.data(), qkv_.data(), out_.data(), lse, B, T_, Cq, me.nq, me.nkv,
+                          precision);
+  }
+  std::fill(dqkv, dqkv + (size_t)B * (T_ / p) * ld, 0.0f);  // key/value heads of several ranks add
+  to_local(dqkv_.data(), B, qkv_cols, dqkv, ld, /*add=*/true);
+}
+
+}  // namespace meshtrain::model

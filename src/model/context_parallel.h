@@ -72,4 +72,43 @@ class RingAttention {
   std::vector<int> lo_, hi_;
 };
 
+// DeepSpeed-Ulysses over the cp group (--cp-comm a2a): an all-to-all trades sequence for
+// heads, so that each rank attends with NH/cp query heads (and their key/value heads: NKV/cp,
+// or one replicated when NKV < cp) over the whole sequence, and a second trades back. The
+// causal kernel runs as on one rank (at bf16 too); under a document mask the ranged one.
+// Backward trades the stored qkv and output again rather than keeping the traded copies.
+class UlyssesAttention {
+ public:
+  explicit UlyssesAttention(comm::Group& cp) : cp_(cp) {}
+  void set_sequence(int T) { T_ = T; }
+  // As RingAttention's, with lse [B, NH/cp, T] (the traded heads' whole rows, the same size);
+  // `whole`: the whole sequences' rows under a document mask, else null (causal).
+  void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
+               const DocumentRows* whole, kernels::Precision p);
+  void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
+                int B, int NH, int NKV, int hs, const DocumentRows* whole, kernels::Precision p);
+
+  // A local row's columns that rank j attends with, in the order j lays them out.
+  struct Segment {
+    int offset, width;
+  };
+  using Segments = std::vector<Segment>;
+
+ private:
+  struct Heads {
+    int q0, nq, kv0, nkv;  // rank j's query heads [q0, q0+nq) and key/value heads [kv0, kv0+nkv)
+  };
+  Heads heads_of(int j, int NH, int NKV) const;
+  Segments qkv_columns(int j, int NH, int NKV, int hs) const;
+  Segments out_columns(int j, int NH, int NKV, int hs) const;
+  // Local rows [B, Tl, ld] -> this rank's columns of every row of the whole sequences [B, T, W].
+  void to_whole(const float* local, int ld, int B, const std::vector<Segments>& cols, float* whole);
+  // The reverse: this rank's [B, T, W] back to every rank's rows, written (or added) into
+  // each local row's columns of the sending rank.
+  void to_local(const float* whole, int B, const std::vector<Segments>& cols, float* local, int ld, bool add);
+  comm::Group& cp_;
+  int T_ = 0;
+  Buffer<float> send_, recv_, qkv_, out_, dout_, dqkv_;
+};
+
 }  // namespace meshtrain::model

@@ -138,12 +138,17 @@ void Gpt::rotate_qk(float* qkv, int B, int T, bool inverse) const {
   k::rope_rotate(qkv + Cl_, N, T, Ql_, NKVl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse, at);
 }
 
+const DocumentRows* Gpt::sequence_documents() const {
+  return document_mask() ? &set().sequence_documents : nullptr;
+}
+
 const int* Gpt::row_positions() const { return rows_placed() ? set().documents.positions.data() : nullptr; }
 
 void Gpt::set_context_parallel(comm::Group* cp, CpComm comm) {
   cp_ = cp && cp->size() > 1 ? cp : nullptr;
-  CHECK_MSG(comm == CpComm::kRing, "only --cp-comm ring is implemented");
-  ring_ = cp_ ? std::make_unique<RingAttention>(*cp_, 0) : nullptr;
+  CHECK_MSG(comm != CpComm::kHybrid, "--cp-comm hybrid is not implemented");
+  ring_ = cp_ && comm == CpComm::kRing ? std::make_unique<RingAttention>(*cp_, 0) : nullptr;
+  ulysses_ = cp_ && comm == CpComm::kA2a ? std::make_unique<UlyssesAttention>(*cp_) : nullptr;
   B_ = T_ = 0;
 }
 
@@ -160,6 +165,7 @@ void Gpt::place_rows(ActivationSet& s, const int*& inputs, const int*& targets, 
     whole = document_rows(inputs, B, T, doc_separator_);
   }
   s.documents = local_rows(split, document_mask() ? &whole : nullptr, B, T);
+  if (ulysses_) s.sequence_documents = std::move(whole);  // a2a attends over whole sequences
   // This rank's tokens and targets, kept in the set (the first and last stages read them).
   if (inputs) s.local_inputs = split.take(inputs, B, T), inputs = s.local_inputs.data();
   if (targets) s.local_targets = split.take(targets, B, T), targets = s.local_targets.data();
@@ -174,14 +180,20 @@ k::AttentionBlock Gpt::ranged_block(const float* qkv, int B, int T) const {
 
 // Under a document mask the ranged kernel runs in fp32 at every precision (docs/long_context.md).
 void Gpt::attend(BlockActivations& a, int B, int T) {
-  if (cp_)
+  if (ulysses_)
+    return ulysses_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), sequence_documents(),
+                             precision_);
+  if (ring_)
     return ring_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
   if (!document_mask()) return k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
   k::attention_ranged_forward(a.atty, Cl_, a.att_lse, ranged_block(a.qkv, B, T));
 }
 
 void Gpt::attend_backward(const BlockActivations& a, int B, int T) {
-  if (cp_)
+  if (ulysses_)
+    return ulysses_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
+                              sequence_documents(), precision_);
+  if (ring_)
     return ring_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
                            set().documents);
   if (!document_mask())
@@ -610,6 +622,7 @@ float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, c
   const int T_whole = T;
   T /= cp_size();  // this rank's rows of each sequence
   if (ring_) ring_->set_sequence(T_whole);
+  if (ulysses_) ulysses_->set_sequence(T_whole);
   ensure_activations(B, T);
   cur_chunk_ = c;
   ActivationSet& opened =

@@ -260,6 +260,8 @@ class Gpt {
   // Each row's position under a document mask or cp (the set's), else null: row t is at t.
   const int* row_positions() const;
   bool rows_placed() const { return document_mask() || cp_; }  // the set's documents hold each row's place
+  // The whole sequences' document rows (a2a under a document mask), else null.
+  const DocumentRows* sequence_documents() const;
   // Places the opened set's rows: their positions and keys; under cp, takes this rank's rows
   // of inputs and targets into it and points them there.
   void place_rows(ActivationSet& s, const int*& inputs, const int*& targets, int B, int T);
@@ -384,7 +386,8 @@ class Gpt {
   uint64_t dropout_seed_ = 0;
   int doc_separator_ = -1;  // set_document_mask
   comm::Group* cp_ = nullptr;  // set_context_parallel (null: off)
-  std::unique_ptr<RingAttention> ring_;
+  std::unique_ptr<RingAttention> ring_;        // --cp-comm ring
+  std::unique_ptr<UlyssesAttention> ulysses_;  // --cp-comm a2a
   int64_t step_ = 0, first_token_row_ = 0;
   float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask
   kernels::Precision precision_ = kernels::Precision::kFp32;

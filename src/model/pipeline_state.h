@@ -37,6 +37,7 @@ struct ActivationSet {
   std::vector<int> inputs, targets;
   DocumentRows documents;  // under a document mask or cp: each row's position and visible keys
   std::vector<int> local_inputs, local_targets;  // under cp: this rank's rows of the tokens
+  DocumentRows sequence_documents;  // under cp a2a with a document mask: the whole sequences' rows
   int64_t step = 0, first_token_row = 0;  // dropout position
   // Whether p points into this set (so it stays until the set is freed).
   bool holds(const void* p) const {

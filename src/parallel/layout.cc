@@ -1,5 +1,6 @@
 #include "parallel/layout.h"
 
+#include <algorithm>
 #include <functional>
 
 #include "parallel/pp/stages.h"
@@ -92,9 +93,19 @@ std::string cp_splits_sequence(const Layout& l, const LayoutModel& m) {
 }
 
 std::string cp_comm_implemented(const Layout& l, const LayoutModel&) {
-  if (l.cp <= 1 || l.cp_comm == model::CpComm::kRing) return "";
-  return std::string("--cp-comm ") + model::cp_comm_name(l.cp_comm) +
-         " is not implemented in this engine yet: use --cp-comm ring";
+  if (l.cp <= 1 || l.cp_comm != model::CpComm::kHybrid) return "";
+  return "--cp-comm hybrid is not implemented in this engine yet: use --cp-comm ring or a2a";
+}
+
+// Ulysses trades sequence for heads: each tp rank's query heads split over cp, and its
+// key/value heads too, or (fewer than cp) each serves a whole number of cp ranks.
+std::string cp_a2a_heads(const Layout& l, const LayoutModel& m) {
+  if (l.cp <= 1 || l.cp_comm == model::CpComm::kRing || m.heads <= 0 || l.tp < 1) return "";
+  const int heads = m.heads / l.tp, kv = std::max(1, (m.kv_heads > 0 ? m.kv_heads : m.heads) / l.tp);
+  if (heads % l.cp == 0 && (kv % l.cp == 0 || l.cp % kv == 0)) return "";
+  return "--cp-comm a2a splits each tp rank's " + str(heads) + " query heads and " + str(kv) +
+         " key/value heads over --cp " + str(l.cp) + ": the query heads must divide by cp, and the key/value "
+         "heads divide by cp or divide it";
 }
 
 // Routing and its balance losses are per sequence, and dropout masks are keyed by
@@ -234,6 +245,7 @@ const std::vector<Rule>& rules() {
       {"whole-experts-need-moe", whole_experts_need_moe},
       {"cp-splits-sequence", cp_splits_sequence},
       {"cp-comm-implemented", cp_comm_implemented, Binds::kEngine},
+      {"cp-a2a-heads", cp_a2a_heads},
       {"cp-dense-models", cp_dense_models, Binds::kEngine},
       {"stages-have-layers", stages_have_layers},
       {"schedule-chunks", schedule_chunks},

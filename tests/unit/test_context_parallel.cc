@@ -1,18 +1,22 @@
-// End-to-end tests of context parallelism (--cp N --cp-comm ring): each sequence split over
+// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a): each sequence split over
 // N ranks, 2 chunks each (model/context_parallel.h), composed with tp and sp, pp, dp and
 // ZeRO, recomputation, document masks and bf16, and checkpoints read at other layouts.
 //
-//   ParityMatrix          cp2, cp4, cp2·tp2 --sp --recompute selective, cp2·pp2 1f1b, cp2·pp2
-//                         interleaved v=2, cp2·dp2 ZeRO-1, cp2·dp2 ZeRO-3, cp2 --doc-mask
-//                         (a document per sentence), cp4 --doc-mask --recompute full, at a global
-//                         batch of 4 rows of T = 64 on a 4-layer tiny model: every step's loss
-//                         within 1e-5 of the one-rank run, grad_norm within 1e-5 relative, final
-//                         weights within the pipeline suite's tolerances; the cp wire bytes are
-//                         the ring's (docs/long_context.md); bf16 cp2 within the bf16 bound.
+//   ParityMatrix          ring: cp2, cp4, cp2·tp2 --sp --recompute selective, cp2·pp2 1f1b,
+//                         cp2·pp2 interleaved v=2, cp2·dp2 ZeRO-1, cp2·dp2 ZeRO-3, cp2 --doc-mask
+//                         (a document per sentence), cp4 --doc-mask --recompute full, cp2 on
+//                         Llama (grouped-query heads); a2a: cp2, cp4, cp2·tp2 sp, cp2·pp2,
+//                         cp2·dp2 ZeRO-3, cp2 --doc-mask, Llama at cp2 and cp4 (key/value heads
+//                         replicated); at a global batch of 4 rows of T = 64 on 4-layer tiny
+//                         models: every step's loss within 1e-5 of the one-rank run, grad_norm
+//                         within 1e-5 relative, final weights within the pipeline suite's
+//                         tolerances; the cp wire bytes exactly the documented formulas; bf16 at
+//                         cp2 (ring and a2a) within the bf16 bound.
 //   CheckpointsResumeAtOtherCp  a cp2 run's checkpoint resumes at cp1 and at cp4 with the
 //                         losses of the run that never stopped.
-//   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, a2a (not yet), MoE and
-//                         dropout with cp: refused before work; generate and serve refuse --cp 2.
+//   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, hybrid (not yet), heads
+//                         a2a cannot split, MoE and dropout with cp: refused before work;
+//                         generate and serve refuse --cp 2.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -30,6 +34,8 @@ using multirank_test::RunSpec;
 using json = nlohmann::json;
 
 const std::string kShape = "--model tiny --layers 4 --seq-len 64 --vocab 50257";
+// Llama's tiny preset: 4 query heads sharing 2 key/value heads (grouped-query attention).
+const std::string kLlamaShape = "--model llama-tiny --layers 4 --seq-len 64 --vocab 50257";
 constexpr int kGlobalBatch = 4, kSteps = 8;
 constexpr double kLossTol = 1e-5, kNormRelTol = 1e-5;
 constexpr double kWeightTol = 3e-5, kWeightBulkTol = 1e-6;  // test_pipeline.cc's, for the same reason
@@ -46,10 +52,12 @@ struct Layout {
   int accum = 1;
   bool doc_mask = false;
   std::string precision = "fp32";
+  std::string comm = "ring";  // --cp-comm
+  bool llama = false;         // kLlamaShape (grouped-query heads), else kShape
 
   int ranks() const { return cp * tp * pp * dp; }
   std::string flags() const {
-    std::string f = "--cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+    std::string f = (llama ? kLlamaShape : kShape) + " --cp-comm " + comm + " --cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
                     " --zero " + std::to_string(zero) + (sp ? " --sp" : "") + " --recompute " + recompute +
                     " --precision " + precision;
     if (pp > 1) {
@@ -64,13 +72,13 @@ struct Layout {
 };
 
 RunSpec spec(const Layout& l) {
-  return {kShape + " " + l.flags() + " --steps " + std::to_string(kSteps) + " --eval-batches 1", l.ranks()};
+  return {l.flags() + " --steps " + std::to_string(kSteps) + " --eval-batches 1", l.ranks()};
 }
 
 // The one-rank run a layout is compared with: the same mask, recomputation and precision
 // (recomputation changes no number, but keeps the reference's flags its own).
 Layout reference_of(const Layout& c) {
-  return Layout{.recompute = c.recompute, .doc_mask = c.doc_mask, .precision = c.precision};
+  return Layout{.recompute = c.recompute, .doc_mask = c.doc_mask, .precision = c.precision, .llama = c.llama};
 }
 
 std::vector<Layout> parity_layouts() {
@@ -84,6 +92,17 @@ std::vector<Layout> parity_layouts() {
       {.cp = 2, .dp = 2, .zero = 3},
       {.cp = 2, .doc_mask = true},
       {.cp = 4, .recompute = "full", .doc_mask = true},
+      {.cp = 2, .llama = true},
+      // Ulysses: the same compositions; at cp4 over Llama's 2 key/value heads, each serves
+      // two ranks (replicated, its gradient summed over them).
+      {.cp = 2, .comm = "a2a"},
+      {.cp = 4, .comm = "a2a"},
+      {.cp = 2, .tp = 2, .sp = true, .recompute = "selective", .comm = "a2a"},
+      {.cp = 2, .pp = 2, .accum = 2, .comm = "a2a"},
+      {.cp = 2, .dp = 2, .zero = 3, .comm = "a2a"},
+      {.cp = 2, .doc_mask = true, .comm = "a2a"},
+      {.cp = 2, .comm = "a2a", .llama = true},
+      {.cp = 4, .comm = "a2a", .llama = true},
   };
 }
 
@@ -99,28 +118,39 @@ class ContextParallelTest : public MultiRankTest<ContextParallelTest> {
 };
 using ContextParallel = ContextParallelTest;
 
-// The cp bytes one rank sends in a training step (docs/long_context.md): per micro-batch
-// and layer it holds, its k, v block (B x T/cp rows of the rank's 2 x kv width, fp32) goes
-// cp-1 times round the ring in forward (twice with recomputation, whose backward runs the
-// attention again) and cp-1 times in backward, and the block's dk, dv cp times; the last
-// stage adds the loss, one double all-reduced per micro-batch.
-int64_t ring_bytes(const Layout& l) {
-  constexpr int64_t kLayers = 4, kDim = 64, kT = 64;
-  const int64_t B = kGlobalBatch / (l.dp * l.accum), block = B * (kT / l.cp) * 2 * (kDim / l.tp) * 4;
-  const int64_t forwards = l.recompute == "none" ? 1 : 2;
-  const int64_t per_layer = block * ((l.cp - 1) * forwards + (l.cp - 1) + l.cp);
+// The cp bytes one rank sends in a training step (docs/long_context.md), per micro-batch and
+// layer it holds, in fp32, with Nl = B T/cp rows and f = 2 when recomputation runs attention
+// again in backward, else 1:
+// - ring: its k, v block (Nl rows of the rank's 2 x kv width) cp-1 times in each forward
+//   and in backward, and the block's dk, dv sums cp times;
+// - a2a: to each other rank, all its rows of that rank's heads' columns of q, k, v (W wide)
+//   and, back, of the output (Cq) per forward; backward trades q, k, v, the output and its
+//   gradient again and sends the gradient of q, k, v back.
+// The last stage adds the loss, one double all-reduced per micro-batch.
+int64_t cp_bytes(const Layout& l) {
+  constexpr int64_t kLayers = 4, kHs = 16, kHeads = 4;
+  const int64_t kv_heads = l.llama ? 2 : 4, heads = kHeads / l.tp, kv = std::max<int64_t>(1, kv_heads / l.tp);
+  const int64_t Nl = (int64_t)kGlobalBatch / (l.dp * l.accum) * (64 / l.cp), f = l.recompute == "none" ? 1 : 2;
+  int64_t per_layer = 0;
+  if (l.comm == "ring") {
+    per_layer = Nl * 2 * kv * kHs * ((l.cp - 1) * f + (l.cp - 1) + l.cp);
+  } else {
+    const int64_t nq = heads / l.cp, nkv = std::max<int64_t>(1, kv / l.cp);
+    const int64_t W = (nq + 2 * nkv) * kHs, Cq = nq * kHs;
+    per_layer = (l.cp - 1) * Nl * ((W + Cq) * f + W + 2 * Cq + W);
+  }
   // All-reduce bytes as the groups count them: 2(cp-1)/cp elements, rounded. Rank 0, whose
   // records metrics.jsonl holds, is the last stage only without pp.
   const int64_t loss = l.pp == 1 ? std::llround(2.0 * (l.cp - 1) / l.cp) * 8 : 0;
-  return l.accum * (per_layer * (kLayers / l.pp) + loss);
+  return l.accum * (4 * per_layer * (kLayers / l.pp) + loss);
 }
 
 TEST_F(ContextParallel, ParityMatrix) {
   const std::vector<Layout> layouts = parity_layouts();
   std::vector<RunSpec> runs;
   for (const Layout& l : layouts) runs.push_back(spec(l)), runs.push_back(spec(reference_of(l)));
-  const Layout bf16{.cp = 2, .precision = "bf16"};
-  runs.push_back(spec(bf16)), runs.push_back(spec(reference_of(bf16)));
+  const std::vector<Layout> bf16 = {{.cp = 2, .precision = "bf16"}, {.cp = 2, .precision = "bf16", .comm = "a2a"}};
+  for (const Layout& l : bf16) runs.push_back(spec(l)), runs.push_back(spec(reference_of(l)));
   ensure(runs);
   const auto ref_masked = metrics_of(spec(reference_of(Layout{.doc_mask = true})).args);
   const auto ref_plain = metrics_of(spec(reference_of(Layout{})).args);
@@ -136,7 +166,7 @@ TEST_F(ContextParallel, ParityMatrix) {
     for (int s = 0; s < kSteps; s++) {
       multirank_test::expect_step_parity(m.steps[s], r.steps[s], s, kLossTol, kNormRelTol, &margins);
       ASSERT_TRUE(m.steps[s]["comm"].contains("cp")) << m.steps[s].dump();
-      EXPECT_EQ(m.steps[s]["comm"]["cp"]["bytes"].get<int64_t>(), ring_bytes(c)) << "step " << s + 1;
+      EXPECT_EQ(m.steps[s]["comm"]["cp"]["bytes"].get<int64_t>(), cp_bytes(c)) << "step " << s + 1;
     }
     EXPECT_EQ(margins.bad, 0) << "worst loss " << margins.loss << ", norm " << margins.norm;
     int64_t step = 0;
@@ -144,10 +174,13 @@ TEST_F(ContextParallel, ParityMatrix) {
     double dw = 0, bulk = 0;
     multirank_test::expect_final_weights_match(get(args).dir, kSteps, ref_params, kWeightTol, kWeightBulkTol, &dw, &bulk);
   }
-  const auto m = metrics_of(spec(bf16).args), r = metrics_of(spec(reference_of(bf16)).args);
-  ASSERT_EQ(m.steps.size(), (size_t)kSteps);
-  for (int s = 0; s < kSteps; s++)
-    EXPECT_NEAR(m.steps[s]["loss"].get<double>(), r.steps[s]["loss"].get<double>(), kBf16LossTol) << "bf16 step " << s + 1;
+  for (const Layout& l : bf16) {
+    const auto m = metrics_of(spec(l).args), r = metrics_of(spec(reference_of(l)).args);
+    ASSERT_EQ(m.steps.size(), (size_t)kSteps) << l.flags();
+    for (int s = 0; s < kSteps; s++)
+      EXPECT_NEAR(m.steps[s]["loss"].get<double>(), r.steps[s]["loss"].get<double>(), kBf16LossTol)
+          << l.flags() << " step " << s + 1;
+  }
 }
 
 // A cp2 run's checkpoint at step 4, resumed at cp1 and at cp4 for steps 5-8, gives the losses
@@ -176,7 +209,9 @@ TEST_F(ContextParallel, BadInputIsRejected) {
   expect_all_rejected(
       {
           {kShape + " --cp 3 --micro-batch 2", 3, {"--cp 3 cuts each sequence into 2 x cp = 6 chunks", "--seq-len 64"}},
-          {kShape + " --cp 2 --cp-comm a2a --micro-batch 2", 2, {"--cp-comm a2a is not implemented"}},
+          {kShape + " --cp 2 --cp-comm hybrid --micro-batch 2", 2, {"--cp-comm hybrid is not implemented"}},
+          {kShape + " --cp 8 --cp-comm a2a --micro-batch 2", 8,
+           {"--cp-comm a2a splits each tp rank's 4 query heads and 4 key/value heads over --cp 8"}},
           {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a or hybrid"}},
           {kShape + " --cp 2 --dropout 0.1 --micro-batch 2", 2, {"--dropout does not run under --cp yet"}},
           {kShape + " --cp 2 --moe-experts 4 --micro-batch 2", 2, {"--cp does not yet run Mixture-of-Experts"}},
