@@ -17,18 +17,7 @@ brown="$root/data/brown"
 [ -f "$brown/train.bin" ] || "$bin" prep --brown --out "$brown" >/dev/null
 out="$(mktemp -d /tmp/meshtrain_bench_cp.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
-# llm.c token files: 256 int32 header (magic, version, count), then uint16 tokens.
-python3 - "$brown" "$out/data" <<'PY'
-import os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst, exist_ok=True)
-for name in ("train.bin", "val.bin"):
-    raw = open(os.path.join(src, name), "rb").read()
-    count = struct.unpack_from("<i", raw, 8)[0]
-    tokens = struct.unpack_from("<%dH" % count, raw, 1024)
-    header = struct.pack("<3i", 20240520, 1, count) + bytes(1024 - 12)
-    open(os.path.join(dst, name), "wb").write(header + struct.pack("<%dH" % count, *(t % 256 for t in tokens)))
-PY
+python3 "$root/bench/brown_mod256.py" "$brown" "$out/data"
 steps="${STEPS:-4}"
 model=(--model llama-tiny --vocab 256 --micro-batch 1 --data "$out/data" --eval-batches 1 --quiet)
 summary() {

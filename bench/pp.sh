@@ -13,18 +13,7 @@ brown="$root/data/brown"
 [ -f "$brown/train.bin" ] || "$bin" prep --brown --out "$brown" >/dev/null
 out="$(mktemp -d /tmp/meshtrain_bench_pp.XXXXXX)"
 trap 'rm -rf "$out"' EXIT
-# llm.c token files: 256 int32 header (magic, version, count), then uint16 tokens.
-python3 - "$brown" "$out/data" <<'PY'
-import os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst, exist_ok=True)
-for name in ("train.bin", "val.bin"):
-    raw = open(os.path.join(src, name), "rb").read()
-    count = struct.unpack_from("<i", raw, 8)[0]
-    tokens = struct.unpack_from("<%dH" % count, raw, 1024)
-    header = struct.pack("<3i", 20240520, 1, count) + bytes(1024 - 12)
-    open(os.path.join(dst, name), "wb").write(header + struct.pack("<%dH" % count, *(t % 256 for t in tokens)))
-PY
+python3 "$root/bench/brown_mod256.py" "$brown" "$out/data"
 steps="${STEPS:-5}"
 common=(--vocab 256 --dim 256 --heads 4 --layers 8 --seq-len 128 --micro-batch 2
         --steps "$steps" --eval-batches 1 --data "$out/data" --threads 1 --quiet)

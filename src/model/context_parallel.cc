@@ -217,57 +217,56 @@ void UlyssesAttention::to_local(const float* whole, int B, const std::vector<Seg
   }
 }
 
+UlyssesAttention::Trade UlyssesAttention::prepare(int B, int NH, int NKV, int hs, bool backward) {
+  const int p = cp_.size();
+  Trade t{std::vector<Segments>(p), std::vector<Segments>(p), heads_of(cp_.rank(), NH, NKV), 0, 0, hs};
+  for (int j = 0; j < p; j++) t.qkv_cols[j] = qkv_columns(j, NH, NKV, hs), t.out_cols[j] = out_columns(j, NH, NKV, hs);
+  t.W = width(t.qkv_cols[cp_.rank()]), t.Cq = t.me.nq * hs;
+  const size_t rows = (size_t)B * T_;
+  auto size = [](Buffer<float>& b, size_t n) {
+    if (b.size() != n) b.allocate(MemCategory::kComm, n);
+  };
+  for (Buffer<float>* b : {&send_, &recv_, &qkv_}) size(*b, rows * t.W);
+  size(out_, rows * t.Cq);
+  if (backward) size(dqkv_, rows * t.W), size(dout_, rows * t.Cq);
+  return t;
+}
+
+k::AttentionBlock UlyssesAttention::ranged(const Trade& t, int B, const DocumentRows& whole) const {
+  const float* q = qkv_.data();
+  return {q, t.W, q + t.Cq, q + t.Cq + t.me.nkv * t.hs, t.W, B, T_, T_, t.me.nq, t.me.nkv, t.hs,
+          whole.key_begin.data(), whole.key_end.data()};
+}
+
 void UlyssesAttention::forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
                                const DocumentRows* whole, k::Precision precision) {
-  const int p = cp_.size();
-  const Heads me = heads_of(cp_.rank(), NH, NKV);
-  std::vector<Segments> qkv_cols(p), out_cols(p);
-  for (int j = 0; j < p; j++) qkv_cols[j] = qkv_columns(j, NH, NKV, hs), out_cols[j] = out_columns(j, NH, NKV, hs);
-  const int W = width(qkv_cols[cp_.rank()]), Cq = me.nq * hs;
-  const size_t rows = (size_t)B * T_;
-  for (Buffer<float>* b : {&send_, &recv_, &qkv_})
-    if (b->size() != rows * W) b->allocate(MemCategory::kComm, rows * W);
-  if (out_.size() != rows * Cq) out_.allocate(MemCategory::kComm, rows * Cq);
-  to_whole(qkv, ld, B, qkv_cols, qkv_.data());
-  if (whole) {
-    const k::AttentionBlock x{qkv_.data(), W, qkv_.data() + Cq, qkv_.data() + Cq + me.nkv * hs, W, B, T_, T_,
-                              me.nq, me.nkv, hs, whole->key_begin.data(), whole->key_end.data()};
-    k::attention_ranged_forward(out_.data(), Cq, lse, x);
-  } else {
-    k::attention_forward(out_.data(), lse, qkv_.data(), B, T_, Cq, me.nq, me.nkv, precision);
-  }
-  to_local(out_.data(), B, out_cols, out, NH * hs, /*add=*/false);
+  const Trade t = prepare(B, NH, NKV, hs, /*backward=*/false);
+  to_whole(qkv, ld, B, t.qkv_cols, qkv_.data());
+  if (whole) k::attention_ranged_forward(out_.data(), t.Cq, lse, ranged(t, B, *whole));
+  else k::attention_forward(out_.data(), lse, qkv_.data(), B, T_, t.Cq, t.me.nq, t.me.nkv, precision);
+  to_local(out_.data(), B, t.out_cols, out, NH * hs, /*add=*/false);
 }
 
 void UlyssesAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                                 int ld, int B, int NH, int NKV, int hs, const DocumentRows* whole,
                                 k::Precision precision) {
-  const int p = cp_.size();
-  const Heads me = heads_of(cp_.rank(), NH, NKV);
-  std::vector<Segments> qkv_cols(p), out_cols(p);
-  for (int j = 0; j < p; j++) qkv_cols[j] = qkv_columns(j, NH, NKV, hs), out_cols[j] = out_columns(j, NH, NKV, hs);
-  const int W = width(qkv_cols[cp_.rank()]), Cq = me.nq * hs;
+  const Trade t = prepare(B, NH, NKV, hs, /*backward=*/true);
   const size_t rows = (size_t)B * T_;
-  for (Buffer<float>* b : {&send_, &recv_, &qkv_, &dqkv_})
-    if (b->size() != rows * W) b->allocate(MemCategory::kComm, rows * W);
-  for (Buffer<float>* b : {&out_, &dout_})
-    if (b->size() != rows * Cq) b->allocate(MemCategory::kComm, rows * Cq);
   // The traded copies again, from what the block stored.
-  to_whole(qkv, ld, B, qkv_cols, qkv_.data());
-  to_whole(out, NH * hs, B, out_cols, out_.data());
-  to_whole(dout, NH * hs, B, out_cols, dout_.data());
+  to_whole(qkv, ld, B, t.qkv_cols, qkv_.data());
+  to_whole(out, NH * hs, B, t.out_cols, out_.data());
+  to_whole(dout, NH * hs, B, t.out_cols, dout_.data());
   if (whole) {
-    std::fill(dqkv_.data(), dqkv_.data() + rows * W, 0.0f);
-    const k::AttentionBlock x{qkv_.data(), W, qkv_.data() + Cq, qkv_.data() + Cq + me.nkv * hs, W, B, T_, T_,
-                              me.nq, me.nkv, hs, whole->key_begin.data(), whole->key_end.data()};
-    k::attention_ranged_backward(dqkv_.data(), W, dqkv_.data() + Cq, dqkv_.data() + Cq + me.nkv * hs, W,
-                                 dout_.data(), out_.data(), Cq, lse, x);
+    std::fill(dqkv_.data(), dqkv_.data() + rows * t.W, 0.0f);
+    const int kv = t.me.nkv * hs;
+    k::attention_ranged_backward(dqkv_.data(), t.W, dqkv_.data() + t.Cq, dqkv_.data() + t.Cq + kv, t.W,
+                                 dout_.data(), out_.data(), t.Cq, lse, ranged(t, B, *whole));
   } else {
-    k::attention_backward(dqkv_.data(), dout_.data(), qkv_.data(), out_.data(), lse, B, T_, Cq, me.nq, me.nkv,
-                          precision);
+    k::attention_backward(dqkv_.data(), dout_.data(), qkv_.data(), out_.data(), lse, B, T_, t.Cq, t.me.nq,
+                          t.me.nkv, precision);
   }
-  std::fill(dqkv, dqkv + (size_t)B * (T_ / p) * ld, 0.0f);  // key/value heads of several ranks add
-  to_local(dqkv_.data(), B, qkv_cols, dqkv, ld, /*add=*/true);
+  std::fill(dqkv, dqkv + (size_t)B * (T_ / cp_.size()) * ld, 0.0f);  // key/value heads of several ranks add
+  to_local(dqkv_.data(), B, t.qkv_cols, dqkv, ld, /*add=*/true);
 }
 
 }  // namespace meshtrain::model

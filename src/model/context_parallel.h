@@ -47,7 +47,7 @@ DocumentRows local_rows(const CpSplit& split, const DocumentRows* whole, int B, 
 // sized on first use for B x T/cp rows.
 class RingAttention {
  public:
-  RingAttention(comm::Group& cp, int T) : cp_(cp), T_(T) {}
+  explicit RingAttention(comm::Group& cp) : cp_(cp) {}
   // Attention of this rank's rows: q, k, v in qkv [B, Tl, ld] (q at column 0, k at C, v at
   // C + CK), out [B, Tl, C] and lse [B, NH, Tl]; `rows` the rank's rows (local_rows).
   void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
@@ -66,7 +66,7 @@ class RingAttention {
   // Each local row's visible keys among block owner's: [lo, hi) in the block's rows.
   void ranges_for(int owner, const DocumentRows& rows, int B, int Tl);
   comm::Group& cp_;
-  int T_;
+  int T_ = 0;
   Buffer<float> block_, next_block_, dblock_, next_dblock_;  // [B, Tl, 2 CK] k then v per row
   Buffer<float> part_out_, part_lse_;
   std::vector<int> lo_, hi_;
@@ -101,6 +101,17 @@ class UlyssesAttention {
   Heads heads_of(int j, int NH, int NKV) const;
   Segments qkv_columns(int j, int NH, int NKV, int hs) const;
   Segments out_columns(int j, int NH, int NKV, int hs) const;
+  // What one call trades: every rank's columns, this rank's heads and widths (W of q, k, v;
+  // Cq of the output); sizes the buffers for it (dqkv_ and dout_ with `backward`).
+  struct Trade {
+    std::vector<Segments> qkv_cols, out_cols;
+    Heads me;
+    int W, Cq, hs;
+  };
+  Trade prepare(int B, int NH, int NKV, int hs, bool backward);
+  // The traded whole sequences' attention operands (q, k, v in qkv_), each row seeing its
+  // document's keys.
+  kernels::AttentionBlock ranged(const Trade& t, int B, const DocumentRows& whole) const;
   // Local rows [B, Tl, ld] -> this rank's columns of every row of the whole sequences [B, T, W].
   void to_whole(const float* local, int ld, int B, const std::vector<Segments>& cols, float* whole);
   // The reverse: this rank's [B, T, W] back to every rank's rows, written (or added) into

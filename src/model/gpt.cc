@@ -147,7 +147,7 @@ const int* Gpt::row_positions() const { return rows_placed() ? set().documents.p
 void Gpt::set_context_parallel(comm::Group* cp, CpComm comm) {
   cp_ = cp && cp->size() > 1 ? cp : nullptr;
   CHECK_MSG(comm != CpComm::kHybrid, "--cp-comm hybrid is not implemented");
-  ring_ = cp_ && comm == CpComm::kRing ? std::make_unique<RingAttention>(*cp_, 0) : nullptr;
+  ring_ = cp_ && comm == CpComm::kRing ? std::make_unique<RingAttention>(*cp_) : nullptr;
   ulysses_ = cp_ && comm == CpComm::kA2a ? std::make_unique<UlyssesAttention>(*cp_) : nullptr;
   B_ = T_ = 0;
 }
