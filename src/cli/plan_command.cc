@@ -36,8 +36,10 @@ struct PlanFlags {
   int gpus = 0, global_batch = 0, top = 10;
   double tokens = 0;
   bool as_json = false, sp = false, no_sp = false;
+  bool elementwise = false, no_elementwise = false;
   // Fixed choices: 0 (zero: -1) means searched.
-  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0;
+  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0, cp = 0;
+  std::string cp_comm;  // fixed; empty: ring and a2a searched
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
   std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
@@ -103,6 +105,12 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   RETURN_IF_ERROR(fixed("--tp", f.tp, 1, &s->tp));
   RETURN_IF_ERROR(fixed("--pp", f.pp, 1, &s->pp));
   RETURN_IF_ERROR(fixed("--ep", f.ep, 1, &s->ep));
+  RETURN_IF_ERROR(fixed("--cp", f.cp, 1, &s->cp));
+  if (!f.cp_comm.empty()) {
+    model::CpComm c;
+    RETURN_IF_ERROR(model::parse_cp_comm(f.cp_comm, &c).with_context("--cp-comm"));
+    s->cp_comm = c;
+  }
   if (f.expert_tp == 1) {
     s->expert_tp = model::ExpertTp::kReplicated;
   } else if (f.expert_tp != 0) {  // split: the experts' tp is the layout's
@@ -122,6 +130,10 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   if (f.sp && f.no_sp) return Status::error("--sp and --no-sp contradict each other");
   if (f.sp) s->sp = true;
   if (f.no_sp) s->sp = false;
+  if (f.elementwise && f.no_elementwise)
+    return Status::error("--elementwise-recompute and --no-elementwise-recompute contradict each other");
+  if (f.elementwise) s->elementwise_recompute = true;
+  if (f.no_elementwise) s->elementwise_recompute = false;
   if (!f.schedule.empty()) {
     parallel::pp::ScheduleKind k;
     RETURN_IF_ERROR(parallel::pp::parse_schedule_kind(f.schedule, &k));
@@ -148,6 +160,17 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
     s->stage_layers = f.stage_layers;
   }
   return Status::ok();
+}
+
+// The table's TFLOP/s convention, printed above it.
+constexpr const char* kFlopConvention =
+    "TFLOP/s: model FLOPs per GPU (6 per weight per token, 12 s h per token per layer for attention, no "
+    "recompute), as MFU; --json adds Narayanan et al.'s, which count a recomputed forward";
+
+std::string short_number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2g", v);
+  return buf;
 }
 
 std::vector<comm::RankOrder> all_rank_orders() {
@@ -180,8 +203,10 @@ std::string layout_name(const Candidate& c) {
   std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
   const std::string ep = (l.ep > 1 ? " ep" + std::to_string(l.ep) : "") + (l.whole_experts() ? " etp1" : "");
-  std::snprintf(buf, sizeof buf, "tp%d pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, l.pp, l.dp, ep.c_str(), l.zero,
-                l.micro_batch, sched.c_str(), l.sp ? " sp" : "", planner::recompute_name(l.recompute));
+  const std::string cp = l.cp > 1 ? " cp" + std::to_string(l.cp) + " " + model::cp_comm_name(l.cp_comm) : "";
+  std::snprintf(buf, sizeof buf, "tp%d%s pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, cp.c_str(), l.pp, l.dp, ep.c_str(), l.zero,
+                l.micro_batch, sched.c_str(), l.sp ? " sp" : "",
+                (planner::recompute_name(l.recompute) + std::string(l.elementwise_recompute ? "+ew" : "")).c_str());
   const bool even = std::adjacent_find(stages.begin(), stages.end(), std::not_equal_to<>()) == stages.end();
   std::string name = even ? buf : std::string(buf) + " layers " + stage_layers_text(stages);
   if (l.order != comm::kDefaultRankOrder) name += " order " + comm::rank_order_name(l.order);
@@ -207,19 +232,21 @@ json candidate_json(const Candidate& c) {
   auto comm = [](const planner::CommTime& t) { return json{{"hidden", t.hidden}, {"exposed", t.exposed}}; };
   const auto& m = p.memory;
   return {{"layout",
-           {{"tp", l.tp}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_tp", l.whole_experts() ? 1 : l.tp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+           {{"tp", l.tp}, {"cp", l.cp}, {"cp_comm", model::cp_comm_name(l.cp_comm)}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_tp", l.whole_experts() ? 1 : l.tp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
+            {"elementwise_recompute", l.elementwise_recompute},
             {"attention", planner::attention_name(l.attention)}, {"stage_layers", p.stage_layers},
             {"compress", parallel::compression_name(l.compression.kind)},
             {"zero_quantized_weights", l.quantized.weights}, {"zero_quantized_gradients", l.quantized.grads},
             {"memory_rank", p.memory_rank}, {"rank_order", comm::rank_order_name(l.order)}}},
           {"step_s", p.step_s},
           {"tokens_per_s", p.tokens_per_s},
-          {"tflops_per_gpu", p.tflops_per_gpu},
+          {"tflops_per_gpu", p.model_tflops_per_gpu},
+          {"narayanan_tflops_per_gpu", p.tflops_per_gpu},
           {"mfu", p.mfu},
           {"bubble", p.bubble},
-          {"comm_s", {{"tp", comm(p.tp)}, {"pp", comm(p.pp)}, {"dp", comm(p.dp)}, {"ep", comm(p.ep)}}},
+          {"comm_s", {{"tp", comm(p.tp)}, {"cp", comm(p.cp)}, {"pp", comm(p.pp)}, {"dp", comm(p.dp)}, {"ep", comm(p.ep)}}},
           {"mem_gb",
            {{"params", m.params / 1e9}, {"grads", m.grads / 1e9}, {"optim", m.optim / 1e9},
             {"activations", m.activations / 1e9}, {"buffers", m.buffers / 1e9}, {"total", m.total() / 1e9},
@@ -235,8 +262,9 @@ void print_table(const model::GptConfig& config, const planner::ModelShape& m, c
   std::printf("plan: %s (%.4g parameters) on %d x %s, global batch %d, %s, %s attention\n",
               model_text(config, m).c_str(), planner::parameter_count(m), f.gpus, cluster.name.c_str(),
               f.global_batch, planner::precision_name(precision), f.attention.c_str());
-  std::printf("%zu layouts predicted, %d fit in %.1f GB per GPU; the fastest %d that fit:\n\n", all.size(), fitting,
+  std::printf("%zu layouts predicted, %d fit in %.1f GB per GPU; the fastest %d that fit:\n", all.size(), fitting,
               all.empty() ? 0.0 : all.front().prediction.memory_available / 1e9, std::min(f.top, fitting));
+  std::printf("(%s)\n\n", kFlopConvention);
   // Memory in GB, or in MB for models whose best layout needs under a GB.
   const bool mb = all.front().prediction.memory.total() < 1e9;
   const double unit = mb ? 1e6 : 1e9;
@@ -251,10 +279,11 @@ void print_table(const model::GptConfig& config, const planner::ModelShape& m, c
     const auto& p = c.prediction;
     const auto& mem = p.memory;
     char comm[96];
-    std::snprintf(comm, sizeof comm, "tp %.2g pp %.2g dp %.2g (%.2g)", p.tp.exposed, p.pp.exposed, p.dp.exposed,
-                  p.tp.hidden + p.pp.hidden + p.dp.hidden);
+    const std::string cp = c.layout.cp > 1 ? "cp " + short_number(p.cp.exposed) + " " : "";
+    std::snprintf(comm, sizeof comm, "tp %.2g %spp %.2g dp %.2g (%.2g)", p.tp.exposed, cp.c_str(), p.pp.exposed,
+                  p.dp.exposed, p.tp.hidden + p.cp.hidden + p.pp.hidden + p.dp.hidden);
     std::printf("%3d  %-*s %8.3g %9.4g %7.4g %4.1f%% %6.3f | %6.1f %6.1f %6.1f %6.1f %6.1f %6.1f | %s\n", i, width,
-                layout_name(c).c_str(), p.step_s, p.tokens_per_s, p.tflops_per_gpu, 100 * p.mfu, p.bubble,
+                layout_name(c).c_str(), p.step_s, p.tokens_per_s, p.model_tflops_per_gpu, 100 * p.mfu, p.bubble,
                 mem.params / unit, mem.grads / unit, mem.optim / unit, mem.activations / unit, mem.buffers / unit,
                 mem.total() / unit, comm);
   };
@@ -337,6 +366,12 @@ int run_plan(PlanFlags f) {
                 {"global_batch", f.global_batch},
                 {"precision", precision_name},
                 {"predicted", all.size()},
+                {"flops", {{"tflops_per_gpu", "model FLOPs: 6 per weight per token (blocks and head) and 12 s h per "
+                                              "token per layer for attention's two products, no recompute; mfu "
+                                              "divides the same"},
+                           {"narayanan_tflops_per_gpu", "Narayanan et al. 2021: model FLOPs with one recomputed "
+                                                        "forward counted (8 per weight per token, 16 s h for "
+                                                        "attention), as their Table 1"}}},
                 {"layouts", layouts}};
     std::printf("%s\n", out.dump(1).c_str());
     return 0;
@@ -379,6 +414,11 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
   cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
   cmd->add_option("--ep", f->ep, "Expert-parallel size, MoE models (fixed; searched when absent)");
+  cmd->add_option("--cp", f->cp,
+                  "Context-parallel size: each sequence split over cp GPUs (fixed; searched from --seq-len 16384)");
+  cmd->add_option("--cp-comm", f->cp_comm,
+                  "ring, a2a (Ulysses) or all-gather (Llama 3): how attention crosses the cp GPUs (fixed; all three "
+                  "searched)");
   cmd->add_option("--expert-tp", f->expert_tp,
                   "MoE: 1 keeps each routed expert whole on every tp rank, --tp splits it (fixed; searched when "
                   "absent)");
@@ -400,6 +440,10 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_flag("--sp", f->sp, "Sequence parallelism on (fixed)");
   cmd->add_flag("--no-sp", f->no_sp, "Sequence parallelism off (fixed)");
   cmd->add_option("--recompute", f->recompute, "none, selective or full (fixed)");
+  cmd->add_flag("--elementwise-recompute", f->elementwise,
+                "The backward recomputes the norms' and the MLP activation's outputs instead of keeping them "
+                "(fixed on; searched when neither flag is given)");
+  cmd->add_flag("--no-elementwise-recompute", f->no_elementwise, "Element-wise recompute off (fixed)");
   cmd->add_option("--rank-order", f->rank_order,
                   "Rank order, fastest first, e.g. dp-tp-pp (fixed; default tp-dp-pp, every order searched on a "
                   "local cluster file of several hosts)");

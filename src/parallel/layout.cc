@@ -100,7 +100,8 @@ std::string cp_comm_implemented(const Layout& l, const LayoutModel&) {
 // Ulysses trades sequence for heads: each tp rank's query heads split over cp, and its
 // key/value heads too, or (fewer than cp) each serves a whole number of cp ranks.
 std::string cp_a2a_heads(const Layout& l, const LayoutModel& m) {
-  if (l.cp <= 1 || l.cp_comm == model::CpComm::kRing || m.heads <= 0 || l.tp < 1) return "";
+  const bool by_heads = l.cp_comm == model::CpComm::kA2a || l.cp_comm == model::CpComm::kHybrid;
+  if (l.cp <= 1 || !by_heads || m.heads <= 0 || l.tp < 1) return "";
   const int heads = m.heads / l.tp, kv = std::max(1, (m.kv_heads > 0 ? m.kv_heads : m.heads) / l.tp);
   if (heads % l.cp == 0 && (kv % l.cp == 0 || l.cp % kv == 0)) return "";
   return "--cp-comm a2a splits each tp rank's " + str(heads) + " query heads and " + str(kv) +
@@ -244,7 +245,7 @@ const std::vector<Rule>& rules() {
       {"ep-splits-experts", ep_splits_experts},
       {"whole-experts-need-moe", whole_experts_need_moe},
       {"cp-splits-sequence", cp_splits_sequence},
-      {"cp-comm-implemented", cp_comm_implemented, Binds::kEngine},
+      {"cp-comm-implemented", cp_comm_implemented},
       {"cp-a2a-heads", cp_a2a_heads},
       {"cp-dense-models", cp_dense_models, Binds::kEngine},
       {"stages-have-layers", stages_have_layers},

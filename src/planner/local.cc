@@ -655,6 +655,7 @@ Status local_step(const model::GptConfig& config, const Layout& l, const LocalRu
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;
   pr.model_flops = model_flops(shape, l.global_batch);
   pr.tflops_per_gpu = narayanan_flops(shape, l.global_batch) / (pr.step_s * l.world()) / 1e12;
+  pr.model_tflops_per_gpu = pr.model_flops / (pr.step_s * l.world()) / 1e12;
   pr.mfu = pr.model_flops / (pr.step_s * l.world() * peak);
   return Status::ok();
 }

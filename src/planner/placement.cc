@@ -9,9 +9,9 @@
 namespace meshtrain::planner {
 
 int axis_stride(const Layout& l, comm::MeshAxis axis) {
-  const comm::MeshShape shape{.tp = l.tp, .pp = l.pp, .dp = l.dp, .ep = 1, .order = l.order};
+  const comm::MeshShape shape{.tp = l.tp, .pp = l.pp, .dp = l.dp, .ep = 1, .order = l.order, .cp = l.cp};
   int stride = 1;
-  for (comm::MeshAxis a : l.order) {
+  for (comm::MeshAxis a : shape.full_order()) {
     if (a == axis) break;
     stride *= shape.size(a);
   }

@@ -77,19 +77,33 @@ std::vector<std::pair<ScheduleKind, int>> schedule_choices(const ModelShape& mod
         continue;
       }
       for (int v : choices(space.virtual_stages, {2, 3, 4, 6, 8}))
-        if (v > 1 && m % pp == 0 &&
-            (space.stage_layers.empty() ? model.layers % (pp * v) == 0 : pp * v <= model.layers))
+        // (Uneven layer counts are fine: split_layers balances the chunks on their costs, as
+        // Llama 3 405B's 126 layers over 16 ranks' chunks with lighter edges.)
+        if (v > 1 && m % pp == 0 && pp * v <= model.layers)
           schedules.push_back({k, v});
     }
   }
   return schedules;
 }
 
+// The context-parallel sizes to try for `rest` GPUs beside tp and pp: the fixed one, or on
+// long sequences each power of two that splits the sequence into 2 cp chunks.
+std::vector<int> cp_choices(const ModelShape& model, const SearchSpace& space, int rest) {
+  if (space.cp) return {*space.cp};
+  std::vector<int> out;
+  for (int cp : powers_of_two_up_to(rest))
+    if (cp == 1 || (model.seq >= kCpSearchMinSeq && model.seq % (2 * cp) == 0)) out.push_back(cp);
+  return out;
+}
+
 // One point of the search: the axes' sizes and the choices that vary.
 struct Point {
   int tp, pp, dp, micro_batch, global_batch, zero;
+  int cp = 1;
+  model::CpComm cp_comm = model::CpComm::kRing;
   bool sp;
   Recompute recompute;
+  bool elementwise_recompute = false;
   ScheduleKind schedule;
   int virtual_stages, ep;
   model::ExpertTp expert_tp;
@@ -99,8 +113,8 @@ struct Point {
 Layout make_layout(const SearchSpace& space, const comm::RankOrder& order, const Point& x, Precision precision) {
   Layout l;
   l.order = order;
-  l.tp = x.tp, l.pp = x.pp, l.dp = x.dp, l.micro_batch = x.micro_batch, l.global_batch = x.global_batch;
-  l.zero = x.zero, l.sp = x.sp, l.recompute = x.recompute, l.schedule = x.schedule, l.virtual_stages = x.virtual_stages;
+  l.tp = x.tp, l.pp = x.pp, l.dp = x.dp, l.cp = x.cp, l.cp_comm = x.cp_comm, l.micro_batch = x.micro_batch, l.global_batch = x.global_batch;
+  l.zero = x.zero, l.sp = x.sp, l.recompute = x.recompute, l.elementwise_recompute = x.elementwise_recompute, l.schedule = x.schedule, l.virtual_stages = x.virtual_stages;
   l.ep = x.ep, l.expert_tp = x.expert_tp, l.moe_imbalance = space.moe_imbalance;
   l.precision = precision;
   l.compression = space.compression;
@@ -131,9 +145,13 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
                                            : std::vector<Recompute>{Recompute::kNone, Recompute::kSelective,
                                                                     Recompute::kFull};
   for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, max_tp))))
-    for (int pp : choices(space.pp, divisors(gpus / tp))) {
-      if (gpus % (tp * pp) != 0 || pp > model.layers) continue;
-      const int dp = gpus / (tp * pp);
+    for (int pp : choices(space.pp, divisors(gpus / tp)))
+    for (int cp : cp_choices(model, space, gpus / (tp * pp)))
+    for (model::CpComm cp_comm : choices(space.cp_comm, cp > 1 ? std::vector{model::CpComm::kRing, model::CpComm::kA2a,
+                                                                             model::CpComm::kAllGather}
+                                                                 : std::vector{model::CpComm::kRing})) {
+      if (gpus % (tp * pp * cp) != 0 || pp > model.layers) continue;
+      const int dp = gpus / (tp * pp * cp);
       if (space.dp && *space.dp != dp) continue;
       if (global_batch % dp != 0) continue;
       for (int b : choices(space.micro_batch, {1, 2, 4, 8, 16})) {
@@ -150,17 +168,24 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
             for (bool sp : choices(space.sp, tp > 1 ? std::vector<bool>{false, true} : std::vector<bool>{false}))
               for (Recompute r : choices(space.recompute, recompute_modes))
               for (const comm::RankOrder& order : distinct_orders(space.rank_orders, tp, pp, dp)) {
-                const Point x{.tp = tp, .pp = pp, .dp = dp, .micro_batch = b, .global_batch = global_batch,
-                              .zero = zero, .sp = sp, .recompute = r, .schedule = kind, .virtual_stages = v,
-                              .ep = ep, .expert_tp = etp};
-                const Layout l = make_layout(space, order, x, precision);
+                Point x{.tp = tp, .pp = pp, .dp = dp, .micro_batch = b, .global_batch = global_batch,
+                        .zero = zero, .cp = cp, .cp_comm = cp_comm, .sp = sp, .recompute = r,
+                        .elementwise_recompute = space.elementwise_recompute.value_or(false),
+                        .schedule = kind, .virtual_stages = v, .ep = ep, .expert_tp = etp};
                 Candidate c;
-                c.layout = l;
-                if (Status s = predictor(l, &c.prediction); !s.is_ok()) {
+                c.layout = make_layout(space, order, x, precision);
+                if (Status s = predictor(c.layout, &c.prediction); !s.is_ok()) {
                   last_error = s;
                   continue;
                 }
                 out->push_back(c);
+                // Element-wise recompute only trades time for memory: where the layout fits
+                // without it, it cannot be faster, so it is tried only where it does not.
+                if (space.elementwise_recompute || r == Recompute::kFull || c.prediction.fits()) continue;
+                x.elementwise_recompute = true;
+                Candidate e;
+                e.layout = make_layout(space, order, x, precision);
+                if (predictor(e.layout, &e.prediction).is_ok()) out->push_back(e);
               }
       }
     }

@@ -12,12 +12,20 @@
 namespace meshtrain::planner {
 
 // Fixed choices; unset ones are searched.
+inline constexpr int kCpSearchMinSeq = 16384;
+
 struct SearchSpace {
   std::optional<int> tp, pp, dp, zero, micro_batch, virtual_stages, ep;
+  // Context parallelism: searched (powers of two, ring and a2a) on sequences of at least
+  // kCpSearchMinSeq tokens; below that a sequence's activations fit beside tp and pp, and a
+  // split only adds communication and smaller GEMMs.
+  std::optional<int> cp;
+  std::optional<model::CpComm> cp_comm;
   double moe_imbalance = 1.0;  // not searched: Layout::moe_imbalance of every candidate
   std::optional<model::ExpertTp> expert_tp;  // searched for MoE models at tp > 1
   std::optional<bool> sp;
   std::optional<Recompute> recompute;
+  std::optional<bool> elementwise_recompute;  // (searched beside recompute none and selective)
   std::optional<parallel::pp::ScheduleKind> schedule;
   // Only schedules that train exactly as one rank does: 2bw (a one-step delayed update) is
   // searched only when this is off or the schedule is fixed to it. `train --plan auto`

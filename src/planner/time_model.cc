@@ -74,21 +74,23 @@ double expert_params(const ModelShape& m, const Layout& l) {
 }  // namespace
 
 double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r,
-                                  Attention attention) {
+                                  Attention attention, bool elementwise_recompute) {
   const double s = m.seq, b = micro_batch, h = m.hidden, t = tp, hd = m.head_dim();
   const double sb = s * b, sbh = sb * h;
   if (r == Recompute::kFull) return sp ? 2 * sbh / t : 2 * sbh;
   // 16-bit tensors are 2 bytes per element, dropout masks 1 (Korthikanti et al. §4.1).
   // Whole on every tp rank (split over t with sp): the two norms' inputs, the q k v and
   // MLP-in linears' inputs (the norms' outputs), and the two residual dropout masks.
-  const double replicated = sbh * (8 + (m.dropout ? 2 : 0));
+  // (Element-wise recompute keeps the norms' inputs only.)
+  const double replicated = sbh * ((elementwise_recompute ? 4 : 8) + (m.dropout ? 2 : 0));
   // Split over t: q and k (for the scores), v, the attention output (o's input), and the
   // MLP's: GELU's input and fc2's input, or SwiGLU's gate and up outputs and down's input.
   const double q = h / t, kv = kv_heads_local(m, tp) * hd, f = m.ffn_width() / t;
   const double attention_tensors = 2 * sb * (q + kv) + 2 * sb * kv + 2 * sb * q;
   // An MoE layer's MLP instead: its experts' tensors on the b s top_k dispatched rows and
   // the shared experts' on every row, the fp32 router logits and the rows' expert outputs.
-  const double per_row = m.swiglu ? 6 : 4, fe = m.expert_width() / t, fm = m.moe_fraction();
+  // (Element-wise recompute drops the activation's output, 2 of per_row's bytes.)
+  const double per_row = (m.swiglu ? 6 : 4) - (elementwise_recompute ? 2 : 0), fe = m.expert_width() / t, fm = m.moe_fraction();
   const double moe_mlp = per_row * sb * (m.top_k + m.shared_experts) * fe + 4 * sb * m.experts + 2 * sb * m.top_k * h;
   const double mlp = (1 - fm) * per_row * sb * f + fm * moe_mlp;
   // The s x s part: unfused attention keeps the softmax output (2 bytes) and, with dropout,
@@ -122,6 +124,7 @@ double narayanan_flops(const ModelShape& m, double B) {
 parallel::LayoutModel layout_model(const ModelShape& m) {
   parallel::LayoutModel lm;
   lm.layers = m.layers, lm.heads = m.heads, lm.kv_heads = m.kv(), lm.ffn = m.ffn_width();
+  lm.seq_len = m.seq;
   if (m.is_moe()) lm.experts = m.experts, lm.expert_ffn = m.expert_width();
   return lm;
 }
@@ -152,6 +155,11 @@ Status validate(const ModelShape& m, const Layout& l, const parallel::LayoutMode
                          ") must have 1 <= top_k <= experts and moe_every >= 1");
   if (!(l.moe_imbalance >= 1)) return Status::error("moe_imbalance must be >= 1 (the most loaded expert over the mean)");
   if (!(l.dp_bucket_bytes > 0)) return Status::error("dp_bucket_bytes must be > 0");
+  // Context parallelism splits the keys of one softmax over ranks: only a fused kernel's
+  // per-row statistics merge (as in Megatron-Core, whose cp runs on fused attention only).
+  if (l.cp > 1 && l.attention != Attention::kFused)
+    return Status::error("--cp " + str(l.cp) + " needs --attention fused: partial softmaxes merge by their "
+                         "log-sum-exp, which only a fused kernel keeps");
   // Every rule joining the axes and the choices (the engine's own: parallel/layout.h), and a
   // given stage split, all listed.
   std::string why = parallel::check_layout(l, lm, reader).message();
@@ -205,6 +213,19 @@ double all_gather_s(double bytes, const Ring& r) {  // = reduce-scatter
 }
 double p2p_s(double bytes, const Ring& r) { return bytes <= 0 ? 0 : r.latency + bytes / r.bandwidth; }
 
+// The ring over a product of two axes' groups (dp x cp, where gradients reduce): both
+// groups' members, at the slower group's bandwidth and latency.
+Ring product_ring(const Ring& a, const Ring& b) {
+  if (a.n <= 1) return b;
+  if (b.n <= 1) return a;
+  Ring r;
+  r.n = a.n * b.n;
+  r.bandwidth = std::min(a.bandwidth, b.bandwidth);
+  r.latency = std::max(a.latency, b.latency);
+  r.inter_node = a.inter_node || b.inter_node;
+  return r;
+}
+
 // Reductions of `bytes` in buckets that become ready evenly during `window` seconds of
 // backward, each taking `per_bucket` seconds one after the other: what sticks out past the
 // window. Comm faster than production: only the last bucket; slower: the backlog.
@@ -219,11 +240,14 @@ struct LayerTime {
   double gemm_b = 0, mem_b = 0, comm_b = 0;  // backward, without recompute
   double recompute = 0, recompute_comm = 0;  // added to backward by the recompute policy
   double ep_f = 0, ep_b = 0;                 // the MoE all-to-all (dispatch + combine), exposed
+  double cp_f = 0, cp_b = 0;                 // context parallelism's exposed comm
+  double cp_hidden = 0;                      // ... and the ring's part behind attention (f + b)
+  double elementwise_f = 0;  // the norms' and the activation's forward (element-wise recompute redoes them)
   // A zero-bubble schedule's W: the weight-gradient GEMMs (inside gemm_b), and the bytes the
   // engine copies for them between B and W (each linear layer's input and output gradient).
   double gemm_w = 0, comm_w = 0, w_copy_bytes = 0;  // comm_w: inside comm_b
-  double forward() const { return gemm_f + mem_f + comm_f + ep_f; }
-  double backward() const { return gemm_b + mem_b + comm_b + ep_b + recompute + recompute_comm; }
+  double forward() const { return gemm_f + mem_f + comm_f + ep_f + cp_f; }
+  double backward() const { return gemm_b + mem_b + comm_b + ep_b + cp_b + recompute + recompute_comm; }
 };
 
 // An MoE layer's MLP forward GEMMs on one GPU: the router (b s x E x h), its E/ep experts
@@ -245,14 +269,16 @@ double moe_mlp_gemm(const ModelShape& m, const Layout& l, double bs, Gemm gemm) 
 
 // One GPU's shapes for one layer's micro-batch (its tp shares), and the rates its kernels
 // run at: what every part of layer_time reads.
+// With cp a GPU holds s / cp of each sequence's rows (the load-balanced chunks) and its
+// attention reads all `keys` of them: the causal half of its rows x keys.
 struct LayerDims {
-  double b, s, h, t, e, peak, hbm, bs, hd, heads_local, kv_local, f, mlp_in;
+  double b, s, keys, h, t, e, peak, hbm, bs, hd, heads_local, kv_local, f, mlp_in;
   bool fused;
 };
 
 LayerDims layer_dims(const ModelShape& m, const Layout& l, const Cluster& c) {
   LayerDims x;
-  x.b = l.micro_batch, x.s = m.seq, x.h = m.hidden, x.t = l.tp, x.e = element_bytes(l.precision);
+  x.b = l.micro_batch, x.s = (double)m.seq / l.cp, x.keys = m.seq, x.h = m.hidden, x.t = l.tp, x.e = element_bytes(l.precision);
   x.peak = c.peak_flops(l.precision), x.hbm = c.hbm_bandwidth * c.hbm_efficiency;
   x.bs = x.b * x.s, x.hd = m.head_dim(), x.heads_local = m.heads / x.t, x.kv_local = kv_heads_local(m, l.tp);
   x.f = m.ffn_width() / x.t, x.mlp_in = m.swiglu ? 2 : 1;
@@ -277,7 +303,8 @@ LayerGemms layer_gemms(const ModelShape& m, const Layout& l, const Cluster& c, c
   // gradient, weight gradient) has the forward's dimensions permuted: twice the forward time.
   const double qkv = gemm(bs, (heads_local + 2 * x.kv_local) * hd, h, 1), proj = gemm(bs, h, heads_local * hd, 1);
   const double fc1 = gemm(bs, x.mlp_in * x.f, h, 1), fc2 = gemm(bs, h, x.f, 1);
-  const double products = gemm(s, s, hd, b * heads_local) + gemm(s, hd, s, b * heads_local);
+  const double keys = x.keys;
+  const double products = gemm(s, keys, hd, b * heads_local) + gemm(s, hd, keys, b * heads_local);
   LayerGemms g;
   // Unfused attention computes all s x s scores and runs its backward as four GEMMs; a fused
   // causal kernel skips the masked half of the blocks and recomputes the scores in its
@@ -305,7 +332,7 @@ double layer_memory(const ModelShape& m, const Layout& l, const LayerDims& x, La
   // rows (the most loaded rank's share) and every row for the shared experts.
   const double fm = m.moe_fraction(), fe = m.is_moe() ? m.expert_width() / t : 0;
   const double moe_rows = bs * (m.top_k * l.moe_imbalance + m.shared_experts);
-  const double act_elems = (1 - fm) * bs * f + fm * moe_rows * fe, score_elems = b * heads_local * s * s;
+  const double act_elems = (1 - fm) * bs * f + fm * moe_rows * fe, score_elems = b * heads_local * s * x.keys;
   const double rotary = m.rope ? bs * (heads_local + kv_local) * hd : 0;
   const double drop = m.dropout ? 1 : 0;
   const double norm_f = 2 * e, add_f = 3 * e + drop, act_f = (m.swiglu ? 3 : 2) * e, rope_f = 2 * e;
@@ -321,6 +348,7 @@ double layer_memory(const ModelShape& m, const Layout& l, const LayerDims& x, La
   const double moved = m.is_moe() ? bs * m.top_k * l.moe_imbalance * h : 0, copies_each_way = l.ep > 1 ? 3 : 1;
   const double moe_mem_f = fm * (moved * (2 * copies_each_way + 1) + bs * h) * e;
   const double moe_mem_b = fm * (moved * (2 * copies_each_way + 5) + bs * h) * e;
+  lt->elementwise_f = (rep * 2 * norm_f + act_elems * act_f) / hbm;
   lt->mem_f = (rep * 2 * (norm_f + add_f) + act_elems * act_f + rotary * rope_f + copies + moe_mem_f) / hbm + attn_core_mem;
   lt->mem_b = (rep * 2 * (norm_b + add_b) + act_elems * act_b + rotary * rope_b + copies + moe_mem_b +
                (fused ? 0 : score_elems * softmax_b)) / hbm;
@@ -337,7 +365,8 @@ double w_copy_bytes(const Layout& l, const LayerDims& x) {
   const double h = x.h, hd = x.hd, heads_local = x.heads_local, f = x.f;
   const bool full = l.recompute == Recompute::kFull, selective = l.recompute == Recompute::kSelective;
   const double w_dout = 2 * h + (heads_local + 2 * x.kv_local) * hd + x.mlp_in * f;
-  const double w_inputs = (full ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (full ? f : 0);
+  const bool rebuilt = full || l.elementwise_recompute;  // the norms' and activation's outputs
+  const double w_inputs = (rebuilt ? 2 * h : 0) + (full || selective ? heads_local * hd : 0) + (rebuilt ? f : 0);
   const double dout_bytes = l.precision == Precision::kBf16 ? 2 : 4;
   return x.bs * (dout_bytes * w_dout + 4 * w_inputs);
 }
@@ -377,8 +406,41 @@ void layer_tp_comm(const Layout& l, const LayerDims& x, const Ring& tp_ring, Lay
   lt->comm_b += lt->comm_w;
 }
 
+// Context parallelism, per layer and micro-batch (docs/long_context.md, "Cost"):
+//  - ring: cp - 1 steps each pass a rank's k and v rows (its tp share of the key/value
+//    heads) to the next rank while it attends to the block in hand, 1/cp of the attention
+//    work; only what a step's send takes beyond that work is exposed. The backward passes k
+//    and v again with the fp32 dK/dV sums, which take one more step to get home (exposed).
+//  - a2a (Ulysses): all-to-alls of q, k and v before attention and of its output after
+//    it, the same in the backward, none overlapped.
+//  - all-gather (Llama 3's): the whole sequence's k and v gathered before attention, and in
+//    the backward gathered again and their gradients reduce-scattered, none overlapped.
+void layer_cp_comm(const Layout& l, const LayerDims& x, const LayerGemms& g, const Ring& cp_ring, LayerTime* lt) {
+  if (l.cp <= 1) return;
+  const double n = l.cp, rows = x.b * x.s;
+  const double kv_bytes = rows * 2 * x.kv_local * x.hd * x.e, dkv_bytes = rows * 2 * x.kv_local * x.hd * 4;
+  if (l.cp_comm == model::CpComm::kRing) {
+    const double send_f = p2p_s(kv_bytes, cp_ring), work_f = g.attention_f / n;
+    const double send_b = p2p_s(kv_bytes + dkv_bytes, cp_ring), work_b = g.attention_b / n;
+    lt->cp_f = (n - 1) * std::max(0.0, send_f - work_f);
+    lt->cp_b = (n - 1) * std::max(0.0, send_b - work_b) + p2p_s(dkv_bytes, cp_ring);
+    lt->cp_hidden = (n - 1) * (std::min(send_f, work_f) + std::min(send_b, work_b));
+    return;
+  }
+  if (l.cp_comm == model::CpComm::kAllGather) {
+    lt->cp_f = all_gather_s(n * kv_bytes, cp_ring);
+    lt->cp_b = 2 * all_gather_s(n * kv_bytes, cp_ring);
+    return;
+  }
+  const double q_bytes = rows * x.heads_local * x.hd * x.e;
+  auto all_to_all_s = [&](double bytes) {
+    return (n - 1) * cp_ring.latency + (n - 1) / n * bytes / cp_ring.bandwidth;
+  };
+  lt->cp_f = lt->cp_b = all_to_all_s(q_bytes + kv_bytes) + all_to_all_s(q_bytes);
+}
+
 LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
-                     const Ring& ep_ring) {
+                     const Ring& ep_ring, const Ring& cp_ring) {
   const LayerDims x = layer_dims(m, l, c);
   const LayerGemms g = layer_gemms(m, l, c, x);
   LayerTime lt;
@@ -389,6 +451,7 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   lt.w_copy_bytes = w_copy_bytes(l, x);
   lt.ep_f = lt.ep_b = layer_ep_s(m, l, x, tp_ring, ep_ring);
   layer_tp_comm(l, x, tp_ring, &lt);
+  layer_cp_comm(l, x, g, cp_ring, &lt);
   switch (l.recompute) {
     case Recompute::kNone:
       break;
@@ -397,9 +460,10 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
       break;
     case Recompute::kFull:
       lt.recompute = lt.gemm_f + lt.mem_f;
-      lt.recompute_comm = lt.comm_f;
+      lt.recompute_comm = lt.comm_f + lt.cp_f;
       break;
   }
+  if (l.elementwise_recompute && l.recompute != Recompute::kFull) lt.recompute += lt.elementwise_f;
   return lt;
 }
 
@@ -483,12 +547,12 @@ struct Step {
   const ModelShape& m;
   const Layout& l;
   const Cluster& c;
-  int t, p, d, v, S, mb;
-  double b, s, h, V, e, peak, hbm, bsh;
+  int t, p, d, v, S, mb;  // d: the gradient group, dp x cp (ZeRO shards over it too)
+  double b, s, h, V, e, peak, hbm, bsh;  // s: one GPU's rows of a sequence, seq / cp
   double rep;     // elements of a replicated b s h region on one GPU (1/t of it with sp)
   double logits;  // one micro-batch's logits on one GPU
   int pp_stride;
-  Ring tp_ring, dp_ring, pp_ring, ep_ring, edp_ring;
+  Ring tp_ring, dp_ring, pp_ring, ep_ring, edp_ring, cp_ring;  // dp_ring: the gradient group's
   LayerTime lt;
   // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and gathers
   // ZeRO-3 parameters at their first use in the step, keeping them to its end
@@ -505,9 +569,9 @@ struct Step {
   int last_rank;  // the head's pipeline rank: p - 1, or 0 in a V
 
   Step(const ModelShape& m_, const Layout& l_, const Cluster& c_) : m(m_), l(l_), c(c_) {
-    t = l.tp, p = l.pp, d = l.dp, v = l.virtual_stages, S = p * v;
-    mb = l.global_batch / (l.micro_batch * d);
-    b = l.micro_batch, s = m.seq, h = m.hidden, V = m.vocab, e = element_bytes(l.precision);
+    t = l.tp, p = l.pp, d = l.dp * l.cp, v = l.virtual_stages, S = p * v;
+    mb = l.global_batch / (l.micro_batch * l.dp);
+    b = l.micro_batch, s = (double)m.seq / l.cp, h = m.hidden, V = m.vocab, e = element_bytes(l.precision);
     peak = c.peak_flops(l.precision), hbm = c.hbm_bandwidth * c.hbm_efficiency;
     bsh = b * s * h;
     rep = l.sp ? bsh / t : bsh;
@@ -515,11 +579,13 @@ struct Step {
     using comm::MeshAxis;
     const int tp_stride = axis_stride(l, MeshAxis::kTp), dp_stride = axis_stride(l, MeshAxis::kDp);
     pp_stride = axis_stride(l, MeshAxis::kPp);
-    tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, d, c);
+    tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, l.dp, c);
     pp_ring = ring_for(pp_stride, p, c);
+    cp_ring = ring_for(axis_stride(l, MeshAxis::kCp), l.cp, c);
     // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
-    ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, d / l.ep, c);
-    lt = layer_time(m, l, c, tp_ring, ep_ring);
+    ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, l.dp / l.ep, c);
+    lt = layer_time(m, l, c, tp_ring, ep_ring, cp_ring);
+    if (l.cp > 1) dp_ring = product_ring(dp_ring, cp_ring), edp_ring = product_ring(edp_ring, cp_ring);
     once_per_step = d > 1 && l.zero >= 2 && parallel::dp_step(l).reduce_once_per_step;
     split = pp::splits_backward(l.schedule);
     sparams = stage_params(m, l);
@@ -737,8 +803,8 @@ StateDtypes state_dtypes(const Layout& l) { return l.precision == Precision::kFp
 // The model state of a GPU holding `params` dense parameters (sharded over dp) and
 // `experts` routed-expert parameters (sharded over edp).
 StateBytes gpu_state(const Layout& l, const StateDtypes& dt, double params, double experts) {
-  StateBytes state = model_state_bytes(params, dt, l.zero, l.dp);
-  const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, l.dp / l.ep);
+  StateBytes state = model_state_bytes(params, dt, l.zero, l.dp * l.cp);
+  const StateBytes expert_state = model_state_bytes(experts, dt, l.zero, l.dp * l.cp / l.ep);
   state.params += expert_state.params, state.grads += expert_state.grads;
   state.optim += expert_state.optim;
   return state;
@@ -758,6 +824,8 @@ double optimizer_s(const Step& x, const FirstRank& f) {
   const double whole_grads = x.once_per_step ? 4 * f.params : 0;
   return (2 * first_state.optim + owned * (3 * dt.grad + master + dt.param) + first_state.grads + whole_grads) / x.hbm;
 }
+
+double cp_buffer_bytes(const Step& x);
 
 // The memory of pipeline rank `rank`'s GPUs: its model state, its activations at the
 // schedule's peak (`per_layer` a layer's for one micro-batch, `rebuilt` full recompute's
@@ -796,7 +864,7 @@ MemoryBreakdown rank_memory(const Step& x, const std::vector<int>& layers, const
   // Between a B and its W the engine keeps copies of each linear layer's input and output
   // gradient (fp32, tp-local): 4h + (qkv + h + fc + ffn) / t elements per token and layer.
   if (x.split) act += sim.peak_pending_weights[rank] * rank_layers / v * x.lt.w_copy_bytes;
-  double buffers = t > 1 ? x.bsh * e : 0;
+  double buffers = (t > 1 ? x.bsh * e : 0) + cp_buffer_bytes(x);
   if (d > 1 && x.once_per_step) {
     buffers += 4 * params + (l.zero == 3 ? params * e : 0);
   } else {
@@ -806,17 +874,32 @@ MemoryBreakdown rank_memory(const Step& x, const std::vector<int>& layers, const
   return {state.params, state.grads, state.optim, act, buffers};
 }
 
+// Context parallelism's staging: the ring's block in hand and the one arriving (k and v,
+// in the backward with their fp32 dK/dV sums); Ulysses' q, k, v and output in head-major
+// order.
+double cp_buffer_bytes(const Step& x) {
+  if (x.l.cp <= 1) return 0;
+  const double rows = x.b * x.s, kv = rows * 2 * kv_heads_local(x.m, x.t) * x.m.head_dim();
+  if (x.l.cp_comm == model::CpComm::kRing) return 2 * kv * (x.e + 4);
+  if (x.l.cp_comm == model::CpComm::kAllGather) return x.l.cp * kv * (x.e + 4);  // every rank's k, v and dK, dV
+  return (2 * rows * x.m.hidden / x.t + kv) * x.e;
+}
+
 // Memory of the most loaded GPU, pipeline rank by pipeline rank.
 void peak_memory(const Step& x, const std::vector<int>& layers, const pp::SimResult& sim, Prediction* r) {
   const ModelShape& m = x.m;
   const Layout& l = x.l;
   const int t = x.t;
   const double e = x.e;
-  const double per_layer = activation_bytes_per_layer(m, l.micro_batch, t, l.sp, l.recompute, l.attention) * e / 2;
+  // A GPU's activations are those of its s / cp rows of each sequence.
+  ModelShape rows = m;
+  rows.seq = m.seq / l.cp;
+  const double per_layer =
+      activation_bytes_per_layer(rows, l.micro_batch, t, l.sp, l.recompute, l.attention, l.elementwise_recompute) * e / 2;
   // Full recompute rebuilds one layer's activations at a time during backward.
   const double rebuilt =
       l.recompute == Recompute::kFull
-          ? activation_bytes_per_layer(m, l.micro_batch, t, l.sp, Recompute::kNone, l.attention) * e / 2
+          ? activation_bytes_per_layer(rows, l.micro_batch, t, l.sp, Recompute::kNone, l.attention) * e / 2
           : 0;
   for (int rank = 0; rank < x.p; rank++) {
     const MemoryBreakdown mem = rank_memory(x, layers, sim, rank, per_layer, rebuilt);
@@ -869,9 +952,11 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   const double dp_tail = r.dp.exposed - (x.once_per_step ? 0 : mb * f.z3_exposed);
 
   // Tensor and pipeline communication, all exposed, summed on the first stage's GPU.
-  const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
+  const double tp_layer = lt.comm_f + lt.comm_b + (lt.recompute_comm > 0 ? lt.comm_f : 0);
   r.tp.exposed = mb * (f.layers * tp_layer + g.edge_tp * (p == 1 ? 2 : 1)) + expert_tp_sum;
   r.ep.exposed = mb * f.layers * (lt.ep_f + lt.ep_b);
+  const bool full = l.recompute == Recompute::kFull;  // (its recompute redoes the forward's comm)
+  r.cp = {mb * f.layers * lt.cp_hidden, mb * f.layers * (lt.cp_f + lt.cp_b + (full ? lt.cp_f : 0))};
   // A tied embedding's two copies (first and last stage, (p - 1) t d ranks apart) sum
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
   // In a V both stages are on rank 0: one copy.
@@ -882,9 +967,10 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   r.optimizer_s = optimizer_s(x, f);
 
   r.step_s = r.pipeline_s + dp_tail + tied + expert_tp_sum + r.optimizer_s + dp.compressor_s;
-  r.tokens_per_s = l.global_batch * x.s / r.step_s;
+  r.tokens_per_s = l.global_batch * (double)m.seq / r.step_s;
   r.model_flops = model_flops(m, l.global_batch);
   r.tflops_per_gpu = narayanan_flops(m, l.global_batch) / (r.step_s * l.world()) / 1e12;
+  r.model_tflops_per_gpu = r.model_flops / (r.step_s * l.world()) / 1e12;
   r.mfu = r.model_flops / (r.step_s * l.world() * x.peak);
   peak_memory(x, layers, sim, &r);
   r.memory_available = c.memory_bytes - c.reserved_bytes;

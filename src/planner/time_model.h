@@ -107,6 +107,14 @@ struct Layout : parallel::Layout {
   // 2021 §4.1, "scatter/gather"); sequence parallelism shards the sends anyway.
   bool pp_scatter_gather = true;
   Attention attention = Attention::kFused;
+  // The backward recomputes the element-wise results it needs instead of keeping them: the
+  // two norms' outputs (the q k v and MLP-in linears' inputs) from their kept inputs, and
+  // the MLP activation's output (MLP-out's input) from its kept input (SwiGLU's gate and
+  // up). Passes over memory buy 4 + 2 f/h of a layer's s b h/t bytes back; with recompute
+  // none it is what lets Llama 3 405B's published TP8 PP16 interleaved layouts fit in 80 GB
+  // (docs/planning.md, "Long context"). Megatron-Core's recompute modules "layernorm" and
+  // the activation; Liger's fused SwiGLU.
+  bool elementwise_recompute = false;
 };
 
 // Activation bytes one transformer layer keeps for its backward, for one micro-batch of b
@@ -117,7 +125,7 @@ struct Layout : parallel::Layout {
 // dropout masks, and a fused attention's per-row softmax statistics instead of the
 // s x s scores. Full recompute keeps the layer input, 2sbh, sharded over t with sp.
 double activation_bytes_per_layer(const ModelShape& m, int micro_batch, int tp, bool sp, Recompute r,
-                                  Attention attention);
+                                  Attention attention, bool elementwise_recompute = false);
 
 // Parameters: every block's matrices, biases and norms, the embedding (and positions), an
 // untied head, the final norm. For a GPT this is Narayanan et al. 2021's
@@ -160,10 +168,12 @@ struct Prediction {
   double step_s = 0;
   double tokens_per_s = 0;
   double model_flops = 0;     // per step, model_flops()
-  double tflops_per_gpu = 0;  // narayanan_flops() / (step_s GPUs) / 1e12
+  double tflops_per_gpu = 0;  // narayanan_flops() / (step_s GPUs) / 1e12 (a recomputed forward counted)
+  double model_tflops_per_gpu = 0;  // model_flops / (step_s GPUs) / 1e12: what MFU divides by peak
   double mfu = 0;             // model_flops / (step_s GPUs peak)
   double bubble = 0;          // idle fraction of the pipeline phase, all ranks
   CommTime tp, pp, dp, ep;  // ep: the MoE all-to-all (exposed)
+  CommTime cp;              // context parallelism: the ring's sends behind attention, a2a's exposed
   double pipeline_s = 0;   // forward/backward of all micro-batches, with the bubble
   double optimizer_s = 0;  // the optimizer step on this rank's shard
   // One layer, one micro-batch, one GPU: forward, and backward with its recompute.

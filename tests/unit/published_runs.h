@@ -99,14 +99,21 @@ inline Layout korthikanti_layout(const KorthikantiRow& r, bool selective_sp) {
 //    shipped config, MBS1 GBS256, s 2048: 63099 tokens/s on 128 GPUs), Nemotron-4 15B
 //    (v25.04.02, nemotron/README.md: TP2 DP8 MBS2 GBS64, s 4096: 98550 tokens/s on 16) and
 //    Nemotron-4 340B (v25.05.05, nemotron/README.md: TP8 PP8 VP12 DP4 MBS1 GBS64, s 4096:
-//    56913 tokens/s on 256). Its Llama 3.1 runs all use context parallelism, which the
-//    planner does not model, and are not used.
+//    56913 tokens/s on 256). Its Llama 3.1 runs use context parallelism (NeMo 24.09, tag
+//    v24.11.1's llama3.1/README_70b.md and README_405b.md, s 8192, MBS 1, cp with NeMo's
+//    default p2p ring): 70B at TP4 PP4 CP2 VP5 on 64 GPUs, GBS 128: 71235 tokens/s; 405B at
+//    TP8 PP9 CP2 VP7 on 576 GPUs, GBS 252: 120022, and on 2304, GBS 1008: 468646.
 //  - Llama 3 405B (Dubey et al. 2024, arXiv 2407.21783, Table 4): TP8 PP16 with DP 64 and 128
-//    at s 8192 and 16M tokens per batch, 430 and 400 model TFLOP/s per GPU. The paper gives
-//    neither the micro-batch nor the chunks per rank: micro-batch 1 and two chunks (its
-//    interleaved schedule; with one the 16,384-GPU run's 16 micro-batches would leave half
-//    the pipeline idle) are assumptions, as is ZeRO-1 for its FSDP. It drops one layer from
-//    the first and the last stage (§3.3.2): 3, thirty of 4, 3 over 32 stages.
+//    at s 8192 and 16M tokens per batch, 430 and 400 model TFLOP/s per GPU; TP8 CP16 PP16 DP8
+//    at s 131072 (16M tokens: 128 sequences), 380. The paper gives neither the micro-batch
+//    nor the chunks per rank: micro-batch 1 and two chunks (its interleaved schedule; with
+//    one the 16,384-GPU runs' 16 micro-batches would leave half the pipeline idle) are
+//    assumptions, as is ZeRO-1 for its FSDP. It drops one layer from the first and the last
+//    stage (§3.3.2): 3, thirty of 4, 3 over 32 stages. It trains without activation
+//    checkpointing and frees what later work does not read (§3.3.2): the planner's
+//    element-wise recompute (Layout::elementwise_recompute), without which these layouts
+//    need 82 GB (docs/planning.md, "Long context"). Its context parallelism all-gathers
+//    K and V (§3.3.2): --cp-comm all-gather.
 // Every run: sequence parallelism with tp, the distributed optimizer (ZeRO-1), fused
 // attention, no recompute. Nemotron-4 (Parmar et al. 2024; Nemotron-4 340B report): GQA with
 // 8 KV heads, RoPE, a 4h squared-ReLU MLP (two matrices, counted as GELU's), no biases, an
@@ -117,6 +124,7 @@ struct H100Run {
   Layout layout;
   double tokens_per_s;    // published, all GPUs together (0: the TFLOP/s figure is published)
   double tflops_per_gpu;  // published model TFLOP/s per GPU (model_flops over the step)
+  bool meta = false;      // Llama 3's own runs: held to 10% and to fit in 80 GB
 };
 
 inline ModelShape nemotron4(int layers, int hidden, int heads) {
@@ -144,13 +152,30 @@ inline const std::vector<H100Run>& h100_runs() {
     Layout gpt3_layout = h100_layout(4, 8, 4, 1, 256, 6);
     gpt3_layout.stage_layers.assign(48, 2);
     Layout meta_8k = h100_layout(8, 16, 64, 1, 2048, 2), meta_16k = h100_layout(8, 16, 128, 1, 2048, 2);
-    meta_8k.stage_layers = meta_16k.stage_layers = meta_split;
+    Layout meta_128k = h100_layout(8, 16, 8, 1, 128, 2);
+    meta_128k.cp = 16, meta_128k.cp_comm = model::CpComm::kAllGather;
+    for (Layout* l : {&meta_8k, &meta_16k, &meta_128k}) l->stage_layers = meta_split, l->elementwise_recompute = true;
+    ModelShape llama3_405b_128k = llama3_405b;
+    llama3_405b_128k.seq = 131072;
+    ModelShape llama3_70b{80, 8192, 64, 8192, 128256};
+    llama3_70b.kv_heads = 8, llama3_70b.ffn = 28672, llama3_70b.swiglu = true, llama3_70b.rms_norm = true;
+    llama3_70b.rope = true, llama3_70b.bias = false, llama3_70b.tied_head = false, llama3_70b.dropout = false;
+    auto nemo_cp = [](int tp, int pp, int dp, int gbs, int v, int layers) {
+      Layout l = h100_layout(tp, pp, dp, 1, gbs, v);
+      l.cp = 2;
+      l.stage_layers.assign(pp * v, layers / (pp * v));
+      return l;
+    };
     return std::vector<H100Run>{
         {"gpt3-175b, 128 GPUs (DGXC)", gpt3, gpt3_layout, 63099, 0},
         {"nemotron4-15b, 16 GPUs (DGXC)", nemotron4(32, 6144, 48), h100_layout(2, 1, 8, 2, 64, 1), 98550, 0},
         {"nemotron4-340b, 256 GPUs (DGXC)", nemotron4(96, 18432, 96), h100_layout(8, 8, 4, 1, 64, 12), 56913, 0},
-        {"llama3-405b, 8192 GPUs (Meta)", llama3_405b, meta_8k, 0, 430},
-        {"llama3-405b, 16384 GPUs (Meta)", llama3_405b, meta_16k, 0, 400},
+        {"llama3.1-70b, 64 GPUs, cp 2 (DGXC)", llama3_70b, nemo_cp(4, 4, 2, 128, 5, 80), 71235, 0},
+        {"llama3.1-405b, 576 GPUs, cp 2 (DGXC)", llama3_405b, nemo_cp(8, 9, 4, 252, 7, 126), 120022, 0},
+        {"llama3.1-405b, 2304 GPUs, cp 2 (DGXC)", llama3_405b, nemo_cp(8, 9, 16, 1008, 7, 126), 468646, 0},
+        {"llama3-405b, 8192 GPUs (Meta)", llama3_405b, meta_8k, 0, 430, true},
+        {"llama3-405b, 16384 GPUs (Meta)", llama3_405b, meta_16k, 0, 400, true},
+        {"llama3-405b, 16384 GPUs, cp 16 at 131072 (Meta)", llama3_405b_128k, meta_128k, 0, 380, true},
     };
   }();
   return runs;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_test_util.h"
+#include "planner/models.h"
 #include "planner/search.h"
 #include "published_runs.h"
 
@@ -190,6 +191,66 @@ TEST(PlannerSearch, PlanCommandKnowsArchitectures) {
   expect_failure(run(small + " --kv-heads 5"), {"--kv-heads 5 must divide --heads 32"});
   expect_failure(run(small + " --attention flash"), {"unknown attention kernel 'flash'"});
   expect_failure(run(small + " --arch mamba"), {"--arch must be gpt2 or llama"});
+}
+
+// Long context (issue 45): Meta's TP8 PP16 DP128 axes fit only interleaved with the
+// element-wise recompute the search now tries where a layout does not fit, and that is
+// what ranks first (the issue: 1F1B at 29% before); at 131072 tokens no layout fits
+// without cp, and the searched cp is what fits. The plan command names the fifth axis and
+// the FLOP conventions.
+TEST(PlannerSearch, LongContextLayouts) {
+  Cluster h100;
+  ASSERT_TRUE(cluster_preset("h100-80g", &h100).is_ok());
+  ModelShape m;
+  ASSERT_TRUE(planning_model("llama3-405b", &m).is_ok());
+  m.seq = 8192;
+  SearchSpace meta;
+  meta.tp = 8, meta.pp = 16, meta.dp = 128;
+  std::vector<Candidate> all;
+  ASSERT_TRUE(search_layouts(m, 16384, 2048, Precision::kBf16, h100, meta, &all).is_ok());
+  ASSERT_TRUE(all.front().prediction.fits());
+  EXPECT_EQ(all.front().layout.schedule, ScheduleKind::kInterleaved);
+  EXPECT_TRUE(all.front().layout.elementwise_recompute);
+  EXPECT_GT(all.front().prediction.mfu, 0.37);  // Meta: 41%
+  for (const Candidate& c : all)
+    if (c.layout.schedule == ScheduleKind::kInterleaved && c.layout.recompute == Recompute::kNone &&
+        !c.layout.elementwise_recompute)
+      EXPECT_FALSE(c.prediction.fits()) << "82 GB with every element-wise result kept";
+  m.seq = 131072;
+  SearchSpace no_cp;
+  no_cp.tp = 8, no_cp.pp = 16, no_cp.cp = 1;
+  ASSERT_TRUE(search_layouts(m, 16384, 128, Precision::kBf16, h100, no_cp, &all).is_ok());
+  // Without cp only dp 128 fits: one sequence per replica, the pipeline nearly idle.
+  EXPECT_LT(all.front().prediction.mfu, 0.1);
+  EXPECT_EQ(all.front().layout.dp, 128);
+  SearchSpace with_cp;
+  with_cp.tp = 8, with_cp.pp = 16;
+  ASSERT_TRUE(search_layouts(m, 16384, 128, Precision::kBf16, h100, with_cp, &all).is_ok());
+  ASSERT_TRUE(all.front().prediction.fits());
+  EXPECT_GT(all.front().layout.cp, 1);
+  EXPECT_GT(all.front().prediction.mfu, 0.3);
+  using namespace cli_test;
+  const std::string base = kBinary +
+                           " plan --model llama3-405b --cluster h100-80g --gpus 16384 --global-batch 128 "
+                           "--seq-len 131072 --tp 8 --pp 16 --dp 8 --cp 16 --top 1";
+  const std::string plan = base + " --cp-comm all-gather";
+  RunResult table = run(plan);
+  ASSERT_EQ(table.exit_code, 0) << describe(table);
+  for (const char* s : {"tp8 cp16 all-gather pp16 dp8", "TFLOP/s: model FLOPs", "cp "})
+    EXPECT_NE(table.out.find(s), std::string::npos) << s << "\n" << table.out;
+  RunResult js = run(plan + " --json");
+  ASSERT_EQ(js.exit_code, 0) << describe(js);
+  const auto j = nlohmann::json::parse(js.out);
+  EXPECT_EQ(j["layouts"][0]["layout"]["cp"], 16);
+  EXPECT_EQ(j["layouts"][0]["layout"]["cp_comm"], "all-gather");
+  EXPECT_TRUE(j["layouts"][0]["comm_s"]["cp"].contains("exposed"));
+  EXPECT_TRUE(j["flops"].contains("narayanan_tflops_per_gpu"));
+  EXPECT_GT(j["layouts"][0]["narayanan_tflops_per_gpu"].get<double>(), j["layouts"][0]["tflops_per_gpu"].get<double>());
+  expect_failure(run(base + " --cp-comm sideways"), {"--cp-comm: --cp-comm must be ring, a2a, all-gather or hybrid"});
+  expect_failure(run(base + " --cp-comm hybrid"), {"--cp-comm hybrid is not implemented"});
+  expect_failure(run(kBinary + " plan --model llama3-8b --gpus 8 --global-batch 8 --cp -1"), {"--cp must be >= 1, got -1"});
+  expect_failure(run(kBinary + " plan --model llama3-8b --gpus 8 --global-batch 8 --seq-len 8190 --cp 2"),
+                 {"--seq-len 8190 is not divisible by 4"});
 }
 
 class PlanAuto : public cli_test::CliTest {};
