@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Context parallelism (docs/long_context.md): step time, memory and wire bytes at cp 1, 2 and
-# 4 against one rank at the same T, for the ring and for Ulysses (a2a); the share of the
+# 4 against one rank at the same T, for the ring, Ulysses (a2a) and all-gather; the share of the
 # ring's communication hidden behind attention (1 - the cp axis's wait over its busy time,
 # as metrics.jsonl's comm_time records them); the T at which a2a and ring cross over; and
 # the peak memory per rank at T = 32K (and 131K with BIG=1, several minutes a step).
@@ -44,16 +44,16 @@ run() {  # name, flags...
   summary "$name" "$out/r"
   rm -rf "$out/r"
 }
-echo "== cp 1, 2, 4 at T = 4096 (ring and a2a), against one rank =="
+echo "== cp 1, 2, 4 at T = 4096 (ring, a2a and all-gather), against one rank =="
 run "T=4096 cp=1" --seq-len 4096 --steps "$steps" --threads 2
 for cp in 2 4; do
-  for comm in ring a2a; do
+  for comm in ring a2a all-gather; do
     run "T=4096 cp=$cp $comm" --seq-len 4096 --cp "$cp" --cp-comm "$comm" --steps "$steps" --threads 1
   done
 done
-echo "== ring against a2a at cp 2 over T (the crossover) =="
+echo "== ring against a2a and all-gather at cp 2 over T (the crossover) =="
 for T in 256 1024 4096 16384; do
-  for comm in ring a2a; do
+  for comm in ring a2a all-gather; do
     run "T=$T cp=2 $comm" --seq-len "$T" --cp 2 --cp-comm "$comm" --steps "$steps" --threads 1
   done
 done

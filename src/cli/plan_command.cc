@@ -380,38 +380,8 @@ int run_plan(PlanFlags f) {
   return 0;
 }
 
-}  // namespace
-
-Command add_plan_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("plan", "Predict memory and speed of layouts on a cluster and rank them");
-  auto f = std::make_shared<PlanFlags>();
-  cmd->add_flag("--memory", f->memory, "Only the model-state bytes per rank for every ZeRO stage (with --params)");
-  cmd->add_option("--params", f->params, "--memory: parameters (e.g. 7.5e9)");
-  cmd->add_option("--dp", f->dp_values,
-                  "Data-parallel size (fixed; searched when absent). With --memory: sizes N_d, comma-separated "
-                  "(default 1,4,16,64,256,1024)")
-      ->delimiter(',');
-  cmd->add_option("--state", f->state,
-                  "--memory: bytes per parameter, mixed (2 + 2 + 12, the ZeRO paper's) or fp32 (4 + 4 + 8)")
-      ->capture_default_str();
-  cmd->add_option("--model", f->model,
-                  "Model: gpt3-1.3b, gpt3-13b, gpt3-175b, megatron-1t, or an engine preset (llama2-7b/13b/70b, "
-                  "llama3-8b/70b/405b, gpt2-124m, llama-124m, ...)")
-      ->capture_default_str();
-  cmd->add_option("--arch", f->arch, "Replace the model's parts by a family's: gpt2 or llama");
-  cmd->add_option("--kv-heads", f->kv_heads, "Override the key/value heads (GQA; 1: MQA)");
-  cmd->add_option("--ffn-dim", f->ffn_dim, "Override the MLP's hidden width");
-  cmd->add_option("--layers", f->layers, "Override the model's layers");
-  cmd->add_option("--heads", f->heads, "Override the model's attention heads");
-  cmd->add_option("--dim", f->dim, "Override the model's hidden size");
-  cmd->add_option("--seq-len", f->seq_len, "Override the sequence length");
-  cmd->add_option("--vocab", f->vocab, "Override the vocabulary");
-  cmd->add_option("--cluster", f->cluster,
-                  "a100-80g, h100-80g, h200, local (this machine, one rank per GPU), or a cluster TOML file")
-      ->capture_default_str();
-  cmd->add_option("--gpus", f->gpus, "GPUs to lay the model out on");
-  cmd->add_option("--global-batch", f->global_batch, "Sequences per optimizer step");
-  cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
+// The layout's axes and choices: each fixed when given, searched when absent.
+void add_layout_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--tp", f->tp, "Tensor-parallel size (fixed; searched when absent)");
   cmd->add_option("--ep", f->ep, "Expert-parallel size, MoE models (fixed; searched when absent)");
   cmd->add_option("--cp", f->cp,
@@ -447,6 +417,41 @@ Command add_plan_command(CLI::App& app) {
   cmd->add_option("--rank-order", f->rank_order,
                   "Rank order, fastest first, e.g. dp-tp-pp (fixed; default tp-dp-pp, every order searched on a "
                   "local cluster file of several hosts)");
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("plan", "Predict memory and speed of layouts on a cluster and rank them");
+  auto f = std::make_shared<PlanFlags>();
+  cmd->add_flag("--memory", f->memory, "Only the model-state bytes per rank for every ZeRO stage (with --params)");
+  cmd->add_option("--params", f->params, "--memory: parameters (e.g. 7.5e9)");
+  cmd->add_option("--dp", f->dp_values,
+                  "Data-parallel size (fixed; searched when absent). With --memory: sizes N_d, comma-separated "
+                  "(default 1,4,16,64,256,1024)")
+      ->delimiter(',');
+  cmd->add_option("--state", f->state,
+                  "--memory: bytes per parameter, mixed (2 + 2 + 12, the ZeRO paper's) or fp32 (4 + 4 + 8)")
+      ->capture_default_str();
+  cmd->add_option("--model", f->model,
+                  "Model: gpt3-1.3b, gpt3-13b, gpt3-175b, megatron-1t, or an engine preset (llama2-7b/13b/70b, "
+                  "llama3-8b/70b/405b, gpt2-124m, llama-124m, ...)")
+      ->capture_default_str();
+  cmd->add_option("--arch", f->arch, "Replace the model's parts by a family's: gpt2 or llama");
+  cmd->add_option("--kv-heads", f->kv_heads, "Override the key/value heads (GQA; 1: MQA)");
+  cmd->add_option("--ffn-dim", f->ffn_dim, "Override the MLP's hidden width");
+  cmd->add_option("--layers", f->layers, "Override the model's layers");
+  cmd->add_option("--heads", f->heads, "Override the model's attention heads");
+  cmd->add_option("--dim", f->dim, "Override the model's hidden size");
+  cmd->add_option("--seq-len", f->seq_len, "Override the sequence length");
+  cmd->add_option("--vocab", f->vocab, "Override the vocabulary");
+  cmd->add_option("--cluster", f->cluster,
+                  "a100-80g, h100-80g, h200, local (this machine, one rank per GPU), or a cluster TOML file")
+      ->capture_default_str();
+  cmd->add_option("--gpus", f->gpus, "GPUs to lay the model out on");
+  cmd->add_option("--global-batch", f->global_batch, "Sequences per optimizer step");
+  cmd->add_option("--precision", f->precision, "bf16, fp16 or fp32 (default bf16; fp32 on --cluster local)");
+  add_layout_flags(cmd, f.get());
   cmd->add_option("--compress", f->compress,
                   "Gradient compression as train --compress: none, powersgd, onebit-adam (the compressed phase "
                   "is predicted: its bytes and the compressor's compute, measured on a local cluster, as GEMMs and "

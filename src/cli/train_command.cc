@@ -121,8 +121,9 @@ Command add_train_command(CLI::App& app) {
                   "attention (docs/long_context.md)")
       ->capture_default_str();
   cmd->add_option("--cp-comm", o->cp_comm,
-                  "How attention crosses the cp ranks: ring (K/V blocks point to point, overlapped with attention) "
-                  "or a2a (DeepSpeed-Ulysses: all-to-all trades sequence for heads)")
+                  "How attention crosses the cp ranks: ring (K/V blocks point to point, overlapped with attention), "
+                  "a2a (DeepSpeed-Ulysses: all-to-all trades sequence for heads) or all-gather (Llama 3's: every "
+                  "rank gathers the whole sequence's K/V)")
       ->capture_default_str();
   cmd->add_option("--rank-order", o->rank_order,
                   "Which axis varies fastest over the ranks, fastest first: tp-dp-pp keeps tp groups on one host "

@@ -137,6 +137,68 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
   for (size_t i = 0; i < N; i++) std::memcpy(dqkv + i * ld + C, dcur + i * 2 * CK, sizeof(float) * 2 * CK);
 }
 
+namespace {
+
+// Between rank-major rows ([cp][B Tl] of `width` floats: each rank's local rows, as the
+// collectives lay them out) and sequence order ([B][T]): `to_sequence` picks the direction.
+void reorder_rows(float* ranks, float* whole, int cp, int B, int T, size_t width, bool to_sequence) {
+  const int Tl = T / cp;
+  for (int j = 0; j < cp; j++) {
+    const CpSplit split{cp, j};
+    for (int b = 0; b < B; b++)
+      for (int t = 0; t < Tl; t++) {
+        float* r = ranks + (((size_t)j * B + b) * Tl + t) * width;
+        float* w = whole + ((size_t)b * T + split.sequence_index(t, T)) * width;
+        if (to_sequence) std::memcpy(w, r, sizeof(float) * width);
+        else std::memcpy(r, w, sizeof(float) * width);
+      }
+  }
+}
+
+}  // namespace
+
+void GatherAttention::gather(const float* qkv, int ld, int B, int C, int CK) {
+  const int p = cp_.size(), Tl = T_ / p;
+  const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
+  if (mine_.size() != kv) mine_.allocate(MemCategory::kComm, kv);
+  if (ranks_.size() != kv * p) ranks_.allocate(MemCategory::kComm, kv * p);
+  if (whole_.size() != kv * p) whole_.allocate(MemCategory::kComm, kv * p);
+  pack_kv(mine_.data(), qkv, ld, C, CK, N);
+  cp_.all_gather(mine_.data(), ranks_.data(), kv);
+  reorder_rows(ranks_.data(), whole_.data(), p, B, T_, 2 * (size_t)CK, true);
+}
+
+k::AttentionBlock GatherAttention::block(const float* qkv, int ld, int B, int NH, int NKV, int hs,
+                                         const DocumentRows& rows) const {
+  const int CK = NKV * hs;
+  // A local row's keys are [key_begin, key_end) in sequence indices: contiguous in whole_.
+  return {qkv, ld, whole_.data(), whole_.data() + CK, 2 * CK, B, T_ / cp_.size(), T_, NH, NKV, hs,
+          rows.key_begin.data(), rows.key_end.data()};
+}
+
+void GatherAttention::forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
+                              const DocumentRows& rows) {
+  gather(qkv, ld, B, NH * hs, NKV * hs);
+  k::attention_ranged_forward(out, NH * hs, lse, block(qkv, ld, B, NH, NKV, hs, rows));
+}
+
+void GatherAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
+                               int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows) {
+  const int p = cp_.size(), Tl = T_ / p, C = NH * hs, CK = NKV * hs;
+  const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
+  gather(qkv, ld, B, C, CK);
+  std::fill(dqkv, dqkv + N * ld, 0.0f);
+  // The keys' gradients in sequence order, then rank-major (into ranks_, free once whole_
+  // holds the gathered keys) for the reduce-scatter.
+  if (dwhole_.size() != kv * p) dwhole_.allocate(MemCategory::kComm, kv * p);
+  std::fill(dwhole_.data(), dwhole_.data() + kv * p, 0.0f);
+  k::attention_ranged_backward(dqkv, ld, dwhole_.data(), dwhole_.data() + CK, 2 * CK, dout, out, C, lse,
+                               block(qkv, ld, B, NH, NKV, hs, rows));
+  reorder_rows(ranks_.data(), dwhole_.data(), p, B, T_, 2 * (size_t)CK, false);
+  cp_.reduce_scatter(ranks_.data(), mine_.data(), kv);
+  for (size_t i = 0; i < N; i++) std::memcpy(dqkv + i * ld + C, mine_.data() + i * 2 * CK, sizeof(float) * 2 * CK);
+}
+
 }  // namespace meshtrain::model
 
 namespace meshtrain::model {

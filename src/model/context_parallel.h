@@ -72,6 +72,34 @@ class RingAttention {
   std::vector<int> lo_, hi_;
 };
 
+// All-gather attention (--cp-comm all-gather; Llama 3's, Dubey et al. 2024 §3.3.2): every
+// rank gathers the whole sequences' k and v, laid out in sequence order, and attends with
+// its own rows over the keys each may see in one ranged call (a document mask needs
+// nothing more). The backward gathers them again rather than keeping them, and
+// reduce-scatters the keys' gradients back to the ranks that hold those rows. Simpler than
+// the ring and nothing to overlap: the gathers are exposed, and cheap where key/value heads
+// are few (grouped-query attention).
+class GatherAttention {
+ public:
+  explicit GatherAttention(comm::Group& cp) : cp_(cp) {}
+  void set_sequence(int T) { T_ = T; }
+  // As RingAttention's.
+  void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
+               const DocumentRows& rows);
+  void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
+                int B, int NH, int NKV, int hs, const DocumentRows& rows);
+
+ private:
+  // Every rank's k and v rows into whole_ [B, T, 2 CK], each row at its sequence index.
+  void gather(const float* qkv, int ld, int B, int C, int CK);
+  kernels::AttentionBlock block(const float* qkv, int ld, int B, int NH, int NKV, int hs,
+                                const DocumentRows& rows) const;
+  comm::Group& cp_;
+  int T_ = 0;
+  Buffer<float> mine_, ranks_, whole_;  // [B Tl, 2CK], [cp, B Tl, 2CK] by rank, [B, T, 2CK]
+  Buffer<float> dwhole_;                // [B, T, 2CK]: the keys' gradients, backward
+};
+
 // DeepSpeed-Ulysses over the cp group (--cp-comm a2a): an all-to-all trades sequence for
 // heads, so that each rank attends with NH/cp query heads (and their key/value heads: NKV/cp,
 // or one replicated when NKV < cp) over the whole sequence, and a second trades back. The

@@ -149,6 +149,7 @@ void Gpt::set_context_parallel(comm::Group* cp, CpComm comm) {
   CHECK_MSG(comm != CpComm::kHybrid, "--cp-comm hybrid is not implemented");
   ring_ = cp_ && comm == CpComm::kRing ? std::make_unique<RingAttention>(*cp_) : nullptr;
   ulysses_ = cp_ && comm == CpComm::kA2a ? std::make_unique<UlyssesAttention>(*cp_) : nullptr;
+  gather_ = cp_ && comm == CpComm::kAllGather ? std::make_unique<GatherAttention>(*cp_) : nullptr;
   B_ = T_ = 0;
 }
 
@@ -185,6 +186,8 @@ void Gpt::attend(BlockActivations& a, int B, int T) {
                              precision_);
   if (ring_)
     return ring_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
+  if (gather_)
+    return gather_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
   if (!document_mask()) return k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
   k::attention_ranged_forward(a.atty, Cl_, a.att_lse, ranged_block(a.qkv, B, T));
 }
@@ -196,6 +199,9 @@ void Gpt::attend_backward(const BlockActivations& a, int B, int T) {
   if (ring_)
     return ring_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
                            set().documents);
+  if (gather_)
+    return gather_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
+                             set().documents);
   if (!document_mask())
     return k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
   std::fill(dqkv_, dqkv_ + (size_t)B * T * Ql_, 0.0f);  // the ranged backward adds
@@ -623,6 +629,7 @@ float Gpt::forward_chunk(int c, int mb, const int* inputs, const int* targets, c
   T /= cp_size();  // this rank's rows of each sequence
   if (ring_) ring_->set_sequence(T_whole);
   if (ulysses_) ulysses_->set_sequence(T_whole);
+  if (gather_) gather_->set_sequence(T_whole);
   ensure_activations(B, T);
   cur_chunk_ = c;
   ActivationSet& opened =

@@ -388,6 +388,7 @@ class Gpt {
   comm::Group* cp_ = nullptr;  // set_context_parallel (null: off)
   std::unique_ptr<RingAttention> ring_;        // --cp-comm ring
   std::unique_ptr<UlyssesAttention> ulysses_;  // --cp-comm a2a
+  std::unique_ptr<GatherAttention> gather_;    // --cp-comm all-gather
   int64_t step_ = 0, first_token_row_ = 0;
   float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask
   kernels::Precision precision_ = kernels::Precision::kFp32;

@@ -94,7 +94,7 @@ std::string cp_splits_sequence(const Layout& l, const LayoutModel& m) {
 
 std::string cp_comm_implemented(const Layout& l, const LayoutModel&) {
   if (l.cp <= 1 || l.cp_comm != model::CpComm::kHybrid) return "";
-  return "--cp-comm hybrid is not implemented in this engine yet: use --cp-comm ring or a2a";
+  return "--cp-comm hybrid is not implemented in this engine yet: use --cp-comm ring, a2a or all-gather";
 }
 
 // Ulysses trades sequence for heads: each tp rank's query heads split over cp, and its

@@ -140,10 +140,13 @@ double compressed_reduction_s(const model::ParamLayout& layout, const Layout& l,
   return k.reduce_scatter_s(bytes, dp, true) + k.all_gather_s(bytes, dp, true) + work + k.all_reduce_s(8, dp);
 }
 
-// One tp rank's shapes for a B x T micro-batch.
+// One tp rank's shapes for a B x T micro-batch (with cp its T/cp rows of each sequence, T
+// the sequence).
 struct Dims {
   double B, T, N, Nl, C, Cl, Fl, NHl, hs, vn;
-  AxisLink tp;
+  double NKVl = 0;  // key/value heads on the rank
+  AxisLink tp, cp;
+  model::CpComm cp_comm = model::CpComm::kRing;
   bool sp;
 };
 
@@ -156,15 +159,55 @@ double attention_score_elements(int T) {  // S of one (sequence, head)
   return s;
 }
 
+// S under cp: this rank's rows (CpSplit's two chunks) against the keys each sees, in the
+// kernel's 64-row blocks. The ring's blocks of T/cp keys cut the same spans.
+double cp_score_elements(int T, int cp) {
+  const int c = T / (2 * cp);
+  double s = 0;
+  for (int chunk : {0, 2 * cp - 1})  // rank 0's
+    for (int i0 = 0; i0 < c; i0 += kAttentionBlock) {
+      const int rows = std::min(kAttentionBlock, c - i0);
+      s += (double)rows * (chunk * c + i0 + rows);
+    }
+  return s;
+}
+
 struct LocalLayerTime {
   double gemm_f = 0, mem_f = 0, comm_f = 0, attn_f = 0;
   double gemm_b = 0, mem_b = 0, comm_b = 0, attn_b = 0;
+  double cp_f = 0, cp_b = 0;  // context parallelism's exchanges (counted with the CPU's work)
   double recompute = 0, recompute_comm = 0;
-  double forward() const { return gemm_f + mem_f + comm_f + attn_f; }
-  double backward() const { return gemm_b + mem_b + comm_b + attn_b + recompute + recompute_comm; }
+  double forward() const { return gemm_f + mem_f + comm_f + attn_f + cp_f; }
+  double backward() const { return gemm_b + mem_b + comm_b + attn_b + cp_b + recompute + recompute_comm; }
 };
 
-LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& k) {
+// Context parallelism per layer and micro-batch (model/context_parallel.h; the bytes of
+// docs/long_context.md): the ring's k, v block sent cp-1 times each way and its dk, dv sums
+// cp times, with a merge of each block's partial output; Ulysses' all-to-alls of q, k, v and
+// the output (cp-1 of cp shares leave the rank), again in the backward with the output's
+// gradient; all-gather's gather of k, v each way and the reduce-scatter of their gradients.
+// On this machine every exchange is a copy on the same cores: none is hidden.
+void local_cp_time(const Dims& d, int cp, const Costs& k, LocalLayerTime* lt) {
+  if (cp <= 1) return;
+  const double N = d.N, kv = N * 2 * d.NKVl * d.hs * 4;
+  switch (d.cp_comm) {
+    case model::CpComm::kRing:
+      lt->cp_f = (cp - 1) * (k.p2p_s(kv, d.cp) + k.bytes_s(N * d.Cl * 4 * 3));
+      lt->cp_b = (2 * cp - 1) * k.p2p_s(kv, d.cp);
+      return;
+    case model::CpComm::kAllGather:
+      lt->cp_f = k.all_gather_s(cp * kv, d.cp);
+      lt->cp_b = k.all_gather_s(cp * kv, d.cp) + k.reduce_scatter_s(cp * kv, d.cp);
+      return;
+    default: {
+      const double qkv = N * (d.Cl * 4 + kv / N), out = N * d.Cl * 4;
+      lt->cp_f = k.reduce_scatter_s(qkv, d.cp) + k.reduce_scatter_s(out, d.cp);
+      lt->cp_b = k.reduce_scatter_s(qkv + out, d.cp) + k.reduce_scatter_s(out, d.cp) + k.reduce_scatter_s(qkv, d.cp);
+    }
+  }
+}
+
+LocalLayerTime local_layer_time(const Dims& d, int cp, model::Recompute r, const Costs& k) {
   LocalLayerTime lt;
   const double N = d.N, Nl = d.Nl, C = d.C, Cl = d.Cl, Fl = d.Fl;
   // The four linear layers (in, out) of this rank's slice: QKV, projection, fc, fc proj.
@@ -173,8 +216,11 @@ LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& 
     lt.gemm_f += k.gemm_s(N, out, in);                    // out = inp W^T
     lt.gemm_b += k.gemm_s(N, in, out) + k.gemm_s(out, in, N);  // dinp, dweight
   }
-  // Attention: the fused kernel per (sequence, local head).
-  const double S = attention_score_elements((int)d.T), heads = d.B * d.NHl;
+  // Attention: the fused kernel per (sequence, local head); with cp a rank's rows against
+  // the keys they see (Ulysses: the whole sequences of NHl/cp heads).
+  const bool whole = cp == 1 || d.cp_comm == model::CpComm::kA2a;
+  const double S = whole ? attention_score_elements((int)(d.T * cp)) : cp_score_elements((int)(d.T * cp), cp);
+  const double heads = whole ? d.B * d.NHl / cp : d.B * d.NHl;
   const double eff = k.peak * k.gemm.at(kAttentionBlock, std::min<double>(d.T, kAttentionBlock), d.hs);
   const double blocks = std::ceil(d.T / kAttentionBlock);
   lt.attn_f = heads * (S * k.cal->attention_forward_element_s * k.per_element + 4 * S * d.hs / eff);
@@ -205,6 +251,8 @@ LocalLayerTime local_layer_time(const Dims& d, model::Recompute r, const Costs& 
       lt.recompute_comm = lt.comm_f;
       break;
   }
+  local_cp_time(d, cp, k, &lt);
+  if (r != model::Recompute::kNone) lt.recompute += lt.cp_f;  // attention runs again, and its exchange
   return lt;
 }
 
@@ -235,9 +283,14 @@ StepContext step_context(const model::GptConfig& config, const Layout& l, const 
   using comm::MeshAxis;
   dims.tp = axis_link(axis_stride(l, MeshAxis::kTp), t, c);
   x.dp = axis_link(axis_stride(l, MeshAxis::kDp), l.dp, c);
+  dims.cp = axis_link(axis_stride(l, MeshAxis::kCp), l.cp, c);
+  dims.cp_comm = l.cp_comm;
+  // Gradients reduce over dp x cp: both groups' ranks, crossing hosts if either does.
+  if (l.cp > 1) x.dp = {l.dp * l.cp, x.dp.inter || dims.cp.inter, std::min(x.dp.share, dims.cp.share)};
   x.pp = axis_link(axis_stride(l, MeshAxis::kPp), l.pp, c);
   x.world = axis_link(1, l.world(), c);
-  dims.B = B, dims.T = T, dims.N = (double)B * T, dims.sp = l.sp && t > 1;
+  dims.B = B, dims.T = (double)T / l.cp, dims.N = (double)B * T / l.cp, dims.sp = l.sp && t > 1;
+  dims.NKVl = config.kv_heads_per_rank(t);
   dims.Nl = dims.sp ? dims.N / t : dims.N;
   dims.C = config.dim, dims.Cl = (double)config.dim / t, dims.Fl = 4.0 * config.dim / t;
   dims.NHl = (double)config.heads / t, dims.hs = (double)config.dim / config.heads;
@@ -344,7 +397,7 @@ RankElements rank_elements(const model::ParamLayout& layout, const parallel::Sha
 // transport copies and reduces on them), so every byte counts.
 double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout& layout, const RankElements& n) {
   const Layout& l = *x.layout;
-  const int d = l.dp, m = x.m;
+  const int d = l.dp * l.cp, m = x.m;  // the gradient group
   const double total = n.total, owned = n.owned, padded = n.padded;
   double dp_s = 0;
   const bool compressed = l.compression.kind != parallel::Compression::Kind::kNone;
@@ -395,7 +448,7 @@ double rank_dp_s(const StepContext& x, const Costs& k, const model::ParamLayout&
 void rank_tail(const StepContext& x, const Costs& k, int r, double tp_s, double* pp_s, StepTimes* st) {
   const model::GptConfig& config = *x.config;
   const Layout& l = *x.layout;
-  const int t = l.tp, p = l.pp, d = l.dp;
+  const int t = l.tp, p = l.pp, d = l.dp * l.cp;  // ZeRO shards over dp x cp
   const model::ParamLayout layout(config, t, 0, (*x.parts)[r]);
   const parallel::ShardLayout shards(layout, d, 0);
   const RankElements n = rank_elements(layout, shards);
@@ -430,7 +483,7 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
   const int p = x.layout->pp;
   StepTimes st;
   st.busy.assign(p, 0), st.tail.assign(p, 0);
-  st.layer = local_layer_time(x.dims, x.recompute, k);
+  st.layer = local_layer_time(x.dims, x.layout->cp, x.recompute, k);
   const LocalEdges g = local_edges(x, k);
   st.extra_first = g.emb_f + g.emb_b, st.extra_last = g.head_f + g.head_b;
   for (int r = 0; r < p; r++) {
@@ -554,10 +607,6 @@ Status check_local(const model::GptConfig& config, const Layout& l, const LocalR
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
                          ": the local predictor does not model zero-bubble schedules yet (the GPU planner does)");
-  // Context parallelism is the planner's part still to come (docs/long_context.md): skipped,
-  // not predicted at the whole sequence's activations.
-  if (l.cp > 1)
-    return Status::error("cp " + std::to_string(l.cp) + ": the local predictor does not model context parallelism yet");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");
@@ -583,14 +632,15 @@ Status local_memory(const model::GptConfig& config, const Layout& l, const Local
   std::vector<int> stage_layers;
   if (p > 1) RETURN_IF_ERROR(pp::split_layers(config, B, T, p * v, run.stage_layers, &stage_layers));
   const model::Recompute recompute = l.recompute;
-  const model::ActivationInventory inv = model::activation_inventory(config, B, T, t, l.sp);
+  // With cp a rank's sets hold its T/cp rows of each sequence; ZeRO shards over dp x cp.
+  const model::ActivationInventory inv = model::activation_inventory(config, B, T / l.cp, t, l.sp);
   out->peaks.assign(p, EngineMemory{});
   out->breakdown.assign(p, MemoryBreakdown{});
   parts->assign(p, model::ModelPart{});
   for (int r = 0; r < p; r++) {
     if (p > 1) (*parts)[r] = pp::rank_part(stage_layers, p, r);
     const model::ParamLayout layout(config, t, 0, (*parts)[r]);
-    const parallel::ShardLayout shards(layout, d, 0);
+    const parallel::ShardLayout shards(layout, d * l.cp, 0);
     const RankMemory rm =
         replay_rank_memory(config, layout, shards, (*parts)[r], inv, recompute, l, m, T, run.threads, r);
     out->peaks[r] = rm.peaks;
@@ -635,7 +685,7 @@ Status local_step(const model::GptConfig& config, const Layout& l, const LocalRu
   // time every rank waits on the inter-host wire.
   double cpu = 0, wire = 0;
   for (int r = 0; r < p; r++) {
-    cpu += (double)t * d * (cpu_times.busy[r] + cpu_times.tail[r]);
+    cpu += (double)t * d * l.cp * (cpu_times.busy[r] + cpu_times.tail[r]);
     wire = std::max(wire, full.busy[r] + full.tail[r] - cpu_times.busy[r] - cpu_times.tail[r]);
   }
   const int cores = c.cores > 0 ? c.cores : l.world() * run.threads;

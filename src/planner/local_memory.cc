@@ -208,6 +208,47 @@ class StoreReplay {
   std::vector<Pending> pending_;
 };
 
+// Context parallelism's buffers (model/context_parallel.h), communication memory each
+// attention class sizes on first use and keeps: the ring's two k, v blocks and two dk, dv
+// blocks and one block's partial output and log-sum-exp; Ulysses' traded q, k, v (sent,
+// received, laid out) and output over the whole sequences, and in the backward their
+// gradients; all-gather's own k, v rows, every rank's, the whole sequence's, and in the
+// backward the whole sequence's gradients. Also the attention kernel's keys per call: the
+// ring attends to one block (T/cp keys) at a time, the others to the whole sequence.
+struct CpReplay {
+  int cp = 1;
+  model::CpComm comm = model::CpComm::kRing;
+  double B = 0, T = 0, NHl = 0, NKVl = 0, hs = 0;
+  bool forward_done = false, backward_done = false;
+
+  double kernel_keys() const { return cp > 1 && comm == model::CpComm::kRing ? T / cp : T; }
+  // Floats each pass allocates the first time it runs.
+  double first_forward() const {
+    if (cp <= 1) return 0;
+    const double N = B * T / cp, kv = N * 2 * NKVl * hs;
+    switch (comm) {
+      case model::CpComm::kRing: return 4 * kv + N * NHl * hs + B * NHl * T / cp;
+      case model::CpComm::kAllGather: return kv + 2 * cp * kv;
+      default: {  // a2a: this rank's heads (query heads over cp, key/value heads too or one)
+        const double nq = NHl / cp, nkv = NKVl >= cp ? NKVl / cp : 1, W = (nq + 2 * nkv) * hs;
+        return B * T * (3 * W + nq * hs);
+      }
+    }
+  }
+  double first_backward() const {
+    if (cp <= 1) return 0;
+    const double N = B * T / cp, kv = N * 2 * NKVl * hs;
+    switch (comm) {
+      case model::CpComm::kRing: return 0;
+      case model::CpComm::kAllGather: return cp * kv;
+      default: {
+        const double nq = NHl / cp, nkv = NKVl >= cp ? NKVl / cp : 1, W = (nq + 2 * nkv) * hs;
+        return B * T * (W + nq * hs);
+      }
+    }
+  }
+};
+
 // One pipeline rank's model part and the buffers its model, store and executor allocate
 // over two training steps (the second is the steady state: every activation set and pool
 // spare exists), model/gpt.cc, parallel/pp/executor.cc.
@@ -221,6 +262,7 @@ struct RankReplay {
   pp::ScheduleKind schedule;
   StoreReplay* store;
   Tracker* t;
+  CpReplay cp;
 
   std::vector<model::ModelPart::Chunk> chunks() const {
     return part.chunks.empty() ? std::vector<model::ModelPart::Chunk>{{0, config.layers}} : part.chunks;
@@ -233,9 +275,13 @@ struct RankReplay {
     if (last(c)) n += (double)inv.head;
     return n;
   }
-  // Attention's per-thread score buffers (kernels/cpu/attention.cc), alive during the call.
+  // Attention's per-thread score buffers (kernels/cpu/attention.cc, attention_ranged.cc),
+  // alive during the call, after cp's buffers the first time.
   void attention(bool forward) {
-    const double bytes = 4.0 * threads * (forward ? 1 : 2) * kAttentionBlock * T;
+    bool& done = forward ? cp.forward_done : cp.backward_done;
+    if (!done) t->alloc(MemCategory::kComm, 4.0 * (forward ? cp.first_forward() : cp.first_backward()));
+    done = true;
+    const double bytes = 4.0 * threads * (forward ? 1 : 2) * kAttentionBlock * cp.kernel_keys();
     t->alloc(MemCategory::kWorkspace, bytes);
     t->free(MemCategory::kWorkspace, bytes);
   }
@@ -417,8 +463,10 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   tracker.alloc(MemCategory::kGrads, state.grads);
   tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
   StoreReplay store(layout, shards, l.zero, m, parallel::dp_step(l), l.quantized, &tracker);
+  CpReplay cp{l.cp, l.cp_comm, (double)l.micro_batch, (double)T, (double)config.heads / l.tp,
+              (double)config.kv_heads_per_rank(l.tp), (double)config.head_dim()};
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
-                    l.virtual_stages, rank, l.schedule, &store, &tracker, {}, {}};
+                    l.virtual_stages, rank, l.schedule, &store, &tracker, cp, {}, {}};
   replay.step(true);
   replay.step(false);
   RankMemory out;

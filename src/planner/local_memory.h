@@ -21,7 +21,8 @@ struct RankMemory {
 };
 
 // Pipeline rank `rank` (its model part `part` of `layout`, sharded as `shards`) of a run of
-// `l` with m micro-batches per step of B x T tokens, `threads` OpenMP threads per rank.
+// `l` with m micro-batches per step of B x T tokens, `threads` OpenMP threads per rank. With
+// cp, `inv` is of the rank's B x T/cp rows and `shards` over dp x cp.
 RankMemory replay_rank_memory(const model::GptConfig& config, const model::ParamLayout& layout,
                               const parallel::ShardLayout& shards, const model::ModelPart& part,
                               const model::ActivationInventory& inv, model::Recompute recompute, const Layout& l,

@@ -1,4 +1,4 @@
-// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a): each sequence split over
+// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a|all-gather): each sequence split over
 // N ranks, 2 chunks each (model/context_parallel.h), composed with tp and sp, pp, dp and
 // ZeRO, recomputation, document masks and bf16, and checkpoints read at other layouts.
 //
@@ -7,7 +7,8 @@
 //                         (a document per sentence), cp4 --doc-mask --recompute full, cp2 on
 //                         Llama (grouped-query heads); a2a: cp2, cp4, cp2·tp2 sp, cp2·pp2,
 //                         cp2·dp2 ZeRO-3, cp2 --doc-mask, Llama at cp2 and cp4 (key/value heads
-//                         replicated); at a global batch of 4 rows of T = 64 on 4-layer tiny
+//                         replicated); all-gather: cp2, cp4 --doc-mask on Llama, cp2·tp2 sp,
+//                         cp2·dp2 ZeRO-3; at a global batch of 4 rows of T = 64 on 4-layer tiny
 //                         models: every step's loss within 1e-5 of the one-rank run, grad_norm
 //                         within 1e-5 relative, final weights within the pipeline suite's
 //                         tolerances; the cp wire bytes exactly the documented formulas; bf16 at
@@ -103,6 +104,12 @@ std::vector<Layout> parity_layouts() {
       {.cp = 2, .doc_mask = true, .comm = "a2a"},
       {.cp = 2, .comm = "a2a", .llama = true},
       {.cp = 4, .comm = "a2a", .llama = true},
+      // All-gather (Llama 3's): alone, with document masks over grouped-query heads, with
+      // tp and sp, and with ZeRO-3.
+      {.cp = 2, .comm = "all-gather"},
+      {.cp = 4, .doc_mask = true, .comm = "all-gather", .llama = true},
+      {.cp = 2, .tp = 2, .sp = true, .recompute = "selective", .comm = "all-gather"},
+      {.cp = 2, .dp = 2, .zero = 3, .comm = "all-gather"},
   };
 }
 
@@ -126,6 +133,8 @@ using ContextParallel = ContextParallelTest;
 // - a2a: to each other rank, all its rows of that rank's heads' columns of q, k, v (W wide)
 //   and, back, of the output (Cq) per forward; backward trades q, k, v, the output and its
 //   gradient again and sends the gradient of q, k, v back.
+// - all-gather: its k, v rows to each other rank in each forward, again in backward, and
+//   the other ranks' shares of the keys' gradients (a reduce-scatter: cp-1 blocks).
 // The last stage adds the loss, one double all-reduced per micro-batch.
 int64_t cp_bytes(const Layout& l) {
   constexpr int64_t kLayers = 4, kHs = 16, kHeads = 4;
@@ -134,6 +143,8 @@ int64_t cp_bytes(const Layout& l) {
   int64_t per_layer = 0;
   if (l.comm == "ring") {
     per_layer = Nl * 2 * kv * kHs * ((l.cp - 1) * f + (l.cp - 1) + l.cp);
+  } else if (l.comm == "all-gather") {
+    per_layer = Nl * 2 * kv * kHs * (l.cp - 1) * (f + 2);
   } else {
     const int64_t nq = heads / l.cp, nkv = std::max<int64_t>(1, kv / l.cp);
     const int64_t W = (nq + 2 * nkv) * kHs, Cq = nq * kHs;
@@ -212,7 +223,7 @@ TEST_F(ContextParallel, BadInputIsRejected) {
           {kShape + " --cp 2 --cp-comm hybrid --micro-batch 2", 2, {"--cp-comm hybrid is not implemented"}},
           {kShape + " --cp 8 --cp-comm a2a --micro-batch 2", 8,
            {"--cp-comm a2a splits each tp rank's 4 query heads and 4 key/value heads over --cp 8"}},
-          {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a or hybrid"}},
+          {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a, all-gather or hybrid"}},
           {kShape + " --cp 2 --dropout 0.1 --micro-batch 2", 2, {"--dropout does not run under --cp yet"}},
           {kShape + " --cp 2 --moe-experts 4 --micro-batch 2", 2, {"--cp does not yet run Mixture-of-Experts"}},
       },

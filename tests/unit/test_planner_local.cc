@@ -12,6 +12,9 @@
 //                                does. A layout whose time misses is then run again (at
 //                                most 3 runs), each repeat predicted on the machine measured
 //                                again, and the closest attempt counts.
+//   LlamaMemoryIsExactToTheByte, ContextParallelMemoryIsExactToTheByte  a Llama block,
+//                                and context parallelism (cp 2 and 4, every mode, with tp +
+//                                sp, pp and dp): the replayed peak equals the tracker's.
 //   MemoryReplayMatchesTheModel  without runs: the predicted activations are
 //                                model::activation_inventory's sets plus scratch, the
 //                                predicted model states planner::model_state_bytes's, and
@@ -273,6 +276,67 @@ TEST_F(PlannerLocal, LlamaMemoryIsExactToTheByte) {
     EXPECT_EQ(ranks[0].total, mem["total"].get<double>());
     EXPECT_EQ(ranks[0].comm, mem["comm"].get<double>());
     EXPECT_EQ(ranks[0].gathered, mem["gathered"].get<double>());
+    fs::remove_all(out);
+  }
+}
+
+// Context parallelism as the engine runs it (issue 45): each rank's sets hold its T/cp rows,
+// ZeRO shards over dp x cp, and each attention mode's buffers come on first use. The
+// replayed peak equals the tracker's to the byte at cp 2 and 4, for the ring, Ulysses (at
+// cp 4 the two key/value heads serve two ranks each) and all-gather, with tp and sp, with
+// a pipeline and with ZeRO-1 over dp x cp.
+TEST_F(PlannerLocal, ContextParallelMemoryIsExactToTheByte) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
+#endif
+  ASSERT_TRUE(data_ok_);
+  model::GptConfig config;
+  config.layers = 2, config.dim = 64, config.heads = 4, config.max_seq_len = 64, config.vocab = 512;
+  ASSERT_TRUE(model::apply_arch("llama", &config).is_ok());
+  config.kv_heads = 2;
+  const std::string flags = "--arch llama --dim 64 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
+                            "--micro-batch 4 --steps 2 --threads 1 --eval-every 0 --peak-gflops 100 --quiet";
+  auto with_cp = [](Layout l, int cp, model::CpComm comm) {
+    l.cp = cp, l.cp_comm = comm;
+    return l;
+  };
+  using model::CpComm;
+  struct Case {
+    const char* name;
+    std::string flags;
+    Layout layout;
+  };
+  const std::vector<Case> cp_cases = {
+      {"cp2 ring", "--cp 2", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kRing)},
+      {"cp4 ring", "--cp 4", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kRing)},
+      {"cp2 a2a", "--cp 2 --cp-comm a2a", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kA2a)},
+      {"cp4 a2a", "--cp 4 --cp-comm a2a", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kA2a)},
+      {"cp2 all-gather", "--cp 2 --cp-comm all-gather", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kAllGather)},
+      {"cp4 all-gather", "--cp 4 --cp-comm all-gather", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kAllGather)},
+      {"cp2 tp2 sp", "--cp 2 --tp 2 --sp", with_cp(layout(2, 1, 1, 0, 1, true), 2, CpComm::kRing)},
+      {"cp2 pp2 1f1b", "--cp 2 --pp 2 --grad-accum 4", with_cp(layout(1, 2, 1, 0, 4), 2, CpComm::kRing)},
+      {"cp2 dp2 zero1", "--cp 2 --dp 2 --zero 1 --grad-accum 2", with_cp(layout(1, 1, 2, 1, 2), 2, CpComm::kRing)},
+  };
+  const Cluster cluster = local_cluster(1, 200, 600);
+  LocalRun lr;
+  lr.threads = 1;
+  for (const Case& c : cp_cases) {
+    SCOPED_TRACE(c.name);
+    const std::string out = dir_ + "/cp_" + std::to_string(&c - cp_cases.data());
+    const cli_test::RunResult r = cli_test::run("timeout -k 10 120 " + cli_test::kBinary + " train --data " + dir_ +
+                                                " " + flags + " --layers 2 " + c.flags + " --out " + out);
+    ASSERT_EQ(r.exit_code, 0) << cli_test::describe(r);
+    const cli_test::Metrics m = cli_test::read_metrics(out + "/metrics.jsonl");
+    ASSERT_EQ(m.steps.size(), 2u);
+    Prediction p;
+    std::vector<EngineMemory> ranks;
+    ASSERT_TRUE(predict_local(config, c.layout, lr, cluster, &p, &ranks).is_ok());
+    const json& mem = m.steps.back()["mem"];
+    EXPECT_EQ(ranks[0].total, mem["total"].get<double>());
+    EXPECT_EQ(ranks[0].activations, mem["activations"].get<double>());
+    EXPECT_EQ(ranks[0].comm, mem["comm"].get<double>());
+    EXPECT_EQ(ranks[0].optim, mem["optim"].get<double>());
+    EXPECT_GT(p.step_s, 0);
     fs::remove_all(out);
   }
 }

@@ -434,6 +434,11 @@ TEST(PlannerTimeH100, PublishedRunsWithinFifteenPercent) {
   for (const H100Run& r : h100_runs()) {
     Prediction p;
     ASSERT_TRUE(predict(r.model, r.layout, h100, &p).is_ok()) << r.name;
+    const double published = r.tokens_per_s > 0 ? r.tokens_per_s : r.tflops_per_gpu;
+    const double predicted = r.tokens_per_s > 0 ? p.tokens_per_s : p.model_tflops_per_gpu;
+    std::printf("[ h100     ] %-48s predicted %9.0f %s, published %9.0f (%+.1f%%), %.1f GB\n", r.name, predicted,
+                r.tokens_per_s > 0 ? "tokens/s" : "TFLOP/s ", published, 100 * rel_err(predicted, published),
+                p.memory.total() / 1e9);
     if (r.tokens_per_s > 0) {
       EXPECT_LT(std::abs(rel_err(p.tokens_per_s, r.tokens_per_s)), 0.15)
           << r.name << ": predicted " << p.tokens_per_s << " tokens/s, published " << r.tokens_per_s;
