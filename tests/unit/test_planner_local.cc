@@ -225,44 +225,31 @@ TEST_F(PlannerLocal, LocalLayoutsMatchTheEngine) {
   }
 }
 
-// A Llama block (RMSNorm, GQA with 2 key/value heads, SwiGLU, an untied head) as the engine
-// runs it: the replayed peak equals the tracker's to the byte, in layouts that split its
-// new parts (tp 2 with sp: one kv head per rank; tp 4: each replicated on two ranks, with
-// the exchange buffer; pp 2: the untied head on the last stage; dp 2 ZeRO-3), and ZeRO-2/3
-// under a pipeline (pp 2 x dp 2: whole gradients, and ZeRO-3's units, held through the step).
-TEST_F(PlannerLocal, LlamaMemoryIsExactToTheByte) {
-#ifndef MESHTRAIN_HAVE_MPI
-  GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
-#endif
-  ASSERT_TRUE(data_ok_);
+// A layout of the small Llama below as the engine runs it and as the replay predicts it.
+struct LlamaCase {
+  const char* name;
+  std::string flags;
+  Layout layout;
+  int layers = 2;
+};
+
+// Each case trained for 2 steps on the fixture's data; world rank 0's replayed peaks equal
+// the tracker's: total, activations, comm, gathered and optimizer state.
+void expect_llama_memory_exact(const std::string& data, const std::vector<LlamaCase>& cases) {
   model::GptConfig config;
   config.layers = 2, config.dim = 64, config.heads = 4, config.max_seq_len = 64, config.vocab = 512;
   ASSERT_TRUE(model::apply_arch("llama", &config).is_ok());
   config.kv_heads = 2;
   const std::string flags = "--arch llama --dim 64 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
                             "--micro-batch 4 --steps 2 --threads 1 --eval-every 0 --peak-gflops 100 --quiet";
-  struct Case {
-    const char* name;
-    std::string flags;
-    Layout layout;
-    int layers = 2;
-  };
-  const std::vector<Case> llama_cases = {{"tp2 sp", "--tp 2 --sp", layout(2, 1, 1, 0, 1, true)},
-                                         {"tp4 (replicated kv)", "--tp 4", layout(4, 1, 1, 0, 1)},
-                                         {"pp2 1f1b", "--pp 2 --grad-accum 4", layout(1, 2, 1, 0, 4)},
-                                         {"dp2 zero3", "--dp 2 --zero 3", layout(1, 1, 2, 3, 1)},
-                                         // Under a pipeline: reduced once per step, ZeRO-3 kept gathered
-                                         // (4 layers: the first stage's 3 units all held at once).
-                                         {"pp2 dp2 zero2", "--pp 2 --dp 2 --zero 2 --grad-accum 2", layout(1, 2, 2, 2, 2), 4},
-                                         {"pp2 dp2 zero3", "--pp 2 --dp 2 --zero 3 --grad-accum 2", layout(1, 2, 2, 3, 2), 4}};
   const Cluster cluster = local_cluster(1, 200, 600);
   LocalRun lr;
   lr.threads = 1;
-  for (const Case& c : llama_cases) {
+  for (const LlamaCase& c : cases) {
     SCOPED_TRACE(c.name);
-    const std::string out = dir_ + "/llama_" + std::to_string(&c - llama_cases.data());
+    const std::string out = data + "/llama_" + std::to_string(&c - cases.data());
     const cli_test::RunResult r =
-        cli_test::run("timeout -k 10 120 " + cli_test::kBinary + " train --data " + dir_ + " " + flags + " --layers " +
+        cli_test::run("timeout -k 10 120 " + cli_test::kBinary + " train --data " + data + " " + flags + " --layers " +
                       std::to_string(c.layers) + " " + c.flags + " --out " + out);
     ASSERT_EQ(r.exit_code, 0) << cli_test::describe(r);
     const cli_test::Metrics m = cli_test::read_metrics(out + "/metrics.jsonl");
@@ -273,11 +260,33 @@ TEST_F(PlannerLocal, LlamaMemoryIsExactToTheByte) {
     part_config.layers = c.layers;
     ASSERT_TRUE(predict_local(part_config, c.layout, lr, cluster, &p, &ranks).is_ok());
     const json& mem = m.steps.back()["mem"];
-    EXPECT_EQ(ranks[0].total, mem["total"].get<double>());
-    EXPECT_EQ(ranks[0].comm, mem["comm"].get<double>());
-    EXPECT_EQ(ranks[0].gathered, mem["gathered"].get<double>());
+    for (auto [name, predicted] : {std::pair{"total", ranks[0].total}, {"activations", ranks[0].activations},
+                                   {"comm", ranks[0].comm}, {"gathered", ranks[0].gathered}, {"optim", ranks[0].optim}})
+      EXPECT_EQ(predicted, mem[name].get<double>()) << name;
+    EXPECT_GT(p.step_s, 0);
     fs::remove_all(out);
   }
+}
+
+// A Llama block (RMSNorm, GQA with 2 key/value heads, SwiGLU, an untied head) as the engine
+// runs it: the replayed peak equals the tracker's to the byte, in layouts that split its
+// new parts (tp 2 with sp: one kv head per rank; tp 4: each replicated on two ranks, with
+// the exchange buffer; pp 2: the untied head on the last stage; dp 2 ZeRO-3), and ZeRO-2/3
+// under a pipeline (pp 2 x dp 2: whole gradients, and ZeRO-3's units, held through the step).
+TEST_F(PlannerLocal, LlamaMemoryIsExactToTheByte) {
+#ifndef MESHTRAIN_HAVE_MPI
+  GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
+#endif
+  ASSERT_TRUE(data_ok_);
+  expect_llama_memory_exact(
+      dir_, {{"tp2 sp", "--tp 2 --sp", layout(2, 1, 1, 0, 1, true)},
+             {"tp4 (replicated kv)", "--tp 4", layout(4, 1, 1, 0, 1)},
+             {"pp2 1f1b", "--pp 2 --grad-accum 4", layout(1, 2, 1, 0, 4)},
+             {"dp2 zero3", "--dp 2 --zero 3", layout(1, 1, 2, 3, 1)},
+             // Under a pipeline: reduced once per step, ZeRO-3 kept gathered
+             // (4 layers: the first stage's 3 units all held at once).
+             {"pp2 dp2 zero2", "--pp 2 --dp 2 --zero 2 --grad-accum 2", layout(1, 2, 2, 2, 2), 4},
+             {"pp2 dp2 zero3", "--pp 2 --dp 2 --zero 3 --grad-accum 2", layout(1, 2, 2, 3, 2), 4}});
 }
 
 // Context parallelism as the engine runs it (issue 45): each rank's sets hold its T/cp rows,
@@ -290,55 +299,22 @@ TEST_F(PlannerLocal, ContextParallelMemoryIsExactToTheByte) {
   GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
 #endif
   ASSERT_TRUE(data_ok_);
-  model::GptConfig config;
-  config.layers = 2, config.dim = 64, config.heads = 4, config.max_seq_len = 64, config.vocab = 512;
-  ASSERT_TRUE(model::apply_arch("llama", &config).is_ok());
-  config.kv_heads = 2;
-  const std::string flags = "--arch llama --dim 64 --heads 4 --kv-heads 2 --seq-len 64 --vocab 512 "
-                            "--micro-batch 4 --steps 2 --threads 1 --eval-every 0 --peak-gflops 100 --quiet";
   auto with_cp = [](Layout l, int cp, model::CpComm comm) {
     l.cp = cp, l.cp_comm = comm;
     return l;
   };
   using model::CpComm;
-  struct Case {
-    const char* name;
-    std::string flags;
-    Layout layout;
-  };
-  const std::vector<Case> cp_cases = {
-      {"cp2 ring", "--cp 2", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kRing)},
-      {"cp4 ring", "--cp 4", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kRing)},
-      {"cp2 a2a", "--cp 2 --cp-comm a2a", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kA2a)},
-      {"cp4 a2a", "--cp 4 --cp-comm a2a", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kA2a)},
-      {"cp2 all-gather", "--cp 2 --cp-comm all-gather", with_cp(layout(1, 1, 1, 0, 1), 2, CpComm::kAllGather)},
-      {"cp4 all-gather", "--cp 4 --cp-comm all-gather", with_cp(layout(1, 1, 1, 0, 1), 4, CpComm::kAllGather)},
-      {"cp2 tp2 sp", "--cp 2 --tp 2 --sp", with_cp(layout(2, 1, 1, 0, 1, true), 2, CpComm::kRing)},
-      {"cp2 pp2 1f1b", "--cp 2 --pp 2 --grad-accum 4", with_cp(layout(1, 2, 1, 0, 4), 2, CpComm::kRing)},
-      {"cp2 dp2 zero1", "--cp 2 --dp 2 --zero 1 --grad-accum 2", with_cp(layout(1, 1, 2, 1, 2), 2, CpComm::kRing)},
-  };
-  const Cluster cluster = local_cluster(1, 200, 600);
-  LocalRun lr;
-  lr.threads = 1;
-  for (const Case& c : cp_cases) {
-    SCOPED_TRACE(c.name);
-    const std::string out = dir_ + "/cp_" + std::to_string(&c - cp_cases.data());
-    const cli_test::RunResult r = cli_test::run("timeout -k 10 120 " + cli_test::kBinary + " train --data " + dir_ +
-                                                " " + flags + " --layers 2 " + c.flags + " --out " + out);
-    ASSERT_EQ(r.exit_code, 0) << cli_test::describe(r);
-    const cli_test::Metrics m = cli_test::read_metrics(out + "/metrics.jsonl");
-    ASSERT_EQ(m.steps.size(), 2u);
-    Prediction p;
-    std::vector<EngineMemory> ranks;
-    ASSERT_TRUE(predict_local(config, c.layout, lr, cluster, &p, &ranks).is_ok());
-    const json& mem = m.steps.back()["mem"];
-    EXPECT_EQ(ranks[0].total, mem["total"].get<double>());
-    EXPECT_EQ(ranks[0].activations, mem["activations"].get<double>());
-    EXPECT_EQ(ranks[0].comm, mem["comm"].get<double>());
-    EXPECT_EQ(ranks[0].optim, mem["optim"].get<double>());
-    EXPECT_GT(p.step_s, 0);
-    fs::remove_all(out);
-  }
+  const Layout one = layout(1, 1, 1, 0, 1);
+  expect_llama_memory_exact(
+      dir_, {{"cp2 ring", "--cp 2", with_cp(one, 2, CpComm::kRing)},
+             {"cp4 ring", "--cp 4", with_cp(one, 4, CpComm::kRing)},
+             {"cp2 a2a", "--cp 2 --cp-comm a2a", with_cp(one, 2, CpComm::kA2a)},
+             {"cp4 a2a", "--cp 4 --cp-comm a2a", with_cp(one, 4, CpComm::kA2a)},
+             {"cp2 all-gather", "--cp 2 --cp-comm all-gather", with_cp(one, 2, CpComm::kAllGather)},
+             {"cp4 all-gather", "--cp 4 --cp-comm all-gather", with_cp(one, 4, CpComm::kAllGather)},
+             {"cp2 tp2 sp", "--cp 2 --tp 2 --sp", with_cp(layout(2, 1, 1, 0, 1, true), 2, CpComm::kRing)},
+             {"cp2 pp2 1f1b", "--cp 2 --pp 2 --grad-accum 4", with_cp(layout(1, 2, 1, 0, 4), 2, CpComm::kRing)},
+             {"cp2 dp2 zero1", "--cp 2 --dp 2 --zero 1 --grad-accum 2", with_cp(layout(1, 1, 2, 1, 2), 2, CpComm::kRing)}});
 }
 
 // Without runs: the replayed memory is built from the engine's own accounting.
