@@ -1,6 +1,7 @@
 // Kernel tests: (1) the naive references against central finite differences in double;
 // (2) the optimised CPU kernels against the references on random shapes, odd sizes included.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <cstring>
@@ -383,6 +384,30 @@ TEST(Bf16, AttentionMatchesTheReferenceOnRoundedOperands) {
     EXPECT_LT(max_rel_diff(flse, exact_lse), 1e-2) << "T=" << s.T;
     EXPECT_LT(max_rel_diff(fdqkv, exact_dqkv), 2e-2) << "T=" << s.T;
   }
+}
+
+// Past 1024 rows the bf16 kernel runs in tiles of 256 query rows against the keys they
+// see (issue 45: memory that does not grow as T^2): the same values as the rounding
+// reference, within the bounds above (the tiles sum dK and dV in another order), and a
+// thread's scratch is 256 x T products, not T x T.
+TEST(Bf16, LongSequencesRunInTilesOfQueryRows) {
+  std::mt19937 rng(47);
+  const Shape s{1, 1100, 32, 2};  // five tiles, the last of 76 rows
+  const int N = s.B * s.T;
+  Vec qkv = random_vec(N * 3 * s.C, rng), dout = random_vec(N * s.C, rng);
+  Vec out(N * s.C), lse(s.B * s.NH * s.T), dqkv(qkv.size());
+  attention_bf16_reference(out, lse, dqkv, qkv, dout, s.B, s.T, s.C, s.NH);
+  auto workspace = [] { return MemoryTracker::instance().stats().current[(int)MemCategory::kWorkspace]; };
+  const int64_t before = workspace();  // other kernels' per-thread caches, and the last test's scratch
+  const auto got = kernel_attention(qkv, dout, s, Precision::kBf16);
+  EXPECT_LT(max_rel_diff(got.out, out), 1e-3);
+  EXPECT_LT(max_rel_diff(got.lse, lse), 1e-5);
+  EXPECT_LT(max_rel_diff(got.dqkv, dqkv), 3e-4);
+  // Each thread's scratch: q, k, v, dO in bf16 (T x hs each), two fp32 and two bf16 tiles
+  // of 256 x T, a row of T floats (untracked). All of it, not one square of 4 T^2 bytes.
+  const int64_t hs = s.C / s.NH, per_thread = 4 * 2 * s.T * hs + (2 * 4 + 2 * 2) * 256 * (int64_t)s.T;
+  EXPECT_LE(workspace(), before + omp_get_max_threads() * per_thread);
+  EXPECT_LT(workspace(), omp_get_max_threads() * 4 * (int64_t)s.T * s.T);
 }
 
 // The KV-cache kernel reproduces rows p..p+n-1 of full causal attention (reference and

@@ -1,8 +1,10 @@
 // Causal self-attention with bf16 GEMMs (--precision bf16): one task per (batch row, key/
 // value head) packs its k and v, and each query head sharing them its q, into dense bf16
-// [T, hs] blocks, and multiplies whole T x T score matrices on the bf16 units (AMX through oneDNN). The square costs twice the causal
-// FLOPs, but one call per product and head replaces the fp32 kernel's many small
-// blocked GEMMs, which ran at a fraction of even the fp32 peak. Softmax, its log-sum-exp
+// [T, hs] blocks, and multiplies whole T x T score matrices on the bf16 units (AMX through
+// oneDNN); past 1024 rows, tiles of 256 query rows against the keys they see, so that a
+// thread's scores are 256 x T. The square costs twice the causal FLOPs, but one call per
+// product and head replaces the fp32 kernel's many small blocked GEMMs, which ran at a
+// fraction of even the fp32 peak. Softmax, its log-sum-exp
 // and the row sums of backward stay fp32; the products' operands (q, k, v, P, dO, dS) are
 // rounded to bf16 as PyTorch's autocast rounds them.
 #include <algorithm>
@@ -25,9 +27,15 @@ void pack_head(const float* x, int rows, int hs, int ld, uint16_t* out) {
   for (int r = 0; r < rows; r++) round_block_to_bf16(x + (size_t)r * ld, out + (size_t)r * hs, hs);
 }
 
-// A thread's buffers for one head: dense bf16 q, k, v (and dO), fp32 T x T products and
-// their bf16 roundings. Kept per thread from call to call (grown to the largest T seen):
-// fresh pages on every call cost more than the products.
+// Query rows per tile: sequences up to kWholeRows run as one tile (one whole product per
+// head), longer ones in tiles of kTileRows, each against the keys its rows may see (the
+// causal prefix): a thread's scores are kTileRows x T, never T x T (32 GB at T = 32768).
+constexpr int kWholeRows = 1024, kTileRows = 256;
+int tile_rows(int T) { return T <= kWholeRows ? T : kTileRows; }
+
+// A thread's buffers for one head: dense bf16 q, k, v (and dO), fp32 products of one tile of
+// query rows against its keys and their bf16 roundings. Kept per thread from call to call
+// (grown to the largest seen): fresh pages on every call cost more than the products.
 struct HeadScratch {
   Buffer<uint16_t> q, k, v, dout;
   Buffer<float> scores, dprobs;
@@ -40,34 +48,42 @@ struct HeadScratch {
     return h;
   }
   void ensure(int T, int hs) {
-    const size_t head = (size_t)T * hs, square = (size_t)T * T;
-    if (q.size() >= head && scores.size() >= square) return;
+    const size_t head = (size_t)T * hs, tile = (size_t)tile_rows(T) * T;
+    if (q.size() >= head && scores.size() >= tile) return;
     for (Buffer<uint16_t>* b : {&q, &k, &v, &dout}) b->allocate(MemCategory::kWorkspace, head);
-    for (Buffer<float>* b : {&scores, &dprobs}) b->allocate(MemCategory::kWorkspace, square);
-    for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, square);
+    for (Buffer<float>* b : {&scores, &dprobs}) b->allocate(MemCategory::kWorkspace, tile);
+    for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, tile);
     row.assign(T, 0.0f);
   }
 };
 
-// Row i of a causal T x T bf16 matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
-void causal_row_bf16(const float* x, int i, int T, uint16_t* row16) {
+// Query rows [i0, i0 + rows) against keys [0, keys): the causal prefix they see.
+struct Tile {
+  int i0, rows, keys;
+};
+
+// Row i (of `keys` columns) of a causal matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
+void causal_row_bf16(const float* x, int i, int keys, uint16_t* row16) {
   round_block_to_bf16(x, row16, i + 1);
-  std::memset(row16 + i + 1, 0, sizeof(uint16_t) * (T - i - 1));
+  std::memset(row16 + i + 1, 0, sizeof(uint16_t) * (keys - i - 1));
 }
 
 // Row i of the probabilities in bf16: exp(scale * s - lse_i) for j <= i, 0 beyond.
-void probs_row_bf16(const float* s, float scale, float lse, int i, int T, float* tmp, uint16_t* p16) {
+void probs_row_bf16(const float* s, float scale, float lse, int i, int keys, float* tmp, uint16_t* p16) {
 #pragma omp simd
   for (int j = 0; j <= i; j++) tmp[j] = fast_exp(scale * s[j] - lse);
-  causal_row_bf16(tmp, i, T, p16);
+  causal_row_bf16(tmp, i, keys, p16);
 }
 
 // For every (batch row, key/value head), split over the threads: packs the key/value
 // head's k and v into the thread's scratch; then, for each query head sharing them in
-// order, packs its q, computes its raw scores q k^T there and calls body(scratch, b, head,
-// first), first telling the group's first head (whose dK and dV products start the sums).
+// order, packs its q and, tile by tile (the last first when `last_first`: its keys are all
+// of them, so the backward's sums over tiles start there), computes the tile's raw scores
+// q k^T and calls body(scratch, b, head, tile, first), first telling the group's first head
+// and its first tile (where the dK and dV products start the sums).
 template <typename Body>
-void for_each_head(const float* qkv, int B, int T, const QkvLayout& at, int NKV, Body body) {
+void for_each_head(const float* qkv, int B, int T, const QkvLayout& at, int NKV, bool last_first, Body body) {
+  const int R = tile_rows(T), tiles = (T + R - 1) / R;
 #pragma omp parallel
   {
     HeadScratch& h = HeadScratch::for_thread(T, at.hs);
@@ -78,8 +94,13 @@ void for_each_head(const float* qkv, int B, int T, const QkvLayout& at, int NKV,
         pack_head(qkv + at.k_of_group(b, g, T) + at.CK, T, at.hs, at.ld, h.v.data());
         for (int head = g * at.group; head < (g + 1) * at.group; head++) {
           pack_head(qkv + at.q(b, head, T), T, at.hs, at.ld, h.q.data());
-          gemm_bf16(false, true, T, T, at.hs, h.q.data(), at.hs, h.k.data(), at.hs, 0.0f, h.scores.data(), T);
-          body(h, b, head, head == g * at.group);
+          for (int n = 0; n < tiles; n++) {
+            const int i0 = (last_first ? tiles - 1 - n : n) * R, rows = std::min(R, T - i0);
+            const Tile tile{i0, rows, i0 + rows};
+            gemm_bf16(false, true, rows, tile.keys, at.hs, h.q.data() + (size_t)i0 * at.hs, at.hs, h.k.data(),
+                      at.hs, 0.0f, h.scores.data(), tile.keys);
+            body(h, b, head, tile, head == g * at.group && n == 0);
+          }
         }
       }
     }
@@ -92,10 +113,12 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
   const QkvLayout at(C, NH, NKV);
   const int hs = at.hs;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for_each_head(qkv, B, T, at, NKV, [&](HeadScratch& h, int b, int head, bool) {
+  for_each_head(qkv, B, T, at, NKV, false, [&](HeadScratch& h, int b, int head, const Tile& tile, bool) {
     float* lse_bh = lse + ((size_t)b * NH + head) * T;
-    for (int i = 0; i < T; i++) {
-      const float* si = h.scores.data() + (size_t)i * T;
+    const int keys = tile.keys;
+    for (int r = 0; r < tile.rows; r++) {
+      const int i = tile.i0 + r;
+      const float* si = h.scores.data() + (size_t)r * keys;
       float* x = h.row.data();
       const float mx = scale * row_max(si, i + 1);  // scale > 0: the max of the scaled row
       float sum = 0.0f;
@@ -107,10 +130,11 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
       const float inv = 1.0f / sum;
 #pragma omp simd
       for (int j = 0; j <= i; j++) x[j] *= inv;
-      causal_row_bf16(x, i, T, h.probs16.data() + (size_t)i * T);
+      causal_row_bf16(x, i, keys, h.probs16.data() + (size_t)r * keys);
       lse_bh[i] = mx + std::log(sum);
     }
-    gemm_bf16(false, false, T, hs, T, h.probs16.data(), T, h.v.data(), hs, 0.0f, out + at.out(b, head, T), C);  // P v
+    gemm_bf16(false, false, tile.rows, hs, keys, h.probs16.data(), keys, h.v.data(), hs, 0.0f,
+              out + at.out(b, head, T) + (size_t)tile.i0 * C, C);  // P v
   });
 }
 
@@ -119,38 +143,42 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
   const QkvLayout at(C, NH, NKV);
   const int hs = at.hs, ld = at.ld;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for_each_head(qkv, B, T, at, NKV, [&](HeadScratch& h, int b, int head, bool first) {
+  for_each_head(qkv, B, T, at, NKV, true, [&](HeadScratch& h, int b, int head, const Tile& tile, bool first) {
     const size_t out_offset = at.out(b, head, T);
-    float* dq = dqkv + at.q(b, head, T);
-    // The shared key/value head's dk, dv columns: the group's first head writes them, the
-    // others add (beta 1) in head order.
+    const int keys = tile.keys, i0 = tile.i0, rows = tile.rows;
+    float* dq = dqkv + at.q(b, head, T) + (size_t)i0 * ld;
+    // The shared key/value head's dk, dv columns: the group's first head's last tile (which
+    // sees every key) writes them, every other tile adds (beta 1), in head and tile order.
     float* dk = dqkv + at.k_of_group(b, head / at.group, T);
     float* dv = dk + at.CK;
     const float beta = first ? 0.0f : 1.0f;
-    pack_head(dout + out_offset, T, hs, C, h.dout.data());
+    if (i0 + rows == T) pack_head(dout + out_offset, T, hs, C, h.dout.data());  // the head's first tile
+    const uint16_t* dout16 = h.dout.data() + (size_t)i0 * hs;
     const float* lse_bh = lse + ((size_t)b * NH + head) * T;
-    for (int i = 0; i < T; i++)  // the probabilities again, from the scores and log-sum-exp
-      probs_row_bf16(h.scores.data() + (size_t)i * T, scale, lse_bh[i], i, T, h.row.data(),
-                     h.probs16.data() + (size_t)i * T);
+    for (int r = 0; r < rows; r++)  // the probabilities again, from the scores and log-sum-exp
+      probs_row_bf16(h.scores.data() + (size_t)r * keys, scale, lse_bh[i0 + r], i0 + r, keys, h.row.data(),
+                     h.probs16.data() + (size_t)r * keys);
     float* dp = h.dprobs.data();
-    gemm_bf16(true, false, T, hs, T, h.probs16.data(), T, h.dout.data(), hs, beta, dv, ld);  // dV (+)= P^T dO
-    gemm_bf16(false, true, T, T, hs, h.dout.data(), hs, h.v.data(), hs, 0.0f, dp, T);  // dP = dO v^T
-    for (int i = 0; i < T; i++) {
+    gemm_bf16(true, false, keys, hs, rows, h.probs16.data(), keys, dout16, hs, beta, dv, ld);  // dV (+)= P^T dO
+    gemm_bf16(false, true, rows, keys, hs, dout16, hs, h.v.data(), hs, 0.0f, dp, keys);  // dP = dO v^T
+    for (int r = 0; r < rows; r++) {
       // dS = scale * P * (dP - rowsum(dO * O)), from the fp32 dO and O; P as rounded.
+      const int i = i0 + r;
       const float* o = out + out_offset + (size_t)i * C;
       const float* d_o = dout + out_offset + (size_t)i * C;
       float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
       for (int d = 0; d < hs; d++) dot += d_o[d] * o[d];
-      const uint16_t* pi = h.probs16.data() + (size_t)i * T;
-      const float* dpi = dp + (size_t)i * T;
+      const uint16_t* pi = h.probs16.data() + (size_t)r * keys;
+      const float* dpi = dp + (size_t)r * keys;
       float* x = h.row.data();
 #pragma omp simd
       for (int j = 0; j <= i; j++) x[j] = scale * bf16_value(pi[j]) * (dpi[j] - dot);
-      causal_row_bf16(x, i, T, h.dscores16.data() + (size_t)i * T);
+      causal_row_bf16(x, i, keys, h.dscores16.data() + (size_t)r * keys);
     }
-    gemm_bf16(false, false, T, hs, T, h.dscores16.data(), T, h.k.data(), hs, 0.0f, dq, ld);     // dQ = dS k
-    gemm_bf16(true, false, T, hs, T, h.dscores16.data(), T, h.q.data(), hs, beta, dk, ld);  // dK (+)= dS^T q
+    gemm_bf16(false, false, rows, hs, keys, h.dscores16.data(), keys, h.k.data(), hs, 0.0f, dq, ld);  // dQ = dS k
+    gemm_bf16(true, false, keys, hs, rows, h.dscores16.data(), keys, h.q.data() + (size_t)i0 * hs, hs, beta, dk,
+              ld);  // dK (+)= dS^T q
   });
 }
 
