@@ -26,11 +26,7 @@ TABLES = {
     ("train/options.cc", "to_json"),                 # every field of the run's record
 }
 
-OWED = {
-    # Gpt's MoE backward, with the split of Gpt into the layers and the pipeline's own part
-    # (issue 44 item 8).
-    ("model/gpt_moe.cc", "moe_backward"),
-}
+OWED: set = set()
 
 SKIP = re.compile(r"(namespace|struct|class|enum|union|template|#|//|}|using|extern|static_assert|typedef|"
                   r"inline constexpr|constexpr \w+ \w+ *=|const \w+.*=)")

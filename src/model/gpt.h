@@ -315,6 +315,10 @@ class Gpt {
   // the tp reduction, in partial_ (all N rows); backward leaves the input gradient there.
   void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
+  void moe_choice_grads(const BlockActivations& a, const float* dout, int N);
+  void moe_experts_backward(int l, BlockActivations& a, const std::vector<int>& offsets, float* dy, const float* rows);
+  void moe_router_backward(int l, int u, const float* unit, float* gunit, const BlockActivations& a, const float* x,
+                           int N, int T);
   // Expert parallelism (ep > 1): rows in dispatch order (by global expert) to this rank's
   // experts, arriving expert-major in `out`, and back, where `rows` is scratch afterwards.
   // Under tp each tp rank carries only its share of the rows over ep; the tp group

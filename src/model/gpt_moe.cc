@@ -289,19 +289,12 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   }
 }
 
-// From d(residual3) in dresidual_ to the gradient of the MoE MLP's input (all rows, partial
-// over tp) in partial_, adding every expert's, the shared experts' and the router's weight
-// gradients.
-void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T) {
-  const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
-  const int S = config_.moe.shared_experts, M = a.route.offsets[E], El = layout_.local_experts(l);
+// Each choice's routing-weight gradient <dout, y> into moe_dweight_, summed over tp (y is
+// partial there), and each dispatched row's output gradient w * dout into moe_dy_, in
+// dispatch order.
+void Gpt::moe_choice_grads(const BlockActivations& a, const float* dout, int N) {
+  const int C = config_.dim, k = config_.moe.top_k, M = a.route.offsets[config_.moe.experts];
   const MoeRoute& r = a.route;
-  const std::vector<int> offsets = moe_expert_offsets(a);
-  const int R = offsets[El];
-  flops_.model += 2 * moe_flops(N, R);  // backward: twice the forward's
-  const float* dout = gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_);
-  // Each choice's weight gradient <dout, y>, summed over tp (y is partial there), and each
-  // dispatched row's output gradient w * dout.
   for (int i = 0; i < N * k; i++) {
     float dot = 0;
     if (r.slot[i] >= 0) {
@@ -319,6 +312,58 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
     float* dy = moe_dy_ + (size_t)s * C;
     for (int c = 0; c < C; c++) dy[c] = w * d[c];
   }
+}
+
+// Layer l's local experts backward on their rows (`dy` their output gradients, `rows` their
+// inputs, in dispatch order): down projections, activation, first projections, each
+// expert's weight gradients; the rows' input gradients replace `dy`.
+void Gpt::moe_experts_backward(int l, BlockActivations& a, const std::vector<int>& offsets, float* dy,
+                               const float* rows) {
+  const int C = config_.dim, El = layout_.local_experts(l), R = offsets[El];
+  std::vector<k::GemmInput> fc, proj;
+  std::vector<k::GradOutput> dfc, dproj;
+  std::vector<int> units(El);
+  for (int j = 0; j < El; j++) {
+    units[j] = layout_.expert_unit(l, j);
+    const float* eu = store_->acquire_params(units[j]);
+    float* geu = store_->acquire_grads(units[j]);
+    fc.push_back(gemm_weight(units[j], eu, layout_.expert_fc(l, j)));
+    proj.push_back(gemm_weight(units[j], eu, layout_.expert_proj(l, j)));
+    dfc.push_back(weight_grad(units[j], geu, layout_.expert_fc(l, j)));
+    dproj.push_back(weight_grad(units[j], geu, layout_.expert_proj(l, j)));
+  }
+  k::grouped_matmul_backward(moe_dact_, dproj.data(), dy, hidden_input(a.fch_gelu), proj.data(), offsets.data(), El,
+                             Fel_, C, precision_);
+  activation_backward(moe_dfch_, a.fch, moe_dact_, R, Fel_);
+  k::grouped_matmul_backward(dy, dfc.data(), moe_dfch_, rows, fc.data(), offsets.data(), El, C, Fcel_, precision_);
+  for (int j = El - 1; j >= 0; j--) store_->release_params(units[j]), store_->release_grads(units[j]);
+}
+
+// The router's backward, in fp32: the same on every tp rank (whole weight gradients, summed
+// dweight), so its input gradient joins the partial sum on one rank only. `x` the MLP's
+// input rows.
+void Gpt::moe_router_backward(int l, int u, const float* unit, float* gunit, const BlockActivations& a,
+                              const float* x, int N, int T) {
+  const int C = config_.dim, E = config_.moe.experts;
+  const float aux_scale = loss_scale_ * (float)T;  // each sequence's balance loss counts once
+  moe_route_backward(config_.moe, moe_training_, a.router_logits, moe_dweight_, a.route, N, T, aux_scale, loss_scale_,
+                     moe_dlogits_);
+  const ParamTensor& router = layout_.layer(l, kRouterW);
+  k::gemm(true, false, E, C, N, 1.0f, moe_dlogits_, E, x, C, 1.0f, grad(u, gunit, router), C);
+  if (tp_rank_ == 0) k::gemm(false, false, N, C, E, 1.0f, moe_dlogits_, E, param(u, unit, router), C, 1.0f, partial_, C);
+}
+
+// From d(residual3) in dresidual_ to the gradient of the MoE MLP's input (all rows, partial
+// over tp) in partial_, adding every expert's, the shared experts' and the router's weight
+// gradients.
+void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T) {
+  const int N = B * T, C = config_.dim, k = config_.moe.top_k;
+  const int S = config_.moe.shared_experts, M = a.route.offsets[config_.moe.experts], El = layout_.local_experts(l);
+  const MoeRoute& r = a.route;
+  const std::vector<int> offsets = moe_expert_offsets(a);
+  flops_.model += 2 * moe_flops(N, offsets[El]);  // backward: twice the forward's
+  const float* dout = gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_);
+  moe_choice_grads(a, dout, N);
   // The output gradients leave for the experts' ranks (ep > 1) while the shared experts'
   // backward runs.
   MoeDispatch dispatch;
@@ -337,9 +382,8 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
   } else {
     std::fill(partial_, partial_ + (size_t)N * C, 0.0f);
   }
-  // The experts: their output gradients to their ranks (ep > 1), down projections,
-  // activation, first projections; the input gradients go back the same way and replace
-  // the output gradients in moe_dy_, in dispatch order.
+  // The experts: their output gradients to their ranks (ep > 1), and their input gradients
+  // back the same way, replacing the output gradients in moe_dy_, in dispatch order.
   float* dy = moe_dy_;
   const float* rows = moe_rows_;
   if (ep_) {
@@ -349,23 +393,7 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
     for (int s = 0; s < M; s++)
       std::memcpy(moe_rows_ + (size_t)s * C, x + (size_t)(r.order[s] / k) * C, sizeof(float) * C);
   }
-  std::vector<k::GemmInput> fc, proj;
-  std::vector<k::GradOutput> dfc, dproj;
-  std::vector<int> units(El);
-  for (int j = 0; j < El; j++) {
-    units[j] = layout_.expert_unit(l, j);
-    const float* eu = store_->acquire_params(units[j]);
-    float* geu = store_->acquire_grads(units[j]);
-    fc.push_back(gemm_weight(units[j], eu, layout_.expert_fc(l, j)));
-    proj.push_back(gemm_weight(units[j], eu, layout_.expert_proj(l, j)));
-    dfc.push_back(weight_grad(units[j], geu, layout_.expert_fc(l, j)));
-    dproj.push_back(weight_grad(units[j], geu, layout_.expert_proj(l, j)));
-  }
-  k::grouped_matmul_backward(moe_dact_, dproj.data(), dy, hidden_input(a.fch_gelu), proj.data(), offsets.data(), El,
-                             Fel_, C, precision_);
-  activation_backward(moe_dfch_, a.fch, moe_dact_, R, Fel_);
-  k::grouped_matmul_backward(dy, dfc.data(), moe_dfch_, rows, fc.data(), offsets.data(), El, C, Fcel_, precision_);
-  for (int j = El - 1; j >= 0; j--) store_->release_params(units[j]), store_->release_grads(units[j]);
+  moe_experts_backward(l, a, offsets, dy, rows);
   if (ep_) moe_from_experts(a, dy, moe_dy_);
   for (int n = 0; n < N; n++) {  // each token's kept choices, in choice order
     float* dx = partial_ + (size_t)n * C;
@@ -376,14 +404,7 @@ void Gpt::moe_backward(int l, int u, const float* unit, float* gunit, BlockActiv
       for (int c = 0; c < C; c++) dx[c] += d[c];
     }
   }
-  // The router, in fp32: the same on every tp rank (whole weight gradients, summed dweight),
-  // so its input gradient joins the partial sum on one rank only.
-  const float aux_scale = loss_scale_ * (float)T;  // each sequence's balance loss counts once
-  moe_route_backward(config_.moe, moe_training_, a.router_logits, moe_dweight_, r, N, T, aux_scale, loss_scale_,
-                     moe_dlogits_);
-  const ParamTensor& router = layout_.layer(l, kRouterW);
-  k::gemm(true, false, E, C, N, 1.0f, moe_dlogits_, E, x, C, 1.0f, grad(u, gunit, router), C);
-  if (tp_rank_ == 0) k::gemm(false, false, N, C, E, 1.0f, moe_dlogits_, E, param(u, unit, router), C, 1.0f, partial_, C);
+  moe_router_backward(l, u, unit, gunit, a, x, N, T);
 }
 
 }  // namespace meshtrain::model
