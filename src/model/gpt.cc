@@ -913,8 +913,21 @@ void Gpt::dropout(float* x, int rows, int site) const {
   const uint64_t key = dropout_seed_ * 0x9E3779B97F4A7C15ull ^ (uint64_t)set().step * 0xC2B2AE3D27D4EB4Full ^
                        (uint64_t)site * 0x165667B19E3779F9ull;
   // This rank's residual rows start at its share of the micro-batch under sequence parallelism.
-  const int64_t row0 = set().first_token_row + (sp_ ? (int64_t)tp_rank_ * Nl_ : 0);
-  k::dropout_forward(x, rows, config_.dim, dropout_p_, key, row0);
+  const int64_t first = sp_ ? (int64_t)tp_rank_ * Nl_ : 0, C = config_.dim;
+  if (!cp_) return k::dropout_forward(x, rows, (int)C, dropout_p_, key, set().first_token_row + first);
+  // Under cp a rank's rows of each sequence are two chunks of it: each run of them takes the
+  // masks of its rows' places in the whole micro-batch, so that every layout drops what one
+  // rank drops.
+  const CpSplit split{cp_->size(), cp_->rank()};
+  const int Tl = T_, T = T_ * cp_->size(), c = split.chunk(T);
+  for (int64_t i = first; i < first + rows;) {
+    const int64_t b = i / Tl;
+    const int t = (int)(i % Tl);
+    const int64_t end = std::min<int64_t>(first + rows, b * Tl + (t < c ? c : Tl));
+    const int64_t row0 = set().first_token_row + b * T + split.sequence_index(t, T);
+    k::dropout_forward(x + (i - first) * C, (int)(end - i), (int)C, dropout_p_, key, row0);
+    i = end;
+  }
 }
 
 const float* Gpt::dropout_grad(const float* dresidual, int site) {

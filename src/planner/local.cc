@@ -304,7 +304,7 @@ struct StepTimes {
   std::vector<double> busy, tail;  // per pipeline rank: its micro-batches' work; the step around them
   double tf = 0, tb = 0;           // the slowest chunk's forward and backward
   double extra_first = 0, extra_last = 0;  // embedding and head, per micro-batch
-  double dp_total = 0, tp_total = 0, pp_total = 0, opt_s = 0;
+  double dp_total = 0, tp_total = 0, pp_total = 0, cp_total = 0, opt_s = 0;
 };
 
 // The embedding's and head's work per micro-batch (first and last stage) with the tp
@@ -342,7 +342,7 @@ LocalEdges local_edges(const StepContext& x, const Costs& k) {
 // One pipeline rank's micro-batches: its chunks' work, and its tp and pp communication for
 // the per-axis account. Raises st->tf and st->tb to its slowest chunk's.
 struct RankWork {
-  double busy = 0, tp_s = 0, pp_s = 0;
+  double busy = 0, tp_s = 0, pp_s = 0, cp_s = 0;
 };
 
 RankWork rank_work(const StepContext& x, const Costs& k, const LocalEdges& g, const model::ModelPart& part,
@@ -366,6 +366,8 @@ RankWork rank_work(const StepContext& x, const Costs& k, const LocalEdges& g, co
   w.busy = m * (f + b + extra);
   const double tp_layer = lt.comm_f + lt.comm_b + lt.recompute_comm;
   w.tp_s = m * layers * tp_layer;
+  // (Recomputation runs attention's exchange again.)
+  w.cp_s = m * layers * (lt.cp_f + lt.cp_b + (x.recompute != model::Recompute::kNone ? lt.cp_f : 0));
   for (const auto& ch : chunks) {
     if (ch.begin == 0) w.tp_s += m * (g.reduce_rows + g.gather_rows);
     if (ch.end == config.layers)
@@ -492,6 +494,7 @@ StepTimes step_times(const StepContext& x, const Costs& k) {
     double pp_s = w.pp_s;
     rank_tail(x, k, r, w.tp_s, &pp_s, &st);
     st.pp_total = std::max(st.pp_total, pp_s);
+    if (r == 0) st.cp_total = w.cp_s;
   }
   return st;
 }
@@ -700,6 +703,7 @@ Status local_step(const model::GptConfig& config, const Layout& l, const LocalRu
   pr.optimizer_s = full.opt_s * slow;
   pr.tp = {0, full.tp_total * slow};
   pr.pp = {0, full.pp_total * slow};
+  pr.cp = {0, full.cp_total * slow};
   pr.dp = {0, full.dp_total * slow};
   const ModelShape shape = model_shape(config, T);
   pr.tokens_per_s = (double)l.global_batch * T / pr.step_s;

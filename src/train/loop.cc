@@ -52,9 +52,9 @@ std::unique_ptr<Heartbeat> start_flight_recorder(const TrainOptions& o, comm::Gr
 
 // Step k's learning rate: by steps, or with --lr-unit tokens by the tokens trained before it
 // (`done`) and in it (`now`), the warmup lasting warmup_steps full-length steps' tokens.
-float step_learning_rate(const TrainOptions& o, const BatchShape& shape, int64_t k, int64_t done, int64_t now,
-                         int64_t total) {
-  if (o.lr_unit != "tokens") return optim::learning_rate(o.adamw, (int)k, o.steps);
+float step_learning_rate(const TrainOptions& o, LrUnit unit, const BatchShape& shape, int64_t k, int64_t done,
+                         int64_t now, int64_t total) {
+  if (unit == LrUnit::kSteps) return optim::learning_rate(o.adamw, (int)k, o.steps);
   const double warmup = (double)o.adamw.warmup_steps * shape.G() * shape.T;
   return optim::learning_rate_by_tokens(o.adamw, (double)done, (double)now, warmup, (double)total);
 }
@@ -159,7 +159,7 @@ Status Training::step(int64_t k, StepOutcome* out) {
   out->shape = run_.shape;
   out->shape.L = run_.curriculum.length(k);
   out->tokens = (int64_t)run_.shape.G() * out->shape.L;
-  const float lr = step_learning_rate(o, run_.shape, k, tokens_done_, out->tokens, tokens_total_);
+  const float lr = step_learning_rate(o, run_.policy.lr_unit, run_.shape, k, tokens_done_, out->tokens, tokens_total_);
   const StepResult& r = out->result =
       train_step(*run_.gpt, *run_.dp, run_.mesh->dp(), o.adamw, run_.train_data, out->shape, k, lr,
                  run_.pipeline.get(), run_.scaler.get(), run_.scaler ? nullptr : &run_.nonfinite, k + 1 < o.steps,

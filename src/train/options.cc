@@ -159,6 +159,23 @@ Status parse_choices(const TrainOptions& o, parallel::Layout* l) {
 
 }  // namespace
 
+Status to_policy(const TrainOptions& o, RunPolicy* out) {
+  RunPolicy& p = *out;
+  if (o.on_nonfinite == "stop" || o.on_nonfinite == "skip")
+    p.on_nonfinite = o.on_nonfinite == "skip" ? OnNonfinite::kSkip : OnNonfinite::kStop;
+  else
+    return Status::error("--on-nonfinite must be stop or skip, got '" + o.on_nonfinite + "'");
+  if (o.save_on_exit == "sigterm") p.save_on_exit = SaveOnExit::kSigterm;
+  else if (o.save_on_exit == "always") p.save_on_exit = SaveOnExit::kAlways;
+  else if (o.save_on_exit == "never") p.save_on_exit = SaveOnExit::kNever;
+  else return Status::error("--save-on-exit must be sigterm, always or never, got '" + o.save_on_exit + "'");
+  if (o.lr_unit == "steps" || o.lr_unit == "tokens")
+    p.lr_unit = o.lr_unit == "tokens" ? LrUnit::kTokens : LrUnit::kSteps;
+  else
+    return Status::error("--lr-unit must be steps or tokens, got '" + o.lr_unit + "'");
+  return Status::ok();
+}
+
 Status to_layout(const TrainOptions& o, int world, parallel::Layout* out) {
   parallel::Layout l;
   comm::MeshShape shape;

@@ -162,6 +162,19 @@ Status parse_offload(const TrainOptions& o, OffloadTiers* out);
 // every rule joining a legal layout's parts is parallel::validate()'s.
 Status to_layout(const TrainOptions& o, int world, parallel::Layout* out);
 
+// What a run does at its edges, parsed once from TrainOptions' words (to_policy): skip or
+// stop on a non-finite step (--on-nonfinite), when a stopped run saves (--save-on-exit),
+// and what the learning-rate schedule counts (--lr-unit).
+enum class OnNonfinite { kStop, kSkip };
+enum class SaveOnExit { kSigterm, kAlways, kNever };
+enum class LrUnit { kSteps, kTokens };
+struct RunPolicy {
+  OnNonfinite on_nonfinite = OnNonfinite::kStop;
+  SaveOnExit save_on_exit = SaveOnExit::kSigterm;
+  LrUnit lr_unit = LrUnit::kSteps;
+};
+Status to_policy(const TrainOptions& o, RunPolicy* out);
+
 // The MoE layers' training settings from the flags (checked by resolve_model).
 model::MoeTraining moe_training(const TrainOptions& o);
 // --expert-tp as the layout's choice.

@@ -33,6 +33,7 @@ struct Run {
   BatchShape shape;
   Curriculum curriculum;  // each step's row length (off: T)
   parallel::Layout layout;  // every axis and choice, checked (parallel/layout.h)
+  RunPolicy policy;         // --on-nonfinite, --save-on-exit, --lr-unit (options.h)
   comm::MeshShape mesh_shape;  // layout.mesh()
   std::unique_ptr<comm::Mesh> mesh;
   data::TokenLoader train_data, val_data;

@@ -24,8 +24,9 @@ std::string newest_checkpoint_text(const std::string& out_dir) {
   return "newest checkpoint " + newest;
 }
 
-bool saves_on(const TrainOptions& o, int sig) {
-  return !o.out_dir.empty() && (o.save_on_exit == "always" || (o.save_on_exit == "sigterm" && sig == SIGTERM));
+bool saves_on(const Run& run, int sig) {
+  const SaveOnExit when = run.policy.save_on_exit;
+  return !run.opt.out_dir.empty() && (when == SaveOnExit::kAlways || (when == SaveOnExit::kSigterm && sig == SIGTERM));
 }
 
 }  // namespace
@@ -43,7 +44,7 @@ std::string continue_command(const TrainOptions& o, int64_t steps) {
 Status stop_on_signal(Run& run, comm::Group& world, int64_t k, int64_t saved_step, int sig, const Console& console) {
   const TrainOptions& o = run.opt;
   RETURN_IF_ERROR(finish_run_save(run, world, /*wait=*/true));
-  const bool save = saves_on(o, sig) && k > saved_step;
+  const bool save = saves_on(run, sig) && k > saved_step;
   if (save) RETURN_IF_ERROR(save_run_checkpoint(run, world, k));
   if (!run.is_main) return Status::ok();
   std::string lost;

@@ -80,11 +80,9 @@ Status check_options(const TrainOptions& o) {
   RETURN_IF_ERROR(positive("--micro-batch", o.micro_batch));
   if (o.grad_accum < 0) return Status::error("--grad-accum must be >= 1, got " + std::to_string(o.grad_accum));
   RETURN_IF_ERROR(positive("--steps", o.steps));
-  if (o.on_nonfinite != "stop" && o.on_nonfinite != "skip")
-    return Status::error("--on-nonfinite must be stop or skip, got '" + o.on_nonfinite + "'");
+  RunPolicy policy;  // --on-nonfinite, --save-on-exit, --lr-unit
+  RETURN_IF_ERROR(to_policy(o, &policy));
   RETURN_IF_ERROR(positive("--max-skipped-steps", o.max_skipped_steps));
-  if (o.save_on_exit != "sigterm" && o.save_on_exit != "always" && o.save_on_exit != "never")
-    return Status::error("--save-on-exit must be sigterm, always or never, got '" + o.save_on_exit + "'");
   if (o.resume_strict && !o.resume) return Status::error("--resume-strict goes with --resume");
   if (o.overwrite && o.out_dir.empty()) return Status::error("--overwrite needs --out DIR");
   RETURN_IF_ERROR(positive("--eval-batches", o.eval_batches));
@@ -98,8 +96,6 @@ Status check_options(const TrainOptions& o) {
   if (o.recompute_every < 1) return Status::error("--recompute-every must be >= 1");
   if (o.doc_separator < -1) return Status::error("--doc-separator must be a token id >= 0");
   if (o.doc_separator >= 0 && !o.doc_mask) return Status::error("--doc-separator goes with --doc-mask");
-  // Dropout masks are keyed by contiguous token rows; a cp rank's rows are two chunks.
-  if (o.cp > 1 && o.dropout > 0) return Status::error("--dropout does not run under --cp yet");
   const auto& ls = o.loss_scale;
   if (!(ls.min_scale > 0) || !(ls.initial >= ls.min_scale))
     return Status::error("--loss-scale must be >= --loss-scale-min > 0");
@@ -113,8 +109,6 @@ Status check_options(const TrainOptions& o) {
   if (tiers.any() || o.memory_budget_gb > 0) RETURN_IF_ERROR(check_offload_dir(o.offload_dir));
   const auto& a = o.adamw;
   if (a.warmup_steps < 0) return Status::error("--warmup-steps must be >= 0");
-  if (o.lr_unit != "steps" && o.lr_unit != "tokens")
-    return Status::error("--lr-unit must be steps or tokens, got '" + o.lr_unit + "'");
   return Status::ok();
 }
 
@@ -123,6 +117,7 @@ Status check_options(const TrainOptions& o) {
 Status resolve_layout(const TrainOptions& o, comm::Group& world, Run* run) {
   parallel::Layout& l = run->layout;
   RETURN_IF_ERROR(to_layout(o, world.size(), &l));
+  RETURN_IF_ERROR(to_policy(o, &run->policy));
   run->mesh_shape = l.mesh();
   BatchShape& b = run->shape;
   b.B = l.micro_batch;
@@ -623,7 +618,7 @@ Status prepare_local(const TrainOptions& o, comm::Group& world, Run* run) {
     return Status::error("--debug-nonfinite-unit must be a unit of the model, 0 to " +
                          std::to_string(model::final_unit_id(run->config)) + ", got " +
                          std::to_string(o.debug_nonfinite_unit));
-  run->nonfinite = {o.on_nonfinite == "skip", 0, &world};
+  run->nonfinite = {run->policy.on_nonfinite == OnNonfinite::kSkip, 0, &world};
   if (run->mesh_shape.pp > 1) {
     const int p = run->mesh_shape.pp;
     RETURN_IF_ERROR(parallel::pp::split_layers(run->config, run->shape.B, run->shape.T,
