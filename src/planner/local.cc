@@ -610,6 +610,11 @@ Status check_local(const model::GptConfig& config, const Layout& l, const LocalR
   if (pp::splits_backward(l.schedule))
     return Status::error(std::string("schedule ") + pp::schedule_name(l.schedule) +
                          ": the local predictor does not model zero-bubble schedules yet (the GPU planner does)");
+  // Element-wise recompute is a technique of the GPU stacks the GPU planner prices; this
+  // engine keeps the norms' and activation's outputs.
+  if (l.elementwise_recompute)
+    return Status::error("element-wise recompute: the engine keeps the norms' and activation's outputs (the GPU "
+                         "planner prices it)");
   // The replay lays out dense-partitioned ranks: an ep layout is skipped, not mispredicted.
   if (l.ep > 1)
     return Status::error("ep " + std::to_string(l.ep) + ": the local predictor does not model expert parallelism yet");

@@ -406,7 +406,9 @@ TEST(Bf16, LongSequencesRunInTilesOfQueryRows) {
   // Each thread's scratch: q, k, v, dO in bf16 (T x hs each), two fp32 and two bf16 tiles
   // of 256 x T, a row of T floats (untracked). All of it, not one square of 4 T^2 bytes.
   const int64_t hs = s.C / s.NH, per_thread = 4 * 2 * s.T * hs + (2 * 4 + 2 * 2) * 256 * (int64_t)s.T;
-  EXPECT_LE(workspace(), before + omp_get_max_threads() * per_thread);
+  // (Plus what other per-thread caches this call creates, the bf16 GEMM's packing: seen
+  // 18,944 bytes in a fresh process; 64 KiB a thread allowed.)
+  EXPECT_LE(workspace(), before + omp_get_max_threads() * (per_thread + 64 * 1024));
   EXPECT_LT(workspace(), omp_get_max_threads() * 4 * (int64_t)s.T * s.T);
 }
 

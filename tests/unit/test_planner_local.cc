@@ -368,6 +368,11 @@ TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
   Layout bad = cases()[0].layout;
   bad.precision = Precision::kBf16;
   EXPECT_FALSE(predict_local(config, bad, lr, cluster, &p).is_ok());
+  // ... and what it does not run: the GPU planner's element-wise recompute (so the search
+  // never lists it for this machine).
+  Layout ew = cases()[0].layout;
+  ew.elementwise_recompute = true;
+  EXPECT_NE(predict_local(config, ew, lr, cluster, &p).message().find("element-wise recompute"), std::string::npos);
 }
 
 }  // namespace
