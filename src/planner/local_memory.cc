@@ -222,29 +222,27 @@ struct CpReplay {
   bool forward_done = false, backward_done = false;
 
   double kernel_keys() const { return cp > 1 && comm == model::CpComm::kRing ? T / cp : T; }
+  // A rank's k and v rows (floats), and Ulysses' columns per row of the whole sequences:
+  // W of q, k, v for its heads (query heads over cp, key/value heads too or one), Cq of
+  // the output.
+  double kv() const { return B * T / cp * 2 * NKVl * hs; }
+  double a2a_w() const { return (NHl / cp + 2 * (NKVl >= cp ? NKVl / cp : 1)) * hs; }
+  double a2a_cq() const { return NHl / cp * hs; }
   // Floats each pass allocates the first time it runs.
   double first_forward() const {
     if (cp <= 1) return 0;
-    const double N = B * T / cp, kv = N * 2 * NKVl * hs;
     switch (comm) {
-      case model::CpComm::kRing: return 4 * kv + N * NHl * hs + B * NHl * T / cp;
-      case model::CpComm::kAllGather: return kv + 2 * cp * kv;
-      default: {  // a2a: this rank's heads (query heads over cp, key/value heads too or one)
-        const double nq = NHl / cp, nkv = NKVl >= cp ? NKVl / cp : 1, W = (nq + 2 * nkv) * hs;
-        return B * T * (3 * W + nq * hs);
-      }
+      case model::CpComm::kRing: return 4 * kv() + B * T / cp * NHl * hs + B * NHl * T / cp;
+      case model::CpComm::kAllGather: return kv() + 2 * cp * kv();
+      default: return B * T * (3 * a2a_w() + a2a_cq());
     }
   }
   double first_backward() const {
     if (cp <= 1) return 0;
-    const double N = B * T / cp, kv = N * 2 * NKVl * hs;
     switch (comm) {
       case model::CpComm::kRing: return 0;
-      case model::CpComm::kAllGather: return cp * kv;
-      default: {
-        const double nq = NHl / cp, nkv = NKVl >= cp ? NKVl / cp : 1, W = (nq + 2 * nkv) * hs;
-        return B * T * (W + nq * hs);
-      }
+      case model::CpComm::kAllGather: return cp * kv();
+      default: return B * T * (a2a_w() + a2a_cq());
     }
   }
 };
