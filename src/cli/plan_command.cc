@@ -38,8 +38,8 @@ struct PlanFlags {
   bool as_json = false, sp = false, no_sp = false;
   bool elementwise = false, no_elementwise = false;
   // Fixed choices: 0 (zero: -1) means searched.
-  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0, cp = 0;
-  std::string cp_comm;  // fixed; empty: ring and a2a searched
+  int tp = 0, pp = 0, zero = -1, micro_batch = 0, virtual_stages = 0, ep = 0, expert_tp = 0, cp = 0, cp_a2a = 0;
+  std::string cp_comm;  // fixed; empty: every mode searched
   double moe_imbalance = 1.0;
   std::string schedule, recompute;
   std::string rank_order;  // fixed; empty: tp-dp-pp, or every order on a local cluster of several hosts
@@ -106,8 +106,9 @@ Status search_space(const PlanFlags& f, planner::SearchSpace* s) {
   RETURN_IF_ERROR(fixed("--pp", f.pp, 1, &s->pp));
   RETURN_IF_ERROR(fixed("--ep", f.ep, 1, &s->ep));
   RETURN_IF_ERROR(fixed("--cp", f.cp, 1, &s->cp));
+  RETURN_IF_ERROR(fixed("--cp-a2a", f.cp_a2a, 1, &s->cp_a2a));
   if (!f.cp_comm.empty()) {
-    model::CpComm c;
+    model::CpComm c = model::CpComm::kRing;
     RETURN_IF_ERROR(model::parse_cp_comm(f.cp_comm, &c).with_context("--cp-comm"));
     s->cp_comm = c;
   }
@@ -203,7 +204,8 @@ std::string layout_name(const Candidate& c) {
   std::string sched = l.pp == 1 ? "-" : parallel::pp::schedule_name(l.schedule);
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
   const std::string ep = (l.ep > 1 ? " ep" + std::to_string(l.ep) : "") + (l.whole_experts() ? " etp1" : "");
-  const std::string cp = l.cp > 1 ? " cp" + std::to_string(l.cp) + " " + model::cp_comm_name(l.cp_comm) : "";
+  std::string cp = l.cp > 1 ? " cp" + std::to_string(l.cp) + " " + model::cp_comm_name(l.cp_comm) : "";
+  if (l.cp > 1 && l.cp_comm == model::CpComm::kHybrid) cp += "/a2a" + std::to_string(l.cp_a2a);
   std::snprintf(buf, sizeof buf, "tp%d%s pp%d dp%d%s zero%d b%d %s%s rc:%s", l.tp, cp.c_str(), l.pp, l.dp, ep.c_str(), l.zero,
                 l.micro_batch, sched.c_str(), l.sp ? " sp" : "",
                 (planner::recompute_name(l.recompute) + std::string(l.elementwise_recompute ? "+ew" : "")).c_str());
@@ -232,7 +234,7 @@ json candidate_json(const Candidate& c) {
   auto comm = [](const planner::CommTime& t) { return json{{"hidden", t.hidden}, {"exposed", t.exposed}}; };
   const auto& m = p.memory;
   return {{"layout",
-           {{"tp", l.tp}, {"cp", l.cp}, {"cp_comm", model::cp_comm_name(l.cp_comm)}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_tp", l.whole_experts() ? 1 : l.tp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
+           {{"tp", l.tp}, {"cp", l.cp}, {"cp_comm", model::cp_comm_name(l.cp_comm)}, {"cp_a2a", l.cp_a2a}, {"pp", l.pp}, {"dp", l.dp}, {"ep", l.ep}, {"expert_tp", l.whole_experts() ? 1 : l.tp}, {"zero", l.zero}, {"micro_batch", l.micro_batch},
             {"micro_batches", p.micro_batches}, {"schedule", parallel::pp::schedule_name(l.schedule)},
             {"virtual_stages", l.virtual_stages}, {"sp", l.sp}, {"recompute", planner::recompute_name(l.recompute)},
             {"elementwise_recompute", l.elementwise_recompute},
@@ -387,8 +389,11 @@ void add_layout_flags(CLI::App* cmd, PlanFlags* f) {
   cmd->add_option("--cp", f->cp,
                   "Context-parallel size: each sequence split over cp GPUs (fixed; searched from --seq-len 16384)");
   cmd->add_option("--cp-comm", f->cp_comm,
-                  "ring, a2a (Ulysses) or all-gather (Llama 3): how attention crosses the cp GPUs (fixed; all three "
-                  "searched)");
+                  "ring, a2a (Ulysses), all-gather (Llama 3) or hybrid (a2a inside groups of --cp-a2a GPUs, ring "
+                  "across): how attention crosses the cp GPUs (fixed; all searched)");
+  cmd->add_option("--cp-a2a", f->cp_a2a,
+                  "With --cp-comm hybrid: GPUs in each all-to-all group (fixed; searched: the groups that stay inside "
+                  "a node beside tp)");
   cmd->add_option("--expert-tp", f->expert_tp,
                   "MoE: 1 keeps each routed expert whole on every tp rank, --tp splits it (fixed; searched when "
                   "absent)");

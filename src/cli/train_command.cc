@@ -24,6 +24,13 @@ Status fixed_layout_flags(CLI::App* cmd, const train::TrainOptions& o, planner::
   if (given("--micro-batch")) fixed->micro_batch = o.micro_batch;
   if (given("--virtual-stages")) fixed->virtual_stages = o.virtual_stages;
   if (given("--sp")) fixed->sp = o.sp;
+  if (given("--cp")) fixed->cp = o.cp;
+  if (given("--cp-a2a")) fixed->cp_a2a = o.cp_a2a;
+  if (given("--cp-comm")) {
+    model::CpComm c = model::CpComm::kRing;
+    RETURN_IF_ERROR(model::parse_cp_comm(o.cp_comm, &c));
+    fixed->cp_comm = c;
+  }
   if (given("--expert-tp") && o.expert_tp == 1) fixed->expert_tp = model::ExpertTp::kReplicated;
   if (given("--schedule")) {
     parallel::pp::ScheduleKind k;
@@ -123,7 +130,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--cp-comm", o->cp_comm,
                   "How attention crosses the cp ranks: ring (K/V blocks point to point, overlapped with attention), "
                   "a2a (DeepSpeed-Ulysses: all-to-all trades sequence for heads) or all-gather (Llama 3's: every "
-                  "rank gathers the whole sequence's K/V)")
+                  "rank gathers the whole sequence's K/V) or hybrid (a2a inside groups of --cp-a2a ranks, ring across them)")
+      ->capture_default_str();
+  cmd->add_option("--cp-a2a", o->cp_a2a,
+                  "With --cp-comm hybrid: ranks in each all-to-all group (consecutive cp ranks, a host's); the ring "
+                  "runs over cp / cp-a2a groups")
       ->capture_default_str();
   cmd->add_option("--rank-order", o->rank_order,
                   "Which axis varies fastest over the ranks, fastest first: tp-dp-pp keeps tp groups on one host "

@@ -178,6 +178,11 @@ Mesh::Mesh(Group& world, const MeshShape& shape) : world_(world), shape_(shape) 
     CHECK(axes_[(int)e.axis]->size() == shape_.size(e.axis) && axes_[(int)e.axis]->rank() == coord_.at(e.axis));
   }
   if (shape_.cp > 1) grad_ = make_group({MeshAxis::kDp, MeshAxis::kCp}, "dpcp");
+  if (const int a = shape_.cp_a2a; a > 1) {
+    CHECK_MSG(shape_.cp % a == 0 && a < shape_.cp, "cp_a2a must divide cp and be below it");
+    cp_a2a_ = cp().split(coord_.cp / a, coord_.cp % a, "cp");
+    cp_ring_ = cp().split(coord_.cp % a, coord_.cp / a, "cp");
+  }
   // Inside dp: ep groups of consecutive dp ranks, then the expert-data-parallel groups.
   const MeshShape& s = shape_;
   const MeshCoord& c = coord_;
@@ -192,6 +197,13 @@ std::map<std::string, AxisStats> Mesh::stats() const {
   for (const AxisEntry& e : kAxisTable)
     if (e.axis != MeshAxis::kCp || shape_.cp > 1) out[axes_[(int)e.axis]->axis()] = axes_[(int)e.axis]->stats();
   if (grad_) out[grad_->axis()] = grad_->stats();
+  for (const Group* g : {cp_a2a_.get(), cp_ring_.get()}) {  // hybrid's: counted as the cp axis's
+    if (!g) continue;
+    AxisStats& cp = out["cp"];
+    const AxisStats s = g->stats();
+    cp.bytes += s.bytes, cp.calls += s.calls, cp.wait_s += s.wait_s, cp.busy_s += s.busy_s;
+    cp.best_bytes_per_s = std::max(cp.best_bytes_per_s, s.best_bytes_per_s);
+  }
   return out;
 }
 
@@ -201,6 +213,8 @@ void Mesh::reset_stats() {
   ep_->reset_stats();
   edp_->reset_stats();
   if (grad_) grad_->reset_stats();
+  for (auto* g : {cp_a2a_.get(), cp_ring_.get()})
+    if (g) g->reset_stats();
 }
 
 }  // namespace meshtrain::comm

@@ -44,6 +44,9 @@ struct MeshShape {
   int ep = 1;  // divides dp
   RankOrder order = kDefaultRankOrder;
   int cp = 1;  // context parallelism: each sequence split over cp ranks
+  // --cp-comm hybrid: the cp group's all-to-all groups of cp_a2a consecutive cp ranks, and
+  // the ring groups across them (cp_rank % cp_a2a equal); 1: none.
+  int cp_a2a = 1;
   int edp() const { return dp / ep; }
   int world() const { return tp * cp * pp * dp; }
   int size(MeshAxis axis) const;
@@ -85,6 +88,10 @@ class Mesh {
   Group& ep() { return *ep_; }
   Group& edp() { return *edp_; }
   Group& cp() { return *axes_[(int)MeshAxis::kCp]; }
+  // Inside cp under --cp-comm hybrid (null otherwise): the all-to-all group of this rank's
+  // cp_a2a consecutive cp ranks, and the ring of the ranks at its place in the other groups.
+  Group* cp_a2a() { return cp_a2a_.get(); }
+  Group* cp_ring() { return cp_ring_.get(); }
   Group& axis(MeshAxis a) { return *axes_[(int)a]; }
   // The group gradients are summed over: dp × cp (the dp group itself while cp = 1).
   Group& grad() { return grad_ ? *grad_ : dp(); }
@@ -99,7 +106,7 @@ class Mesh {
   static int rank_of(const MeshCoord& coord, const MeshShape& shape);
 
   // Traffic of every group, keyed by axis name: "world", "tp", "dp", "pp", "ep", "edp" (and
-  // "cp", "dpcp" when cp > 1).
+  // "cp", "dpcp" when cp > 1; "cp" holds hybrid's all-to-all and ring groups' traffic too).
   std::map<std::string, AxisStats> stats() const;
   void reset_stats();
 
@@ -110,7 +117,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   std::array<std::unique_ptr<Group>, kMeshAxes> axes_;
-  std::unique_ptr<Group> ep_, edp_, grad_;
+  std::unique_ptr<Group> ep_, edp_, grad_, cp_a2a_, cp_ring_;
 };
 
 }  // namespace meshtrain::comm

@@ -213,6 +213,11 @@ int width(const UlyssesAttention::Segments& segments) {
 
 }  // namespace
 
+DocumentRows UlyssesAttention::traded_rows(const DocumentRows* whole, int B, int T) const {
+  if (across_) return local_rows(CpSplit{across_->size(), across_->rank()}, whole, B, T);
+  return whole ? *whole : DocumentRows{};
+}
+
 UlyssesAttention::Heads UlyssesAttention::heads_of(int j, int NH, int NKV) const {
   const int nq = NH / cp_.size(), q0 = j * nq, group = NH / NKV;
   const int kv0 = q0 / group, kv_end = (q0 + nq - 1) / group + 1;
@@ -304,7 +309,8 @@ void UlyssesAttention::forward(float* out, float* lse, const float* qkv, int ld,
                                const DocumentRows* whole, k::Precision precision) {
   const Trade t = prepare(B, NH, NKV, hs, /*backward=*/false);
   to_whole(qkv, ld, B, t.qkv_cols, qkv_.data());
-  if (whole) k::attention_ranged_forward(out_.data(), t.Cq, lse, ranged(t, B, *whole));
+  if (across_) across_->forward(out_.data(), lse, qkv_.data(), t.W, B, t.me.nq, t.me.nkv, hs, *whole);
+  else if (whole) k::attention_ranged_forward(out_.data(), t.Cq, lse, ranged(t, B, *whole));
   else k::attention_forward(out_.data(), lse, qkv_.data(), B, T_, t.Cq, t.me.nq, t.me.nkv, precision);
   to_local(out_.data(), B, t.out_cols, out, NH * hs, /*add=*/false);
 }
@@ -318,7 +324,10 @@ void UlyssesAttention::backward(float* dqkv, const float* dout, const float* qkv
   to_whole(qkv, ld, B, t.qkv_cols, qkv_.data());
   to_whole(out, NH * hs, B, t.out_cols, out_.data());
   to_whole(dout, NH * hs, B, t.out_cols, dout_.data());
-  if (whole) {
+  if (across_) {  // the ring overwrites the traded rows' dq, dk, dv
+    across_->backward(dqkv_.data(), dout_.data(), qkv_.data(), out_.data(), lse, t.W, B, t.me.nq, t.me.nkv, hs,
+                      *whole);
+  } else if (whole) {
     std::fill(dqkv_.data(), dqkv_.data() + rows * t.W, 0.0f);
     const int kv = t.me.nkv * hs;
     k::attention_ranged_backward(dqkv_.data(), t.W, dqkv_.data() + t.Cq, dqkv_.data() + t.Cq + kv, t.W,

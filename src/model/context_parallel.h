@@ -14,6 +14,7 @@
 // row of the rank sees (an earlier rank's late chunk seen by an early chunk, or another
 // document) is skipped by the kernel's key ranges.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,14 @@
 #include "model/document_rows.h"
 
 namespace meshtrain::model {
+
+// The groups cp attention runs over (comm::Mesh's): under --cp-comm hybrid, the all-to-all
+// group and the ring group inside cp; else null.
+struct CpGroups {
+  comm::Group* cp = nullptr;
+  comm::Group* a2a = nullptr;
+  comm::Group* ring = nullptr;
+};
 
 // Which rows of a T-token sequence cp rank `rank` of `size` holds.
 struct CpSplit {
@@ -58,6 +67,8 @@ class RingAttention {
                 int B, int NH, int NKV, int hs, const DocumentRows& rows);
   // The sequence length the split is of (a curriculum's step changes it).
   void set_sequence(int T) { T_ = T; }
+  int size() const { return cp_.size(); }
+  int rank() const { return cp_.rank(); }
 
  private:
   int next() const { return (cp_.rank() + 1) % cp_.size(); }
@@ -105,12 +116,28 @@ class GatherAttention {
 // or one replicated when NKV < cp) over the whole sequence, and a second trades back. The
 // causal kernel runs as on one rank (at bf16 too); under a document mask the ranged one.
 // Backward trades the stored qkv and output again rather than keeping the traded copies.
+//
+// Hybrid (--cp-comm hybrid; Megatron-Core's a2a+p2p, USP): the all-to-all runs inside a
+// group of cp_a2a consecutive cp ranks, and the ring `across` the cp/cp_a2a groups. The cp
+// split makes the group's rows the rows one rank of a cp/cp_a2a split holds (two chunks of
+// T cp_a2a/(2 cp)), and each member's two chunks sit in them as a cp_a2a split of those
+// would place them; so the trade lays the group's rows out in sequence order, and the ring
+// runs on them with the group's heads as it runs on one rank's rows.
 class UlyssesAttention {
  public:
-  explicit UlyssesAttention(comm::Group& cp) : cp_(cp) {}
-  void set_sequence(int T) { T_ = T; }
+  explicit UlyssesAttention(comm::Group& cp, std::unique_ptr<RingAttention> across = nullptr)
+      : cp_(cp), across_(std::move(across)) {}
+  // T: the whole sequence; the trade's rows are T / (the ring's groups) of it.
+  void set_sequence(int T) {
+    T_ = across_ ? T / across_->size() : T;
+    if (across_) across_->set_sequence(T);
+  }
+  // The rows the traded heads attend with, in the trade's order: the whole sequences' under
+  // a document mask (`whole`), else none (causal: the kernel's own); hybrid: always its
+  // group's rows (the ring's key ranges).
+  DocumentRows traded_rows(const DocumentRows* whole, int B, int T) const;
   // As RingAttention's, with lse [B, NH/cp, T] (the traded heads' whole rows, the same size);
-  // `whole`: the whole sequences' rows under a document mask, else null (causal).
+  // `whole`: traded_rows, or null when those are none.
   void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
                const DocumentRows* whole, kernels::Precision p);
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
@@ -146,6 +173,7 @@ class UlyssesAttention {
   // each local row's columns of the sending rank.
   void to_local(const float* whole, int B, const std::vector<Segments>& cols, float* local, int ld, bool add);
   comm::Group& cp_;
+  std::unique_ptr<RingAttention> across_;  // hybrid: the ring across the all-to-all groups
   int T_ = 0;
   Buffer<float> send_, recv_, qkv_, out_, dout_, dqkv_;
 };

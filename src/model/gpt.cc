@@ -139,16 +139,19 @@ void Gpt::rotate_qk(float* qkv, int B, int T, bool inverse) const {
 }
 
 const DocumentRows* Gpt::sequence_documents() const {
-  return document_mask() ? &set().sequence_documents : nullptr;
+  const DocumentRows& rows = set().sequence_documents;
+  return rows.key_end.empty() ? nullptr : &rows;
 }
 
 const int* Gpt::row_positions() const { return rows_placed() ? set().documents.positions.data() : nullptr; }
 
-void Gpt::set_context_parallel(comm::Group* cp, CpComm comm) {
-  cp_ = cp && cp->size() > 1 ? cp : nullptr;
-  CHECK_MSG(comm != CpComm::kHybrid, "--cp-comm hybrid is not implemented");
+void Gpt::set_context_parallel(const CpGroups& groups, CpComm comm) {
+  cp_ = groups.cp && groups.cp->size() > 1 ? groups.cp : nullptr;
+  CHECK_MSG(comm != CpComm::kHybrid || !cp_ || (groups.a2a && groups.ring), "--cp-comm hybrid needs its groups");
   ring_ = cp_ && comm == CpComm::kRing ? std::make_unique<RingAttention>(*cp_) : nullptr;
   ulysses_ = cp_ && comm == CpComm::kA2a ? std::make_unique<UlyssesAttention>(*cp_) : nullptr;
+  if (cp_ && comm == CpComm::kHybrid)
+    ulysses_ = std::make_unique<UlyssesAttention>(*groups.a2a, std::make_unique<RingAttention>(*groups.ring));
   gather_ = cp_ && comm == CpComm::kAllGather ? std::make_unique<GatherAttention>(*cp_) : nullptr;
   B_ = T_ = 0;
 }
@@ -166,7 +169,8 @@ void Gpt::place_rows(ActivationSet& s, const int*& inputs, const int*& targets, 
     whole = document_rows(inputs, B, T, doc_separator_);
   }
   s.documents = local_rows(split, document_mask() ? &whole : nullptr, B, T);
-  if (ulysses_) s.sequence_documents = std::move(whole);  // a2a attends over whole sequences
+  // a2a attends over the whole sequences (hybrid: its group's rows)
+  if (ulysses_) s.sequence_documents = ulysses_->traded_rows(document_mask() ? &whole : nullptr, B, T);
   // This rank's tokens and targets, kept in the set (the first and last stages read them).
   if (inputs) s.local_inputs = split.take(inputs, B, T), inputs = s.local_inputs.data();
   if (targets) s.local_targets = split.take(targets, B, T), targets = s.local_targets.data();

@@ -122,10 +122,10 @@ class Gpt {
   void set_document_mask(int separator) { doc_separator_ = separator; }
   bool document_mask() const { return doc_separator_ >= 0; }
   // Context parallelism (model/context_parallel.h): each sequence split over the ranks of
-  // `cp` (null or size 1: off). The B x T micro-batches passed in stay whole; this rank
-  // runs its T/cp rows of each, and the losses it returns are the whole sequences'. Set
-  // before reserve_activations.
-  void set_context_parallel(comm::Group* cp, CpComm comm = CpComm::kRing);
+  // `groups.cp` (null or size 1: off). The B x T micro-batches passed in stay whole; this
+  // rank runs its T/cp rows of each, and the losses it returns are the whole sequences'.
+  // Set before reserve_activations.
+  void set_context_parallel(const CpGroups& groups, CpComm comm = CpComm::kRing);
   int cp_size() const { return cp_ ? cp_->size() : 1; }
   kernels::Precision precision() const { return precision_; }
   // Recomputation policy for blocks l with l % every == 0 (others keep everything).
@@ -391,7 +391,7 @@ class Gpt {
   int doc_separator_ = -1;  // set_document_mask
   comm::Group* cp_ = nullptr;  // set_context_parallel (null: off)
   std::unique_ptr<RingAttention> ring_;        // --cp-comm ring
-  std::unique_ptr<UlyssesAttention> ulysses_;  // --cp-comm a2a
+  std::unique_ptr<UlyssesAttention> ulysses_;  // --cp-comm a2a, and hybrid (with its ring across)
   std::unique_ptr<GatherAttention> gather_;    // --cp-comm all-gather
   int64_t step_ = 0, first_token_row_ = 0;
   float* dbranch_ = nullptr;  // [Nl, C] a residual branch's gradient after the dropout mask

@@ -92,21 +92,29 @@ std::string cp_splits_sequence(const Layout& l, const LayoutModel& m) {
          str(2 * l.cp);
 }
 
-std::string cp_comm_implemented(const Layout& l, const LayoutModel&) {
-  if (l.cp <= 1 || l.cp_comm != model::CpComm::kHybrid) return "";
-  return "--cp-comm hybrid is not implemented in this engine yet: use --cp-comm ring, a2a or all-gather";
+// hybrid (Megatron-Core's a2a+p2p, USP): Ulysses inside groups of --cp-a2a consecutive cp
+// ranks and the ring across the cp / cp_a2a groups, so both must be real splits.
+std::string cp_hybrid_groups(const Layout& l, const LayoutModel&) {
+  const bool hybrid = l.cp > 1 && l.cp_comm == model::CpComm::kHybrid;
+  if (!hybrid && l.cp_a2a != 1)
+    return "--cp-a2a " + str(l.cp_a2a) + " sizes --cp-comm hybrid's all-to-all groups: it needs --cp-comm hybrid and --cp > 1";
+  if (!hybrid || (l.cp_a2a > 1 && l.cp_a2a < l.cp && l.cp % l.cp_a2a == 0)) return "";
+  return "--cp-comm hybrid runs Ulysses inside groups of --cp-a2a ranks and the ring across them: --cp-a2a (got " +
+         str(l.cp_a2a) + ") must divide --cp " + str(l.cp) + " and lie strictly between 1 and it";
 }
 
 // Ulysses trades sequence for heads: each tp rank's query heads split over cp, and its
 // key/value heads too, or (fewer than cp) each serves a whole number of cp ranks.
 std::string cp_a2a_heads(const Layout& l, const LayoutModel& m) {
-  const bool by_heads = l.cp_comm == model::CpComm::kA2a || l.cp_comm == model::CpComm::kHybrid;
-  if (l.cp <= 1 || !by_heads || m.heads <= 0 || l.tp < 1) return "";
+  const bool hybrid = l.cp_comm == model::CpComm::kHybrid;
+  const int n = hybrid ? l.cp_a2a : l.cp;  // the ranks each a2a splits heads over
+  if (l.cp <= 1 || !(hybrid || l.cp_comm == model::CpComm::kA2a) || m.heads <= 0 || l.tp < 1 || n < 1) return "";
   const int heads = m.heads / l.tp, kv = std::max(1, (m.kv_heads > 0 ? m.kv_heads : m.heads) / l.tp);
-  if (heads % l.cp == 0 && (kv % l.cp == 0 || l.cp % kv == 0)) return "";
-  return "--cp-comm a2a splits each tp rank's " + str(heads) + " query heads and " + str(kv) +
-         " key/value heads over --cp " + str(l.cp) + ": the query heads must divide by cp, and the key/value "
-         "heads divide by cp or divide it";
+  if (heads % n == 0 && (kv % n == 0 || n % kv == 0)) return "";
+  const std::string over = hybrid ? "--cp-a2a " + str(n) : "--cp " + str(n), by = hybrid ? "cp_a2a" : "cp";
+  return "--cp-comm " + std::string(model::cp_comm_name(l.cp_comm)) + " splits each tp rank's " + str(heads) +
+         " query heads and " + str(kv) + " key/value heads over " + over + ": the query heads must divide by " + by +
+         ", and the key/value heads divide by " + by + " or divide it";
 }
 
 // Routing and its balance losses are per sequence, and dropout masks are keyed by
@@ -245,7 +253,7 @@ const std::vector<Rule>& rules() {
       {"ep-splits-experts", ep_splits_experts},
       {"whole-experts-need-moe", whole_experts_need_moe},
       {"cp-splits-sequence", cp_splits_sequence},
-      {"cp-comm-implemented", cp_comm_implemented},
+      {"cp-hybrid-groups", cp_hybrid_groups},
       {"cp-a2a-heads", cp_a2a_heads},
       {"cp-dense-models", cp_dense_models, Binds::kEngine},
       {"stages-have-layers", stages_have_layers},
@@ -279,6 +287,7 @@ int Layout::micro_batches() const {
 comm::MeshShape Layout::mesh() const {
   comm::MeshShape s;
   s.tp = tp, s.pp = pp, s.dp = dp, s.cp = cp, s.ep = ep, s.order = order;
+  s.cp_a2a = cp_comm == model::CpComm::kHybrid ? cp_a2a : 1;
   return s;
 }
 

@@ -43,6 +43,7 @@ struct Layout {
   int tp = 1, pp = 1, dp = 1;
   int cp = 1;              // context parallelism: each sequence split over cp ranks
   model::CpComm cp_comm = model::CpComm::kRing;  // how attention crosses the cp ranks
+  int cp_a2a = 1;          // hybrid: the a2a groups' size (consecutive cp ranks); ring across them
   int ep = 1;              // expert parallelism, carved out of dp (MoE models)
   int virtual_stages = 1;  // v, model chunks per pipeline rank
   comm::RankOrder order = comm::kDefaultRankOrder;

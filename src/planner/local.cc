@@ -147,6 +147,8 @@ struct Dims {
   double NKVl = 0;  // key/value heads on the rank
   AxisLink tp, cp;
   model::CpComm cp_comm = model::CpComm::kRing;
+  int cp_a2a = 1;                    // hybrid: its all-to-all groups' size
+  AxisLink cp_a2a_link, cp_across;  // hybrid: those groups, and the ring across them
   bool sp;
 };
 
@@ -185,24 +187,36 @@ struct LocalLayerTime {
 // docs/long_context.md): the ring's k, v block sent cp-1 times each way and its dk, dv sums
 // cp times, with a merge of each block's partial output; Ulysses' all-to-alls of q, k, v and
 // the output (cp-1 of cp shares leave the rank), again in the backward with the output's
-// gradient; all-gather's gather of k, v each way and the reduce-scatter of their gradients.
+// gradient; all-gather's gather of k, v each way and the reduce-scatter of their gradients;
+// hybrid's all-to-alls inside its groups, then the ring across them on the group's rows.
 // On this machine every exchange is a copy on the same cores: none is hidden.
 void local_cp_time(const Dims& d, int cp, const Costs& k, LocalLayerTime* lt) {
   if (cp <= 1) return;
   const double N = d.N, kv = N * 2 * d.NKVl * d.hs * 4;
+  // The ring of n ranks over `rows` rows of `cl` query and `kv_heads` key/value columns.
+  auto ring = [&](int n, double rows, double cl, double kv_heads, const AxisLink& link) {
+    const double block = rows * 2 * kv_heads * d.hs * 4;
+    lt->cp_f += (n - 1) * (k.p2p_s(block, link) + k.bytes_s(rows * cl * 4 * 3));
+    lt->cp_b += (2 * n - 1) * k.p2p_s(block, link);
+  };
+  auto ulysses = [&](const AxisLink& link) {  // (the rank's own q, k, v and output, traded)
+    const double qkv = N * (d.Cl * 4 + kv / N), out = N * d.Cl * 4;
+    lt->cp_f += k.reduce_scatter_s(qkv, link) + k.reduce_scatter_s(out, link);
+    lt->cp_b += k.reduce_scatter_s(qkv + out, link) + k.reduce_scatter_s(out, link) + k.reduce_scatter_s(qkv, link);
+  };
   switch (d.cp_comm) {
     case model::CpComm::kRing:
-      lt->cp_f = (cp - 1) * (k.p2p_s(kv, d.cp) + k.bytes_s(N * d.Cl * 4 * 3));
-      lt->cp_b = (2 * cp - 1) * k.p2p_s(kv, d.cp);
-      return;
+      return ring(cp, N, d.Cl, d.NKVl, d.cp);
     case model::CpComm::kAllGather:
       lt->cp_f = k.all_gather_s(cp * kv, d.cp);
       lt->cp_b = k.all_gather_s(cp * kv, d.cp) + k.reduce_scatter_s(cp * kv, d.cp);
       return;
-    default: {
-      const double qkv = N * (d.Cl * 4 + kv / N), out = N * d.Cl * 4;
-      lt->cp_f = k.reduce_scatter_s(qkv, d.cp) + k.reduce_scatter_s(out, d.cp);
-      lt->cp_b = k.reduce_scatter_s(qkv + out, d.cp) + k.reduce_scatter_s(out, d.cp) + k.reduce_scatter_s(qkv, d.cp);
+    case model::CpComm::kA2a:
+      return ulysses(d.cp);
+    case model::CpComm::kHybrid: {
+      const int a = d.cp_a2a;
+      ulysses(d.cp_a2a_link);
+      return ring(cp / a, N * a, d.Cl / a, d.NKVl >= a ? d.NKVl / a : 1, d.cp_across);
     }
   }
 }
@@ -218,9 +232,11 @@ LocalLayerTime local_layer_time(const Dims& d, int cp, model::Recompute r, const
   }
   // Attention: the fused kernel per (sequence, local head); with cp a rank's rows against
   // the keys they see (Ulysses: the whole sequences of NHl/cp heads).
+  // (hybrid: its group's rows, a ring rank's of cp / cp_a2a, with NHl / cp_a2a heads.)
   const bool whole = cp == 1 || d.cp_comm == model::CpComm::kA2a;
-  const double S = whole ? attention_score_elements((int)(d.T * cp)) : cp_score_elements((int)(d.T * cp), cp);
-  const double heads = whole ? d.B * d.NHl / cp : d.B * d.NHl;
+  const int a = d.cp_comm == model::CpComm::kHybrid ? d.cp_a2a : 1;
+  const double S = whole ? attention_score_elements((int)(d.T * cp)) : cp_score_elements((int)(d.T * cp), cp / a);
+  const double heads = whole ? d.B * d.NHl / cp : d.B * d.NHl / a;
   const double eff = k.peak * k.gemm.at(kAttentionBlock, std::min<double>(d.T, kAttentionBlock), d.hs);
   const double blocks = std::ceil(d.T / kAttentionBlock);
   lt.attn_f = heads * (S * k.cal->attention_forward_element_s * k.per_element + 4 * S * d.hs / eff);
@@ -285,6 +301,11 @@ StepContext step_context(const model::GptConfig& config, const Layout& l, const 
   x.dp = axis_link(axis_stride(l, MeshAxis::kDp), l.dp, c);
   dims.cp = axis_link(axis_stride(l, MeshAxis::kCp), l.cp, c);
   dims.cp_comm = l.cp_comm;
+  if (l.cp > 1 && l.cp_comm == model::CpComm::kHybrid) {
+    const int stride = axis_stride(l, MeshAxis::kCp);
+    dims.cp_a2a = l.cp_a2a;
+    dims.cp_a2a_link = axis_link(stride, l.cp_a2a, c), dims.cp_across = axis_link(stride * l.cp_a2a, l.cp / l.cp_a2a, c);
+  }
   // Gradients reduce over dp x cp: both groups' ranks, crossing hosts if either does.
   if (l.cp > 1) x.dp = {l.dp * l.cp, x.dp.inter || dims.cp.inter, std::min(x.dp.share, dims.cp.share)};
   x.pp = axis_link(axis_stride(l, MeshAxis::kPp), l.pp, c);

@@ -219,31 +219,47 @@ struct CpReplay {
   int cp = 1;
   model::CpComm comm = model::CpComm::kRing;
   double B = 0, T = 0, NHl = 0, NKVl = 0, hs = 0;
+  int a2a = 1;  // hybrid: its all-to-all groups' size (the ring runs over cp / a2a of them)
   bool forward_done = false, backward_done = false;
 
-  double kernel_keys() const { return cp > 1 && comm == model::CpComm::kRing ? T / cp : T; }
-  // A rank's k and v rows (floats), and Ulysses' columns per row of the whole sequences:
-  // W of q, k, v for its heads (query heads over cp, key/value heads too or one), Cq of
-  // the output.
+  bool hybrid() const { return cp > 1 && comm == model::CpComm::kHybrid; }
+  // The keys one ranged call sees: the ring's block (hybrid: its group's rows), else the
+  // whole sequence.
+  double kernel_keys() const {
+    if (cp > 1 && comm == model::CpComm::kRing) return T / cp;
+    return hybrid() ? T * a2a / cp : T;
+  }
+  // A rank's k and v rows (floats), and Ulysses' columns per traded row over n ranks: W of
+  // q, k, v for its heads (query heads over n, key/value heads too or one), Cq of the output.
   double kv() const { return B * T / cp * 2 * NKVl * hs; }
-  double a2a_w() const { return (NHl / cp + 2 * (NKVl >= cp ? NKVl / cp : 1)) * hs; }
-  double a2a_cq() const { return NHl / cp * hs; }
+  double a2a_kv_heads(int n) const { return NKVl >= n ? NKVl / n : 1; }
+  double a2a_w(int n) const { return (NHl / n + 2 * a2a_kv_heads(n)) * hs; }
+  double a2a_cq(int n) const { return NHl / n * hs; }
+  // The ring's first forward over `rows` rows of NH query and NKV key/value heads: four k, v
+  // blocks (two in flight, two for the dK/dV sums), a partial output and its lse.
+  double ring_first(double rows, double NH, double NKV) const { return 4 * rows * 2 * NKV * hs + rows * NH * hs + rows * NH; }
   // Floats each pass allocates the first time it runs.
   double first_forward() const {
     if (cp <= 1) return 0;
+    const double group_rows = B * T * a2a / cp;  // hybrid's traded rows
     switch (comm) {
-      case model::CpComm::kRing: return 4 * kv() + B * T / cp * NHl * hs + B * NHl * T / cp;
+      case model::CpComm::kRing: return ring_first(B * T / cp, NHl, NKVl);
       case model::CpComm::kAllGather: return kv() + 2 * cp * kv();
-      default: return B * T * (3 * a2a_w() + a2a_cq());
+      case model::CpComm::kA2a: return B * T * (3 * a2a_w(cp) + a2a_cq(cp));
+      case model::CpComm::kHybrid:
+        return group_rows * (3 * a2a_w(a2a) + a2a_cq(a2a)) + ring_first(group_rows, NHl / a2a, a2a_kv_heads(a2a));
     }
+    return 0;
   }
   double first_backward() const {
     if (cp <= 1) return 0;
     switch (comm) {
       case model::CpComm::kRing: return 0;
       case model::CpComm::kAllGather: return cp * kv();
-      default: return B * T * (a2a_w() + a2a_cq());
+      case model::CpComm::kA2a: return B * T * (a2a_w(cp) + a2a_cq(cp));
+      case model::CpComm::kHybrid: return B * T * a2a / cp * (a2a_w(a2a) + a2a_cq(a2a));
     }
+    return 0;
   }
 };
 
@@ -462,7 +478,8 @@ RankMemory replay_rank_memory(const model::GptConfig& config, const model::Param
   tracker.alloc(MemCategory::kOptim, state.optim + compressor_state_bytes(layout, l));
   StoreReplay store(layout, shards, l.zero, m, parallel::dp_step(l), l.quantized, &tracker);
   CpReplay cp{l.cp, l.cp_comm, (double)l.micro_batch, (double)T, (double)config.heads / l.tp,
-              (double)config.kv_heads_per_rank(l.tp), (double)config.head_dim()};
+              (double)config.kv_heads_per_rank(l.tp), (double)config.head_dim(),
+              l.cp_comm == model::CpComm::kHybrid ? l.cp_a2a : 1};
   RankReplay replay{config, layout, part, inv, recompute, l.micro_batch, T, threads, l.zero, l.pp, m,
                     l.virtual_stages, rank, l.schedule, &store, &tracker, cp, {}, {}};
   replay.step(true);

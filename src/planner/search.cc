@@ -96,11 +96,36 @@ std::vector<int> cp_choices(const ModelShape& model, const SearchSpace& space, i
   return out;
 }
 
+// How attention crosses the cp GPUs, and hybrid's all-to-all group size: ring, a2a and
+// all-gather, and hybrid with each group of a consecutive cp GPUs (1 < a < cp) that stays
+// inside a node beside tp (its all-to-alls on the node's links, the ring across nodes;
+// every size when hybrid is fixed and none does); the fixed mode or size, if given.
+std::vector<std::pair<model::CpComm, int>> cp_comm_choices(const SearchSpace& space, int cp, int tp, int max_tp) {
+  using model::CpComm;
+  // (A fixed size goes to every mode as given: the layout rules say where it does not apply.)
+  if (cp == 1) return {{CpComm::kRing, space.cp_a2a.value_or(1)}};
+  std::vector<std::pair<CpComm, int>> out;
+  for (CpComm mode : choices(space.cp_comm, {CpComm::kRing, CpComm::kA2a, CpComm::kAllGather, CpComm::kHybrid})) {
+    if (mode != CpComm::kHybrid || space.cp_a2a) {
+      out.push_back({mode, space.cp_a2a.value_or(1)});
+      continue;
+    }
+    const size_t before = out.size();
+    for (int a = 2; a < cp; a *= 2)
+      if (cp % a == 0 && tp * a <= max_tp) out.push_back({mode, a});
+    if (space.cp_comm && out.size() == before)  // hybrid asked for, and no group fits a node: every size
+      for (int a = 2; a < cp; a *= 2)
+        if (cp % a == 0) out.push_back({mode, a});
+  }
+  return out;
+}
+
 // One point of the search: the axes' sizes and the choices that vary.
 struct Point {
   int tp, pp, dp, micro_batch, global_batch, zero;
   int cp = 1;
   model::CpComm cp_comm = model::CpComm::kRing;
+  int cp_a2a = 1;
   bool sp;
   Recompute recompute;
   bool elementwise_recompute = false;
@@ -113,7 +138,7 @@ struct Point {
 Layout make_layout(const SearchSpace& space, const comm::RankOrder& order, const Point& x, Precision precision) {
   Layout l;
   l.order = order;
-  l.tp = x.tp, l.pp = x.pp, l.dp = x.dp, l.cp = x.cp, l.cp_comm = x.cp_comm, l.micro_batch = x.micro_batch, l.global_batch = x.global_batch;
+  l.tp = x.tp, l.pp = x.pp, l.dp = x.dp, l.cp = x.cp, l.cp_comm = x.cp_comm, l.cp_a2a = x.cp_a2a, l.micro_batch = x.micro_batch, l.global_batch = x.global_batch;
   l.zero = x.zero, l.sp = x.sp, l.recompute = x.recompute, l.elementwise_recompute = x.elementwise_recompute, l.schedule = x.schedule, l.virtual_stages = x.virtual_stages;
   l.ep = x.ep, l.expert_tp = x.expert_tp, l.moe_imbalance = space.moe_imbalance;
   l.precision = precision;
@@ -147,9 +172,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
   for (int tp : choices(space.tp, powers_of_two_up_to(std::min(gpus, max_tp))))
     for (int pp : choices(space.pp, divisors(gpus / tp)))
     for (int cp : cp_choices(model, space, gpus / (tp * pp)))
-    for (model::CpComm cp_comm : choices(space.cp_comm, cp > 1 ? std::vector{model::CpComm::kRing, model::CpComm::kA2a,
-                                                                             model::CpComm::kAllGather}
-                                                                 : std::vector{model::CpComm::kRing})) {
+    for (auto [cp_comm, cp_a2a] : cp_comm_choices(space, cp, tp, max_tp)) {
       if (gpus % (tp * pp * cp) != 0 || pp > model.layers) continue;
       const int dp = gpus / (tp * pp * cp);
       if (space.dp && *space.dp != dp) continue;
@@ -169,7 +192,7 @@ Status search_layouts(const ModelShape& model, int gpus, int global_batch, Preci
               for (Recompute r : choices(space.recompute, recompute_modes))
               for (const comm::RankOrder& order : distinct_orders(space.rank_orders, tp, pp, dp)) {
                 Point x{.tp = tp, .pp = pp, .dp = dp, .micro_batch = b, .global_batch = global_batch,
-                        .zero = zero, .cp = cp, .cp_comm = cp_comm, .sp = sp, .recompute = r,
+                        .zero = zero, .cp = cp, .cp_comm = cp_comm, .cp_a2a = cp_a2a, .sp = sp, .recompute = r,
                         .elementwise_recompute = space.elementwise_recompute.value_or(false),
                         .schedule = kind, .virtual_stages = v, .ep = ep, .expert_tp = etp};
                 Candidate c;

@@ -16,11 +16,12 @@ inline constexpr int kCpSearchMinSeq = 16384;
 
 struct SearchSpace {
   std::optional<int> tp, pp, dp, zero, micro_batch, virtual_stages, ep;
-  // Context parallelism: searched (powers of two, ring and a2a) on sequences of at least
+  // Context parallelism: searched (powers of two, each --cp-comm) on sequences of at least
   // kCpSearchMinSeq tokens; below that a sequence's activations fit beside tp and pp, and a
   // split only adds communication and smaller GEMMs.
   std::optional<int> cp;
   std::optional<model::CpComm> cp_comm;
+  std::optional<int> cp_a2a;  // hybrid's all-to-all groups (searched: those inside a node beside tp)
   double moe_imbalance = 1.0;  // not searched: Layout::moe_imbalance of every candidate
   std::optional<model::ExpertTp> expert_tp;  // searched for MoE models at tp > 1
   std::optional<bool> sp;

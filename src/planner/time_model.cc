@@ -234,6 +234,12 @@ double exposed_after_window(double total, double per_bucket, int buckets, double
   return std::min(total, std::max(per_bucket, total - window * (buckets - 1) / buckets));
 }
 
+// The links context parallelism runs on: the cp group's, and under hybrid its all-to-all
+// groups' (cp_a2a consecutive cp ranks) and the ring's across them.
+struct CpRings {
+  Ring cp, a2a, across;
+};
+
 // One layer's forward and backward, per micro-batch, per GPU.
 struct LayerTime {
   double gemm_f = 0, mem_f = 0, comm_f = 0;  // forward: GEMMs, memory-bound kernels, tp comm
@@ -415,32 +421,45 @@ void layer_tp_comm(const Layout& l, const LayerDims& x, const Ring& tp_ring, Lay
 //    it, the same in the backward, none overlapped.
 //  - all-gather (Llama 3's): the whole sequence's k and v gathered before attention, and in
 //    the backward gathered again and their gradients reduce-scattered, none overlapped.
-void layer_cp_comm(const Layout& l, const LayerDims& x, const LayerGemms& g, const Ring& cp_ring, LayerTime* lt) {
+//  - hybrid: a2a's all-to-alls inside each group of cp_a2a consecutive cp ranks (exposed),
+//    then the ring across the cp / cp_a2a groups on the group's rows of the rank's heads.
+void layer_cp_comm(const Layout& l, const LayerDims& x, const LayerGemms& g, const CpRings& rings, LayerTime* lt) {
   if (l.cp <= 1) return;
-  const double n = l.cp, rows = x.b * x.s;
-  const double kv_bytes = rows * 2 * x.kv_local * x.hd * x.e, dkv_bytes = rows * 2 * x.kv_local * x.hd * 4;
-  if (l.cp_comm == model::CpComm::kRing) {
-    const double send_f = p2p_s(kv_bytes, cp_ring), work_f = g.attention_f / n;
-    const double send_b = p2p_s(kv_bytes + dkv_bytes, cp_ring), work_b = g.attention_b / n;
-    lt->cp_f = (n - 1) * std::max(0.0, send_f - work_f);
-    lt->cp_b = (n - 1) * std::max(0.0, send_b - work_b) + p2p_s(dkv_bytes, cp_ring);
-    lt->cp_hidden = (n - 1) * (std::min(send_f, work_f) + std::min(send_b, work_b));
-    return;
-  }
-  if (l.cp_comm == model::CpComm::kAllGather) {
-    lt->cp_f = all_gather_s(n * kv_bytes, cp_ring);
-    lt->cp_b = 2 * all_gather_s(n * kv_bytes, cp_ring);
-    return;
-  }
-  const double q_bytes = rows * x.heads_local * x.hd * x.e;
-  auto all_to_all_s = [&](double bytes) {
-    return (n - 1) * cp_ring.latency + (n - 1) / n * bytes / cp_ring.bandwidth;
+  const bool hybrid = l.cp_comm == model::CpComm::kHybrid;
+  const double a = hybrid ? l.cp_a2a : 1, rows = x.b * x.s;
+  auto ring = [&](double n, double rows, double kv_heads, const Ring& link) {  // the ring of n ranks
+    const double kv_bytes = rows * 2 * kv_heads * x.hd * x.e, dkv_bytes = rows * 2 * kv_heads * x.hd * 4;
+    const double send_f = p2p_s(kv_bytes, link), work_f = g.attention_f / n;
+    const double send_b = p2p_s(kv_bytes + dkv_bytes, link), work_b = g.attention_b / n;
+    lt->cp_f += (n - 1) * std::max(0.0, send_f - work_f);
+    lt->cp_b += (n - 1) * std::max(0.0, send_b - work_b) + p2p_s(dkv_bytes, link);
+    lt->cp_hidden += (n - 1) * (std::min(send_f, work_f) + std::min(send_b, work_b));
   };
-  lt->cp_f = lt->cp_b = all_to_all_s(q_bytes + kv_bytes) + all_to_all_s(q_bytes);
+  auto ulysses = [&](double n, const Ring& link) {  // the all-to-alls over n ranks
+    const double q_bytes = rows * x.heads_local * x.hd * x.e, kv_bytes = rows * 2 * x.kv_local * x.hd * x.e;
+    auto all_to_all_s = [&](double bytes) { return (n - 1) * link.latency + (n - 1) / n * bytes / link.bandwidth; };
+    const double s = all_to_all_s(q_bytes + kv_bytes) + all_to_all_s(q_bytes);
+    lt->cp_f += s, lt->cp_b += s;
+  };
+  switch (l.cp_comm) {
+    case model::CpComm::kRing:
+      return ring(l.cp, rows, x.kv_local, rings.cp);
+    case model::CpComm::kAllGather: {
+      const double kv_bytes = rows * 2 * x.kv_local * x.hd * x.e;
+      lt->cp_f = all_gather_s(l.cp * kv_bytes, rings.cp);
+      lt->cp_b = 2 * all_gather_s(l.cp * kv_bytes, rings.cp);
+      return;
+    }
+    case model::CpComm::kA2a:
+      return ulysses(l.cp, rings.cp);
+    case model::CpComm::kHybrid:
+      ulysses(a, rings.a2a);
+      return ring(l.cp / a, a * rows, std::max(1.0, x.kv_local / a), rings.across);
+  }
 }
 
 LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, const Ring& tp_ring,
-                     const Ring& ep_ring, const Ring& cp_ring) {
+                     const Ring& ep_ring, const CpRings& cp_rings) {
   const LayerDims x = layer_dims(m, l, c);
   const LayerGemms g = layer_gemms(m, l, c, x);
   LayerTime lt;
@@ -451,7 +470,7 @@ LayerTime layer_time(const ModelShape& m, const Layout& l, const Cluster& c, con
   lt.w_copy_bytes = w_copy_bytes(l, x);
   lt.ep_f = lt.ep_b = layer_ep_s(m, l, x, tp_ring, ep_ring);
   layer_tp_comm(l, x, tp_ring, &lt);
-  layer_cp_comm(l, x, g, cp_ring, &lt);
+  layer_cp_comm(l, x, g, cp_rings, &lt);
   switch (l.recompute) {
     case Recompute::kNone:
       break;
@@ -581,10 +600,12 @@ struct Step {
     pp_stride = axis_stride(l, MeshAxis::kPp);
     tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, l.dp, c);
     pp_ring = ring_for(pp_stride, p, c);
-    cp_ring = ring_for(axis_stride(l, MeshAxis::kCp), l.cp, c);
+    const int cp_stride = axis_stride(l, MeshAxis::kCp), a2a = l.cp_comm == model::CpComm::kHybrid ? l.cp_a2a : 1;
+    cp_ring = ring_for(cp_stride, l.cp, c);
+    const CpRings cp_rings{cp_ring, ring_for(cp_stride, a2a, c), ring_for(cp_stride * a2a, l.cp / a2a, c)};
     // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
     ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, l.dp / l.ep, c);
-    lt = layer_time(m, l, c, tp_ring, ep_ring, cp_ring);
+    lt = layer_time(m, l, c, tp_ring, ep_ring, cp_rings);
     if (l.cp > 1) dp_ring = product_ring(dp_ring, cp_ring), edp_ring = product_ring(edp_ring, cp_ring);
     once_per_step = d > 1 && l.zero >= 2 && parallel::dp_step(l).reduce_once_per_step;
     split = pp::splits_backward(l.schedule);
@@ -876,13 +897,21 @@ MemoryBreakdown rank_memory(const Step& x, const std::vector<int>& layers, const
 
 // Context parallelism's staging: the ring's block in hand and the one arriving (k and v,
 // in the backward with their fp32 dK/dV sums); Ulysses' q, k, v and output in head-major
-// order.
+// order; hybrid's Ulysses staging of its group's rows and its ring's blocks of them.
 double cp_buffer_bytes(const Step& x) {
   if (x.l.cp <= 1) return 0;
-  const double rows = x.b * x.s, kv = rows * 2 * kv_heads_local(x.m, x.t) * x.m.head_dim();
-  if (x.l.cp_comm == model::CpComm::kRing) return 2 * kv * (x.e + 4);
-  if (x.l.cp_comm == model::CpComm::kAllGather) return x.l.cp * kv * (x.e + 4);  // every rank's k, v and dK, dV
-  return (2 * rows * x.m.hidden / x.t + kv) * x.e;
+  const double rows = x.b * x.s, kv_heads = kv_heads_local(x.m, x.t), kv = rows * 2 * kv_heads * x.m.head_dim();
+  const double q = 2 * rows * x.m.hidden / x.t;  // q and the output: the same per rank in any trade
+  switch (x.l.cp_comm) {
+    case model::CpComm::kRing: return 2 * kv * (x.e + 4);
+    case model::CpComm::kAllGather: return x.l.cp * kv * (x.e + 4);  // every rank's k, v and dK, dV
+    case model::CpComm::kA2a: return (q + kv) * x.e;
+    case model::CpComm::kHybrid: {
+      const double a = x.l.cp_a2a, group_kv = a * rows * 2 * std::max(1.0, kv_heads / a) * x.m.head_dim();
+      return (q + group_kv) * x.e + 2 * group_kv * (x.e + 4);
+    }
+  }
+  return 0;
 }
 
 // Memory of the most loaded GPU, pipeline rank by pipeline rank.

@@ -15,10 +15,12 @@ std::string describe(const planner::Candidate& c) {
   char buf[320];
   std::string sched = l.pp > 1 ? std::string(" ") + parallel::pp::schedule_name(l.schedule) : "";
   if (l.virtual_stages > 1) sched += " v" + std::to_string(l.virtual_stages);
+  std::string cp = l.cp > 1 ? ", cp " + std::to_string(l.cp) + " " + model::cp_comm_name(l.cp_comm) : "";
+  if (l.cp > 1 && l.cp_comm == model::CpComm::kHybrid) cp += " (a2a groups of " + std::to_string(l.cp_a2a) + ")";
   std::snprintf(buf, sizeof buf,
-                "tp %d, pp %d, dp %d, zero %d, micro-batch %d x %d%s%s, recompute %s: predicted %.0f ms per "
+                "tp %d%s, pp %d, dp %d, zero %d, micro-batch %d x %d%s%s, recompute %s: predicted %.0f ms per "
                 "step, %.3g GB peak per rank",
-                l.tp, l.pp, l.dp, l.zero, l.micro_batch, c.prediction.micro_batches, sched.c_str(),
+                l.tp, cp.c_str(), l.pp, l.dp, l.zero, l.micro_batch, c.prediction.micro_batches, sched.c_str(),
                 l.sp ? ", sp" : "", planner::recompute_name(l.recompute), c.prediction.step_s * 1e3,
                 c.prediction.memory.total() / 1e9);
   return buf;
@@ -60,6 +62,7 @@ Status choose_layout(TrainOptions* o, int ranks, const planner::SearchSpace& fix
   }
   const planner::Layout& l = best.layout;
   o->tp = l.tp, o->pp = l.pp, o->dp = l.dp, o->zero = l.zero;
+  o->cp = l.cp, o->cp_comm = model::cp_comm_name(l.cp_comm), o->cp_a2a = l.cp_a2a;
   o->micro_batch = l.micro_batch, o->global_batch = rows, o->grad_accum = 0;
   o->schedule = parallel::pp::schedule_name(l.schedule), o->virtual_stages = l.virtual_stages;
   o->sp = l.sp, o->recompute = planner::recompute_name(l.recompute);
@@ -76,13 +79,16 @@ Status choose_layout_on_every_rank(TrainOptions* o, comm::Group& world, const pl
   std::string summary;
   Status s = choose_layout(o, world.size(), fixed, &summary);
   // Every rank must have chosen alike (and failed alike): compare the choice's fields.
-  double mine[7] = {s.is_ok() ? 1.0 : 0.0, (double)o->tp, (double)o->pp, (double)o->zero, (double)o->micro_batch,
-                    (double)o->virtual_stages, (double)(o->sp ? 1 : 0) + 2.0 * (o->recompute == "full") + 4.0 * (o->recompute == "selective")};
-  double lo[7], hi[7];
-  for (int i = 0; i < 7; i++) lo[i] = -mine[i], hi[i] = mine[i];
-  world.all_reduce_f64(lo, 7, comm::ReduceOp::kMax);
-  world.all_reduce_f64(hi, 7, comm::ReduceOp::kMax);
-  for (int i = 0; i < 7; i++)
+  constexpr int kFields = 9;
+  double mine[kFields] = {s.is_ok() ? 1.0 : 0.0, (double)o->tp, (double)o->pp, (double)o->zero, (double)o->micro_batch,
+                          (double)o->virtual_stages,
+                          (double)(o->sp ? 1 : 0) + 2.0 * (o->recompute == "full") + 4.0 * (o->recompute == "selective"),
+                          (double)o->cp, (double)o->cp_a2a};
+  double lo[kFields], hi[kFields];
+  for (int i = 0; i < kFields; i++) lo[i] = -mine[i], hi[i] = mine[i];
+  world.all_reduce_f64(lo, kFields, comm::ReduceOp::kMax);
+  world.all_reduce_f64(hi, kFields, comm::ReduceOp::kMax);
+  for (int i = 0; i < kFields; i++)
     if (-lo[i] != hi[i])
       return Status::error("--plan auto: the ranks chose different layouts (is the GEMM peak cache readable by "
                            "every rank?); give the layout flags instead");

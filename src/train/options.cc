@@ -39,6 +39,7 @@ nlohmann::json to_json(const TrainOptions& o) {
           {"tp", o.tp},
           {"cp", o.cp},
           {"cp_comm", o.cp_comm},
+          {"cp_a2a", o.cp_a2a},
           {"pp", o.pp},
           {"dp", o.dp},
           {"ep", o.ep},
@@ -182,6 +183,7 @@ Status to_layout(const TrainOptions& o, int world, parallel::Layout* out) {
   RETURN_IF_ERROR(comm::resolve_mesh(world, o.tp, o.pp, o.dp, &shape, o.cp));
   l.tp = shape.tp, l.pp = shape.pp, l.dp = shape.dp, l.cp = shape.cp, l.ep = o.ep;
   RETURN_IF_ERROR(model::parse_cp_comm(o.cp_comm, &l.cp_comm));
+  l.cp_a2a = o.cp_a2a;
   if (o.expert_tp != 0 && o.expert_tp != 1 && o.expert_tp != o.tp)
     return Status::error("--expert-tp must be 1 (each expert whole on every tp rank) or --tp (" +
                          std::to_string(o.tp) + ", each split over them), got " + std::to_string(o.expert_tp));

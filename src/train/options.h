@@ -49,7 +49,8 @@ struct TrainOptions {
   // Layout: world = pp x dp x tp (tp fastest). dp = 0: world/(tp*pp).
   int tp = 1, pp = 1, dp = 0;
   int cp = 1;                      // context parallelism: each sequence over cp ranks
-  std::string cp_comm = "ring";    // ring | a2a | hybrid
+  std::string cp_comm = "ring";    // ring | a2a | all-gather | hybrid
+  int cp_a2a = 1;                  // hybrid: ranks in each all-to-all group
   int ep = 1;  // expert parallelism, carved out of dp (MoE models)
   // Which axis varies fastest over the world's ranks, then the next (comm/mesh.h): the
   // default keeps tp neighbours on one host; dp-tp-pp puts dp neighbours there instead.

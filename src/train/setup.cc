@@ -383,7 +383,7 @@ void build_model(const TrainOptions& o, Run* run) {
   run->gpt->set_precision(run->layout.precision);
   run->gpt->set_dropout(o.dropout, o.seed);
   run->gpt->set_document_mask(run->doc_separator);
-  run->gpt->set_context_parallel(&run->mesh->cp(), l.cp_comm);
+  run->gpt->set_context_parallel({&run->mesh->cp(), run->mesh->cp_a2a(), run->mesh->cp_ring()}, l.cp_comm);
   run->gpt->set_moe_training(moe_training(o));
   run->gpt->reserve_activations(run->shape.B, run->shape.T);
 }

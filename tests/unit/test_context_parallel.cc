@@ -1,4 +1,4 @@
-// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a|all-gather): each sequence split over
+// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a|all-gather|hybrid): each sequence split over
 // N ranks, 2 chunks each (model/context_parallel.h), composed with tp and sp, pp, dp and
 // ZeRO, recomputation, document masks and bf16, and checkpoints read at other layouts.
 //
@@ -8,7 +8,9 @@
 //                         Llama (grouped-query heads); a2a: cp2, cp4, cp2·tp2 sp, cp2·pp2,
 //                         cp2·dp2 ZeRO-3, cp2 --doc-mask, Llama at cp2 and cp4 (key/value heads
 //                         replicated); all-gather: cp2, cp4 --doc-mask on Llama, cp2·tp2 sp,
-//                         cp2·dp2 ZeRO-3; with --dropout 0.1: ring cp2, cp2·tp2 sp and
+//                         cp2·dp2 ZeRO-3; hybrid (a2a in pairs, ring across): cp4, cp4 --doc-mask
+//                         --recompute full on Llama (one key/value head a pair member),
+//                         cp4·tp2 sp; with --dropout 0.1: ring cp2, cp2·tp2 sp and
 //                         cp4·pp2, a2a cp2; at a global batch of 4 rows of T = 64 on 4-layer tiny
 //                         models: every step's loss within 1e-5 of the one-rank run, grad_norm
 //                         within 1e-5 relative, final weights within the pipeline suite's
@@ -16,8 +18,9 @@
 //                         cp2 (ring and a2a) within the bf16 bound.
 //   CheckpointsResumeAtOtherCp  a cp2 run's checkpoint resumes at cp1 and at cp4 with the
 //                         losses of the run that never stopped.
-//   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, hybrid (not yet), heads
-//                         a2a cannot split, MoE with cp: refused before work;
+//   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, hybrid's --cp-a2a not a
+//                         real split of cp, --cp-a2a without hybrid, heads a2a cannot split,
+//                         MoE with cp: refused before work;
 //                         generate and serve refuse --cp 2.
 #include <gtest/gtest.h>
 
@@ -62,12 +65,13 @@ struct Layout {
   bool doc_mask = false;
   std::string precision = "fp32";
   std::string comm = "ring";  // --cp-comm
+  int cp_a2a = 2;             // --cp-a2a, with hybrid
   bool llama = false;         // kLlamaShape (grouped-query heads), else kShape
   double dropout = 0;         // --dropout: each row's masks by its place in the whole sequence
 
   int ranks() const { return cp * tp * pp * dp; }
   std::string flags() const {
-    std::string f = (llama ? kLlamaShape : kShape) + " --cp-comm " + comm + " --cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+    std::string f = (llama ? kLlamaShape : kShape) + " --cp-comm " + comm + (comm == "hybrid" ? " --cp-a2a " + std::to_string(cp_a2a) : "") + " --cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
                     " --zero " + std::to_string(zero) + (sp ? " --sp" : "") + " --recompute " + recompute +
                     " --precision " + precision + (dropout > 0 ? " --dropout " + std::to_string(dropout) : "");
     if (pp > 1) {
@@ -120,6 +124,11 @@ std::vector<Layout> parity_layouts() {
       {.cp = 4, .doc_mask = true, .comm = "all-gather", .llama = true},
       {.cp = 2, .tp = 2, .sp = true, .recompute = "selective", .comm = "all-gather"},
       {.cp = 2, .dp = 2, .zero = 3, .comm = "all-gather"},
+      // Hybrid: Ulysses inside pairs of cp ranks, the ring across the pairs; on Llama each
+      // member of a pair attends with one of the 2 key/value heads.
+      {.cp = 4, .comm = "hybrid"},
+      {.cp = 4, .recompute = "full", .doc_mask = true, .comm = "hybrid", .llama = true},
+      {.cp = 4, .tp = 2, .sp = true, .comm = "hybrid"},
       // Dropout: a rank's two chunks draw the masks of their places in the sequence.
       {.cp = 2, .dropout = 0.1},
       {.cp = 2, .tp = 2, .sp = true, .dropout = 0.1},
@@ -150,20 +159,30 @@ using ContextParallel = ContextParallelTest;
 //   gradient again and sends the gradient of q, k, v back.
 // - all-gather: its k, v rows to each other rank in each forward, again in backward, and
 //   the other ranks' shares of the keys' gradients (a reduce-scatter: cp-1 blocks).
+// - hybrid: a2a's bytes inside its group of cp_a2a ranks (their heads split cp_a2a ways),
+//   then the ring's across the cp/cp_a2a groups on the group's cp_a2a Nl rows of those heads.
 // The last stage adds the loss, one double all-reduced per micro-batch.
 int64_t cp_bytes(const Layout& l) {
   constexpr int64_t kLayers = 4, kHs = 16, kHeads = 4;
   const int64_t kv_heads = l.llama ? 2 : 4, heads = kHeads / l.tp, kv = std::max<int64_t>(1, kv_heads / l.tp);
   const int64_t Nl = (int64_t)kGlobalBatch / (l.dp * l.accum) * (64 / l.cp), f = l.recompute == "none" ? 1 : 2;
+  auto ring = [&](int64_t n, int64_t rows, int64_t kv_heads) {
+    return rows * 2 * kv_heads * kHs * ((n - 1) * f + (n - 1) + n);
+  };
+  auto a2a = [&](int64_t n) {
+    const int64_t nq = heads / n, nkv = std::max<int64_t>(1, kv / n);
+    const int64_t W = (nq + 2 * nkv) * kHs, Cq = nq * kHs;
+    return (n - 1) * Nl * ((W + Cq) * f + W + 2 * Cq + W);
+  };
   int64_t per_layer = 0;
   if (l.comm == "ring") {
-    per_layer = Nl * 2 * kv * kHs * ((l.cp - 1) * f + (l.cp - 1) + l.cp);
+    per_layer = ring(l.cp, Nl, kv);
   } else if (l.comm == "all-gather") {
     per_layer = Nl * 2 * kv * kHs * (l.cp - 1) * (f + 2);
+  } else if (l.comm == "hybrid") {
+    per_layer = a2a(l.cp_a2a) + ring(l.cp / l.cp_a2a, l.cp_a2a * Nl, std::max<int64_t>(1, kv / l.cp_a2a));
   } else {
-    const int64_t nq = heads / l.cp, nkv = std::max<int64_t>(1, kv / l.cp);
-    const int64_t W = (nq + 2 * nkv) * kHs, Cq = nq * kHs;
-    per_layer = (l.cp - 1) * Nl * ((W + Cq) * f + W + 2 * Cq + W);
+    per_layer = a2a(l.cp);
   }
   // All-reduce bytes as the groups count them: 2(cp-1)/cp elements, rounded. Rank 0, whose
   // records metrics.jsonl holds, is the last stage only without pp.
@@ -237,7 +256,10 @@ TEST_F(ContextParallel, BadInputIsRejected) {
   expect_all_rejected(
       {
           {kShape + " --cp 3 --micro-batch 2", 3, {"--cp 3 cuts each sequence into 2 x cp = 6 chunks", "--seq-len 64"}},
-          {kShape + " --cp 2 --cp-comm hybrid --micro-batch 2", 2, {"--cp-comm hybrid is not implemented"}},
+          {kShape + " --cp 4 --cp-comm hybrid --micro-batch 2", 4,
+           {"--cp-comm hybrid runs Ulysses inside groups of --cp-a2a ranks", "--cp-a2a (got 1) must divide --cp 4"}},
+          {kShape + " --cp 4 --cp-comm hybrid --cp-a2a 3 --micro-batch 2", 4, {"--cp-a2a (got 3) must divide --cp 4"}},
+          {kShape + " --cp 2 --cp-a2a 2 --micro-batch 2", 2, {"--cp-a2a 2 sizes --cp-comm hybrid's all-to-all groups"}},
           {kShape + " --cp 8 --cp-comm a2a --micro-batch 2", 8,
            {"--cp-comm a2a splits each tp rank's 4 query heads and 4 key/value heads over --cp 8"}},
           {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a, all-gather or hybrid"}},

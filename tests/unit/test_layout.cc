@@ -83,17 +83,43 @@ TEST(Layout, EngineLimitsBindTheLocalPlannerNotTheGpuPlanner) {
   EXPECT_TRUE(parallel::validate(l, m, LayoutReader::kGpuPlanner).empty());
 }
 
-// The grid: tp, pp, dp, ZeRO, every schedule, v, compression, ZeRO++, sp, ep and the
-// micro-batches. For each, the engine's verdict (train::check_flags_and_layout: what the
-// launcher and every rank run) and the planners' (planner::validate on the same layout,
-// as predict and predict_local call it) must be the same text: the local planner's exactly,
+// One cell of a grid: the engine's verdict (train::check_flags_and_layout: what the
+// launcher and every rank run) and the planners' (planner::validate on the same layout, as
+// predict and predict_local call it) must be the same text: the local planner's exactly,
 // the GPU planner's without the engine's own limits.
+struct GridCounts {
+  int cells = 0, refused = 0, engine_only = 0;
+};
+
+void expect_one_verdict(const train::TrainOptions& o, int world, const model::GptConfig& config, int T,
+                        GridCounts* n) {
+  const planner::ModelShape shape = planner::model_shape(config, T);
+  const parallel::LayoutModel lm = parallel::layout_model(config);
+  const Status engine = train::check_flags_and_layout(o, world);
+  planner::Layout l;
+  ASSERT_TRUE(train::to_layout(o, world, &l).is_ok());
+  const Status local = planner::validate(shape, l, LayoutReader::kLocalPlanner);
+  const Status local_vocab = parallel::check_layout(l, lm, LayoutReader::kLocalPlanner);
+  const Status gpu = planner::validate(shape, l, LayoutReader::kGpuPlanner);
+  n->cells++;
+  n->refused += !engine.is_ok();
+  EXPECT_EQ(engine.message(), local_vocab.message());
+  // (The planner's model shape has no padded vocabulary to split; 256 rows split over every
+  // tp of the grid that splits the heads.)
+  EXPECT_EQ(engine.message(), local.message());
+  const auto gpu_rules = parallel::validate(l, lm, LayoutReader::kGpuPlanner);
+  std::string gpu_text;
+  for (const auto& e : gpu_rules) gpu_text += (gpu_text.empty() ? "" : "\n") + e.reason;
+  EXPECT_EQ(gpu.message(), gpu_text);
+  n->engine_only += engine.is_ok() != gpu_rules.empty();
+}
+
+// The grid: tp, pp, dp, ZeRO, every schedule, v, compression, ZeRO++, sp and the
+// micro-batches.
 TEST(Layout, TheEngineRefusesExactlyWhatThePlannersSkipWithTheSameReasons) {
   const model::GptConfig config = grid_model();
-  const planner::ModelShape shape = planner::model_shape(config, 64);
-  const parallel::LayoutModel lm = parallel::layout_model(config);
   const std::vector<std::string> schedules = {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "2bw"};
-  int cells = 0, refused = 0, engine_only = 0;
+  GridCounts n;
   for (int tp : {1, 2, 3})
     for (int pp : {1, 2})
       for (int dp : {1, 2})
@@ -108,34 +134,40 @@ TEST(Layout, TheEngineRefusesExactlyWhatThePlannersSkipWithTheSameReasons) {
                       o.tp = tp, o.pp = pp, o.dp = dp, o.zero = zero, o.schedule = schedule;
                       o.virtual_stages = v, o.compress = compress, o.zero_quantized_gradients = qg;
                       o.sp = sp, o.micro_batch = 1, o.grad_accum = accum;
-                      const int world = tp * pp * dp;
-                      const Status engine = train::check_flags_and_layout(o, world);
-                      planner::Layout l;
-                      ASSERT_TRUE(train::to_layout(o, world, &l).is_ok());
-                      const Status local = planner::validate(shape, l, LayoutReader::kLocalPlanner);
-                      const Status local_vocab = parallel::check_layout(l, lm, LayoutReader::kLocalPlanner);
-                      const Status gpu = planner::validate(shape, l, LayoutReader::kGpuPlanner);
                       SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp) + " dp " +
                                    std::to_string(dp) + " zero " + std::to_string(zero) + " " + schedule + " v " +
                                    std::to_string(v) + " " + compress + (qg ? " qgZ" : "") + (sp ? " sp" : "") +
                                    " A " + std::to_string(accum));
-                      cells++;
-                      refused += !engine.is_ok();
-                      EXPECT_EQ(engine.message(), local_vocab.message());
-                      // (The planner's model shape has no padded vocabulary to split; 256 rows
-                      // split over every tp of the grid that splits the heads.)
-                      EXPECT_EQ(engine.message(), local.message());
-                      const auto gpu_rules = parallel::validate(l, lm, LayoutReader::kGpuPlanner);
-                      std::string gpu_text;
-                      for (const auto& e : gpu_rules) gpu_text += (gpu_text.empty() ? "" : "\n") + e.reason;
-                      EXPECT_EQ(gpu.message(), gpu_text);
-                      engine_only += engine.is_ok() != gpu_rules.empty();
+                      expect_one_verdict(o, tp * pp * dp, config, 64, &n);
                     }
-  EXPECT_EQ(cells, 3 * 2 * 2 * 3 * 6 * 2 * 2 * 2 * 2 * 2);
+  EXPECT_EQ(n.cells, 3 * 2 * 2 * 3 * 6 * 2 * 2 * 2 * 2 * 2);
   // The grid is not all legal or all refused.
-  EXPECT_GT(refused, cells / 4);
-  EXPECT_LT(refused, cells);
-  EXPECT_GT(engine_only, 0) << "no cell shows an engine limit the GPU planner does not apply";
+  EXPECT_GT(n.refused, n.cells / 4);
+  EXPECT_LT(n.refused, n.cells);
+  EXPECT_GT(n.engine_only, 0) << "no cell shows an engine limit the GPU planner does not apply";
+}
+
+// Context parallelism's rules the same way: cp with every --cp-comm and --cp-a2a, beside tp
+// (which divides the heads a2a splits), on sequences that do and do not cut into 2 cp
+// chunks.
+TEST(Layout, TheCpRulesAreTheSameForTheEngineAndThePlanners) {
+  model::GptConfig config = grid_model();
+  GridCounts n;
+  for (int T : {64, 48})
+    for (int tp : {1, 2})
+      for (int cp : {1, 2, 4, 8})
+        for (const char* comm : {"ring", "a2a", "all-gather", "hybrid"})
+          for (int a2a : {1, 2, 3, 4}) {
+            train::TrainOptions o = grid_options();
+            o.seq_len = T, o.tp = tp, o.cp = cp, o.cp_comm = comm, o.cp_a2a = a2a, o.dp = 1;
+            config.max_seq_len = T;
+            SCOPED_TRACE("T " + std::to_string(T) + " tp " + std::to_string(tp) + " cp " + std::to_string(cp) + " " +
+                         comm + " a2a " + std::to_string(a2a));
+            expect_one_verdict(o, tp * cp, config, T, &n);
+          }
+  EXPECT_EQ(n.cells, 2 * 2 * 4 * 4 * 4);
+  EXPECT_GT(n.refused, n.cells / 4);
+  EXPECT_LT(n.refused, n.cells);
 }
 
 // The CLI's edge parses each name once and says which flag is wrong.

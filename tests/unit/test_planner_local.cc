@@ -13,7 +13,8 @@
 //                                most 3 runs), each repeat predicted on the machine measured
 //                                again, and the closest attempt counts.
 //   LlamaMemoryIsExactToTheByte, ContextParallelMemoryIsExactToTheByte  a Llama block,
-//                                and context parallelism (cp 2 and 4, every mode, with tp +
+//                                and context parallelism (cp 2 and 4, every mode, hybrid at
+//                                cp 4 in pairs, with tp +
 //                                sp, pp and dp): the replayed peak equals the tracker's.
 //   MemoryReplayMatchesTheModel  without runs: the predicted activations are
 //                                model::activation_inventory's sets plus scratch, the
@@ -299,8 +300,8 @@ TEST_F(PlannerLocal, ContextParallelMemoryIsExactToTheByte) {
   GTEST_SKIP() << "built without MPI (MESHTRAIN_WITH_MPI=OFF): no multi-rank runs";
 #endif
   ASSERT_TRUE(data_ok_);
-  auto with_cp = [](Layout l, int cp, model::CpComm comm) {
-    l.cp = cp, l.cp_comm = comm;
+  auto with_cp = [](Layout l, int cp, model::CpComm comm, int a2a = 1) {
+    l.cp = cp, l.cp_comm = comm, l.cp_a2a = a2a;
     return l;
   };
   using model::CpComm;
@@ -312,6 +313,7 @@ TEST_F(PlannerLocal, ContextParallelMemoryIsExactToTheByte) {
              {"cp4 a2a", "--cp 4 --cp-comm a2a", with_cp(one, 4, CpComm::kA2a)},
              {"cp2 all-gather", "--cp 2 --cp-comm all-gather", with_cp(one, 2, CpComm::kAllGather)},
              {"cp4 all-gather", "--cp 4 --cp-comm all-gather", with_cp(one, 4, CpComm::kAllGather)},
+             {"cp4 hybrid a2a2", "--cp 4 --cp-comm hybrid --cp-a2a 2", with_cp(one, 4, CpComm::kHybrid, 2)},
              {"cp2 tp2 sp", "--cp 2 --tp 2 --sp", with_cp(layout(2, 1, 1, 0, 1, true), 2, CpComm::kRing)},
              {"cp2 pp2 1f1b", "--cp 2 --pp 2 --grad-accum 4", with_cp(layout(1, 2, 1, 0, 4), 2, CpComm::kRing)},
              {"cp2 dp2 zero1", "--cp 2 --dp 2 --zero 1 --grad-accum 2", with_cp(layout(1, 1, 2, 1, 2), 2, CpComm::kRing)}});

@@ -247,7 +247,20 @@ TEST(PlannerSearch, LongContextLayouts) {
   EXPECT_TRUE(j["flops"].contains("narayanan_tflops_per_gpu"));
   EXPECT_GT(j["layouts"][0]["narayanan_tflops_per_gpu"].get<double>(), j["layouts"][0]["tflops_per_gpu"].get<double>());
   expect_failure(run(base + " --cp-comm sideways"), {"--cp-comm: --cp-comm must be ring, a2a, all-gather or hybrid"});
-  expect_failure(run(base + " --cp-comm hybrid"), {"--cp-comm hybrid is not implemented"});
+  expect_failure(run(base + " --cp-comm hybrid --cp-a2a 16"), {"--cp-a2a (got 16) must divide --cp 16"});
+  expect_failure(run(base + " --cp-comm ring --cp-a2a 4"), {"--cp-a2a 4 sizes --cp-comm hybrid's all-to-all groups"});
+  // Hybrid with tp 2: the search tries the all-to-all groups that stay inside an 8-GPU node
+  // (2 and 4 GPUs of cp beside tp's 2), and plan shows the one it ranks first.
+  SearchSpace hybrid;
+  hybrid.tp = 2, hybrid.pp = 16, hybrid.cp = 16, hybrid.cp_comm = model::CpComm::kHybrid;
+  ASSERT_TRUE(search_layouts(m, 16384, 128, Precision::kBf16, h100, hybrid, &all).is_ok());
+  std::set<int> sizes;
+  for (const Candidate& c : all) sizes.insert(c.layout.cp_a2a);
+  EXPECT_EQ(sizes, (std::set<int>{2, 4}));
+  RunResult named = run(kBinary + " plan --model llama3-405b --cluster h100-80g --gpus 16384 --global-batch 128 "
+                                  "--seq-len 131072 --tp 2 --pp 16 --cp 16 --cp-comm hybrid --cp-a2a 4 --top 1 --json");
+  ASSERT_EQ(named.exit_code, 0) << describe(named);
+  EXPECT_EQ(nlohmann::json::parse(named.out)["layouts"][0]["layout"]["cp_a2a"], 4);
   expect_failure(run(kBinary + " plan --model llama3-8b --gpus 8 --global-batch 8 --cp -1"), {"--cp must be >= 1, got -1"});
   expect_failure(run(kBinary + " plan --model llama3-8b --gpus 8 --global-batch 8 --seq-len 8190 --cp 2"),
                  {"--seq-len 8190 is not divisible by 4"});

@@ -755,5 +755,36 @@ TEST(PlannerTimeLongContext, ContextParallelSplitsRowsAndPricesEachMode) {
   EXPECT_NE(predict(m, odd, h100_cluster(), &bad).message().find("needs --attention fused"), std::string::npos);
 }
 
+// Hybrid (a2a inside groups, ring across) at tp 2, cp 16 on 8-GPU nodes: Ulysses over all
+// 16 cp GPUs sends across nodes and exposes it; hybrid keeps its all-to-alls inside a node
+// (groups of 4 beside tp 2) and hides the ring's sends across nodes behind attention, so it
+// exposes less than a2a. Its all-to-alls over 4 GPUs are the same bytes at NVLink's rate as
+// a2a's own would be inside a node; and its memory holds both modes' staging.
+TEST(PlannerTimeLongContext, HybridKeepsTheAllToAllInsideANode) {
+  const ModelShape m = llama3_405b(131072);
+  Layout l = h100_layout(2, 16, 8, 1, 128, 2);
+  l.elementwise_recompute = true, l.cp = 16;
+  Prediction ring, a2a, hybrid, wide;
+  l.cp_comm = model::CpComm::kA2a;
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &a2a).is_ok());
+  l.cp_comm = model::CpComm::kRing;
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &ring).is_ok());
+  l.cp_comm = model::CpComm::kHybrid, l.cp_a2a = 4;
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &hybrid).is_ok());
+  EXPECT_GT(hybrid.cp.hidden, 0) << "the ring across the groups runs behind attention";
+  EXPECT_LT(hybrid.cp.exposed, a2a.cp.exposed);
+  EXPECT_LT(hybrid.step_s, a2a.step_s);
+  EXPECT_GT(hybrid.memory.total(), ring.memory.total()) << "Ulysses' staging beside the ring's";
+  // Groups of 8 beside tp 2 span two nodes: their all-to-alls cross them.
+  l.cp_a2a = 8;
+  ASSERT_TRUE(predict(m, l, h100_cluster(), &wide).is_ok());
+  EXPECT_GT(wide.cp.exposed, hybrid.cp.exposed);
+  // The rules: --cp-a2a must split cp into real groups.
+  l.cp_a2a = 16;
+  Prediction bad;
+  EXPECT_NE(predict(m, l, h100_cluster(), &bad).message().find("must divide --cp 16 and lie strictly between 1 and it"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace meshtrain::planner::test_planner_time
