@@ -189,6 +189,10 @@ Mesh::Mesh(Group& world, const MeshShape& shape) : world_(world), shape_(shape) 
   CHECK_MSG(s.ep >= 1 && s.dp % s.ep == 0, "ep must divide dp");
   ep_ = make_axis(dp(), s.ep, c.dp / s.ep, c.dp % s.ep, "ep");
   edp_ = make_axis(dp(), s.edp(), c.dp % s.ep, c.dp / s.ep, "edp");
+  // The experts' copies under cp: the edp group's ranks at every cp coordinate (their
+  // tokens differ), ordered as dp x cp orders the dense gradients' group.
+  if (s.cp > 1 && s.ep > 1)
+    expert_grad_ = make_axis(grad(), s.edp() * s.cp, c.dp % s.ep, c.dp / s.ep + s.edp() * c.cp, "edpcp");
 }
 
 std::map<std::string, AxisStats> Mesh::stats() const {
@@ -197,6 +201,7 @@ std::map<std::string, AxisStats> Mesh::stats() const {
   for (const AxisEntry& e : kAxisTable)
     if (e.axis != MeshAxis::kCp || shape_.cp > 1) out[axes_[(int)e.axis]->axis()] = axes_[(int)e.axis]->stats();
   if (grad_) out[grad_->axis()] = grad_->stats();
+  if (expert_grad_) out[expert_grad_->axis()] = expert_grad_->stats();
   for (const Group* g : {cp_a2a_.get(), cp_ring_.get()}) {  // hybrid's: counted as the cp axis's
     if (!g) continue;
     AxisStats& cp = out["cp"];
@@ -213,6 +218,7 @@ void Mesh::reset_stats() {
   ep_->reset_stats();
   edp_->reset_stats();
   if (grad_) grad_->reset_stats();
+  if (expert_grad_) expert_grad_->reset_stats();
   for (auto* g : {cp_a2a_.get(), cp_ring_.get()})
     if (g) g->reset_stats();
 }

@@ -95,6 +95,8 @@ class Mesh {
   Group& axis(MeshAxis a) { return *axes_[(int)a]; }
   // The group gradients are summed over: dp × cp (the dp group itself while cp = 1).
   Group& grad() { return grad_ ? *grad_ : dp(); }
+  // The routed experts' gradients: edp × cp (edp itself while cp = 1).
+  Group& expert_grad() { return expert_grad_ ? *expert_grad_ : edp(); }
   int ep_rank() const { return coord_.dp % shape_.ep; }
   int tp_rank() const { return coord_.tp; }
   int dp_rank() const { return coord_.dp; }
@@ -117,7 +119,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoord coord_;
   std::array<std::unique_ptr<Group>, kMeshAxes> axes_;
-  std::unique_ptr<Group> ep_, edp_, grad_, cp_a2a_, cp_ring_;
+  std::unique_ptr<Group> ep_, edp_, grad_, cp_a2a_, cp_ring_, expert_grad_;
 };
 
 }  // namespace meshtrain::comm

@@ -263,11 +263,11 @@ int64_t ActivationInventory::recompute_scratch(Recompute mode) const {
   return 0;
 }
 
-int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas) {
+int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas, int cp) {
   const int64_t N = (int64_t)B * T, k = config.moe.top_k, El = config.moe.experts / ep;
   int64_t rows = ep * N * std::min(k, El);
   if (capacity_factor > 0) {
-    const int64_t cap = (int64_t)std::ceil(k * (double)T * capacity_factor / config.moe.experts);
+    const int64_t cap = (int64_t)std::ceil(k * (double)T * cp * capacity_factor / config.moe.experts);
     rows = std::min(rows, ep * El * cap * B);
   }
   if (replicas > 1) rows = (rows + replicas - 1) / replicas + ep;
@@ -275,7 +275,7 @@ int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double ca
 }
 
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel,
-                                         int ep, double capacity_factor, ExpertTp expert_tp) {
+                                         int ep, double capacity_factor, ExpertTp expert_tp, int cp) {
   const int64_t N = (int64_t)B * T, C = config.dim, Cl = C / tp, NHl = config.heads / tp;
   const int64_t Ql = config.qkv_dim_per_rank(tp), Fcl = config.fc_dim() / tp, Fl = config.ffn() / tp;
   const int64_t stats = config.norm == Norm::kLayerNorm ? 2 : 1;  // mean and rstd, or rstd
@@ -295,7 +295,7 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
   // rows move between ranks, and a shared expert's widths.
   const int replicas = expert_tp == ExpertTp::kReplicated && tp > 1 ? tp : 1;
   const int64_t Fcel = config.expert_fc_dim() / (tp / replicas), Fel = config.expert_ffn() / (tp / replicas);
-  const int64_t R = config.is_moe() ? moe_expert_rows(config, B, T, ep, capacity_factor, replicas) : 0;
+  const int64_t R = config.is_moe() ? moe_expert_rows(config, B, T, ep, capacity_factor, replicas, cp) : 0;
   const bool dispatched = ep > 1 || replicas > 1;
   const int64_t Fcsl = config.expert_fc_dim() / tp, Fsl = config.expert_ffn() / tp;
   if (config.is_moe()) {
@@ -334,12 +334,12 @@ void Gpt::ensure_activations(int B, int T) {
   const size_t Nl = sp_ ? N / tp_size_ : N;
   Nl_ = (int)Nl;
   inventory_ = activation_inventory(config_, B, T, tp_size_, sp_, layout_.ep(), moe_training_.capacity_factor,
-                                    layout_.expert_tp());
+                                    layout_.expert_tp(), cp_size());
   const bool reuse = within_reserve();
   if (reuse) {
     // Every tensor grows with T at a fixed B: the reserved shape's sizes hold this one's.
     reserved_ = activation_inventory(config_, reserved_B_, reserved_T_, tp_size_, sp_, layout_.ep(),
-                                     moe_training_.capacity_factor, layout_.expert_tp());
+                                     moe_training_.capacity_factor, layout_.expert_tp(), cp_size());
   }
   pipeline_.sets().reshape(reuse);
   // Recomputed tensors live once, here, instead of once per block and micro-batch; so do
@@ -370,7 +370,7 @@ void Gpt::ensure_activations(int B, int T) {
   if (config_.is_moe()) {
     const size_t k = config_.moe.top_k, S = config_.moe.shared_experts, E = config_.moe.experts;
     const size_t Rs = std::max<size_t>(N * k, moe_expert_rows(config_, B, T, layout_.ep(), moe_training_.capacity_factor,
-                                                              expert_replicas()));
+                                                              expert_replicas(), cp_size()));
     moe_rows_ = take(Rs * C), moe_dy_ = take(Rs * C), moe_xchg_ = ep_ ? take(Rs * C) : nullptr;
     moe_dact_ = take(std::max(Rs * Fel_, N * S * Fsl_)), moe_dfch_ = take(std::max(Rs * Fcel_, N * S * Fcsl_));
     moe_dweight_ = take(N * k), moe_dlogits_ = take(N * E);
@@ -403,7 +403,8 @@ void Gpt::take_block(BlockActivations& a, Take& take, bool with_core, bool with_
   a.residual2 = take(Nl * C), a.ln2 = take(Nl * C), a.ln2_mean = mean ? take(Nl) : nullptr, a.ln2_rstd = take(Nl);
   if (moe) {
     const size_t E = config_.moe.experts, Nk = N * config_.moe.top_k, S = config_.moe.shared_experts;
-    const size_t R = moe_expert_rows(config_, B_, T_, layout_.ep(), moe_training_.capacity_factor, expert_replicas());
+    const size_t R =
+        moe_expert_rows(config_, B_, T_, layout_.ep(), moe_training_.capacity_factor, expert_replicas(), cp_size());
     auto ints = [&](size_t n) { return reinterpret_cast<int*>(take(n)); };  // 4-byte slots
     a.router_logits = take(N * E);
     a.route.expert = ints(Nk), a.route.weight = take(Nk), a.route.slot = ints(Nk), a.route.order = ints(Nk);

@@ -64,7 +64,7 @@ struct ActivationInventory {
 };
 ActivationInventory activation_inventory(const GptConfig& config, int B, int T, int tp, bool sequence_parallel,
                                          int ep = 1, double capacity_factor = 0,
-                                         ExpertTp expert_tp = ExpertTp::kSplit);
+                                         ExpertTp expert_tp = ExpertTp::kSplit, int cp = 1);
 
 // The most rows one rank's experts of an MoE layer can receive in a B x T micro-batch on
 // each of ep ranks: every rank's tokens each sending min(k, E/ep) of its choices here
@@ -72,7 +72,10 @@ ActivationInventory activation_inventory(const GptConfig& config, int B, int T, 
 // expert. The worst case is reserved: the activation memory does not depend on the routing.
 // With the experts replicated over `replicas` tp ranks, each computes on its share of every
 // source's rows: at most ceil(R / replicas) + ep of them (each share rounds up by a row).
-int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas = 1);
+// Under cp, T is a rank's rows of each sequence and the capacity the whole sequence's
+// (T x cp rows).
+int64_t moe_expert_rows(const GptConfig& config, int B, int T, int ep, double capacity_factor, int replicas = 1,
+                        int cp = 1);
 
 // FLOPs the model executed (matmuls and attention, 2 per multiply-add), split into the
 // model's own forward/backward and the forward work repeated by recomputation.
@@ -314,6 +317,7 @@ class Gpt {
   // An MoE layer's MLP on block l (unit u) from a.ln2: leaves the branch output, before
   // the tp reduction, in partial_ (all N rows); backward leaves the input gradient there.
   void moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing);
+  void moe_route_rows(BlockActivations& a, int N, int T, MoeRouteStats* stats, const float* bias);
   void moe_backward(int l, int u, const float* unit, float* gunit, BlockActivations& a, int B, int T);
   void moe_choice_grads(const BlockActivations& a, const float* dout, int N);
   void moe_experts_backward(int l, BlockActivations& a, const std::vector<int>& offsets, float* dy, const float* rows);

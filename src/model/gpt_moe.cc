@@ -224,6 +224,18 @@ void Gpt::moe_from_experts(const BlockActivations& a, float* rows, float* out) {
   }
 }
 
+// Under cp a sequence's rows are spread over the cp group: each rank routes its own, and
+// the balance loss and capacity read the whole sequences' sums (added over the group; the
+// loss counted on its first rank, as the token losses are summed over it).
+void Gpt::moe_route_rows(BlockActivations& a, int N, int T, MoeRouteStats* stats, const float* bias) {
+  if (!cp_) return moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, stats, bias);
+  const int p = cp_->size(), r = cp_->rank();
+  const MoeSequenceSplit split{T * p, 2 * p, 2, {r, 2 * p - 1 - r}};  // CpSplit's chunks
+  MoeRouteSums sums = moe_route_local(config_.moe, moe_training_, a.router_logits, N, T, split, &a.route, stats, bias);
+  cp_->all_reduce_f64(sums.values.data(), sums.values.size(), comm::ReduceOp::kSum);
+  moe_route_finish(config_.moe, moe_training_, sums, N, T, split, /*count_aux=*/r == 0, &a.route, stats);
+}
+
 void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int B, int T, bool recomputing) {
   const int N = B * T, C = config_.dim, E = config_.moe.experts, k = config_.moe.top_k;
   const int S = config_.moe.shared_experts, El = layout_.local_experts(l);
@@ -233,7 +245,7 @@ void Gpt::moe_forward(int l, int u, const float* unit, BlockActivations& a, int 
   MoeRouteStats recomputed;  // a recomputation routes again; the step's statistics count once
   MoeRouteStats& stats = recomputing ? recomputed : moe_stats_[l];
   const float* bias = moe_training_.bias_speed > 0 ? moe_bias().data() + (size_t)l * E : nullptr;
-  moe_route(config_.moe, moe_training_, a.router_logits, N, T, &a.route, &stats, bias);
+  moe_route_rows(a, N, T, &stats, bias);
   const int M = a.route.offsets[E];
   for (int s = 0; s < M; s++) {
     const float* row = x + (size_t)(a.route.order[s] / k) * C;
@@ -345,9 +357,15 @@ void Gpt::moe_experts_backward(int l, BlockActivations& a, const std::vector<int
 void Gpt::moe_router_backward(int l, int u, const float* unit, float* gunit, const BlockActivations& a,
                               const float* x, int N, int T) {
   const int C = config_.dim, E = config_.moe.experts;
-  const float aux_scale = loss_scale_ * (float)T;  // each sequence's balance loss counts once
+  const int T_whole = T * cp_size();
+  const float aux_scale = loss_scale_ * (float)T_whole;  // each sequence's balance loss counts once
+  std::vector<double> assignments;  // under cp: the whole sequences' (the forward's sums, again)
+  if (cp_ && moe_training_.aux_loss > 0) {
+    assignments = moe_group_assignments(config_.moe, moe_training_, a.route, N, T);
+    cp_->all_reduce_f64(assignments.data(), assignments.size(), comm::ReduceOp::kSum);
+  }
   moe_route_backward(config_.moe, moe_training_, a.router_logits, moe_dweight_, a.route, N, T, aux_scale, loss_scale_,
-                     moe_dlogits_);
+                     moe_dlogits_, cp_ ? assignments.data() : nullptr, T_whole);
   const ParamTensor& router = layout_.layer(l, kRouterW);
   k::gemm(true, false, E, C, N, 1.0f, moe_dlogits_, E, x, C, 1.0f, grad(u, gunit, router), C);
   if (tp_rank_ == 0) k::gemm(false, false, N, C, E, 1.0f, moe_dlogits_, E, param(u, unit, router), C, 1.0f, partial_, C);

@@ -65,62 +65,103 @@ int balance_rows(const MoeTraining& training, int N, int T) {
   return training.balance == MoeBalance::kMicroBatch ? N : T;
 }
 
+// Balance groups of B sequences, and sequence b's.
+int balance_groups(const MoeTraining& training, int B) { return training.balance == MoeBalance::kMicroBatch ? 1 : B; }
+int group_of(const MoeTraining& training, int b) { return training.balance == MoeBalance::kMicroBatch ? 0 : b; }
+
+// A row's experts (top-k by score, plus the bias when given) and their combine weights.
+void choose(const MoeConfig& config, const float* scores, const float* bias, float* biased, int* chosen,
+            float* weight) {
+  const int E = config.experts, k = config.top_k;
+  if (bias) {
+    for (int e = 0; e < E; e++) biased[e] = scores[e] + bias[e];
+    top_k(biased, E, k, chosen);
+  } else {
+    top_k(scores, E, k, chosen);
+  }
+  double sum = 0;
+  for (int j = 0; j < k; j++) sum += scores[chosen[j]];
+  for (int j = 0; j < k; j++) weight[j] = config.renormalize ? (float)(scores[chosen[j]] / sum) : scores[chosen[j]];
+}
+
 }  // namespace
 
-void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
-               MoeRoute* r, MoeRouteStats* stats, const float* bias) {
+MoeRouteSums moe_route_local(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
+                             const MoeSequenceSplit& split, MoeRoute* r, MoeRouteStats* stats, const float* bias) {
   const int E = config.experts, k = config.top_k;
   CHECK_MSG(T > 0 && N % T == 0, "MoE routing needs whole sequences");
+  CHECK_MSG(split.local >= 1 && T % split.local == 0 && split.T >= T, "a sequence's rows in equal runs");
   if ((int)stats->tokens.size() != E) stats->tokens.assign(E, 0);
   if ((int)stats->chosen.size() != E) stats->chosen.assign(E, 0);
+  const int B = N / T, run = T / split.local;
+  MoeRouteSums sums{balance_groups(training, B), B, split.chunks, k, E, {}};
+  sums.values.assign((size_t)sums.groups * 2 * E + (size_t)B * split.chunks * k * E, 0.0);
   std::vector<float> scores(E), q(E), biased(E);
-  std::vector<double> P(E);
-  int64_t capacity = (int64_t)N * k;  // dropless
-  if (training.capacity_factor > 0) capacity = (int64_t)std::ceil(k * (double)T * training.capacity_factor / E);
-  std::vector<int64_t> taken(E);
-  const int G = balance_rows(training, N, T);
-  for (int b = 0; b < N / T; b++) {
-    if (b * T % G == 0) std::fill(P.begin(), P.end(), 0.0);
+  for (int b = 0; b < B; b++) {
+    double* group = sums.group(group_of(training, b));
     for (int n = b * T; n < (b + 1) * T; n++) {
       const float* row = logits + (size_t)n * E;
       moe_scores(config.score, row, E, scores.data());
       int* chosen = r->expert + (size_t)n * k;
-      if (bias) {
-        for (int e = 0; e < E; e++) biased[e] = scores[e] + bias[e];
-        top_k(biased.data(), E, k, chosen);
-      } else {
-        top_k(scores.data(), E, k, chosen);
-      }
-      for (int j = 0; j < k; j++) stats->chosen[chosen[j]]++;
-      double sum = 0;
-      for (int j = 0; j < k; j++) sum += scores[chosen[j]];
-      for (int j = 0; j < k; j++)
-        r->weight[(size_t)n * k + j] = config.renormalize ? (float)(scores[chosen[j]] / sum) : scores[chosen[j]];
+      choose(config, scores.data(), bias, biased.data(), chosen, r->weight + (size_t)n * k);
+      double* offers = sums.offers(b, split.mine[(n - b * T) / run]);
+      for (int j = 0; j < k; j++) stats->chosen[chosen[j]]++, group[E + chosen[j]] += 1.0, offers[j * E + chosen[j]] += 1.0;
       balance_probabilities(config.score, scores.data(), E, q.data());
-      for (int e = 0; e < E; e++) P[e] += q[e];
+      for (int e = 0; e < E; e++) group[e] += q[e];
       if (training.z_loss > 0) {
         const double lse = row_logsumexp(row, E);
         stats->z += training.z_loss * lse * lse;
       }
     }
-    if ((b + 1) * T % G == 0) {  // the group's last sequence: its term, once per sequence
-      const std::vector<double> f = group_fractions(*r, (b + 1) * T - G, G, E, k);
-      double aux = 0;
-      for (int e = 0; e < E; e++) aux += f[e] * (P[e] / G);
-      stats->aux += training.aux_loss * E * aux * (G / T);
-    }
-    // Capacity, choice by choice in position order (slot 0 marks kept for now).
-    std::fill(taken.begin(), taken.end(), 0);
-    for (int j = 0; j < k; j++)
-      for (int n = b * T; n < (b + 1) * T; n++) {
-        const int a = n * k + j, e = r->expert[a];
-        const bool keep = taken[e] < capacity;
-        taken[e] += keep;
-        r->slot[a] = keep ? 0 : -1;
-        stats->dropped += !keep;
-      }
   }
-  // Dispatch order: by expert, then by token (a counting sort over the kept assignments).
+  return sums;
+}
+
+namespace {
+
+// Each group's balance loss, alpha E sum_i f_i P_i, once per sequence it holds: f_i the
+// group's assignments to i over k G, P_i its mean q_i (G rows of whole sequences).
+void balance_loss(const MoeTraining& training, MoeRouteSums& sums, int B, int T_whole, MoeRouteStats* stats) {
+  const int E = sums.E;
+  const double G = training.balance == MoeBalance::kMicroBatch ? (double)B * T_whole : T_whole;
+  for (int g = 0; g < sums.groups; g++) {
+    const double* group = sums.group(g);
+    double aux = 0;
+    for (int e = 0; e < E; e++) aux += group[E + e] / ((double)sums.k * G) * (group[e] / G);
+    stats->aux += training.aux_loss * E * aux * (G / T_whole);
+  }
+}
+
+// Capacity, choice by choice in position order: an assignment is kept while fewer than
+// `capacity` offers to its expert came before it in that order: every earlier choice's in
+// the whole sequence, and its own choice's in earlier chunks and earlier rows of its chunk.
+// Slot 0 marks kept for now.
+void take_capacity(const MoeTraining& training, MoeRouteSums& sums, int N, int T, const MoeSequenceSplit& split,
+                   MoeRoute* r, MoeRouteStats* stats) {
+  const int E = sums.E, k = sums.k, run = T / split.local;
+  const bool dropless = training.capacity_factor <= 0;
+  const int64_t capacity = dropless ? 0 : (int64_t)std::ceil(k * (double)split.T * training.capacity_factor / E);
+  std::vector<double> before(E);
+  for (int b = 0; b < N / T; b++)
+    for (int j = 0; j < k; j++)
+      for (int i = 0; i < split.local; i++) {
+        const int chunk = split.mine[i];
+        std::fill(before.begin(), before.end(), 0.0);
+        for (int c = 0; c < split.chunks; c++)
+          for (int jj = 0; jj < (c < chunk ? j + 1 : j); jj++)
+            for (int e = 0; e < E; e++) before[e] += sums.offers(b, c)[jj * E + e];
+        for (int n = b * T + i * run; n < b * T + (i + 1) * run; n++) {
+          const int a = n * k + j, e = r->expert[a];
+          const bool keep = dropless || before[e] < (double)capacity;
+          before[e] += 1.0;
+          r->slot[a] = keep ? 0 : -1;
+          stats->dropped += !keep;
+        }
+      }
+}
+
+// Dispatch order: by expert, then by token (a counting sort over the kept assignments).
+void dispatch_order(int N, int E, int k, MoeRoute* r, MoeRouteStats* stats) {
   std::fill(r->offsets, r->offsets + E + 1, 0);
   for (int a = 0; a < N * k; a++)
     if (r->slot[a] >= 0) r->offsets[r->expert[a] + 1]++;
@@ -137,6 +178,31 @@ void moe_route(const MoeConfig& config, const MoeTraining& training, const float
   }
 }
 
+}  // namespace
+
+void moe_route_finish(const MoeConfig& config, const MoeTraining& training, MoeRouteSums& sums, int N, int T,
+                      const MoeSequenceSplit& split, bool count_aux, MoeRoute* r, MoeRouteStats* stats) {
+  if (count_aux) balance_loss(training, sums, N / T, split.T, stats);
+  take_capacity(training, sums, N, T, split, r, stats);
+  dispatch_order(N, config.experts, config.top_k, r, stats);
+}
+
+void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
+               MoeRoute* r, MoeRouteStats* stats, const float* bias) {
+  const MoeSequenceSplit split = MoeSequenceSplit::whole(T);
+  MoeRouteSums sums = moe_route_local(config, training, logits, N, T, split, r, stats, bias);
+  moe_route_finish(config, training, sums, N, T, split, /*count_aux=*/true, r, stats);
+}
+
+std::vector<double> moe_group_assignments(const MoeConfig& config, const MoeTraining& training, const MoeRoute& r,
+                                          int N, int T) {
+  const int E = config.experts, k = config.top_k;
+  std::vector<double> out((size_t)balance_groups(training, N / T) * E, 0.0);
+  for (int b = 0; b < N / T; b++)
+    for (int a = b * T * k; a < (b + 1) * T * k; a++) out[(size_t)group_of(training, b) * E + r.expert[a]] += 1.0;
+  return out;
+}
+
 void update_expert_bias(const double* load, int E, float speed, float* bias) {
   double total = 0;
   for (int e = 0; e < E; e++) total += load[e];
@@ -148,16 +214,22 @@ void update_expert_bias(const double* load, int E, float speed, float* bias) {
 
 void moe_route_backward(const MoeConfig& config, const MoeTraining& training, const float* logits,
                         const float* dweight, const MoeRoute& r, int N, int T, float aux_scale, float z_scale,
-                        float* dlogits) {
-  const int E = config.experts, k = config.top_k;
+                        float* dlogits, const double* assignments, int T_whole) {
+  const int E = config.experts, k = config.top_k, Tw = T_whole > 0 ? T_whole : T;
   std::vector<float> scores(E), q(E), ds(E), dq(E);
   const int G = balance_rows(training, N, T);
-  std::vector<double> f;
+  const double G_whole = training.balance == MoeBalance::kMicroBatch ? (double)(N / T) * Tw : Tw;
+  std::vector<double> f(E);
   for (int b = 0; b < N / T; b++) {
     // dL/dq_i(t) = aux_scale * alpha * E * f_i / T for every token of the group: its G/T
-    // sequences' worth of alpha E sum f_i P_i, where P_i averages q_i over G rows.
-    if (b * T % G == 0) f = group_fractions(r, b * T, G, E, k);
-    for (int e = 0; e < E; e++) dq[e] = (float)(aux_scale * training.aux_loss * E * f[e] / T);
+    // sequences' worth of alpha E sum f_i P_i, where P_i averages q_i over G rows (T and
+    // G the whole sequences').
+    if (b * T % G == 0 && assignments) {
+      for (int e = 0; e < E; e++) f[e] = assignments[(size_t)group_of(training, b) * E + e] / ((double)k * G_whole);
+    } else if (b * T % G == 0) {
+      f = group_fractions(r, b * T, G, E, k);
+    }
+    for (int e = 0; e < E; e++) dq[e] = (float)(aux_scale * training.aux_loss * E * f[e] / Tw);
     for (int n = b * T; n < (b + 1) * T; n++) {
       const float* row = logits + (size_t)n * E;
       float* drow = dlogits + (size_t)n * E;

@@ -53,6 +53,29 @@ struct MoeRouteStats {
   int64_t sent_rows = 0, received_rows = 0;
 };
 
+// Where a sequence's rows are, when context parallelism spreads them over ranks
+// (model/context_parallel.h): the whole sequence of T rows is cut into `chunks` equal
+// chunks in sequence order, and this rank holds `local` of them, chunk `mine[i]` as its
+// i-th run of rows. One rank: the whole sequence, one chunk.
+struct MoeSequenceSplit {
+  int T = 0;  // the whole sequence's rows
+  int chunks = 1, local = 1;
+  int mine[2] = {0, 0};
+  static MoeSequenceSplit whole(int T) { return {T, 1, 1, {0, 0}}; }
+};
+
+// What the routing's whole-sequence statistics need from every rank that holds a part of
+// the sequences: per balance group, the sum of each expert's balance probability q_i and
+// its assignments; per sequence, the choice-j assignments to each expert in each chunk
+// (this rank's chunks filled, the others zero). Summed over those ranks (an all-reduce of
+// `values`), they are the whole sequences'.
+struct MoeRouteSums {
+  int groups = 0, B = 0, chunks = 1, k = 0, E = 0;
+  std::vector<double> values;  // [groups][2E] (q sums, then assignments), then [B][chunks][k][E] (offers)
+  double* group(int g) { return values.data() + (size_t)g * 2 * E; }
+  double* offers(int b, int c) { return values.data() + (size_t)groups * 2 * E + ((size_t)b * chunks + c) * k * E; }
+};
+
 // Routes N rows of router logits [N, E] (B sequences of T rows) into r: scores (softmax, or
 // sigmoid), the top-k experts (ties to the lower index) by score plus `bias` [E] when given
 // (aux-loss-free balancing; the weights use the scores alone), their weights, then per sequence
@@ -63,6 +86,21 @@ struct MoeRouteStats {
 void moe_route(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
                MoeRoute* r, MoeRouteStats* stats, const float* bias = nullptr);
 
+// moe_route in two halves, for sequences whose rows are spread over ranks (T: the rows of
+// each sequence here; split: where they are in it). The first chooses and weighs each
+// row's experts and returns this rank's sums; the caller adds them over the ranks that
+// share the sequences; the second takes the balance loss (when `count_aux`: one rank of
+// those adds it), the capacity drops and the dispatch order.
+MoeRouteSums moe_route_local(const MoeConfig& config, const MoeTraining& training, const float* logits, int N, int T,
+                             const MoeSequenceSplit& split, MoeRoute* r, MoeRouteStats* stats,
+                             const float* bias = nullptr);
+void moe_route_finish(const MoeConfig& config, const MoeTraining& training, MoeRouteSums& sums, int N, int T,
+                      const MoeSequenceSplit& split, bool count_aux, MoeRoute* r, MoeRouteStats* stats);
+// The backward's share of those sums: the assignments per balance group, [groups][E] (to be
+// summed over the same ranks).
+std::vector<double> moe_group_assignments(const MoeConfig& config, const MoeTraining& training, const MoeRoute& r,
+                                          int N, int T);
+
 // Aux-loss-free balancing (DeepSeek-V3, arXiv 2412.19437, 2.1.2): after a step, each
 // expert's routing bias moves `speed` down when its load (assignments over the whole step
 // and job) is above the layer's mean, up when below, and stays when equal.
@@ -70,10 +108,12 @@ void update_expert_bias(const double* load, int E, float speed, float* bias);
 
 // The gradient of the router logits [N, E] from dweight [N*k] (the loss's gradient with
 // respect to each assignment's weight; ignored for dropped ones), the balance loss of each
-// sequence scaled by aux_scale and the z-loss of each token scaled by z_scale.
+// sequence scaled by aux_scale and the z-loss of each token scaled by z_scale. `assignments`:
+// moe_group_assignments summed over the ranks that share the sequences (null: one rank
+// holds them, T = T_whole); T_whole the whole sequence's rows.
 void moe_route_backward(const MoeConfig& config, const MoeTraining& training, const float* logits,
                         const float* dweight, const MoeRoute& r, int N, int T, float aux_scale, float z_scale,
-                        float* dlogits);
+                        float* dlogits, const double* assignments = nullptr, int T_whole = 0);
 
 // Expert scores of one row of logits: softmax, or elementwise sigmoid.
 void moe_scores(MoeScore score, const float* logits, int E, float* out);

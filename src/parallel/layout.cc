@@ -117,13 +117,6 @@ std::string cp_a2a_heads(const Layout& l, const LayoutModel& m) {
          ", and the key/value heads divide by " + by + " or divide it";
 }
 
-// Routing and its balance losses are per sequence, and dropout masks are keyed by
-// contiguous token rows: neither is split over cp ranks yet.
-std::string cp_dense_models(const Layout& l, const LayoutModel& m) {
-  if (l.cp <= 1 || !m.is_moe()) return "";
-  return "--cp does not yet run Mixture-of-Experts models (routing balances over whole sequences)";
-}
-
 // ---- Pipeline schedules -------------------------------------------------------------------
 
 std::string stages_have_layers(const Layout& l, const LayoutModel& m) {
@@ -255,7 +248,6 @@ const std::vector<Rule>& rules() {
       {"cp-splits-sequence", cp_splits_sequence},
       {"cp-hybrid-groups", cp_hybrid_groups},
       {"cp-a2a-heads", cp_a2a_heads},
-      {"cp-dense-models", cp_dense_models, Binds::kEngine},
       {"stages-have-layers", stages_have_layers},
       {"schedule-chunks", schedule_chunks},
       {"schedule-needs-pipeline", schedule_needs_pipeline},

@@ -361,12 +361,12 @@ Status place_state(const TrainOptions& o, const OffloadTiers& tiers, Run* run) {
 }
 
 // Expert parallelism: the routed experts' units reduce over the expert-data-parallel group
-// (and are sharded over it), and count once per ep rank in the gradient norm; the rest over
+// (times cp: Mesh::expert_grad) and are sharded over it, and count once per ep rank in the gradient norm; the rest over
 // dp. Experts replicated over tp also sum their tp copies' parts first. Without either, one
 // group of every unit.
 std::vector<parallel::ParamGroup> expert_groups(const model::ParamLayout& layout, comm::Mesh& mesh) {
   if (mesh.shape().ep == 1 && !layout.experts_replicated()) return {};
-  parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &mesh.edp(), {}, &mesh.ep()};
+  parallel::ParamGroup dense{"dense", nullptr, {}}, experts{"experts", &mesh.expert_grad(), {}, &mesh.ep()};
   if (layout.experts_replicated()) experts.replicas = &mesh.tp();
   for (int u = 0; u < layout.num_units(); u++) (layout.units()[u].expert >= 0 ? experts : dense).units.push_back(u);
   return {dense, experts};

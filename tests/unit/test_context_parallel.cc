@@ -10,7 +10,9 @@
 //                         replicated); all-gather: cp2, cp4 --doc-mask on Llama, cp2·tp2 sp,
 //                         cp2·dp2 ZeRO-3; hybrid (a2a in pairs, ring across): cp4, cp4 --doc-mask
 //                         --recompute full on Llama (one key/value head a pair member),
-//                         cp4·tp2 sp; with --dropout 0.1: ring cp2, cp2·tp2 sp and
+//                         cp4·tp2 sp; MoE (4 experts, top 2): cp2 with capacity, cp2·dp2·ep2
+//                         ZeRO-1 with capacity, a2a cp4 with aux-loss-free biases and the
+//                         micro-batch balance loss; with --dropout 0.1: ring cp2, cp2·tp2 sp and
 //                         cp4·pp2, a2a cp2; at a global batch of 4 rows of T = 64 on 4-layer tiny
 //                         models: every step's loss within 1e-5 of the one-rank run, grad_norm
 //                         within 1e-5 relative, final weights within the pipeline suite's
@@ -20,7 +22,7 @@
 //                         losses of the run that never stopped.
 //   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, hybrid's --cp-a2a not a
 //                         real split of cp, --cp-a2a without hybrid, heads a2a cannot split,
-//                         MoE with cp: refused before work;
+//                         refused before work;
 //                         generate and serve refuse --cp 2.
 #include <gtest/gtest.h>
 
@@ -41,6 +43,12 @@ using json = nlohmann::json;
 const std::string kShape = "--model tiny --layers 4 --seq-len 64 --vocab 50257";
 // Llama's tiny preset: 4 query heads sharing 2 key/value heads (grouped-query attention).
 const std::string kLlamaShape = "--model llama-tiny --layers 4 --seq-len 64 --vocab 50257";
+// test_moe_parallel.cc's MoE model (4 experts, top 2, every second layer an MoE layer with a
+// shared expert, z-loss) at T = 64.
+const std::string kMoeShape =
+    "--model llama-tiny --layers 4 --seq-len 64 --vocab 50257 --moe-experts 4 --moe-top-k 2 --moe-ffn-dim 64 "
+    "--moe-every 2 --moe-shared-experts 1 --moe-z-loss 0.001";
+constexpr int kMoeExperts = 4, kMoeTopK = 2, kMoeLayers = 2;
 constexpr int kGlobalBatch = 4, kSteps = 8;
 constexpr double kLossTol = 1e-5, kNormRelTol = 1e-5;
 constexpr double kWeightTol = 3e-5, kWeightBulkTol = 1e-6;  // test_pipeline.cc's, for the same reason
@@ -68,10 +76,12 @@ struct Layout {
   int cp_a2a = 2;             // --cp-a2a, with hybrid
   bool llama = false;         // kLlamaShape (grouped-query heads), else kShape
   double dropout = 0;         // --dropout: each row's masks by its place in the whole sequence
+  std::string moe;            // MoE settings: kMoeShape with these flags (else a dense model)
+  int ep = 1;
 
   int ranks() const { return cp * tp * pp * dp; }
   std::string flags() const {
-    std::string f = (llama ? kLlamaShape : kShape) + " --cp-comm " + comm + (comm == "hybrid" ? " --cp-a2a " + std::to_string(cp_a2a) : "") + " --cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
+    std::string f = (!moe.empty() ? kMoeShape + moe + " --ep " + std::to_string(ep) : llama ? kLlamaShape : kShape) + " --cp-comm " + comm + (comm == "hybrid" ? " --cp-a2a " + std::to_string(cp_a2a) : "") + " --cp " + std::to_string(cp) + " --tp " + std::to_string(tp) + " --dp " + std::to_string(dp) +
                     " --zero " + std::to_string(zero) + (sp ? " --sp" : "") + " --recompute " + recompute +
                     " --precision " + precision + (dropout > 0 ? " --dropout " + std::to_string(dropout) : "");
     if (pp > 1) {
@@ -93,7 +103,7 @@ RunSpec spec(const Layout& l) {
 // (recomputation changes no number, but keeps the reference's flags its own).
 Layout reference_of(const Layout& c) {
   return Layout{.recompute = c.recompute, .doc_mask = c.doc_mask, .precision = c.precision, .llama = c.llama,
-                .dropout = c.dropout};
+                .dropout = c.dropout, .moe = c.moe};
 }
 
 std::vector<Layout> parity_layouts() {
@@ -129,6 +139,11 @@ std::vector<Layout> parity_layouts() {
       {.cp = 4, .comm = "hybrid"},
       {.cp = 4, .recompute = "full", .doc_mask = true, .comm = "hybrid", .llama = true},
       {.cp = 4, .tp = 2, .sp = true, .comm = "hybrid"},
+      // MoE: each rank routes its own rows; the balance loss and the capacity read the whole
+      // sequences' sums (added over cp), and the experts' gradients reduce over edp x cp.
+      {.cp = 2, .moe = " --moe-capacity-factor 1"},
+      {.cp = 2, .dp = 2, .zero = 1, .moe = " --moe-capacity-factor 1", .ep = 2},
+      {.cp = 4, .comm = "a2a", .moe = " --moe-bias-speed 0.01 --moe-balance micro-batch"},
       // Dropout: a rank's two chunks draw the masks of their places in the sequence.
       {.cp = 2, .dropout = 0.1},
       {.cp = 2, .tp = 2, .sp = true, .dropout = 0.1},
@@ -161,10 +176,13 @@ using ContextParallel = ContextParallelTest;
 //   the other ranks' shares of the keys' gradients (a reduce-scatter: cp-1 blocks).
 // - hybrid: a2a's bytes inside its group of cp_a2a ranks (their heads split cp_a2a ways),
 //   then the ring's across the cp/cp_a2a groups on the group's cp_a2a Nl rows of those heads.
-// The last stage adds the loss, one double all-reduced per micro-batch.
+// The last stage adds the loss, one double all-reduced per micro-batch. An MoE layer adds,
+// per micro-batch, the routing's sums all-reduced in the forward (per balance group 2E
+// values, per sequence each of the 2 cp chunks' k x E offers) and the groups' assignments
+// (E per group) in the backward.
 int64_t cp_bytes(const Layout& l) {
   constexpr int64_t kLayers = 4, kHs = 16, kHeads = 4;
-  const int64_t kv_heads = l.llama ? 2 : 4, heads = kHeads / l.tp, kv = std::max<int64_t>(1, kv_heads / l.tp);
+  const int64_t kv_heads = l.llama || !l.moe.empty() ? 2 : 4, heads = kHeads / l.tp, kv = std::max<int64_t>(1, kv_heads / l.tp);
   const int64_t Nl = (int64_t)kGlobalBatch / (l.dp * l.accum) * (64 / l.cp), f = l.recompute == "none" ? 1 : 2;
   auto ring = [&](int64_t n, int64_t rows, int64_t kv_heads) {
     return rows * 2 * kv_heads * kHs * ((n - 1) * f + (n - 1) + n);
@@ -186,8 +204,15 @@ int64_t cp_bytes(const Layout& l) {
   }
   // All-reduce bytes as the groups count them: 2(cp-1)/cp elements, rounded. Rank 0, whose
   // records metrics.jsonl holds, is the last stage only without pp.
-  const int64_t loss = l.pp == 1 ? std::llround(2.0 * (l.cp - 1) / l.cp) * 8 : 0;
-  return l.accum * (4 * per_layer * (kLayers / l.pp) + loss);
+  auto all_reduce = [&](int64_t doubles) { return std::llround(2.0 * (l.cp - 1) * doubles / l.cp) * 8; };
+  const int64_t loss = l.pp == 1 ? all_reduce(1) : 0;
+  int64_t moe = 0;
+  if (!l.moe.empty()) {
+    const int64_t B = kGlobalBatch / (l.dp * l.accum), E = kMoeExperts, k = kMoeTopK;
+    const int64_t groups = l.moe.find("micro-batch") != std::string::npos ? 1 : B;
+    moe = kMoeLayers * (all_reduce(groups * 2 * E + B * 2 * l.cp * k * E) + all_reduce(groups * E));
+  }
+  return l.accum * (4 * per_layer * (kLayers / l.pp) + loss + moe);
 }
 
 TEST_F(ContextParallel, ParityMatrix) {
@@ -263,7 +288,6 @@ TEST_F(ContextParallel, BadInputIsRejected) {
           {kShape + " --cp 8 --cp-comm a2a --micro-batch 2", 8,
            {"--cp-comm a2a splits each tp rank's 4 query heads and 4 key/value heads over --cp 8"}},
           {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a, all-gather or hybrid"}},
-          {kShape + " --cp 2 --moe-experts 4 --micro-batch 2", 2, {"--cp does not yet run Mixture-of-Experts"}},
       },
       /*light=*/true);
   // Decoding runs without cp, and says so before it loads anything.
