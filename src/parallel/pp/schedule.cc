@@ -252,8 +252,17 @@ class ZbScheduler {
 
 }  // namespace
 
+// The list scheduling is a pure function of its inputs, and the planner's search asks it
+// again and again with the same ones (layouts that differ only in what the passes' costs do
+// not see: ZeRO stage, rank order); it keeps this thread's last answers.
 std::vector<std::vector<Compute>> zero_bubble_orders(ScheduleKind kind, int p, int m, int v, const PassCosts* costs) {
-  return ZbScheduler(kind, p, m, v, costs).run();
+  using Key = std::tuple<int, int, int, int, bool, std::vector<double>, std::vector<double>, std::vector<double>>;
+  thread_local std::map<Key, std::vector<std::vector<Compute>>> cache;
+  Key key{(int)kind, p, m, v, costs != nullptr, costs ? costs->forward : std::vector<double>{},
+          costs ? costs->backward : std::vector<double>{}, costs ? costs->weight : std::vector<double>{}};
+  if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
+  if (cache.size() >= 512) cache.clear();
+  return cache[std::move(key)] = ZbScheduler(kind, p, m, v, costs).run();
 }
 
 std::vector<Compute> compute_order(ScheduleKind kind, int p, int m, int v, int rank, const PassCosts* costs) {
