@@ -12,40 +12,6 @@ namespace {
 constexpr int kTagKv = 11, kTagDkv = 12;
 }  // namespace
 
-int CpSplit::sequence_index(int t, int T) const {
-  const int c = chunk(T);
-  return t < c ? rank * c + t : (2 * size - 1 - rank) * c + (t - c);
-}
-
-int CpSplit::keys_before(int x, int owner, int T) const {
-  const int c = chunk(T), early = owner * c, late = (2 * size - 1 - owner) * c;
-  return std::clamp(x - early, 0, c) + std::clamp(x - late, 0, c);
-}
-
-std::vector<int> CpSplit::take(const int* full, int B, int T) const {
-  const int Tl = local(T);
-  std::vector<int> out((size_t)B * Tl);
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t < Tl; t++) out[(size_t)b * Tl + t] = full[(size_t)b * T + sequence_index(t, T)];
-  return out;
-}
-
-DocumentRows local_rows(const CpSplit& split, const DocumentRows* whole, int B, int T) {
-  const int Tl = split.local(T);
-  DocumentRows rows;
-  const size_t N = (size_t)B * Tl;
-  rows.positions.resize(N), rows.key_begin.resize(N), rows.key_end.resize(N);
-  for (int b = 0; b < B; b++)
-    for (int t = 0; t < Tl; t++) {
-      const size_t i = (size_t)b * Tl + t;
-      const int g = split.sequence_index(t, T);
-      rows.positions[i] = whole ? whole->positions[(size_t)b * T + g] : g;
-      rows.key_begin[i] = whole ? whole->key_begin[(size_t)b * T + g] : 0;
-      rows.key_end[i] = g + 1;
-    }
-  return rows;
-}
-
 void RingAttention::ensure(size_t kv, size_t out, size_t lse) {
   for (Buffer<float>* b : {&block_, &next_block_, &dblock_, &next_dblock_})
     if (b->size() != kv) b->allocate(MemCategory::kComm, kv);
@@ -53,13 +19,13 @@ void RingAttention::ensure(size_t kv, size_t out, size_t lse) {
   if (part_lse_.size() != lse) part_lse_.allocate(MemCategory::kComm, lse);
 }
 
-void RingAttention::ranges_for(int owner, const DocumentRows& rows, int B, int Tl) {
-  const CpSplit split{cp_.size(), cp_.rank()};
+void RingAttention::ranges_for(int owner, const DocumentRows& rows, const CpSplit& split, int B, int Tl) {
   const size_t N = (size_t)B * Tl;
   lo_.resize(N), hi_.resize(N);
   for (size_t i = 0; i < N; i++) {
-    lo_[i] = split.keys_before(rows.key_begin[i], owner, T_);
-    hi_[i] = std::max(lo_[i], split.keys_before(rows.key_end[i], owner, T_));
+    const int b = (int)(i / Tl);
+    lo_[i] = split.keys_before(rows.key_begin[i], owner, T_, b);
+    hi_[i] = std::max(lo_[i], split.keys_before(rows.key_end[i], owner, T_, b));
   }
 }
 
@@ -80,7 +46,7 @@ void pack_kv(float* block, const float* qkv, int ld, int C, int CK, size_t N) {
 }  // namespace
 
 void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
-                            const DocumentRows& rows) {
+                            const DocumentRows& rows, const CpSplit& split) {
   const int p = cp_.size(), r = cp_.rank(), Tl = T_ / p, C = NH * hs, CK = NKV * hs;
   const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
   ensure(kv, N * C, (size_t)B * NH * Tl);
@@ -93,7 +59,7 @@ void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, in
       send = cp_.isend(cur, kv, next(), kTagKv);
       recv = cp_.irecv(nxt, kv, prev(), kTagKv);
     }
-    ranges_for(owner, rows, B, Tl);
+    ranges_for(owner, rows, split, B, Tl);
     const k::AttentionBlock x{qkv, ld, cur, cur + CK, 2 * CK, B, Tl, Tl, NH, NKV, hs, lo_.data(), hi_.data()};
     if (s == 0) {
       k::attention_ranged_forward(out, C, lse, x);  // its own keys: every row sees itself
@@ -106,7 +72,7 @@ void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, in
 }
 
 void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                             int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows) {
+                             int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows, const CpSplit& split) {
   const int p = cp_.size(), r = cp_.rank(), Tl = T_ / p, C = NH * hs, CK = NKV * hs;
   const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
   ensure(kv, N * C, (size_t)B * NH * Tl);
@@ -122,7 +88,7 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
       send = cp_.isend(cur, kv, next(), kTagKv);
       recv = cp_.irecv(nxt, kv, prev(), kTagKv);
     }
-    ranges_for(owner, rows, B, Tl);
+    ranges_for(owner, rows, split, B, Tl);
     if (sees_any(lo_, hi_)) {
       const k::AttentionBlock x{qkv, ld, cur, cur + CK, 2 * CK, B, Tl, Tl, NH, NKV, hs, lo_.data(), hi_.data()};
       k::attention_ranged_backward(dqkv, ld, dcur, dcur + CK, 2 * CK, dout, out, C, lse, x);
@@ -141,14 +107,13 @@ namespace {
 
 // Between rank-major rows ([cp][B Tl] of `width` floats: each rank's local rows, as the
 // collectives lay them out) and sequence order ([B][T]): `to_sequence` picks the direction.
-void reorder_rows(float* ranks, float* whole, int cp, int B, int T, size_t width, bool to_sequence) {
-  const int Tl = T / cp;
+void reorder_rows(float* ranks, float* whole, const CpSplit& split, int B, int T, size_t width, bool to_sequence) {
+  const int cp = split.size, Tl = T / cp;
   for (int j = 0; j < cp; j++) {
-    const CpSplit split{cp, j};
     for (int b = 0; b < B; b++)
       for (int t = 0; t < Tl; t++) {
         float* r = ranks + (((size_t)j * B + b) * Tl + t) * width;
-        float* w = whole + ((size_t)b * T + split.sequence_index(t, T)) * width;
+        float* w = whole + ((size_t)b * T + split.sequence_index_of(j, t, T, b)) * width;
         if (to_sequence) std::memcpy(w, r, sizeof(float) * width);
         else std::memcpy(r, w, sizeof(float) * width);
       }
@@ -157,7 +122,7 @@ void reorder_rows(float* ranks, float* whole, int cp, int B, int T, size_t width
 
 }  // namespace
 
-void GatherAttention::gather(const float* qkv, int ld, int B, int C, int CK) {
+void GatherAttention::gather(const float* qkv, int ld, int B, int C, int CK, const CpSplit& split) {
   const int p = cp_.size(), Tl = T_ / p;
   const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
   if (mine_.size() != kv) mine_.allocate(MemCategory::kComm, kv);
@@ -165,7 +130,7 @@ void GatherAttention::gather(const float* qkv, int ld, int B, int C, int CK) {
   if (whole_.size() != kv * p) whole_.allocate(MemCategory::kComm, kv * p);
   pack_kv(mine_.data(), qkv, ld, C, CK, N);
   cp_.all_gather(mine_.data(), ranks_.data(), kv);
-  reorder_rows(ranks_.data(), whole_.data(), p, B, T_, 2 * (size_t)CK, true);
+  reorder_rows(ranks_.data(), whole_.data(), split, B, T_, 2 * (size_t)CK, true);
 }
 
 k::AttentionBlock GatherAttention::block(const float* qkv, int ld, int B, int NH, int NKV, int hs,
@@ -177,16 +142,17 @@ k::AttentionBlock GatherAttention::block(const float* qkv, int ld, int B, int NH
 }
 
 void GatherAttention::forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
-                              const DocumentRows& rows) {
-  gather(qkv, ld, B, NH * hs, NKV * hs);
+                              const DocumentRows& rows, const CpSplit& split) {
+  gather(qkv, ld, B, NH * hs, NKV * hs, split);
   k::attention_ranged_forward(out, NH * hs, lse, block(qkv, ld, B, NH, NKV, hs, rows));
 }
 
 void GatherAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                               int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows) {
+                               int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows,
+                               const CpSplit& split) {
   const int p = cp_.size(), Tl = T_ / p, C = NH * hs, CK = NKV * hs;
   const size_t N = (size_t)B * Tl, kv = N * 2 * CK;
-  gather(qkv, ld, B, C, CK);
+  gather(qkv, ld, B, C, CK, split);
   std::fill(dqkv, dqkv + N * ld, 0.0f);
   // The keys' gradients in sequence order, then rank-major (into ranks_, free once whole_
   // holds the gathered keys) for the reduce-scatter.
@@ -194,7 +160,7 @@ void GatherAttention::backward(float* dqkv, const float* dout, const float* qkv,
   std::fill(dwhole_.data(), dwhole_.data() + kv * p, 0.0f);
   k::attention_ranged_backward(dqkv, ld, dwhole_.data(), dwhole_.data() + CK, 2 * CK, dout, out, C, lse,
                                block(qkv, ld, B, NH, NKV, hs, rows));
-  reorder_rows(ranks_.data(), dwhole_.data(), p, B, T_, 2 * (size_t)CK, false);
+  reorder_rows(ranks_.data(), dwhole_.data(), split, B, T_, 2 * (size_t)CK, false);
   cp_.reduce_scatter(ranks_.data(), mine_.data(), kv);
   for (size_t i = 0; i < N; i++) std::memcpy(dqkv + i * ld + C, mine_.data() + i * 2 * CK, sizeof(float) * 2 * CK);
 }
@@ -214,7 +180,7 @@ int width(const UlyssesAttention::Segments& segments) {
 }  // namespace
 
 DocumentRows UlyssesAttention::traded_rows(const DocumentRows* whole, int B, int T) const {
-  if (across_) return local_rows(CpSplit{across_->size(), across_->rank()}, whole, B, T);
+  if (across_) return local_rows(across_split(), whole, B, T);
   return whole ? *whole : DocumentRows{};
 }
 
@@ -309,7 +275,7 @@ void UlyssesAttention::forward(float* out, float* lse, const float* qkv, int ld,
                                const DocumentRows* whole, k::Precision precision) {
   const Trade t = prepare(B, NH, NKV, hs, /*backward=*/false);
   to_whole(qkv, ld, B, t.qkv_cols, qkv_.data());
-  if (across_) across_->forward(out_.data(), lse, qkv_.data(), t.W, B, t.me.nq, t.me.nkv, hs, *whole);
+  if (across_) across_->forward(out_.data(), lse, qkv_.data(), t.W, B, t.me.nq, t.me.nkv, hs, *whole, across_split());
   else if (whole) k::attention_ranged_forward(out_.data(), t.Cq, lse, ranged(t, B, *whole));
   else k::attention_forward(out_.data(), lse, qkv_.data(), B, T_, t.Cq, t.me.nq, t.me.nkv, precision);
   to_local(out_.data(), B, t.out_cols, out, NH * hs, /*add=*/false);
@@ -326,7 +292,7 @@ void UlyssesAttention::backward(float* dqkv, const float* dout, const float* qkv
   to_whole(dout, NH * hs, B, t.out_cols, dout_.data());
   if (across_) {  // the ring overwrites the traded rows' dq, dk, dv
     across_->backward(dqkv_.data(), dout_.data(), qkv_.data(), out_.data(), lse, t.W, B, t.me.nq, t.me.nkv, hs,
-                      *whole);
+                      *whole, across_split());
   } else if (whole) {
     std::fill(dqkv_.data(), dqkv_.data() + rows * t.W, 0.0f);
     const int kv = t.me.nkv * hs;

@@ -23,6 +23,7 @@
 #include "core/status.h"
 #include "kernels/ops.h"
 #include "model/cp_comm.h"
+#include "model/cp_split.h"
 #include "model/document_rows.h"
 
 namespace meshtrain::model {
@@ -35,36 +36,20 @@ struct CpGroups {
   comm::Group* ring = nullptr;
 };
 
-// Which rows of a T-token sequence cp rank `rank` of `size` holds.
-struct CpSplit {
-  int size = 1, rank = 0;
-  int chunk(int T) const { return T / (2 * size); }
-  int local(int T) const { return T / size; }
-  // The index in the sequence of the rank's local row t (0 <= t < T/size).
-  int sequence_index(int t, int T) const;
-  // Keys of rank `owner` (its local rows, in order) whose sequence index is below x.
-  int keys_before(int x, int owner, int T) const;
-  // The rank's rows of B sequences of T values each, in local order.
-  std::vector<int> take(const int* full, int B, int T) const;
-};
-
-// Each local row's position and visible keys (in sequence indices) under cp: from the
-// document rows of the whole sequences (a document mask) or causal ones.
-DocumentRows local_rows(const CpSplit& split, const DocumentRows* whole, int B, int T);
-
 // Ring attention over the cp group for one rank's heads. Buffers are communication memory,
 // sized on first use for B x T/cp rows.
 class RingAttention {
  public:
   explicit RingAttention(comm::Group& cp) : cp_(cp) {}
   // Attention of this rank's rows: q, k, v in qkv [B, Tl, ld] (q at column 0, k at C, v at
-  // C + CK), out [B, Tl, C] and lse [B, NH, Tl]; `rows` the rank's rows (local_rows).
+  // C + CK), out [B, Tl, C] and lse [B, NH, Tl]; `rows` the rank's rows (local_rows) of
+  // `split` (over this ring's ranks).
   void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
-               const DocumentRows& rows);
+               const DocumentRows& rows, const CpSplit& split);
   // Overwrites dqkv [B, Tl, ld] with the gradient through attention of dout (out, lse: the
   // forward's).
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
-                int B, int NH, int NKV, int hs, const DocumentRows& rows);
+                int B, int NH, int NKV, int hs, const DocumentRows& rows, const CpSplit& split);
   // The sequence length the split is of (a curriculum's step changes it).
   void set_sequence(int T) { T_ = T; }
   int size() const { return cp_.size(); }
@@ -75,7 +60,7 @@ class RingAttention {
   int prev() const { return (cp_.rank() + cp_.size() - 1) % cp_.size(); }
   void ensure(size_t kv, size_t out, size_t lse);
   // Each local row's visible keys among block owner's: [lo, hi) in the block's rows.
-  void ranges_for(int owner, const DocumentRows& rows, int B, int Tl);
+  void ranges_for(int owner, const DocumentRows& rows, const CpSplit& split, int B, int Tl);
   comm::Group& cp_;
   int T_ = 0;
   Buffer<float> block_, next_block_, dblock_, next_dblock_;  // [B, Tl, 2 CK] k then v per row
@@ -96,13 +81,13 @@ class GatherAttention {
   void set_sequence(int T) { T_ = T; }
   // As RingAttention's.
   void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,
-               const DocumentRows& rows);
+               const DocumentRows& rows, const CpSplit& split);
   void backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse, int ld,
-                int B, int NH, int NKV, int hs, const DocumentRows& rows);
+                int B, int NH, int NKV, int hs, const DocumentRows& rows, const CpSplit& split);
 
  private:
   // Every rank's k and v rows into whole_ [B, T, 2 CK], each row at its sequence index.
-  void gather(const float* qkv, int ld, int B, int C, int CK);
+  void gather(const float* qkv, int ld, int B, int C, int CK, const CpSplit& split);
   kernels::AttentionBlock block(const float* qkv, int ld, int B, int NH, int NKV, int hs,
                                 const DocumentRows& rows) const;
   comm::Group& cp_;
@@ -136,6 +121,8 @@ class UlyssesAttention {
   // a document mask (`whole`), else none (causal: the kernel's own); hybrid: always its
   // group's rows (the ring's key ranges).
   DocumentRows traded_rows(const DocumentRows* whole, int B, int T) const;
+  // Hybrid: the split whose rows the group holds (the causal one over the ring's groups).
+  CpSplit across_split() const { return {across_->size(), across_->rank()}; }
   // As RingAttention's, with lse [B, NH/cp, T] (the traded heads' whole rows, the same size);
   // `whole`: traded_rows, or null when those are none.
   void forward(float* out, float* lse, const float* qkv, int ld, int B, int NH, int NKV, int hs,

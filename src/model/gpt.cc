@@ -162,11 +162,20 @@ void Gpt::place_rows(ActivationSet& s, const int*& inputs, const int*& targets, 
     s.documents = document_rows(inputs, B, T, doc_separator_);
     return;
   }
-  const CpSplit split{cp_->size(), cp_->rank()};
   DocumentRows whole;
   if (document_mask()) {
     CHECK_MSG(inputs, "a document mask needs the micro-batch's tokens on every pipeline stage");
     whole = document_rows(inputs, B, T, doc_separator_);
+  }
+  // Under a document mask the ranks that attend to their own rows (ring, all-gather) hold
+  // chunks balanced on the keys those rows see; Ulysses attends whole sequences (the split
+  // moves no work), and MoE's capacity reads the causal split's chunks.
+  const bool balance = document_mask() && (ring_ || gather_) && !config_.is_moe();
+  s.split = balance ? balanced_split(whole, B, T, cp_->size(), cp_->rank()) : CpSplit{cp_->size(), cp_->rank()};
+  const CpSplit& split = s.split;
+  if (document_mask()) {
+    cp_balance_.used = std::max(cp_balance_.used, split_imbalance(split, whole, B, T));
+    cp_balance_.causal = std::max(cp_balance_.causal, split_imbalance(CpSplit{split.size, 0}, whole, B, T));
   }
   s.documents = local_rows(split, document_mask() ? &whole : nullptr, B, T);
   // a2a attends over the whole sequences (hybrid: its group's rows)
@@ -189,9 +198,11 @@ void Gpt::attend(BlockActivations& a, int B, int T) {
     return ulysses_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), sequence_documents(),
                              precision_);
   if (ring_)
-    return ring_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
+    return ring_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents,
+                          set().split);
   if (gather_)
-    return gather_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents);
+    return gather_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), set().documents,
+                            set().split);
   if (!document_mask()) return k::attention_forward(a.atty, a.att_lse, a.qkv, B, T, Cl_, NHl_, NKVl_, precision_);
   k::attention_ranged_forward(a.atty, Cl_, a.att_lse, ranged_block(a.qkv, B, T));
 }
@@ -202,10 +213,10 @@ void Gpt::attend_backward(const BlockActivations& a, int B, int T) {
                               sequence_documents(), precision_);
   if (ring_)
     return ring_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
-                           set().documents);
+                           set().documents, set().split);
   if (gather_)
     return gather_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
-                             set().documents);
+                             set().documents, set().split);
   if (!document_mask())
     return k::attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, B, T, Cl_, NHl_, NKVl_, precision_);
   std::fill(dqkv_, dqkv_ + (size_t)B * T * Ql_, 0.0f);  // the ranged backward adds
@@ -920,16 +931,16 @@ void Gpt::dropout(float* x, int rows, int site) const {
   // This rank's residual rows start at its share of the micro-batch under sequence parallelism.
   const int64_t first = sp_ ? (int64_t)tp_rank_ * Nl_ : 0, C = config_.dim;
   if (!cp_) return k::dropout_forward(x, rows, (int)C, dropout_p_, key, set().first_token_row + first);
-  // Under cp a rank's rows of each sequence are two chunks of it: each run of them takes the
+  // Under cp a rank's rows of each sequence are chunks of it: each run of them takes the
   // masks of its rows' places in the whole micro-batch, so that every layout drops what one
   // rank drops.
-  const CpSplit split{cp_->size(), cp_->rank()};
+  const CpSplit& split = set().split;
   const int Tl = T_, T = T_ * cp_->size(), c = split.chunk(T);
   for (int64_t i = first; i < first + rows;) {
     const int64_t b = i / Tl;
     const int t = (int)(i % Tl);
-    const int64_t end = std::min<int64_t>(first + rows, b * Tl + (t < c ? c : Tl));
-    const int64_t row0 = set().first_token_row + b * T + split.sequence_index(t, T);
+    const int64_t end = std::min<int64_t>(first + rows, b * Tl + (t / c + 1) * c);
+    const int64_t row0 = set().first_token_row + b * T + split.sequence_index(t, T, (int)b);
     k::dropout_forward(x + (i - first) * C, (int)(end - i), (int)C, dropout_p_, key, row0);
     i = end;
   }

@@ -156,6 +156,13 @@ class Gpt {
   const MoeTraining& moe_training() const { return moe_training_; }
   const std::vector<MoeRouteStats>& moe_stats() const { return moe_stats_; }
   void reset_moe_stats();
+  // Under cp with a document mask: the step's worst micro-batch, the keys its most loaded
+  // rank's rows see over the mean, for the split it ran and for the causal split (1: even).
+  struct CpBalance {
+    double used = 0, causal = 0;
+  };
+  const CpBalance& cp_balance() const { return cp_balance_; }
+  void reset_cp_balance() { cp_balance_ = {}; }
   // Aux-loss-free balancing (MoeTraining::bias_speed > 0): the routing bias of every MoE
   // layer, [layers x E] (dense layers' rows unused), held for all layers on every rank and
   // the same everywhere: the trainer updates it from the job's loads after each step.
@@ -394,6 +401,7 @@ class Gpt {
   uint64_t dropout_seed_ = 0;
   int doc_separator_ = -1;  // set_document_mask
   comm::Group* cp_ = nullptr;  // set_context_parallel (null: off)
+  CpBalance cp_balance_;
   std::unique_ptr<RingAttention> ring_;        // --cp-comm ring
   std::unique_ptr<UlyssesAttention> ulysses_;  // --cp-comm a2a, and hybrid (with its ring across)
   std::unique_ptr<GatherAttention> gather_;    // --cp-comm all-gather

@@ -14,6 +14,7 @@
 
 #include "core/memory.h"
 #include "model/block_activations.h"
+#include "model/cp_split.h"
 #include "model/document_rows.h"
 #include "model/param_layout.h"
 #include "model/param_store.h"
@@ -38,6 +39,7 @@ struct ActivationSet {
   DocumentRows documents;  // under a document mask or cp: each row's position and visible keys
   std::vector<int> local_inputs, local_targets;  // under cp: this rank's rows of the tokens
   DocumentRows sequence_documents;  // under cp a2a with a document mask: the whole sequences' rows
+  CpSplit split;                    // under cp: which rows of each sequence this rank holds
   int64_t step = 0, first_token_row = 0;  // dropout position
   // Whether p points into this set (so it stays until the set is freed).
   bool holds(const void* p) const {

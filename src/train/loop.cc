@@ -154,6 +154,7 @@ Status Training::step(int64_t k, StepOutcome* out) {
   run_.mesh->reset_stats();
   run_.gpt->reset_flops();
   run_.gpt->reset_moe_stats();
+  run_.gpt->reset_cp_balance();
   const auto t0 = Clock::now();
   reporter_.step_begin(k + 1);
   out->shape = run_.shape;
@@ -236,6 +237,8 @@ json Training::record(int64_t k, const StepOutcome& s, const StepReport& r, bool
                  {"recompute_flops", flops.recompute},
                  {"recompute_fraction", flops.recompute / (flops.model / 3.0)}};
   record.update(pipeline);
+  if (const model::Gpt::CpBalance& b = run_.gpt->cp_balance(); b.used > 0)  // cp with a document mask
+    record["cp_balance"] = {{"imbalance", b.used}, {"causal_imbalance", b.causal}};
   record.update(straggler_json(run_, world_, s.seconds, wait_ms / 1e3, run_.mesh->stats()));
   const MoeJobStats moe_stats = moe_job_stats(run_, world_);
   if (!s.result.skipped) update_expert_biases(run_, moe_stats);  // for the next step's routing

@@ -1,6 +1,6 @@
-// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a|all-gather|hybrid): each sequence split over
-// N ranks, 2 chunks each (model/context_parallel.h), composed with tp and sp, pp, dp and
-// ZeRO, recomputation, document masks and bf16, and checkpoints read at other layouts.
+// End-to-end tests of context parallelism (--cp N --cp-comm ring|a2a|all-gather|hybrid):
+// each sequence split over N ranks (model/cp_split.h), composed with tp and sp, pp, dp and
+// ZeRO, recomputation, document masks, MoE and bf16, and checkpoints read at other layouts.
 //
 //   ParityMatrix          ring: cp2, cp4, cp2·tp2 --sp --recompute selective, cp2·pp2 1f1b,
 //                         cp2·pp2 interleaved v=2, cp2·dp2 ZeRO-1, cp2·dp2 ZeRO-3, cp2 --doc-mask
@@ -13,8 +13,10 @@
 //                         cp4·tp2 sp; MoE (4 experts, top 2): cp2 with capacity, cp2·dp2·ep2
 //                         ZeRO-1 with capacity, a2a cp4 with aux-loss-free biases and the
 //                         micro-batch balance loss; with --dropout 0.1: ring cp2, cp2·tp2 sp and
-//                         cp4·pp2, a2a cp2; at a global batch of 4 rows of T = 64 on 4-layer tiny
-//                         models: every step's loss within 1e-5 of the one-rank run, grad_norm
+//                         cp4·pp2, a2a cp2; under the balanced split (document masks, ring
+//                         and all-gather): also cp2·pp2 and cp2 with dropout, each step's
+//                         cp_balance no worse than the causal split's and better in some; at a
+//                         global batch of 4 rows of T = 64 on 4-layer tiny models: every step's loss within 1e-5 of the one-rank run, grad_norm
 //                         within 1e-5 relative, final weights within the pipeline suite's
 //                         tolerances; the cp wire bytes exactly the documented formulas; bf16 at
 //                         cp2 (ring and a2a) within the bf16 bound.
@@ -149,6 +151,11 @@ std::vector<Layout> parity_layouts() {
       {.cp = 2, .tp = 2, .sp = true, .dropout = 0.1},
       {.cp = 2, .comm = "a2a", .dropout = 0.1},
       {.cp = 4, .pp = 2, .accum = 2, .dropout = 0.1},
+      // Document masks under the balanced split (chunks dealt by the keys their rows see,
+      // per micro-batch): kept through a pipeline's micro-batches in flight, and dropout's
+      // runs over a rank's 8 chunks.
+      {.cp = 2, .pp = 2, .accum = 2, .doc_mask = true},
+      {.cp = 2, .doc_mask = true, .dropout = 0.1},
   };
 }
 
@@ -239,6 +246,16 @@ TEST_F(ContextParallel, ParityMatrix) {
       EXPECT_EQ(m.steps[s]["comm"]["cp"]["bytes"].get<int64_t>(), cp_bytes(c)) << "step " << s + 1;
     }
     EXPECT_EQ(margins.bad, 0) << "worst loss " << margins.loss << ", norm " << margins.norm;
+    if (c.doc_mask && (c.comm == "ring" || c.comm == "all-gather") && c.moe.empty()) {
+      int evened = 0;  // steps whose split beat the causal one
+      for (const auto& step : m.steps) {
+        ASSERT_TRUE(step.contains("cp_balance")) << step.dump();
+        const double used = step["cp_balance"]["imbalance"], causal = step["cp_balance"]["causal_imbalance"];
+        EXPECT_LE(used, causal);
+        evened += used < causal;
+      }
+      EXPECT_GT(evened, 0) << "the balanced split never beat the causal one";
+    }
     int64_t step = 0;
     const std::vector<float> ref_params = multirank_test::load_params(multirank_test::step_dir(get(ref_args).dir, kSteps), &step);
     double dw = 0, bulk = 0;
