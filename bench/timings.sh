@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The timing checks that the test command leaves out (the machines are shared and noisy),
 # run on request with MESHTRAIN_CHECK_TIMINGS=1; run this on an otherwise idle machine.
-#  1. The local planner's step-time predictions against the engine: the ten layouts of
+#  1. The local planner's step-time predictions against the engine: the fourteen layouts of
 #     tests/unit/test_planner_local.cc (2-4 ranks, one thread each), 6 steps each, predicted
 #     on a cluster measured just before (its fp32 GEMM peak and memory bandwidth are printed
 #     first); predicted and measured memory and step time side by side, failing when a step

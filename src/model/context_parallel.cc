@@ -13,7 +13,7 @@ constexpr int kTagKv = 11, kTagDkv = 12;
 }  // namespace
 
 void RingAttention::ensure(size_t kv, size_t out, size_t lse) {
-  for (Buffer<float>* b : {&block_, &next_block_, &dblock_, &next_dblock_})
+  for (Buffer<float>* b : {&block_, &next_block_, &dblock_, &next_dblock_, &dpart_})
     if (b->size() != kv) b->allocate(MemCategory::kComm, kv);
   if (part_out_.size() != out) part_out_.allocate(MemCategory::kComm, out);
   if (part_lse_.size() != lse) part_lse_.allocate(MemCategory::kComm, lse);
@@ -71,6 +71,12 @@ void RingAttention::forward(float* out, float* lse, const float* qkv, int ld, in
   }
 }
 
+// The dK/dV sums travel with their blocks, one step behind the k, v: at step s a rank
+// computes its share of the block's dK/dV into dpart_ while the sum so far (the previous
+// ranks' shares) is on its way from prev, then adds it and sends the sum on. The sums'
+// transfers thus overlap the next step's attention, as the k, v blocks' do, and only the
+// last one home (the rank's own block, complete) is exposed. Two sum buffers take turns:
+// one is received into while the other is still being sent.
 void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
                              int ld, int B, int NH, int NKV, int hs, const DocumentRows& rows, const CpSplit& split) {
   const int p = cp_.size(), r = cp_.rank(), Tl = T_ / p, C = NH * hs, CK = NKV * hs;
@@ -78,9 +84,9 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
   ensure(kv, N * C, (size_t)B * NH * Tl);
   std::fill(dqkv, dqkv + N * ld, 0.0f);  // dq adds over the blocks
   pack_kv(block_.data(), qkv, ld, C, CK, N);
-  std::fill(dblock_.data(), dblock_.data() + kv, 0.0f);
   float *cur = block_.data(), *nxt = next_block_.data();
-  float *dcur = dblock_.data(), *dnxt = next_dblock_.data();
+  float* sums[2] = {dblock_.data(), next_dblock_.data()};
+  comm::RequestPtr sum_sent[2];  // each sum buffer's send still in flight
   for (int s = 0; s < p; s++) {
     const int owner = (r - s + p) % p;
     comm::RequestPtr send, recv;
@@ -88,19 +94,30 @@ void RingAttention::backward(float* dqkv, const float* dout, const float* qkv, c
       send = cp_.isend(cur, kv, next(), kTagKv);
       recv = cp_.irecv(nxt, kv, prev(), kTagKv);
     }
+    float* sum = sums[s % 2];
+    if (sum_sent[s % 2]) sum_sent[s % 2]->wait();
+    comm::RequestPtr sum_recv = s > 0 ? cp_.irecv(sum, kv, prev(), kTagDkv) : nullptr;
+    float* share = s > 0 ? dpart_.data() : sum;  // the own block's share starts its sum
     ranges_for(owner, rows, split, B, Tl);
-    if (sees_any(lo_, hi_)) {
+    const bool any = sees_any(lo_, hi_);
+    if (any) {
+      std::fill(share, share + kv, 0.0f);
       const k::AttentionBlock x{qkv, ld, cur, cur + CK, 2 * CK, B, Tl, Tl, NH, NKV, hs, lo_.data(), hi_.data()};
-      k::attention_ranged_backward(dqkv, ld, dcur, dcur + CK, 2 * CK, dout, out, C, lse, x);
+      k::attention_ranged_backward(dqkv, ld, share, share + CK, 2 * CK, dout, out, C, lse, x);
     }
-    // The block's dk, dv so far go on with it; after p steps each is back at its own rank.
-    comm::RequestPtr dsend = cp_.isend(dcur, kv, next(), kTagDkv);
-    comm::RequestPtr drecv = cp_.irecv(dnxt, kv, prev(), kTagDkv);
-    dsend->wait(), drecv->wait();
-    std::swap(dcur, dnxt);
+    if (sum_recv) {
+      sum_recv->wait();
+      if (any) k::add_inplace(sum, share, kv);
+    }
+    sum_sent[s % 2] = cp_.isend(sum, kv, next(), kTagDkv);
     if (send) send->wait(), recv->wait(), std::swap(cur, nxt);
   }
-  for (size_t i = 0; i < N; i++) std::memcpy(dqkv + i * ld + C, dcur + i * 2 * CK, sizeof(float) * 2 * CK);
+  // The own block's sum, complete, comes home from prev.
+  float* home = sums[p % 2];
+  if (sum_sent[p % 2]) sum_sent[p % 2]->wait();
+  cp_.irecv(home, kv, prev(), kTagDkv)->wait();
+  sum_sent[(p + 1) % 2]->wait();
+  for (size_t i = 0; i < N; i++) std::memcpy(dqkv + i * ld + C, home + i * 2 * CK, sizeof(float) * 2 * CK);
 }
 
 namespace {

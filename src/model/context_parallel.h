@@ -63,7 +63,9 @@ class RingAttention {
   void ranges_for(int owner, const DocumentRows& rows, const CpSplit& split, int B, int Tl);
   comm::Group& cp_;
   int T_ = 0;
-  Buffer<float> block_, next_block_, dblock_, next_dblock_;  // [B, Tl, 2 CK] k then v per row
+  // [B, Tl, 2 CK] k then v per row: the block in hand and the one arriving; two dK/dV sums
+  // (one received into while the other is sent) and this rank's share of the current one.
+  Buffer<float> block_, next_block_, dblock_, next_dblock_, dpart_;
   Buffer<float> part_out_, part_lse_;
   std::vector<int> lo_, hi_;
 };

@@ -18,7 +18,7 @@ namespace meshtrain::model {
 struct CpSplit {
   int size = 1, rank = 0;
   int per_rank = 2;
-  std::vector<int> owned;
+  std::vector<int> owned = {};
   int chunk(int T) const { return T / (size * per_rank); }
   int local(int T) const { return T / size; }
   // Rank owner's i-th chunk of sequence b.

@@ -94,6 +94,14 @@ struct Costs {
     if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.rate(Link::Collective::kAllGather, bytes));
     return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(cold).all_gather * link);
   }
+  // An all-to-all moves what a reduce-scatter does, (n-1)/n of the bytes, but adds nothing:
+  // a copy, at the all-gather's rate.
+  double all_to_all_s(double bytes, const AxisLink& g) const {
+    const int n = g.n;
+    if (n <= 1) return 0;
+    if (g.inter) return over_wire(g, (double)(n - 1) / n * bytes, inter.rate(Link::Collective::kAllGather, bytes));
+    return (n - 1) * latency + (double)(n - 1) / n * bytes / (bus(false).all_gather * link);
+  }
   // Point-to-point inside a host at the all-gather's rate (two ranks' all-gather of 2x the
   // bytes is one exchange of `bytes` each way, as the tied embedding's swap is). Across
   // hosts at a pair's rate: the cluster file's all-reduce figure, which is one rank per
@@ -201,8 +209,8 @@ void local_cp_time(const Dims& d, int cp, const Costs& k, LocalLayerTime* lt) {
   };
   auto ulysses = [&](const AxisLink& link) {  // (the rank's own q, k, v and output, traded)
     const double qkv = N * (d.Cl * 4 + kv / N), out = N * d.Cl * 4;
-    lt->cp_f += k.reduce_scatter_s(qkv, link) + k.reduce_scatter_s(out, link);
-    lt->cp_b += k.reduce_scatter_s(qkv + out, link) + k.reduce_scatter_s(out, link) + k.reduce_scatter_s(qkv, link);
+    lt->cp_f += k.all_to_all_s(qkv, link) + k.all_to_all_s(out, link);
+    lt->cp_b += k.all_to_all_s(qkv + out, link) + k.all_to_all_s(out, link) + k.all_to_all_s(qkv, link);
   };
   switch (d.cp_comm) {
     case model::CpComm::kRing:

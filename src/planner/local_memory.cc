@@ -209,8 +209,8 @@ class StoreReplay {
 };
 
 // Context parallelism's buffers (model/context_parallel.h), communication memory each
-// attention class sizes on first use and keeps: the ring's two k, v blocks and two dk, dv
-// blocks and one block's partial output and log-sum-exp; Ulysses' traded q, k, v (sent,
+// attention class sizes on first use and keeps: the ring's two k, v blocks, two dk, dv
+// sums and one step's share of them, and one block's partial output and log-sum-exp; Ulysses' traded q, k, v (sent,
 // received, laid out) and output over the whole sequences, and in the backward their
 // gradients; all-gather's own k, v rows, every rank's, the whole sequence's, and in the
 // backward the whole sequence's gradients. Also the attention kernel's keys per call: the
@@ -235,9 +235,9 @@ struct CpReplay {
   double a2a_kv_heads(int n) const { return NKVl >= n ? NKVl / n : 1; }
   double a2a_w(int n) const { return (NHl / n + 2 * a2a_kv_heads(n)) * hs; }
   double a2a_cq(int n) const { return NHl / n * hs; }
-  // The ring's first forward over `rows` rows of NH query and NKV key/value heads: four k, v
-  // blocks (two in flight, two for the dK/dV sums), a partial output and its lse.
-  double ring_first(double rows, double NH, double NKV) const { return 4 * rows * 2 * NKV * hs + rows * NH * hs + rows * NH; }
+  // The ring's first forward over `rows` rows of NH query and NKV key/value heads: five k, v
+  // blocks (two in flight, two dK/dV sums, one step's share), a partial output and its lse.
+  double ring_first(double rows, double NH, double NKV) const { return 5 * rows * 2 * NKV * hs + rows * NH * hs + rows * NH; }
   // Floats each pass allocates the first time it runs.
   double first_forward() const {
     if (cp <= 1) return 0;

@@ -896,19 +896,20 @@ MemoryBreakdown rank_memory(const Step& x, const std::vector<int>& layers, const
 }
 
 // Context parallelism's staging: the ring's block in hand and the one arriving (k and v,
-// in the backward with their fp32 dK/dV sums); Ulysses' q, k, v and output in head-major
-// order; hybrid's Ulysses staging of its group's rows and its ring's blocks of them.
+// in the backward with their fp32 dK/dV sums, and the step's share added into the sum that
+// arrives); Ulysses' q, k, v and output in head-major order; hybrid's Ulysses staging of its
+// group's rows and its ring's blocks of them.
 double cp_buffer_bytes(const Step& x) {
   if (x.l.cp <= 1) return 0;
   const double rows = x.b * x.s, kv_heads = kv_heads_local(x.m, x.t), kv = rows * 2 * kv_heads * x.m.head_dim();
   const double q = 2 * rows * x.m.hidden / x.t;  // q and the output: the same per rank in any trade
   switch (x.l.cp_comm) {
-    case model::CpComm::kRing: return 2 * kv * (x.e + 4);
+    case model::CpComm::kRing: return 2 * kv * x.e + 3 * kv * 4;
     case model::CpComm::kAllGather: return x.l.cp * kv * (x.e + 4);  // every rank's k, v and dK, dV
     case model::CpComm::kA2a: return (q + kv) * x.e;
     case model::CpComm::kHybrid: {
       const double a = x.l.cp_a2a, group_kv = a * rows * 2 * std::max(1.0, kv_heads / a) * x.m.head_dim();
-      return (q + group_kv) * x.e + 2 * group_kv * (x.e + 4);
+      return (q + group_kv) * x.e + 2 * group_kv * x.e + 3 * group_kv * 4;
     }
   }
   return 0;

@@ -1,7 +1,8 @@
 // The planner's local predictor (planner/local.h) held to the engine's own runs on this
-// machine: for eleven layouts on 2-4 ranks covering dp (2 and 4), ZeRO 0/1/3, tp with sp,
+// machine: for fourteen layouts on 2-4 ranks covering dp (2 and 4), ZeRO 0/1/3, tp with sp,
 // selective and full recomputation, 1F1B, interleaved and 2bw pipelines, tp x pp and ZeRO-3 under
-// a pipeline (four ranks on two cores: time-shared), the predicted peak memory of world
+// a pipeline (four ranks on two cores: time-shared), and cp 2 in each of ring, a2a and
+// all-gather, the predicted peak memory of world
 // rank 0 is within 5% of the tracker's mem.total in metrics.jsonl (in fact equal).
 //
 //   LocalLayoutsMatchTheEngine   one run per layout, the predictions on a cluster measured
@@ -25,7 +26,7 @@
 // vocabulary (synthetic tokens, so the blocks dominate the step rather than a 50K head),
 // fp32, one thread per rank. MESHTRAIN_TEST_VERBOSE=1 prints the table of predicted and
 // measured memory and time (docs/planning.md, "Local runs (this machine)", shows it).
-// Runs 10 layouts of 6 steps: about 30 s on two cores (up to 60 s with the time check's
+// Runs 14 layouts of 6 steps: about 40 s on two cores (up to 60 s with the time check's
 // retries). ctest runs it alone (RUN_SERIAL), so that the times it prints mean something.
 #include <gtest/gtest.h>
 
@@ -90,6 +91,12 @@ Layout layout(int tp, int pp, int dp, int zero, int m, bool sp = false, Recomput
   return l;
 }
 
+Layout cp_layout(int cp, model::CpComm comm) {
+  Layout l = layout(1, 1, 1, 0, 2);
+  l.cp = cp, l.cp_comm = comm;
+  return l;
+}
+
 const std::vector<LocalCase>& cases() {
   static const std::vector<LocalCase> c = {
       {"dp2 zero0", "--dp 2 --grad-accum 2", layout(1, 1, 2, 0, 2)},
@@ -107,6 +114,10 @@ const std::vector<LocalCase>& cases() {
       {"tp2 pp2 m4 (4 ranks)", "--tp 2 --pp 2 --grad-accum 4", layout(2, 2, 1, 0, 4)},
       {"dp4 zero1 (4 ranks)", "--dp 4 --zero 1 --grad-accum 2", layout(1, 1, 4, 1, 2)},
       {"pp2 dp2 zero3 (4 ranks)", "--pp 2 --dp 2 --zero 3 --grad-accum 4", layout(1, 2, 2, 3, 4)},
+      // Context parallelism: each mode's exchanges on the same cores as the compute.
+      {"cp2 ring", "--cp 2 --cp-comm ring --grad-accum 2", cp_layout(2, model::CpComm::kRing)},
+      {"cp2 a2a", "--cp 2 --cp-comm a2a --grad-accum 2", cp_layout(2, model::CpComm::kA2a)},
+      {"cp2 all-gather", "--cp 2 --cp-comm all-gather --grad-accum 2", cp_layout(2, model::CpComm::kAllGather)},
   };
   return c;
 }
@@ -339,14 +350,15 @@ TEST_F(PlannerLocal, MemoryReplayMatchesTheModel) {
       part = parallel::pp::rank_part(split, c.layout.pp, 0);
     }
     const model::ParamLayout layout(config, c.layout.tp, 0, part);
-    const parallel::ShardLayout shards(layout, c.layout.dp, 0);
+    const parallel::ShardLayout shards(layout, c.layout.dp * c.layout.cp, 0);  // ZeRO shards over dp x cp
     const StateBytes st = model_state_bytes(shards, layout.total(), kFp32State, c.layout.zero);
     // 2bw: the previous weight version beside the parameters.
     EXPECT_EQ(e.params, (parallel::pp::never_flushes(c.layout.schedule) ? 2 : 1) * st.params);
     EXPECT_EQ(e.grads, st.grads);
     EXPECT_EQ(e.optim, st.optim);
-    // Activations: whole sets of the inventory plus the shared scratch.
-    const model::ActivationInventory inv = model::activation_inventory(config, 4, 64, c.layout.tp, c.layout.sp);
+    // Activations: whole sets of the inventory (a cp rank's T/cp rows) plus the shared scratch.
+    const model::ActivationInventory inv =
+        model::activation_inventory(config, 4, 64 / c.layout.cp, c.layout.tp, c.layout.sp);
     const model::Recompute r = c.layout.recompute;
     const double shared = 4.0 * (double)(inv.recompute_scratch(r) + inv.gradient_scratch);
     EXPECT_GT(e.activations, shared);
