@@ -6,11 +6,13 @@
 //                         cp2·pp2 interleaved v=2, cp2·dp2 ZeRO-1, cp2·dp2 ZeRO-3, cp2 --doc-mask
 //                         (a document per sentence), cp4 --doc-mask --recompute full, cp2 on
 //                         Llama (grouped-query heads); a2a: cp2, cp4, cp2·tp2 sp, cp2·pp2,
-//                         cp2·dp2 ZeRO-3, cp2 --doc-mask, Llama at cp2 and cp4 (key/value heads
+//                         cp2·pp2 interleaved v=2, cp2·dp2 ZeRO-3, cp2·dp2·ep2 ZeRO-1 MoE,
+//                         cp2 --doc-mask, Llama at cp2 and cp4 (key/value heads
 //                         replicated); all-gather: cp2, cp4 --doc-mask on Llama, cp2·tp2 sp,
 //                         cp2·dp2 ZeRO-3; hybrid (a2a in pairs, ring across): cp4, cp4 --doc-mask
 //                         --recompute full on Llama (one key/value head a pair member),
-//                         cp4·tp2 sp; MoE (4 experts, top 2): cp2 with capacity, cp2·dp2·ep2
+//                         cp4·tp2 sp, cp4·pp2 1f1b and interleaved v=2, cp4·dp2 ZeRO-3,
+//                         cp4·dp2·ep2 ZeRO-1 MoE; MoE (4 experts, top 2): cp2 with capacity, cp2·dp2·ep2
 //                         ZeRO-1 with capacity, a2a cp4 with aux-loss-free biases and the
 //                         micro-batch balance loss; with --dropout 0.1: ring cp2, cp2·tp2 sp and
 //                         cp4·pp2, a2a cp2; under the balanced split (document masks, ring
@@ -141,6 +143,14 @@ std::vector<Layout> parity_layouts() {
       {.cp = 4, .comm = "hybrid"},
       {.cp = 4, .recompute = "full", .doc_mask = true, .comm = "hybrid", .llama = true},
       {.cp = 4, .tp = 2, .sp = true, .comm = "hybrid"},
+      // The rest of the matrix for Ulysses and hybrid: interleaved pipelines, ZeRO-1 with the
+      // experts over ep, and hybrid (8 ranks) under 1F1B and interleaved pipelines and ZeRO-3.
+      {.cp = 2, .pp = 2, .schedule = "interleaved", .v = 2, .accum = 2, .comm = "a2a"},
+      {.cp = 2, .dp = 2, .zero = 1, .comm = "a2a", .moe = " --moe-capacity-factor 1", .ep = 2},
+      {.cp = 4, .pp = 2, .accum = 2, .comm = "hybrid"},
+      {.cp = 4, .pp = 2, .schedule = "interleaved", .v = 2, .accum = 2, .comm = "hybrid"},
+      {.cp = 4, .dp = 2, .zero = 1, .comm = "hybrid", .moe = " --moe-capacity-factor 1", .ep = 2},
+      {.cp = 4, .dp = 2, .zero = 3, .comm = "hybrid"},
       // MoE: each rank routes its own rows; the balance loss and the capacity read the whole
       // sequences' sums (added over cp), and the experts' gradients reduce over edp x cp.
       {.cp = 2, .moe = " --moe-capacity-factor 1"},
