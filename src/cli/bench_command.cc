@@ -126,6 +126,23 @@ Status bench_tokenize(const TokenizeBenchOptions& o) {
   return Status::ok();
 }
 
+// `bench peak`: the GEMM peak of each precision named, and the memory bandwidth, on
+// `threads` threads (0: every core).
+int bench_peak(int threads, const std::vector<std::string>& precision_names) {
+  if (threads <= 0) threads = (int)std::max(1u, std::thread::hardware_concurrency());
+  std::vector<kernels::Precision> precisions;
+  for (const std::string& name : precision_names) {
+    kernels::Precision p;
+    if (Status s = train::parse_precision_flag(name, &p); !s.is_ok()) return fail(s);
+    precisions.push_back(p);
+  }
+  std::printf("%s", machine::machine_summary().c_str());
+  for (kernels::Precision p : precisions) print_peak(threads, p);
+  std::printf("memory bandwidth (STREAM triad, %d threads): %.1f GB/s\n", threads, machine::measure_triad_gbps(threads));
+  std::printf("cache: %s\n", machine::peak_cache_path().c_str());
+  return 0;
+}
+
 }  // namespace
 
 Command add_bench_command(CLI::App& app) {
@@ -145,11 +162,16 @@ Command add_bench_command(CLI::App& app) {
   o->micro_batch = 8;
   o->seq_len = 256;
   auto warmup = std::make_shared<int>(1), steps = std::make_shared<int>(3);
+  auto profile = std::make_shared<bool>(false);
   auto* step = cmd->add_subcommand("step", "Time training steps on random tokens");
   add_config_option(step);
   add_model_flags(step, o.get());
   step->add_option("--warmup", *warmup, "Untimed steps first")->capture_default_str();
   step->add_option("--steps", *steps, "Timed steps (median reported)")->capture_default_str();
+  step->add_flag("--profile", *profile,
+                 "Also print where the timed steps' time goes, op by op: each GEMM site, attention, norms, "
+                 "activations, cross-entropy, AdamW, conversions and communication waits, each rate beside the "
+                 "GEMM peak or the memory bandwidth (a STREAM triad) measured in the same run");
 
   auto act = std::make_shared<train::TrainOptions>();
   act->model_preset = "gpt2-124m";
@@ -184,21 +206,8 @@ Command add_bench_command(CLI::App& app) {
               std::printf("%s", train::activation_table(config, act->micro_batch, T, *act_tp).c_str());
               return 0;
             }
-            if (peak->parsed()) {
-              int threads = *peak_threads > 0 ? *peak_threads
-                                              : (int)std::max(1u, std::thread::hardware_concurrency());
-              std::vector<kernels::Precision> precisions;
-              for (const std::string& name : *peak_precision) {
-                kernels::Precision p;
-                if (Status s = train::parse_precision_flag(name, &p); !s.is_ok()) return fail(s);
-                precisions.push_back(p);
-              }
-              std::printf("%s", machine::machine_summary().c_str());
-              for (kernels::Precision p : precisions) print_peak(threads, p);
-              std::printf("cache: %s\n", machine::peak_cache_path().c_str());
-              return 0;
-            }
-            Status s = train::bench_step(*o, *warmup, *steps, stdio_console());
+            if (peak->parsed()) return bench_peak(*peak_threads, *peak_precision);
+            Status s = train::bench_step(*o, *warmup, *steps, stdio_console(), *profile);
             return s.is_ok() ? 0 : fail(s);
           }};
 }

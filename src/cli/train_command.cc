@@ -198,6 +198,11 @@ Command add_train_command(CLI::App& app) {
   cmd->add_option("--trace", o->trace_file,
                   "Write a Chrome trace (Perfetto, chrome://tracing) of every rank's forward, "
                   "backward, optimizer and communication spans to FILE");
+  cmd->add_flag("--profile", o->profile,
+                "Time every op of the steps after the first (each GEMM site, attention, norms, activations, "
+                "cross-entropy, AdamW, conversions, communication waits) and print rank 0's table at the end, "
+                "each rate beside the GEMM peak or a STREAM triad measured at the end; metrics.jsonl gets it "
+                "as one {\"profile\": ...} record");
   cmd->add_flag("--sp", o->sp,
                 "Sequence parallelism: LayerNorms and residuals on 1/tp of the tokens (needs --tp > 1)");
   cmd->add_option("--recompute", o->recompute,

@@ -17,6 +17,7 @@
 
 #include "core/check.h"
 #include "core/clock.h"
+#include "core/profile.h"
 #include "trace/trace.h"
 
 namespace meshtrain::comm {
@@ -227,6 +228,7 @@ class MpiRequest final : public Request {
 
   void wait() override {
     if (accounted_) return;
+    const profile::Scope blocked(profile::Op::kCommWait);
     const auto t0 = Clock::now();
     if (!task_->finished.load(std::memory_order_acquire)) {
       const double timeout = detail::comm_timeout();

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -77,6 +78,28 @@ std::string peak_shapes() {
   for (const Shape& sh : kShapes)
     s += (s.empty() ? "" : ", ") + std::to_string(sh.M) + "x" + std::to_string(sh.N) + "x" + std::to_string(sh.K);
   return s;
+}
+
+double measure_triad_gbps(int threads) {
+  const size_t n = (size_t)32 << 20;
+  // (Not std::vector: its value-initialization would touch every page on one thread.)
+  std::unique_ptr<float[]> a(new float[n]), b(new float[n]), c(new float[n]);
+  const int saved = omp_get_max_threads();
+  omp_set_num_threads(std::max(1, threads));
+#pragma omp parallel for schedule(static)
+  for (size_t i = 0; i < n; i++) a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;  // each page first touched by its thread
+  double best = 0;
+  for (int pass = 0; pass < 5; pass++) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const float s = 3.0f + (float)pass;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = b[i] + s * c[i];
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 12.0 * (double)n / seconds / 1e9);
+  }
+  omp_set_num_threads(saved);
+  // (a is read once more so that the passes are not dead stores.)
+  return a[n / 2] > 0 ? best : 0;
 }
 
 double measure_gemm_peak_gflops(int threads, Precision p) {

@@ -33,6 +33,12 @@ void record_gemm_peak_gflops(int threads, double gflops, Precision p = Precision
 std::string peak_cache_key(int threads, Precision p);
 std::string peak_cache_path();
 
+// STREAM's triad (McCalpin), a[i] = b[i] + s * c[i] over three arrays of 32 Mi floats each
+// (384 MiB, past any cache), on `threads` OpenMP threads: the best of 5 passes, in GB/s of the
+// 12 bytes per element read and written (write-allocate traffic not counted, as STREAM
+// counts it). The memory-bound ops of the step profile are set against it.
+double measure_triad_gbps(int threads);
+
 // The shapes measured, in words ("2048x2048x2048, 2048x3072x768, 2048x768x3072").
 std::string peak_shapes();
 

@@ -4,6 +4,7 @@
 // so every rank computes the same split; header of its own so that the activation sets can
 // keep a micro-batch's.
 #pragma once
+#include <cstddef>
 #include <vector>
 
 #include "model/document_rows.h"

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <utility>
 
 #include "core/check.h"
+#include "core/profile.h"
 #include "kernels/ops.h"
 #include "comm/self_group.h"
 #include "model/initial_weights.h"
@@ -14,6 +16,21 @@
 namespace meshtrain::model {
 
 namespace k = meshtrain::kernels;
+namespace pf = meshtrain::profile;
+
+namespace {
+
+// The step profile's name of a block's GEMM, by its weight.
+pf::Op gemm_site(LayerTensor w) {
+  switch (w) {
+    case kQkvW: return pf::Op::kQkv;
+    case kAttProjW: return pf::Op::kAttnProj;
+    case kFcW: return pf::Op::kFc1;
+    default: return pf::Op::kFc2;
+  }
+}
+
+}  // namespace
 
 Gpt::Gpt(const GptConfig& config, LocalState local, comm::Group* tp, bool sequence_parallel,
          const ModelPart& part, comm::Group* ep, ExpertTp expert_tp)
@@ -105,6 +122,7 @@ const float* Gpt::reduce_rows(float* full_partial, float* local) {
 
 void Gpt::norm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int rows) const {
+  const pf::Scope scope(pf::Op::kNorm, 0, 8.0 * rows * config_.dim);  // the rows read, the output written
   if (config_.norm == Norm::kRmsNorm) k::rmsnorm_forward(out, rstd, inp, weight, rows, config_.dim, config_.norm_eps);
   else k::layernorm_forward(out, mean, rstd, inp, weight, bias, rows, config_.dim);
 }
@@ -112,6 +130,7 @@ void Gpt::norm_forward(float* out, float* mean, float* rstd, const float* inp, c
 void Gpt::norm_backward_tp(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                            const float* weight, const float* mean, const float* rstd, int rows) {
   const int C = config_.dim;
+  const pf::Scope scope(pf::Op::kNorm, 0, 16.0 * rows * C);  // dout and the input read, dinp read and written
   const bool rms = config_.norm == Norm::kRmsNorm;
   auto backward = [&](float* dw, float* db) {
     if (rms) k::rmsnorm_backward(dinp, dw, dout, inp, weight, rstd, rows, C);
@@ -133,6 +152,7 @@ void Gpt::norm_backward_tp(float* dinp, float* dweight, float* dbias, const floa
 void Gpt::rotate_qk(float* qkv, int B, int T, bool inverse) const {
   if (config_.positions != Positions::kRope) return;
   const int hs = config_.head_dim(), N = B * T;
+  const pf::Scope scope(pf::Op::kRope, 0, 8.0 * N * (Cl_ + NKVl_ * hs));  // q and k read and written
   const int* at = row_positions();
   k::rope_rotate(qkv, N, T, Ql_, NHl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse, at);
   k::rope_rotate(qkv + Cl_, N, T, Ql_, NKVl_, hs, rope_cos_.data(), rope_sin_.data(), 0, inverse, at);
@@ -193,7 +213,12 @@ k::AttentionBlock Gpt::ranged_block(const float* qkv, int B, int T) const {
 }
 
 // Under a document mask the ranged kernel runs in fp32 at every precision (docs/long_context.md).
+// Attention's model FLOPs on this rank: its rows against the whole sequence's keys, the
+// causal half, two products (QK^T and PV) of 2 x hs per pair and head; the backward twice.
+double Gpt::attention_flops(int B, int T) const { return 2.0 * B * T * ((double)T * cp_size()) * Cl_; }
+
 void Gpt::attend(BlockActivations& a, int B, int T) {
+  const pf::Scope scope(pf::Op::kAttention, attention_flops(B, T));
   if (ulysses_)
     return ulysses_->forward(a.atty, a.att_lse, a.qkv, Ql_, B, NHl_, NKVl_, config_.head_dim(), sequence_documents(),
                              precision_);
@@ -208,6 +233,7 @@ void Gpt::attend(BlockActivations& a, int B, int T) {
 }
 
 void Gpt::attend_backward(const BlockActivations& a, int B, int T) {
+  const pf::Scope scope(pf::Op::kAttention, 2 * attention_flops(B, T));
   if (ulysses_)
     return ulysses_->backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, Ql_, B, NHl_, NKVl_, config_.head_dim(),
                               sequence_documents(), precision_);
@@ -485,6 +511,7 @@ size_t Gpt::local_boundary_elements(int B, int Tl) const {
 // dropout, in place on this rank's rows.
 void Gpt::branch_with_dropout(float* x, const float* bias, int rows, int site) {
   const int C = config_.dim;
+  const pf::Scope scope(pf::Op::kResidual, 0, bias || dropout_p_ > 0 ? 8.0 * rows * C : 0);
   if (bias) {
 #pragma omp parallel for schedule(static)
     for (int r = 0; r < rows; r++)
@@ -538,8 +565,11 @@ k::GemmInput Gpt::activation_into(BlockActivations& a, int N) const { return act
 // half for bf16 GEMMs (rounded once here), else fp32.
 k::GemmInput Gpt::activate(const float* fc, float* out, int rows, int F) const {
   const bool bf16 = precision_ == k::Precision::kBf16;
+  const bool swiglu = config_.mlp == Mlp::kSwiGlu;
+  // fc read (gate and up: twice F), the activation written (16-bit words for bf16 GEMMs)
+  const pf::Scope scope(pf::Op::kActivation, 0, (double)rows * F * ((swiglu ? 8 : 4) + (bf16 ? 2 : 4)));
   uint16_t* half = reinterpret_cast<uint16_t*>(out);
-  if (config_.mlp == Mlp::kSwiGlu) {
+  if (swiglu) {
     if (bf16) k::swiglu_forward(half, fc, rows, F);
     else k::swiglu_forward(out, fc, rows, F);
   } else {
@@ -555,6 +585,8 @@ k::GemmInput Gpt::hidden_input(const float* out) const {
 }
 
 void Gpt::activation_backward(float* dfc, const float* fc, const float* dout, int rows, int F) const {
+  const int fc_width = config_.mlp == Mlp::kSwiGlu ? 2 : 1;  // fc and dfc: gate and up
+  const pf::Scope scope(pf::Op::kActivation, 0, 4.0 * rows * F * (2 * fc_width + 1));
   if (config_.mlp == Mlp::kSwiGlu) k::swiglu_backward(dfc, fc, dout, rows, F);
   else k::gelu_backward(dfc, fc, dout, (size_t)rows * F);
 }
@@ -570,32 +602,43 @@ void Gpt::block_forward(int l, const float* residual, int B, int T, bool recompu
   auto W = [&](LayerTensor t) { return layout_.has(l, t) ? param(u, unit, layout_.layer(l, t)) : nullptr; };
   auto Wg = [&](LayerTensor t) { return gemm_weight(u, unit, layout_.layer(l, t)); };
   BlockActivations& a = acts(l);
+  auto gemm = [&](pf::Op site, float* out, k::GemmInput inp, LayerTensor w, const float* bias, int in, int out_cols) {
+    const pf::Scope scope(site, 2.0 * N * in * out_cols);
+    k::matmul_forward(out, inp, Wg(w), bias, N, in, out_cols, precision_);
+  };
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, residual, W(kLn1W), W(kLn1B), Nl);
-  k::matmul_forward(a.qkv, gather_rows(a.ln1, gathered_), Wg(kQkvW), W(kQkvB), N, C, Ql_, precision_);
+  gemm(pf::Op::kQkv, a.qkv, gather_rows(a.ln1, gathered_), kQkvW, W(kQkvB), C, Ql_);
   rotate_qk(a.qkv, B, T, false);
   attend(a, B, T);
-  k::matmul_forward(partial_, a.atty, Wg(kAttProjW), nullptr, N, Cl_, C, precision_);
+  gemm(pf::Op::kAttnProj, partial_, a.atty, kAttProjW, nullptr, Cl_, C);
   float* proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kAttProjB), Nl, 1 + 2 * l);
-  k::bias_residual_forward(a.residual2, residual, proj, nullptr, Nl, C);
+  residual_add(a.residual2, residual, proj, Nl);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.residual2, W(kLn2W), W(kLn2B), Nl);
   if (config_.is_moe_layer(l)) {
+    const pf::Scope scope(pf::Op::kExperts);
     moe_forward(l, u, unit, a, B, T, recomputing);
   } else {
-    k::matmul_forward(a.fch, gather_rows(a.ln2, gathered_), Wg(kFcW), W(kFcB), N, C, Fcl_, precision_);
+    gemm(pf::Op::kFc1, a.fch, gather_rows(a.ln2, gathered_), kFcW, W(kFcB), C, Fcl_);
     const k::GemmInput hidden = activation_into(a, N);
-    k::matmul_forward(partial_, hidden, Wg(kFcProjW), nullptr, N, Fl_, C, precision_);
+    gemm(pf::Op::kFc2, partial_, hidden, kFcProjW, nullptr, Fl_, C);
   }
   proj = const_cast<float*>(reduce_rows(partial_, gathered_));  // g
   branch_with_dropout(proj, W(kFcProjB), Nl, 2 + 2 * l);
-  k::bias_residual_forward(a.residual3, a.residual2, proj, nullptr, Nl, C);
+  residual_add(a.residual3, a.residual2, proj, Nl);
   store_->release_params(u);
+}
+
+void Gpt::residual_add(float* out, const float* residual, const float* branch, int rows) const {
+  const pf::Scope scope(pf::Op::kResidual, 0, 12.0 * rows * config_.dim);
+  k::bias_residual_forward(out, residual, branch, nullptr, rows, config_.dim);
 }
 
 // Vocabulary-parallel embedding: each rank looks up the tokens of its slice (rank 0 adds
 // the position embedding); summing over tp assembles the embedding (of this rank's rows).
 void Gpt::embedding_forward(const int* inputs, int B, int T) {
   const int E = layout_.embedding_unit();
+  const pf::Scope scope(pf::Op::kEmbedding, 0, 8.0 * B * T * config_.dim);
   const float* emb = store_->acquire_params(E);
   set().inputs.assign(inputs, inputs + (size_t)B * T);
   float* embedded = sp_ ? partial_ : set().input;  // all rows; input keeps this rank's
@@ -625,6 +668,7 @@ void Gpt::head_forward(const float* residual, int B, int T) {
                layout_.has_lnf_b() ? param(F, fin, layout_.lnf_b()) : nullptr, Nl_);
   gather_rows(set().lnf, set().lnf_full);
   auto head_gemm = [&](const k::GemmInput& w) {
+    const pf::Scope scope(pf::Op::kHead, 2.0 * N * vn_ * C);
     k::gemm(precision_, false, true, N, vn_, C, 1.0f, set().lnf_full, C, w, C, 0.0f, set().logits, logits_ld());
   };
   if (layout_.has_untied_head()) {  // in the final norm's unit
@@ -700,6 +744,7 @@ const float* Gpt::forward_logits(const int* inputs, int B, int T) {
 // from each rank's (max-shifted) partial sums, the target logit from the rank that has it.
 void Gpt::vocab_parallel_loss(int N) {
   float *lse = set().lse, *target_logit = set().target_logit;
+  const pf::Scope scope(pf::Op::kCrossEntropy, 0, 4.0 * N * vn_);  // the logits read
   k::crossentropy_forward(lse, target_logit, set().logits, set().targets.data(), N, vn_, logits_ld(), vb_);
   if (tp_) {
     std::vector<float> global_max(lse, lse + N), scaled(N);
@@ -738,12 +783,15 @@ void Gpt::block_backward(int l, const float* block_in, int B, int T) {
   auto T_ = [&](LayerTensor t) { return layout_.has(l, t) ? &layout_.layer(l, t) : nullptr; };
   auto linear = [&](float* dinp, LayerTensor w, LayerTensor b, const float* dout, k::GemmInput inp, int in, int out,
                     const float* local_rows = nullptr) {
+    // The input's gradient now, the weight's too unless a zero-bubble W defers it.
+    const pf::Scope scope(gemm_site(w), (pipeline_.weights().deferring() ? 2.0 : 4.0) * N * in * out);
     linear_backward(dinp, u, gunit, layout_.layer(l, w), T_(b), dout, inp, Wg(w), N, in, out, local_rows);
   };
   BlockActivations& a = acts(l);
   // MLP: dresidual is d(residual3); it passes unchanged to residual2 via the skip. Row-
   // parallel backward needs every row of it (the conjugate of the forward reduction).
   if (config_.is_moe_layer(l)) {
+    const pf::Scope scope(pf::Op::kExperts);
     moe_backward(l, u, unit, gunit, a, B, T);
   } else {
     linear(dfch_gelu_, kFcProjW, kFcProjB, gather_rows(dropout_grad(dresidual_, 2 + 2 * l), gathered_),
@@ -833,6 +881,9 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   // bytes to read, no second rounding), others in fp32.
   k::GemmInput dlogits(set().logits);
   int ld = logits_ld();
+  // The logits read, their gradient written in their place (16-bit words for bf16 GEMMs).
+  std::optional<pf::Scope> ce(std::in_place, pf::Op::kCrossEntropy, 0,
+                              (double)N * vn_ * (precision_ == k::Precision::kBf16 ? 6 : 8));
   if (precision_ == k::Precision::kBf16) {
     dlogits = k::GemmInput(k::crossentropy_backward_bf16_inplace(
         set().logits, set().lse, set().targets.data(), loss_scale, N, vn_, ld, vb_));
@@ -845,14 +896,19 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
   const bool untied = layout_.has_untied_head();
   const int H = untied ? F : E;
   const ParamTensor& head = untied ? layout_.head() : layout_.wte();
+  ce.reset();
   const float* hp = store_->acquire_params(H);
   float* hg = store_->acquire_grads(H);
-  k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(H, hp, head), C, 0.0f, partial_, C);
+  {
+    const pf::Scope scope(pf::Op::kHead, 2.0 * N * C * vn_);
+    k::gemm(precision_, false, false, N, C, vn_, 1.0f, dlogits, ld, gemm_weight(H, hp, head), C, 0.0f, partial_, C);
+  }
   const float* dlnf = reduce_rows(partial_, dln_);  // f on the head's input
   // The head's weight gradient reads dlogits and lnf_full, both in the set, kept until W
   // (checked below: a copy would be N x vocabulary).
   const float* lnf = set().lnf_full;
   auto head_weight = [this, dlogits, ld, lnf, N, C](float* dst) {
+    const pf::Scope scope(pf::Op::kHead, 2.0 * N * C * vn_);
     k::gemm(precision_, true, false, vn_, C, N, 1.0f, dlogits, ld, lnf, C, 1.0f, dst, C);
   };
   const bool defer_head = pipeline_.weights().deferring() && (untied || !layout_.has_layer(0));
@@ -888,6 +944,7 @@ void Gpt::head_backward(int c, int B, int T, float loss_scale) {
 // adds its vocabulary rows and all of dwpe.
 void Gpt::embedding_backward(int B, int T) {
   const int E = layout_.embedding_unit();
+  const pf::Scope scope(pf::Op::kEmbedding, 0, 8.0 * B * T * config_.dim);
   float* gemb = store_->acquire_grads(E);
   float* gwte = grad(E, gemb, layout_.wte());
   k::encoder_backward(gwte, layout_.has_wpe() ? grad(E, gemb, layout_.wpe()) : nullptr,
@@ -948,6 +1005,7 @@ void Gpt::dropout(float* x, int rows, int site) const {
 
 const float* Gpt::dropout_grad(const float* dresidual, int site) {
   if (dropout_p_ <= 0) return dresidual;
+  const pf::Scope scope(pf::Op::kResidual, 0, 8.0 * Nl_ * config_.dim);
   std::memcpy(dbranch_, dresidual, sizeof(float) * Nl_ * config_.dim);
   dropout(dbranch_, Nl_, site);
   return dbranch_;

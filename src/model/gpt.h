@@ -281,6 +281,7 @@ class Gpt {
   // backward into dqkv_: causal, or by each row's key range under a document mask.
   void attend(BlockActivations& a, int B, int T);
   void attend_backward(const BlockActivations& a, int B, int T);
+  double attention_flops(int B, int T) const;  // the forward's, for the step profile
   kernels::AttentionBlock ranged_block(const float* qkv, int B, int T) const;
   void vocab_parallel_loss(int N);
   // Row stride of a set's logits: the real columns (vn) packed, not the padded Vl. The
@@ -396,6 +397,7 @@ class Gpt {
   int Nl_ = 0;  // token rows of the residual stream on this rank
   void dropout(float* x, int rows, int site) const;  // rows = this rank's residual rows
   void branch_with_dropout(float* x, const float* bias, int rows, int site);
+  void residual_add(float* out, const float* residual, const float* branch, int rows) const;  // out = residual + branch
   const float* dropout_grad(const float* dresidual, int site);  // masked copy, or dresidual
   float dropout_p_ = 0;
   uint64_t dropout_seed_ = 0;

@@ -367,6 +367,12 @@ void DataParallel::sum_tied_embedding() {
   }
 }
 
+double DataParallel::update_bytes() const {
+  double n = 0;
+  for (const optim::AdamSegment& s : segments_) n += (double)s.count;
+  return n * (half_ ? 30.0 : 32.0);
+}
+
 double DataParallel::grad_norm() {
   if (onebit_phase()) return onebit_grad_norm();
   // The optimizer's segments are exactly this rank's reduced gradient elements. Stage 0

@@ -8,13 +8,15 @@
 #include <thread>
 
 #include "comm/self_group.h"
+#include "core/profile.h"
 #include "machine/describe.h"
 #include "machine/peak.h"
+#include "train/step_profile.h"
 #include "train/trainer.h"
 
 namespace meshtrain::train {
 
-Status bench_step(const TrainOptions& o, int warmup, int steps, const Console& console) {
+Status bench_step(const TrainOptions& o, int warmup, int steps, const Console& console, bool profile) {
   model::GptConfig config;
   int T = 0;
   RETURN_IF_ERROR(resolve_model(o, &config, &T));
@@ -50,11 +52,16 @@ Status bench_step(const TrainOptions& o, int warmup, int steps, const Console& c
                         machine::machine_summary().c_str(), machine::mfu_basis(precision).c_str()));
   std::vector<double> times;
   for (int k = 0; k < warmup + steps; k++) {
+    if (profile && k == warmup) profile::reset(), profile::set_enabled(true);
     auto t0 = std::chrono::steady_clock::now();
     train_step(gpt, dp, self, o.adamw, data, shape, k, warmup + steps);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (k >= warmup) times.push_back(s);
   }
+  profile::set_enabled(false);
+  const profile::Profile recorded = profile::snapshot();
+  double total = 0;
+  for (double t : times) total += t;
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   const double tok_s = (double)shape.G() * T / median;
@@ -68,6 +75,10 @@ Status bench_step(const TrainOptions& o, int warmup, int steps, const Console& c
   if (raised)
     console.line("note: the step ran faster than the peak measured before it, so that measurement was "
                  "disturbed; the peak was measured again and raised to at least the achieved rate");
+  if (profile) {  // the timed steps' mean: the ops' times add up to their total
+    const ProfilePeaks peaks{peak, machine::measure_triad_gbps(threads)};
+    console.out(profile_table(recorded, steps, total / steps, peaks));
+  }
   return Status::ok();
 }
 

@@ -125,6 +125,7 @@ Status Training::prepare(const TrainOptions& options, RunSubscriber* subscriber)
   tokens_total_ = run_.curriculum.tokens_before(o.steps, run_.shape.G());
   saved_step_ = run_.start_step;
   reporter_.own(std::make_unique<TraceSubscriber>(run_, world_, o.trace_file));
+  if (o.profile) reporter_.own(std::make_unique<ProfileSubscriber>(run_, metrics.get(), console_, quiet_));
   reporter_.own(std::move(metrics));
   reporter_.own(std::make_unique<ConsoleSubscriber>(console_, quiet_));
   if (subscriber) reporter_.subscribe(subscriber);

@@ -72,6 +72,7 @@ struct TrainOptions {
   int virtual_stages = 1;
   std::vector<int> stage_layers;
   std::string trace_file;     // Chrome trace of every rank (empty: none)
+  bool profile = false;       // the step profile (train/step_profile.h) over steps after the first
   // Offload (ZeRO-Infinity): a comma list of optimizer=, params=, grads= each cpu or nvme.
   // cpu is host memory (where the state already lives on this CPU engine); nvme is files
   // under offload_dir. params and grads need ZeRO-3 (parse_offload in setup).

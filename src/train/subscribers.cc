@@ -2,7 +2,10 @@
 
 #include <cstdio>
 
+#include "core/profile.h"
+#include "machine/peak.h"
 #include "train/run.h"
+#include "train/step_profile.h"
 
 namespace meshtrain::train {
 
@@ -38,6 +41,30 @@ Reply MetricsSubscriber::on_step(const StepReport& r) {
 }
 
 void MetricsSubscriber::on_eval(const EvalReport& r) { writer_.write(r.record); }
+
+// Recording only from a step's beginning to its end: evaluations and saves stay out.
+void ProfileSubscriber::on_step_begin(int64_t step) {
+  if (step == first_) profile::reset();
+  if (step >= first_) profile::set_enabled(true);
+}
+
+void ProfileSubscriber::on_step_end(int64_t /*step*/) { profile::set_enabled(false); }
+
+Reply ProfileSubscriber::on_step(const StepReport& r) {
+  if (r.step >= first_) steps_++, seconds_ += r.step_s;
+  return Reply::kContinue;
+}
+
+Status ProfileSubscriber::on_finish() {
+  profile::set_enabled(false);
+  if (steps_ == 0 || !run_.is_main) return Status::ok();  // (the triad: 384 MiB, measured once)
+  const profile::Profile recorded = profile::snapshot();
+  const ProfilePeaks peaks{run_.peak_gflops, machine::measure_triad_gbps(run_.threads)};
+  const double step_s = seconds_ / steps_;
+  metrics_->write({{"profile", profile_json(recorded, steps_, step_s, peaks)}});
+  if (!quiet_) console_.out(profile_table(recorded, steps_, step_s, peaks));
+  return Status::ok();
+}
 
 namespace {
 

@@ -40,9 +40,34 @@ class MetricsSubscriber : public RunSubscriber {
   Status open(const std::string& path, int64_t resume_step) { return writer_.open(path, resume_step); }
   Reply on_step(const StepReport& r) override;
   void on_eval(const EvalReport& r) override;
+  void write(const nlohmann::json& record) { writer_.write(record); }  // a record of another subscriber's
 
  private:
   MetricsWriter writer_;
+};
+
+// --profile: this rank's step profile (core/profile.h) over the steps after the run's first
+// (all of them when it runs one), its table printed and written to metrics.jsonl (through
+// `metrics`) once, at the end; the rates set against the run's GEMM peak and a STREAM triad
+// measured then on the rank's threads.
+class ProfileSubscriber : public RunSubscriber {
+ public:
+  ProfileSubscriber(const Run& run, MetricsSubscriber* metrics, const Console& console, bool quiet)
+      : run_(run), metrics_(metrics), console_(console), quiet_(quiet) {}
+  void on_start(const StartReport& r) override { first_ = r.first_step + (r.total_steps - r.first_step > 1 ? 2 : 1); }
+  void on_step_begin(int64_t step) override;
+  void on_step_end(int64_t step) override;
+  Reply on_step(const StepReport& r) override;
+  Status on_finish() override;
+
+ private:
+  const Run& run_;
+  MetricsSubscriber* metrics_;
+  const Console& console_;
+  bool quiet_;
+  int64_t first_ = 1;  // the first profiled step (1-based)
+  int steps_ = 0;
+  double seconds_ = 0;
 };
 
 // The trace (trace/trace.h): a span per step while tracing is on, and at the end every

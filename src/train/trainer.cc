@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/profile.h"
 #include "trace/trace.h"
 
 namespace meshtrain::train {
@@ -105,6 +106,7 @@ StepResult train_step(model::Gpt& gpt, parallel::DataParallel& dp, comm::Group& 
   StepResult r;
   r.loss = (float)(loss_sum / ((double)G * L));
   trace::Tracer::Span span(trace::Lane::kCompute, "optimizer", trace::category::kOptimizer, {{"step", k + 1}});
+  const profile::Scope optimizer(profile::Op::kOptimizer, 0, dp.update_bytes());
   if (hooks) hooks->before_update(k, dp);
   // The norm is reduced over every axis, so every rank reaches the same overflow verdict.
   const double norm = dp.grad_norm();

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
+#include "core/profile.h"
 #include "kernels/cpu/bf16.h"
 #include "kernels/cpu/fp16.h"
 #include "kernels/ops.h"
@@ -28,10 +30,14 @@ inline float fp16_value(uint16_t h) { return fp16_value_portable(h); }
 #endif
 
 // Calls convert(begin, end) on blocks of [0, n), over the threads when n is large (a
-// conversion inside another parallel region stays on its thread).
+// conversion inside another parallel region stays on its thread). `bytes_each`: what one
+// element reads and writes, for the step profile.
 template <typename Convert>
-void in_blocks(size_t n, Convert convert) {
+void in_blocks(size_t n, double bytes_each, Convert convert) {
   constexpr size_t kBlock = 4096;
+  // (Inside another parallel region, the optimizer's, a conversion is that op's work.)
+  std::optional<profile::Scope> scope;
+  if (!omp_in_parallel()) scope.emplace(profile::Op::kConvert, 0, bytes_each * (double)n);
 #pragma omp parallel for schedule(static) if (n >= 4 * kBlock && !omp_in_parallel())
   for (size_t b = 0; b < n; b += kBlock) convert(b, std::min(n, b + kBlock));
 }
@@ -65,15 +71,15 @@ void from_bf16_block(const uint16_t* x, float* out, size_t b, size_t e) {
 }  // namespace
 
 void to_bf16(const float* x, uint16_t* out, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) { bf16_block(x, out, b, e); });
+  in_blocks(n, 6, [&](size_t b, size_t e) { bf16_block(x, out, b, e); });
 }
 
 void from_bf16(const uint16_t* x, float* out, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) { from_bf16_block(x, out, b, e); });
+  in_blocks(n, 6, [&](size_t b, size_t e) { from_bf16_block(x, out, b, e); });
 }
 
 void round_to_fp16(const float* x, float* out, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) {
+  in_blocks(n, 8, [&](size_t b, size_t e) {
     size_t i = b;
 #if defined(__F16C__)
     for (; i + 8 <= e; i += 8)
@@ -85,20 +91,20 @@ void round_to_fp16(const float* x, float* out, size_t n) {
 
 void to_half(Precision p, const float* x, uint16_t* out, size_t n) {
   if (p == Precision::kBf16)
-    in_blocks(n, [&](size_t b, size_t e) { bf16_block(x, out, b, e); });
+    in_blocks(n, 6, [&](size_t b, size_t e) { bf16_block(x, out, b, e); });
   else
-    in_blocks(n, [&](size_t b, size_t e) { fp16_block(x, out, b, e); });
+    in_blocks(n, 6, [&](size_t b, size_t e) { fp16_block(x, out, b, e); });
 }
 
 void from_half(Precision p, const uint16_t* x, float* out, size_t n) {
   if (p == Precision::kBf16)
-    in_blocks(n, [&](size_t b, size_t e) { from_bf16_block(x, out, b, e); });
+    in_blocks(n, 6, [&](size_t b, size_t e) { from_bf16_block(x, out, b, e); });
   else
-    in_blocks(n, [&](size_t b, size_t e) { from_fp16_block(x, out, b, e); });
+    in_blocks(n, 6, [&](size_t b, size_t e) { from_fp16_block(x, out, b, e); });
 }
 
 void add_to_half(Precision p, uint16_t* dst, const float* src, size_t n) {
-  in_blocks(n, [&](size_t b, size_t e) {
+  in_blocks(n, 8, [&](size_t b, size_t e) {
     float sum[4096];
     if (p == Precision::kBf16) from_bf16_block(dst + b, sum, 0, e - b);
     else from_fp16_block(dst + b, sum, 0, e - b);
