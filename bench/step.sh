@@ -2,7 +2,8 @@
 # End-to-end training-step benchmark, B=8, T=256 on random tokens, on all cores: gpt2-124m
 # and llama-124m (GQA, SwiGLU, RoPE, RMSNorm), fp32 and bf16, each beside the measured GEMM
 # peak, then the PyTorch peer (tests/reference's models, eager) on the same machine.
-# Extra flags go to every `meshtrain bench step` (e.g. --threads 1).
+# Extra flags go to every `meshtrain bench step` (e.g. --threads 1, or --profile for each run's
+# op-by-op table beside the GEMM peak and a STREAM triad, docs/performance.md).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/build/meshtrain" bench peak --precision fp32,bf16
