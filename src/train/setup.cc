@@ -655,7 +655,19 @@ Status check_flags_and_layout(const TrainOptions& o, int world) {
   RETURN_IF_ERROR(resolve_run_model(o, &config, &seq_len));
   parallel::LayoutModel m = parallel::layout_model(config);
   m.seq_len = seq_len;
-  return parallel::check_layout(layout, m, parallel::LayoutReader::kEngine);
+  RETURN_IF_ERROR(parallel::check_layout(layout, m, parallel::LayoutReader::kEngine));
+  // A curriculum's shorter rows are sequences too: each length meets the rules --seq-len
+  // meets (cp cuts every row into 2 x cp chunks).
+  Curriculum curriculum;
+  RETURN_IF_ERROR(Curriculum::make(o.curriculum, seq_len, &curriculum));
+  for (int L : curriculum.lengths()) {
+    m.seq_len = L;
+    if (Status s = parallel::check_layout(layout, m, parallel::LayoutReader::kEngine); !s.is_ok())
+      return Status::error("the curriculum's row length " + std::to_string(L) +
+                           " breaks the layout (choose --curriculum-start and --curriculum-step to suit it): " +
+                           s.message());
+  }
+  return Status::ok();
 }
 
 Status agree(comm::Group& world, const Status& mine) {

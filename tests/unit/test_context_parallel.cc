@@ -20,8 +20,11 @@
 //                         cp_balance no worse than the causal split's and better in some; at a
 //                         global batch of 4 rows of T = 64 on 4-layer tiny models: every step's loss within 1e-5 of the one-rank run, grad_norm
 //                         within 1e-5 relative, final weights within the pipeline suite's
-//                         tolerances; the cp wire bytes exactly the documented formulas; bf16 at
-//                         cp2 (ring and a2a) within the bf16 bound.
+//                         tolerances; the cp wire bytes exactly the documented formulas (per
+//                         step's row length under a curriculum: ring cp2 and a2a cp4 with a
+//                         seqlen curriculum); ring cp2·dp2 ZeRO-1 with the optimizer state in
+//                         files; bf16 at cp2 (ring and a2a) and cp4 (hybrid), and fp16 at cp2,
+//                         within the 16-bit bound.
 //   CheckpointsResumeAtOtherCp  a cp2 run's checkpoint resumes at cp1 and at cp4 with the
 //                         losses of the run that never stopped.
 //   BadInputIsRejected    T not divisible by 2 cp, an unknown --cp-comm, hybrid's --cp-a2a not a
@@ -43,6 +46,7 @@ namespace {
 using multirank_test::MultiRankTest;
 using multirank_test::RunSpec;
 using json = nlohmann::json;
+namespace fs = std::filesystem;
 
 const std::string kShape = "--model tiny --layers 4 --seq-len 64 --vocab 50257";
 // Llama's tiny preset: 4 query heads sharing 2 key/value heads (grouped-query attention).
@@ -82,6 +86,8 @@ struct Layout {
   double dropout = 0;         // --dropout: each row's masks by its place in the whole sequence
   std::string moe;            // MoE settings: kMoeShape with these flags (else a dense model)
   int ep = 1;
+  std::string extra;  // flags of the run and its one-rank reference alike (a curriculum)
+  std::string extra_run;  // flags of the run alone (its reference runs without them)
 
   int ranks() const { return cp * tp * pp * dp; }
   std::string flags() const {
@@ -94,7 +100,7 @@ struct Layout {
       else f += " --stage-layers 2,2";  // equal stages (the balanced split gives the head's stage fewer)
     }
     if (doc_mask) f += " --doc-mask --doc-separator 13";  // GPT-2's ".": a document per sentence
-    return f + " --micro-batch " + std::to_string(kGlobalBatch / (dp * accum)) + " --grad-accum " +
+    return f + extra + extra_run + " --micro-batch " + std::to_string(kGlobalBatch / (dp * accum)) + " --grad-accum " +
            std::to_string(accum);
   }
 };
@@ -107,7 +113,7 @@ RunSpec spec(const Layout& l) {
 // (recomputation changes no number, but keeps the reference's flags its own).
 Layout reference_of(const Layout& c) {
   return Layout{.recompute = c.recompute, .doc_mask = c.doc_mask, .precision = c.precision, .llama = c.llama,
-                .dropout = c.dropout, .moe = c.moe};
+                .dropout = c.dropout, .moe = c.moe, .extra = c.extra};
 }
 
 std::vector<Layout> parity_layouts() {
@@ -166,6 +172,14 @@ std::vector<Layout> parity_layouts() {
       // runs over a rank's 8 chunks.
       {.cp = 2, .pp = 2, .accum = 2, .doc_mask = true},
       {.cp = 2, .doc_mask = true, .dropout = 0.1},
+      // A sequence-length curriculum: rows of 16, 24, 32, 40 and 48 tokens, then 64, each cut
+      // in 2 x cp chunks (with the ring, and Ulysses at cp 4).
+      {.cp = 2, .extra = " --curriculum seqlen --curriculum-steps 5 --curriculum-start 16"},
+      {.cp = 4, .comm = "a2a", .extra = " --curriculum seqlen --curriculum-steps 5 --curriculum-start 16"},
+      // ZeRO-Infinity: the optimizer state in files, as exact as in memory.
+      {.cp = 2, .dp = 2, .zero = 1,
+       .extra_run = " --offload optimizer=nvme --offload-dir " +
+                    (fs::temp_directory_path() / ("meshtrain_cp_offload_" + cli_test::kPid)).string()},
   };
 }
 
@@ -197,10 +211,10 @@ using ContextParallel = ContextParallelTest;
 // per micro-batch, the routing's sums all-reduced in the forward (per balance group 2E
 // values, per sequence each of the 2 cp chunks' k x E offers) and the groups' assignments
 // (E per group) in the backward.
-int64_t cp_bytes(const Layout& l) {
+int64_t cp_bytes(const Layout& l, int T = 64) {  // T: the step's row length (a curriculum's)
   constexpr int64_t kLayers = 4, kHs = 16, kHeads = 4;
   const int64_t kv_heads = l.llama || !l.moe.empty() ? 2 : 4, heads = kHeads / l.tp, kv = std::max<int64_t>(1, kv_heads / l.tp);
-  const int64_t Nl = (int64_t)kGlobalBatch / (l.dp * l.accum) * (64 / l.cp), f = l.recompute == "none" ? 1 : 2;
+  const int64_t Nl = (int64_t)kGlobalBatch / (l.dp * l.accum) * (T / l.cp), f = l.recompute == "none" ? 1 : 2;
   auto ring = [&](int64_t n, int64_t rows, int64_t kv_heads) {
     return rows * 2 * kv_heads * kHs * ((n - 1) * f + (n - 1) + n);
   };
@@ -236,7 +250,11 @@ TEST_F(ContextParallel, ParityMatrix) {
   const std::vector<Layout> layouts = parity_layouts();
   std::vector<RunSpec> runs;
   for (const Layout& l : layouts) runs.push_back(spec(l)), runs.push_back(spec(reference_of(l)));
-  const std::vector<Layout> bf16 = {{.cp = 2, .precision = "bf16"}, {.cp = 2, .precision = "bf16", .comm = "a2a"}};
+  // 16-bit runs: bf16 with each mode (hybrid at cp 4), fp16 (dynamic loss scaling) with the ring.
+  const std::vector<Layout> bf16 = {{.cp = 2, .precision = "bf16"},
+                                    {.cp = 2, .precision = "bf16", .comm = "a2a"},
+                                    {.cp = 4, .precision = "bf16", .comm = "hybrid"},
+                                    {.cp = 2, .precision = "fp16"}};
   for (const Layout& l : bf16) runs.push_back(spec(l)), runs.push_back(spec(reference_of(l)));
   ensure(runs);
   const auto ref_masked = metrics_of(spec(reference_of(Layout{.doc_mask = true})).args);
@@ -253,7 +271,8 @@ TEST_F(ContextParallel, ParityMatrix) {
     for (int s = 0; s < kSteps; s++) {
       multirank_test::expect_step_parity(m.steps[s], r.steps[s], s, kLossTol, kNormRelTol, &margins);
       ASSERT_TRUE(m.steps[s]["comm"].contains("cp")) << m.steps[s].dump();
-      EXPECT_EQ(m.steps[s]["comm"]["cp"]["bytes"].get<int64_t>(), cp_bytes(c)) << "step " << s + 1;
+      EXPECT_EQ(m.steps[s]["comm"]["cp"]["bytes"].get<int64_t>(), cp_bytes(c, m.steps[s]["seq_len"].get<int>()))
+          << "step " << s + 1;
     }
     EXPECT_EQ(margins.bad, 0) << "worst loss " << margins.loss << ", norm " << margins.norm;
     if (c.doc_mask && (c.comm == "ring" || c.comm == "all-gather") && c.moe.empty()) {
@@ -315,6 +334,10 @@ TEST_F(ContextParallel, BadInputIsRejected) {
           {kShape + " --cp 8 --cp-comm a2a --micro-batch 2", 8,
            {"--cp-comm a2a splits each tp rank's 4 query heads and 4 key/value heads over --cp 8"}},
           {kShape + " --cp 2 --cp-comm sideways --micro-batch 2", 2, {"--cp-comm must be ring, a2a, all-gather or hybrid"}},
+          // A curriculum's rows are sequences too (until 2026-12-07 a row of 12 at cp 4 trained wrongly).
+          {kShape + " --cp 4 --micro-batch 2 --curriculum seqlen --curriculum-steps 3 --curriculum-start 12 "
+                    "--curriculum-step 4",
+           4, {"the curriculum's row length 12 breaks the layout", "is not divisible by 8"}},
       },
       /*light=*/true);
   // Decoding runs without cp, and says so before it loads anything.
