@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "cli_test_util.h"
 #include "model/cp_split.h"
 
 namespace meshtrain::model::test_cp_split {
@@ -96,10 +97,11 @@ TEST(CpSplit, WithoutDocumentsTheCausalSplitStays) {
   }
 }
 
-// data/brown/train.docs: the offsets of the documents in train.bin (uint64). Rows of T
-// tokens cut from the stream as the loader packs them.
-std::vector<std::vector<int>> brown_rows(int T, int rows) {
-  std::ifstream in(std::string(MESHTRAIN_SOURCE_DIR) + "/data/brown/train.docs", std::ios::binary);
+// train.docs of the Brown corpus as `meshtrain prep --brown` writes it (the tests' shared
+// copy): the offsets of the documents in train.bin (uint64). Rows of T tokens cut from the
+// stream as the loader packs them.
+std::vector<std::vector<int>> brown_rows(const std::string& corpus, int T, int rows) {
+  std::ifstream in(corpus + "/train.docs", std::ios::binary);
   std::vector<uint64_t> offsets;
   for (uint64_t x; in.read(reinterpret_cast<char*>(&x), sizeof x);) offsets.push_back(x);
   std::vector<std::vector<int>> out;
@@ -117,8 +119,11 @@ std::vector<std::vector<int>> brown_rows(int T, int rows) {
 
 TEST(CpSplit, PackedBrownDocuments) {
   const int T = 8192;
-  const std::vector<std::vector<int>> rows = brown_rows(T, 120);
-  if (rows.size() < 100) GTEST_SKIP() << "data/brown is not prepared (scripts/setup.sh does it)";
+  std::string error;
+  const std::string corpus = cli_test::shared_brown_corpus(&error);
+  ASSERT_FALSE(corpus.empty()) << error;
+  const std::vector<std::vector<int>> rows = brown_rows(corpus, T, 120);
+  ASSERT_GE(rows.size(), 100u) << corpus << "/train.docs";
   const int B = (int)rows.size();
   for (int N : {4, 8, 16}) {
     double causal_mean = 0, balanced_mean = 0, causal_worst = 0, balanced_worst = 0;
