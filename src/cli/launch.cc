@@ -23,6 +23,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "comm/group.h"
+#include "core/cpu_info.h"
 #include "core/file_io.h"
 #include "train/heartbeat.h"
 
@@ -44,6 +45,21 @@ extern "C" void on_interrupt(int sig) {
   g_interrupts.fetch_add(1);
 }
 
+}  // namespace
+
+std::vector<std::string> placement_flags(int ranks, int threads_per_rank, int physical_cores, bool hostfile,
+                                         const std::string& mpirun_args) {
+  std::istringstream words(mpirun_args);
+  for (std::string w; words >> w;)
+    if (w.rfind("--bind-to", 0) == 0 || w.rfind("--map-by", 0) == 0) return {};
+  if (hostfile || (int64_t)ranks * threads_per_rank > physical_cores) return {"--bind-to", "none"};
+  std::string map = "core";
+  if (threads_per_rank > 1) map = std::string("slot:PE=").append(std::to_string(threads_per_rank));
+  return {"--map-by", map, "--bind-to", "core"};
+}
+
+namespace {
+
 // `restart`: the ranks resume from the newest checkpoint (`resume`), else start over in the
 // run folder the failed attempt wrote to; either waits for that attempt's lock to go.
 std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vector<std::string>& rank_args, bool restart,
@@ -53,7 +69,9 @@ std::vector<std::string> mpirun_command(const LaunchOptions& o, const std::vecto
   std::error_code ec;
   std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) self = args()[0];
-  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(o.ranks), "--bind-to", "none"};
+  std::vector<std::string> cmd = {"mpirun", "-n", std::to_string(o.ranks)};
+  const auto placement = placement_flags(o.ranks, threads, physical_core_count(), !o.hostfile.empty(), o.mpirun_args);
+  cmd.insert(cmd.end(), placement.begin(), placement.end());
   // Open MPI counts physical cores as slots; oversubscription is what we mean anyway.
   cmd.push_back("--oversubscribe");
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");

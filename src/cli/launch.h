@@ -37,6 +37,16 @@ struct LaunchOptions {
   bool graceful_stop = false;
 };
 
+// mpirun's placement flags. On one machine with a core for every thread of every rank, each
+// rank is bound to its own cores (`--map-by core` or `slot:PE=threads`, `--bind-to core`):
+// unbound, the scheduler moves a rank's thread to the other core whenever it wakes from a
+// wait, and a pipeline's 1F1B waits between every pass (docs/pipeline.md: 1F1B at pp 2, m 8
+// stepped 8% faster bound). Otherwise (more threads than cores, a hostfile, whose hosts may
+// be namespaces of one machine that each bind from core 0) ranks are left unbound. Flags the
+// user gave with --mpirun-args that place ranks (--bind-to, --map-by) replace these.
+std::vector<std::string> placement_flags(int ranks, int threads_per_rank, int physical_cores, bool hostfile,
+                                         const std::string& mpirun_args);
+
 // For a rank under mpirun: the rank ends (SIGKILL) when its parent (mpirun, or Open MPI's
 // daemon on another host) dies, so no rank trains on orphaned after its launcher is gone.
 void end_with_parent();

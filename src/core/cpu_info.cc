@@ -1,9 +1,15 @@
 #include "core/cpu_info.h"
 
 #include <cpuid.h>
+#include <sched.h>
 
 #include <cstdint>
 #include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
 
 namespace meshtrain {
 
@@ -112,6 +118,24 @@ std::string missing_build_extensions() {
   (void)c;
   (void)need;
   return missing;
+}
+
+int physical_core_count() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  const int logical = (int)std::max(1u, std::thread::hardware_concurrency());
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return logical;
+  std::set<std::pair<int, int>> cores;  // (package, core) of each allowed CPU
+  for (int cpu = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    const std::string dir = "/sys/devices/system/cpu/cpu" + std::to_string(cpu) + "/topology/";
+    int package = -1, core = -1;
+    std::ifstream(dir + "physical_package_id") >> package;
+    std::ifstream(dir + "core_id") >> core;
+    if (package < 0 || core < 0) return CPU_COUNT(&allowed);
+    cores.insert({package, core});
+  }
+  return cores.empty() ? logical : (int)cores.size();
 }
 
 }  // namespace meshtrain

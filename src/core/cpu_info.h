@@ -25,4 +25,8 @@ const CpuInfo& cpu_info();
 // run time: an empty string when they are, otherwise the missing ones, e.g. "avx512f".
 std::string missing_build_extensions();
 
+// Physical cores among the CPUs this process may run on (its affinity mask): hardware
+// threads of one core count once. From /sys's topology; the logical CPUs where it is absent.
+int physical_core_count();
+
 }  // namespace meshtrain

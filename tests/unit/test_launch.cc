@@ -5,9 +5,11 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 #include <string>
 
 #include "cli/launch.h"
+#include "core/cpu_info.h"
 #include "cli_test_util.h"
 
 namespace meshtrain::cli::test_launch {
@@ -87,6 +89,21 @@ TEST(Launch, ElasticFlagsAreChecked) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("--elastic needs --hostfile"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "meshtrain_elastic_flags"));
+}
+
+// Ranks are bound to cores of their own only where every thread has a physical core on this
+// machine; the user's own placement flags win.
+TEST(Launch, PlacementFlags) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(placement_flags(2, 1, 2, false, ""), (V{"--map-by", "core", "--bind-to", "core"}));
+  EXPECT_EQ(placement_flags(2, 4, 8, false, ""), (V{"--map-by", "slot:PE=4", "--bind-to", "core"}));
+  EXPECT_EQ(placement_flags(8, 1, 2, false, ""), (V{"--bind-to", "none"}));  // oversubscribed
+  EXPECT_EQ(placement_flags(2, 2, 2, false, ""), (V{"--bind-to", "none"}));  // 4 threads, 2 cores
+  EXPECT_EQ(placement_flags(2, 1, 2, true, ""), (V{"--bind-to", "none"}));   // hosts of a hostfile
+  EXPECT_EQ(placement_flags(2, 1, 2, false, "--mca btl tcp,self --bind-to socket"), V{});
+  EXPECT_EQ(placement_flags(2, 1, 2, false, "--map-by node"), V{});
+  EXPECT_GE(physical_core_count(), 1);
+  EXPECT_LE(physical_core_count(), (int)std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ struct HeadScratch {
   Buffer<uint16_t> q, k, v, dout;
   Buffer<float> scores, dprobs;
   Buffer<uint16_t> probs16, dscores16;
-  std::vector<float> row;
+  std::vector<float> row, dot;
 
   static HeadScratch& for_thread(int T, int hs) {
     thread_local HeadScratch h;
@@ -54,6 +54,7 @@ struct HeadScratch {
     for (Buffer<float>* b : {&scores, &dprobs}) b->allocate(MemCategory::kWorkspace, tile);
     for (Buffer<uint16_t>* b : {&probs16, &dscores16}) b->allocate(MemCategory::kWorkspace, tile);
     row.assign(T, 0.0f);
+    dot.assign(T, 0.0f);
   }
 };
 
@@ -62,17 +63,34 @@ struct Tile {
   int i0, rows, keys;
 };
 
-// Row i (of `keys` columns) of a causal matrix: x[0..i] rounded, zeros (bf16 +0) beyond.
-void causal_row_bf16(const float* x, int i, int keys, uint16_t* row16) {
-  round_block_to_bf16(x, row16, i + 1);
-  std::memset(row16 + i + 1, 0, sizeof(uint16_t) * (keys - i - 1));
+// Row i's work runs over its first padded(i, keys) columns, a whole number of 16-lane
+// vectors where the row allows, the columns past i masked to zero: a scalar tail after the
+// vector loop cost as much as the vectors themselves on rows of a few hundred keys.
+constexpr int kLanes = 16;
+int padded(int i, int keys) { return std::min(keys, (i + kLanes) / kLanes * kLanes); }
+
+// Rounds row x[0, n) (zero past column i) into row16, and zeros (bf16 +0) up to `keys`.
+void causal_row_bf16(const float* x, int n, int keys, uint16_t* row16) {
+  round_block_to_bf16(x, row16, n);
+  std::memset(row16 + n, 0, sizeof(uint16_t) * (keys - n));
+}
+
+// x[j] = exp(scale * s[j] - shift) for j <= i, 0 for i < j < n; returns their sum.
+float causal_exp_row(const float* s, float scale, float shift, int i, int n, float* x) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int j = 0; j < n; j++) {
+    x[j] = j <= i ? fast_exp(scale * s[j] - shift) : 0.0f;
+    sum += x[j];
+  }
+  return sum;
 }
 
 // Row i of the probabilities in bf16: exp(scale * s - lse_i) for j <= i, 0 beyond.
 void probs_row_bf16(const float* s, float scale, float lse, int i, int keys, float* tmp, uint16_t* p16) {
-#pragma omp simd
-  for (int j = 0; j <= i; j++) tmp[j] = fast_exp(scale * s[j] - lse);
-  causal_row_bf16(tmp, i, keys, p16);
+  const int n = padded(i, keys);
+  causal_exp_row(s, scale, lse, i, n, tmp);
+  causal_row_bf16(tmp, n, keys, p16);
 }
 
 // For every (batch row, key/value head), split over the threads: packs the key/value
@@ -107,6 +125,19 @@ void for_each_head(const float* qkv, int B, int T, const QkvLayout& at, int NKV,
   }
 }
 
+// Packs one head's dO rows into the thread's bf16 block and, while each row is in cache,
+// its rowsum(dO * O) in fp32 (the softmax backward's per-row term).
+void pack_dout(const float* dout, const float* out, int T, int hs, int ld, HeadScratch& h) {
+  for (int t = 0; t < T; t++) {
+    const float *d_o = dout + (size_t)t * ld, *o = out + (size_t)t * ld;
+    round_block_to_bf16(d_o, h.dout.data() + (size_t)t * hs, hs);
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int d = 0; d < hs; d++) dot += d_o[d] * o[d];
+    h.dot[t] = dot;
+  }
+}
+
 }  // namespace
 
 void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int T, int C, int NH, int NKV) {
@@ -120,17 +151,13 @@ void attention_forward_bf16(float* out, float* lse, const float* qkv, int B, int
       const int i = tile.i0 + r;
       const float* si = h.scores.data() + (size_t)r * keys;
       float* x = h.row.data();
+      const int n = padded(i, keys);
       const float mx = scale * row_max(si, i + 1);  // scale > 0: the max of the scaled row
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int j = 0; j <= i; j++) {
-        x[j] = fast_exp(scale * si[j] - mx);
-        sum += x[j];
-      }
+      const float sum = causal_exp_row(si, scale, mx, i, n, x);
       const float inv = 1.0f / sum;
 #pragma omp simd
-      for (int j = 0; j <= i; j++) x[j] *= inv;
-      causal_row_bf16(x, i, keys, h.probs16.data() + (size_t)r * keys);
+      for (int j = 0; j < n; j++) x[j] *= inv;
+      causal_row_bf16(x, n, keys, h.probs16.data() + (size_t)r * keys);
       lse_bh[i] = mx + std::log(sum);
     }
     gemm_bf16(false, false, tile.rows, hs, keys, h.probs16.data(), keys, h.v.data(), hs, 0.0f,
@@ -152,7 +179,7 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
     float* dk = dqkv + at.k_of_group(b, head / at.group, T);
     float* dv = dk + at.CK;
     const float beta = first ? 0.0f : 1.0f;
-    if (i0 + rows == T) pack_head(dout + out_offset, T, hs, C, h.dout.data());  // the head's first tile
+    if (i0 + rows == T) pack_dout(dout + out_offset, out + out_offset, T, hs, C, h);  // the head's first tile
     const uint16_t* dout16 = h.dout.data() + (size_t)i0 * hs;
     const float* lse_bh = lse + ((size_t)b * NH + head) * T;
     for (int r = 0; r < rows; r++)  // the probabilities again, from the scores and log-sum-exp
@@ -162,19 +189,15 @@ void attention_backward_bf16(float* dqkv, const float* dout, const float* qkv, c
     gemm_bf16(true, false, keys, hs, rows, h.probs16.data(), keys, dout16, hs, beta, dv, ld);  // dV (+)= P^T dO
     gemm_bf16(false, true, rows, keys, hs, dout16, hs, h.v.data(), hs, 0.0f, dp, keys);  // dP = dO v^T
     for (int r = 0; r < rows; r++) {
-      // dS = scale * P * (dP - rowsum(dO * O)), from the fp32 dO and O; P as rounded.
-      const int i = i0 + r;
-      const float* o = out + out_offset + (size_t)i * C;
-      const float* d_o = dout + out_offset + (size_t)i * C;
-      float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-      for (int d = 0; d < hs; d++) dot += d_o[d] * o[d];
+      // dS = scale * P * (dP - rowsum(dO * O)); P as rounded, zero past column i.
+      const int i = i0 + r, n = padded(i, keys);
+      const float dot = h.dot[i];
       const uint16_t* pi = h.probs16.data() + (size_t)r * keys;
       const float* dpi = dp + (size_t)r * keys;
       float* x = h.row.data();
 #pragma omp simd
-      for (int j = 0; j <= i; j++) x[j] = scale * bf16_value(pi[j]) * (dpi[j] - dot);
-      causal_row_bf16(x, i, keys, h.dscores16.data() + (size_t)r * keys);
+      for (int j = 0; j < n; j++) x[j] = scale * bf16_value(pi[j]) * (dpi[j] - dot);
+      causal_row_bf16(x, n, keys, h.dscores16.data() + (size_t)r * keys);
     }
     gemm_bf16(false, false, rows, hs, keys, h.dscores16.data(), keys, h.k.data(), hs, 0.0f, dq, ld);  // dQ = dS k
     gemm_bf16(true, false, keys, hs, rows, h.dscores16.data(), keys, h.q.data() + (size_t)i0 * hs, hs, beta, dk,
