@@ -159,26 +159,7 @@ kernels::AdamWScalars scalars(const AdamW::Coefficients& c, float decay) {
   return {c.b1, c.b2, c.eps, c.step_size, c.bias2_sqrt, decay};
 }
 
-// Work on [0, n) in blocks over the threads.
-constexpr size_t kBlock = 2048;
-template <typename Body>
-void over_blocks(size_t n, Body body) {
-#pragma omp parallel for schedule(static)
-  for (size_t b = 0; b < n; b += kBlock) body(b, std::min(n, b + kBlock));
-}
-
 }  // namespace
-
-// One block of a 16-bit update: the 16-bit gradients widened and scaled, the master
-// weights updated, the 16-bit parameters rounded from them.
-void AdamW::mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
-                        const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n) {
-  float g[kBlock];
-  kernels::from_half(p, g16, g, n);
-  if (grad_coef != 1.0f) kernels::scale_inplace(g, n, grad_coef);
-  kernels::adamw_update(w, g, m, v, n, scalars(c, decay));
-  kernels::to_half(p, w, p16, n);
-}
 
 void AdamW::update(const AdamRun& run) const {
   const Coefficients& c = c_;
@@ -188,11 +169,8 @@ void AdamW::update(const AdamRun& run) const {
     return;
   }
   if (rule_.format != kernels::Precision::kFp32) {
-    const auto* g16 = static_cast<const uint16_t*>(run.grads);
-    auto* p16 = static_cast<uint16_t*>(run.params);
-    over_blocks(run.count, [&](size_t b, size_t e) {
-      mixed_block(rule_.format, c, decay, grad_coef, g16 + b, p16 + b, run.master + b, run.m + b, run.v + b, e - b);
-    });
+    kernels::adamw_update_half(rule_.format, static_cast<const uint16_t*>(run.grads), grad_coef, run.master, run.m,
+                               run.v, static_cast<uint16_t*>(run.params), run.count, scalars(c, decay));
     return;
   }
   float* g = static_cast<float*>(run.grads);

@@ -114,8 +114,6 @@ class AdamW {
 
  private:
   static Coefficients coefficients(const AdamWConfig& config, float lr, int t);
-  static void mixed_block(kernels::Precision p, const Coefficients& c, float decay, float grad_coef,
-                          const uint16_t* g16, uint16_t* p16, float* w, float* m, float* v, size_t n);
 
   Rule rule_;
   Coefficients c_;

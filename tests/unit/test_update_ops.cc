@@ -65,6 +65,36 @@ TEST(CpuKernels, AdamWUpdateInsideAParallelRegionEqualsOneCall) {
   EXPECT_TRUE(same_bits(p, wp) && same_bits(m, wm) && same_bits(v, wv));
 }
 
+// The 16-bit update in one pass equals the four passes it replaces (widen, scale, update,
+// round) and the naive reference of each, bit for bit, in bf16 and fp16, with and without
+// the gradient factor; the master weights, both moments and the 16-bit weights.
+TEST(CpuKernels, AdamWUpdateHalfEqualsItsPassesBitForBit) {
+  std::mt19937 rng(64);
+  for (Precision p : {Precision::kBf16, Precision::kFp16})
+    for (size_t n : kSizes)
+      for (float coef : {1.0f, 0.37f}) {
+        std::vector<uint16_t> g16(n), p16(n), ref16(n);
+        to_half(p, to_float(random_vec(n, rng, 1e-2)).data(), g16.data(), n);
+        auto w = to_float(random_vec(n, rng)), m = to_float(random_vec(n, rng, 1e-3));
+        auto v = to_float(random_vec(n, rng, 1e-5));
+        for (float& x : v) x = std::abs(x);
+        auto rw = w, rm = m, rv = v;
+        const AdamWScalars s{0.9f, 0.95f, 1e-8f, 6e-4f / 0.19f, std::sqrt(0.0975f), 1.0f - 6e-5f};
+        for (int step = 0; step < 2; step++) {
+          adamw_update_half(p, g16.data(), coef, w.data(), m.data(), v.data(), p16.data(), n, s);
+          std::vector<float> g(n);
+          from_half(p, g16.data(), g.data(), n);
+          if (coef != 1.0f) ref::scale_inplace(g.data(), n, coef);
+          ref::adamw_update(rw.data(), g.data(), rm.data(), rv.data(), n, s.b1, s.b2, s.eps, s.step_size,
+                            s.bias2_sqrt, s.decay);
+          to_half(p, rw.data(), ref16.data(), n);
+        }
+        EXPECT_TRUE(same_bits(w, rw) && same_bits(m, rm) && same_bits(v, rv))
+            << precision_name(p) << " n " << n << " coef " << coef;
+        EXPECT_TRUE(p16 == ref16) << precision_name(p) << " n " << n << " coef " << coef;
+      }
+}
+
 TEST(CpuKernels, ScaleInplaceMatchesReferenceBitForBit) {
   std::mt19937 rng(63);
   for (size_t n : kSizes)

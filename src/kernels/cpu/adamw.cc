@@ -1,10 +1,15 @@
 // The AdamW element updates (optim/adamw.cc drives them over its segments and chunks).
 // Element-wise with no reduction, so neither the blocks nor the vector width change a value.
 #include <omp.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/bf16.h"
+#include "kernels/cpu/fp16.h"
 #include "kernels/ops.h"
 
 namespace meshtrain::kernels {
@@ -20,19 +25,63 @@ void adam_blocks(size_t n, Update update) {
   for (size_t b = 0; b < n; b += kAdamBlock) update(b, std::min(n, b + kAdamBlock));
 }
 
+// AdamW on elements [b, e): one expression for both updates below, so that the compiler
+// contracts it into the same fused multiply-adds in each.
+inline void adamw_elements(float* p, const float* g, float* m, float* v, size_t b, size_t e, const AdamWScalars& s) {
+  const float decay = s.decay, b1 = s.b1, b2 = s.b2, eps = s.eps, step_size = s.step_size,
+              bias2_sqrt = s.bias2_sqrt;
+#pragma omp simd
+  for (size_t i = b; i < e; i++) {
+    float pi = p[i] * decay;
+    m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
+    v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
+    float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
+    p[i] = pi - step_size * m[i] / denom;
+  }
+}
+
+// The 16-bit conversions of one piece, inline (ops.h's to_half and from_half are entries
+// that may split their work over the threads).
+// (fp16: F16C eight at a time where the build has it; the portable functions give the same
+// bits.)
+void widen_piece(Precision p, const uint16_t* x, float* out, size_t n) {
+  if (p == Precision::kBf16) return widen_block_from_bf16(x, out, n);
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + i))));
+#endif
+  for (; i < n; i++) out[i] = fp16_value_portable(x[i]);
+}
+void round_piece(Precision p, const float* x, uint16_t* out, size_t n) {
+  if (p == Precision::kBf16) return round_block_to_bf16(x, out, n);
+  size_t i = 0;
+#if defined(__F16C__)
+  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest));
+#endif
+  for (; i < n; i++) out[i] = fp16_bits_portable(x[i]);
+}
+
 }  // namespace
 
 void adamw_update(float* p, const float* g, float* m, float* v, size_t n, const AdamWScalars& s) {
+  adam_blocks(n, [&](size_t b, size_t e) { adamw_elements(p, g, m, v, b, e, s); });
+}
+
+void adamw_update_half(Precision p, const uint16_t* g16, float grad_coef, float* w, float* m, float* v,
+                       uint16_t* p16, size_t n, const AdamWScalars& s) {
   adam_blocks(n, [&](size_t b, size_t e) {
-    const float decay = s.decay, b1 = s.b1, b2 = s.b2, eps = s.eps, step_size = s.step_size,
-                bias2_sqrt = s.bias2_sqrt;
+    constexpr size_t kPiece = 256;  // the widened gradients stay in L1
+    float g[kPiece];
+    for (size_t i = b; i < e; i += kPiece) {
+      const size_t k = std::min(kPiece, e - i);
+      widen_piece(p, g16 + i, g, k);
+      if (grad_coef != 1.0f) {
 #pragma omp simd
-    for (size_t i = b; i < e; i++) {
-      float pi = p[i] * decay;
-      m[i] = m[i] + (g[i] - m[i]) * (1.0f - b1);
-      v[i] = v[i] * b2 + (1.0f - b2) * g[i] * g[i];
-      float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-      p[i] = pi - step_size * m[i] / denom;
+        for (size_t j = 0; j < k; j++) g[j] = g[j] * grad_coef;
+      }
+      adamw_elements(w + i, g, m + i, v + i, 0, k, s);
+      round_piece(p, w + i, p16 + i, k);
     }
   });
 }
