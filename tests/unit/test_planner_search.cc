@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -39,8 +41,16 @@ void expect_first_beats(const ModelShape& m, const Layout& published, int gpus, 
   Prediction theirs;
   ASSERT_TRUE(predict(m, published, a100(), &theirs).is_ok());
   EXPECT_TRUE(theirs.fits()) << "the published layout ran on 80 GB A100s";
-  std::vector<Candidate> all;
-  ASSERT_TRUE(search_layouts(m, gpus, published.global_batch, published.precision, a100(), {}, &all).is_ok());
+  // Korthikanti's rows are compared with and without sp: one search serves both (the
+  // search's inputs do not include the published layout). The test took 171 s in CI
+  // searching each of them twice.
+  static std::map<std::tuple<int, int, int, int, int, int, int, int>, std::vector<Candidate>> searched;
+  const auto key = std::make_tuple(m.layers, m.hidden, m.heads, m.seq, m.vocab, gpus, published.global_batch,
+                                   (int)published.precision);
+  if (!searched.count(key))
+    ASSERT_TRUE(
+        search_layouts(m, gpus, published.global_batch, published.precision, a100(), {}, &searched[key]).is_ok());
+  const std::vector<Candidate>& all = searched[key];
   ASSERT_FALSE(all.empty());
   const Prediction& best = all.front().prediction;
   EXPECT_TRUE(best.fits());
