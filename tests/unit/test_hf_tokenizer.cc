@@ -416,6 +416,14 @@ TEST(HfTokenizer, ErrorsNameTheProblem) {
             std::string::npos);
   EXPECT_EQ(with("added_tokens", {{{"id", 97}, {"content", "<x>"}}}),
             "tokenizer.json: added token '<x>' has id 97, which the vocabulary gives to 'a'");
+  // A huge id is refused before any table is sized by it (a fuzzed file asked for 8.6 GB).
+  EXPECT_EQ(with("added_tokens", {{{"id", 269999997}, {"content", "<x>"}}}),
+            "tokenizer.json: added_tokens: id 269999997 of '<x>' is above 4194303, the largest token id this "
+            "reader takes (token ids index its tables)");
+  json huge = base;
+  huge["model"]["vocab"]["zz"] = 269999997;
+  EXPECT_NE(load_error(huge).find("model vocab: id 269999997 of 'zz' is above 4194303"), std::string::npos)
+      << load_error(huge);
   EXPECT_EQ(load_error(base, json{{"bos_token", "<nope>"}}),
             "tokenizer_config.json: bos_token '<nope>' is not a token of the tokenizer");
   const std::string regex_error =
