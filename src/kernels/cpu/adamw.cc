@@ -1,9 +1,6 @@
 // The AdamW element updates (optim/adamw.cc drives them over its segments and chunks).
 // Element-wise with no reduction, so neither the blocks nor the vector width change a value.
 #include <omp.h>
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -42,24 +39,13 @@ inline void adamw_elements(float* p, const float* g, float* m, float* v, size_t 
 
 // The 16-bit conversions of one piece, inline (ops.h's to_half and from_half are entries
 // that may split their work over the threads).
-// (fp16: F16C eight at a time where the build has it; the portable functions give the same
-// bits.)
 void widen_piece(Precision p, const uint16_t* x, float* out, size_t n) {
   if (p == Precision::kBf16) return widen_block_from_bf16(x, out, n);
-  size_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + i))));
-#endif
-  for (; i < n; i++) out[i] = fp16_value_portable(x[i]);
+  widen_block_from_fp16(x, out, n);
 }
 void round_piece(Precision p, const float* x, uint16_t* out, size_t n) {
   if (p == Precision::kBf16) return round_block_to_bf16(x, out, n);
-  size_t i = 0;
-#if defined(__F16C__)
-  constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-  for (; i + 8 <= n; i += 8) _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest));
-#endif
-  for (; i < n; i++) out[i] = fp16_bits_portable(x[i]);
+  round_block_to_fp16(x, out, n);
 }
 
 }  // namespace

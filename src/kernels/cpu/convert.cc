@@ -20,15 +20,6 @@ namespace meshtrain::kernels {
 
 namespace {
 
-#if defined(__F16C__)
-constexpr int kNearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-inline uint16_t fp16_bits(float f) { return _cvtss_sh(f, kNearest); }
-inline float fp16_value(uint16_t h) { return _cvtsh_ss(h); }
-#else
-inline uint16_t fp16_bits(float f) { return fp16_bits_portable(f); }
-inline float fp16_value(uint16_t h) { return fp16_value_portable(h); }
-#endif
-
 // Calls convert(begin, end) on blocks of [0, n), over the threads when n is large (a
 // conversion inside another parallel region stays on its thread). `bytes_each`: what one
 // element reads and writes, for the step profile.
@@ -46,22 +37,10 @@ void bf16_block(const float* x, uint16_t* out, size_t b, size_t e) {
   round_block_to_bf16(x + b, out + b, e - b);
 }
 
-void fp16_block(const float* x, uint16_t* out, size_t b, size_t e) {
-  size_t i = b;
-#if defined(__F16C__)
-  for (; i + 8 <= e; i += 8)
-    _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest));
-#endif
-  for (; i < e; i++) out[i] = fp16_bits(x[i]);
-}
+void fp16_block(const float* x, uint16_t* out, size_t b, size_t e) { round_block_to_fp16(x + b, out + b, e - b); }
 
 void from_fp16_block(const uint16_t* x, float* out, size_t b, size_t e) {
-  size_t i = b;
-#if defined(__F16C__)
-  for (; i + 8 <= e; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + i))));
-#endif
-  for (; i < e; i++) out[i] = fp16_value(x[i]);
+  widen_block_from_fp16(x + b, out + b, e - b);
 }
 
 void from_bf16_block(const uint16_t* x, float* out, size_t b, size_t e) {
@@ -83,7 +62,7 @@ void round_to_fp16(const float* x, float* out, size_t n) {
     size_t i = b;
 #if defined(__F16C__)
     for (; i + 8 <= e; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), kNearest)));
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), kFp16Nearest)));
 #endif
     for (; i < e; i++) out[i] = fp16_value(fp16_bits(x[i]));
   });

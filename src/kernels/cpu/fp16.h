@@ -3,7 +3,12 @@
 // round to nearest even, overflow to inf, gradual underflow, NaN kept quiet with its
 // payload's upper bits. A test checks them against F16C on every half and many floats.
 #pragma once
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 namespace meshtrain::kernels {
@@ -38,6 +43,36 @@ inline float fp16_value_portable(uint16_t h) {
   if (exponent == 31)  // inf, or NaN made quiet
     return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13) | (mantissa ? 0x400000u : 0u));
   return std::bit_cast<float>(sign | ((exponent + 112) << 23) | (mantissa << 13));
+}
+
+// The conversions the kernels call: F16C where the build targets it, eight at a time in
+// the blocks; the portable functions above otherwise (the same bits).
+#if defined(__F16C__)
+inline constexpr int kFp16Nearest = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+inline uint16_t fp16_bits(float f) { return _cvtss_sh(f, kFp16Nearest); }
+inline float fp16_value(uint16_t h) { return _cvtsh_ss(h); }
+#else
+inline uint16_t fp16_bits(float f) { return fp16_bits_portable(f); }
+inline float fp16_value(uint16_t h) { return fp16_value_portable(h); }
+#endif
+
+// Rounds x[0, n) into out[0, n).
+inline void round_block_to_fp16(const float* x, uint16_t* out, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i*)(out + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), kFp16Nearest));
+#endif
+  for (; i < n; i++) out[i] = fp16_bits(x[i]);
+}
+
+// Widens x[0, n) into out[0, n) (exact).
+inline void widen_block_from_fp16(const uint16_t* x, float* out, size_t n) {
+  size_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(x + i))));
+#endif
+  for (; i < n; i++) out[i] = fp16_value(x[i]);
 }
 
 }  // namespace meshtrain::kernels
