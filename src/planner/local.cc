@@ -22,7 +22,7 @@
 #include "planner/local_memory.h"
 #include "planner/memory.h"
 #include "planner/cluster_file.h"
-#include "planner/placement.h"
+#include "planner/step_groups.h"
 #include "machine/peak.h"
 
 namespace meshtrain::planner {
@@ -292,10 +292,8 @@ struct StepContext {
   AxisLink dp, pp, world;  // tp is dims.tp
 };
 
-AxisLink axis_link(int stride, int size, const Cluster& c) {
-  const GroupPlacement g = place_group(stride, size, c);
-  return {size, g.crosses_hosts, g.nic_share};
-}
+// One group of the step (planner/step_groups.h) as this machine's transport sees it.
+AxisLink link_of(const PlacedGroup& g) { return {g.size, g.placement.crosses_hosts, g.placement.nic_share}; }
 
 StepContext step_context(const model::GptConfig& config, const Layout& l, const Cluster& c, int T,
                          const std::vector<model::ModelPart>& parts, model::Recompute recompute) {
@@ -304,20 +302,19 @@ StepContext step_context(const model::GptConfig& config, const Layout& l, const 
   const int t = l.tp, B = l.micro_batch;
   x.m = l.global_batch / (B * l.dp);
   Dims& dims = x.dims;
-  using comm::MeshAxis;
-  dims.tp = axis_link(axis_stride(l, MeshAxis::kTp), t, c);
-  x.dp = axis_link(axis_stride(l, MeshAxis::kDp), l.dp, c);
-  dims.cp = axis_link(axis_stride(l, MeshAxis::kCp), l.cp, c);
+  const StepGroups groups = step_groups(l, c);
+  dims.tp = link_of(groups.tp);
+  x.dp = link_of(groups.dp);
+  dims.cp = link_of(groups.cp);
   dims.cp_comm = l.cp_comm;
   if (l.cp > 1 && l.cp_comm == model::CpComm::kHybrid) {
-    const int stride = axis_stride(l, MeshAxis::kCp);
     dims.cp_a2a = l.cp_a2a;
-    dims.cp_a2a_link = axis_link(stride, l.cp_a2a, c), dims.cp_across = axis_link(stride * l.cp_a2a, l.cp / l.cp_a2a, c);
+    dims.cp_a2a_link = link_of(groups.cp_a2a), dims.cp_across = link_of(groups.cp_across);
   }
   // Gradients reduce over dp x cp: both groups' ranks, crossing hosts if either does.
   if (l.cp > 1) x.dp = {l.dp * l.cp, x.dp.inter || dims.cp.inter, std::min(x.dp.share, dims.cp.share)};
-  x.pp = axis_link(axis_stride(l, MeshAxis::kPp), l.pp, c);
-  x.world = axis_link(1, l.world(), c);
+  x.pp = link_of(groups.pp);
+  x.world = link_of(groups.world);
   dims.B = B, dims.T = (double)T / l.cp, dims.N = (double)B * T / l.cp, dims.sp = l.sp && t > 1;
   dims.NKVl = config.kv_heads_per_rank(t);
   dims.Nl = dims.sp ? dims.N / t : dims.N;

@@ -6,6 +6,7 @@
 #include "parallel/pp/stages.h"
 #include "planner/memory.h"
 #include "planner/placement.h"
+#include "planner/step_groups.h"
 
 namespace meshtrain::planner {
 
@@ -173,8 +174,8 @@ Status validate(const ModelShape& m, const Layout& l, const parallel::LayoutMode
 
 namespace {
 
-// A ring's view of the network for one group (docs/planning.md, "Links"): a group of
-// `size` members `stride` ranks apart (planner/placement.h).
+// A ring's view of the network for one group of the step (docs/planning.md, "Links";
+// planner/step_groups.h).
 struct Ring {
   int n = 1;
   double bandwidth = 0;  // bytes/s each rank gets, after link efficiency
@@ -182,10 +183,10 @@ struct Ring {
   bool inter_node = false;
 };
 
-Ring ring_for(int stride, int size, const Cluster& c) {
+Ring ring_of(const PlacedGroup& group, const Cluster& c) {
   Ring r;
-  r.n = size;
-  const GroupPlacement g = place_group(stride, size, c);
+  r.n = group.size;
+  const GroupPlacement& g = group.placement;
   if (!g.crosses_hosts) {
     r.bandwidth = c.intra.bandwidth * c.link_efficiency;
     r.latency = c.intra.latency;
@@ -570,8 +571,8 @@ struct Step {
   double b, s, h, V, e, peak, hbm, bsh;  // s: one GPU's rows of a sequence, seq / cp
   double rep;     // elements of a replicated b s h region on one GPU (1/t of it with sp)
   double logits;  // one micro-batch's logits on one GPU
-  int pp_stride;
   Ring tp_ring, dp_ring, pp_ring, ep_ring, edp_ring, cp_ring;  // dp_ring: the gradient group's
+  Ring tied_ring;  // the first and last stages' pair
   LayerTime lt;
   // Under a pipeline the engine reduces ZeRO-2/3 gradients once per step and gathers
   // ZeRO-3 parameters at their first use in the step, keeping them to its end
@@ -595,16 +596,11 @@ struct Step {
     bsh = b * s * h;
     rep = l.sp ? bsh / t : bsh;
     logits = b * s * V / t;
-    using comm::MeshAxis;
-    const int tp_stride = axis_stride(l, MeshAxis::kTp), dp_stride = axis_stride(l, MeshAxis::kDp);
-    pp_stride = axis_stride(l, MeshAxis::kPp);
-    tp_ring = ring_for(tp_stride, t, c), dp_ring = ring_for(dp_stride, l.dp, c);
-    pp_ring = ring_for(pp_stride, p, c);
-    const int cp_stride = axis_stride(l, MeshAxis::kCp), a2a = l.cp_comm == model::CpComm::kHybrid ? l.cp_a2a : 1;
-    cp_ring = ring_for(cp_stride, l.cp, c);
-    const CpRings cp_rings{cp_ring, ring_for(cp_stride, a2a, c), ring_for(cp_stride * a2a, l.cp / a2a, c)};
-    // ep: consecutive dp ranks; edp: the copies of one rank's experts (every ep-th dp rank).
-    ep_ring = ring_for(dp_stride, l.ep, c), edp_ring = ring_for(dp_stride * l.ep, l.dp / l.ep, c);
+    const StepGroups groups = step_groups(l, c);
+    tp_ring = ring_of(groups.tp, c), dp_ring = ring_of(groups.dp, c), pp_ring = ring_of(groups.pp, c);
+    cp_ring = ring_of(groups.cp, c);
+    const CpRings cp_rings{cp_ring, ring_of(groups.cp_a2a, c), ring_of(groups.cp_across, c)};
+    ep_ring = ring_of(groups.ep, c), edp_ring = ring_of(groups.edp, c), tied_ring = ring_of(groups.tied, c);
     lt = layer_time(m, l, c, tp_ring, ep_ring, cp_rings);
     if (l.cp > 1) dp_ring = product_ring(dp_ring, cp_ring), edp_ring = product_ring(edp_ring, cp_ring);
     once_per_step = d > 1 && l.zero >= 2 && parallel::dp_step(l).reduce_once_per_step;
@@ -991,7 +987,7 @@ Status predict(const ModelShape& m, const Layout& l, const Cluster& c, Predictio
   // their gradients after the backward (Shoeybi et al. 2019; the engine's set_pipeline).
   // In a V both stages are on rank 0: one copy.
   const double tied = p > 1 && m.tied_head && x.last_rank != 0
-                          ? all_reduce_s(V * h / t * e, ring_for((p - 1) * x.pp_stride, 2, c))
+                          ? all_reduce_s(V * h / t * e, x.tied_ring)
                           : 0;
   r.pp.exposed = 2 * mb * v * send + tied;
   r.optimizer_s = optimizer_s(x, f);
