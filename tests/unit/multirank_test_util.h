@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -279,6 +280,30 @@ struct RunSpec {
   std::string args;
   int ranks = 1;
 };
+
+// A small synthetic corpus in llm.c's token format (src/data/token_file.h), train.bin and
+// val.bin: a header of 256 little-endian int32 (magic 20240520, version 1, token count,
+// zeros), then uint16 tokens < 256 from a fixed-seed generator, with some repetition to
+// learn and token 13 about every 8 tokens (a document separator). Parity runs train a
+// vocabulary of a few hundred on it: GPT-2's 50,257 rows made the head and the loss most of
+// a tiny model's step.
+inline constexpr int kSmallCorpusSeparator = 13;
+inline void write_small_corpus(const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::mt19937 rng(1234);
+  for (const auto& [name, count] : {std::pair{"train.bin", 1 << 17}, {"val.bin", 1 << 14}}) {
+    std::vector<int32_t> header(256, 0);
+    header[0] = 20240520, header[1] = 1, header[2] = count;
+    std::vector<uint16_t> tokens(count);
+    for (int i = 0; i < count; i++)
+      tokens[i] = (uint16_t)(rng() % 8 == 0 ? kSmallCorpusSeparator
+                             : i % 7 == 0   ? rng() % 256
+                                            : (i * 31 + (int)(rng() % 4)) % 256);
+    std::string bytes((const char*)header.data(), header.size() * sizeof(int32_t));
+    bytes.append((const char*)tokens.data(), tokens.size() * sizeof(uint16_t));
+    std::ofstream(dir + "/" + name, std::ios::binary) << bytes;  // little-endian host (x86)
+  }
+}
 
 // The fixture of a multi-rank suite. `Suite` (the derived fixture, a template argument so
 // that every suite has a cache of its own) provides

@@ -314,26 +314,6 @@ class PipelineTest : public MultiRankTest<PipelineTest> {
     return kBinary + " train " + data + "--peak-gflops 100 --threads 1 " + args;
   }
 
-  // train.bin and val.bin in llm.c's token format (src/data/token_file.h): a header of 256
-  // little-endian int32 (magic 20240520, version 1, token count, zeros), then uint16
-  // tokens. Tokens < 256 from a fixed-seed generator with some repetition to learn.
-  static void write_small_corpus(const std::string& dir) {
-    fs::create_directories(dir);
-    std::mt19937 rng(1234);
-    for (const auto& [name, count] : {std::pair{"train.bin", 1 << 17}, {"val.bin", 1 << 14}}) {
-      std::vector<int32_t> header(256, 0);
-      header[0] = 20240520, header[1] = 1, header[2] = count;
-      std::vector<uint16_t> tokens(count);
-      for (int i = 0; i < count; i++)
-        tokens[i] = (uint16_t)(rng() % 8 == 0 ? 13  // the parity matrix's document separator
-                               : i % 7 == 0 ? rng() % 256
-                                            : (i * 31 + (int)(rng() % 4)) % 256);
-      std::string bytes((const char*)header.data(), header.size() * sizeof(int32_t));
-      bytes.append((const char*)tokens.data(), tokens.size() * sizeof(uint16_t));
-      write_file(dir + "/" + name, bytes);  // little-endian host (x86)
-    }
-  }
-
   using Base::ensure;
   static void ensure(const std::vector<Layout>& layouts) {
     std::vector<RunSpec> specs;
