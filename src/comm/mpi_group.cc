@@ -1,6 +1,7 @@
 #include "comm/mpi_group.h"
 
 #include <pthread.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -51,11 +52,25 @@ struct CommTask {
 
   Clock::time_point posted;  // comm thread only
   double busy_s = 0;         // written before `finished` is set
+  std::atomic<bool> started{false};  // a post function has run (the op is in flight)
   std::atomic<bool> finished{false};
   std::mutex mu;
   std::condition_variable cv;
 
   int64_t bytes = -1;        // traffic counted for the stats (-1: untracked, not traced)
+
+  void mark_started() {
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      started.store(true, std::memory_order_release);
+    }
+    cv.notify_all();
+  }
+  // Blocks until the comm thread has posted this op.
+  void wait_started() {
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return started.load(std::memory_order_acquire); });
+  }
 
   void finish(double busy) {
     busy_s = busy;
@@ -77,18 +92,47 @@ struct CommTask {
 namespace {
 
 // The communication thread and its FIFO queue (see mpi_group.h).
+// Whether this process runs on cores of its own: its affinity mask holds fewer CPUs than the
+// machine (the launcher binds ranks only when each has its own cores; oversubscribed ranks
+// share every CPU).
+bool bound_to_own_cores() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return false;
+  return CPU_COUNT(&allowed) < (int)std::thread::hardware_concurrency();
+}
+
 class CommEngine {
  public:
-  CommEngine() : thread_([this] { loop(); }) {}
+  CommEngine() : own_cores_(bound_to_own_cores()), thread_([this] { loop(); }) {}
 
-  void submit(std::shared_ptr<CommTask> task) {
+  // Queues `task`; true when the comm thread will reach it within microseconds: no blocking
+  // operation (a collective) is queued or running before it, only posts of point-to-point
+  // ops, which never block, and the process has cores of its own (oversubscribed, the
+  // thread may wait for a core as long as for anything else).
+  bool submit(std::shared_ptr<CommTask> task) {
+    bool idle;
     {
       std::lock_guard<std::mutex> lk(mu_);
       CHECK_MSG(!stop_, "communication after finalize()");
+      idle = own_cores_ && blocking_ == 0;
+      if (!task->post) ++blocking_;
       queue_.push_back(std::move(task));
     }
     cv_.notify_one();
+    return idle;
   }
+
+  // A thread starts or stops waiting for a point-to-point op.
+  void waiter_arrived() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      waiters_.fetch_add(1, std::memory_order_relaxed);
+    }
+    cv_.notify_one();
+  }
+  void waiter_left() { waiters_.fetch_sub(1, std::memory_order_relaxed); }
+  bool waiting() const { return own_cores_ && waiters_.load(std::memory_order_relaxed) > 0; }
 
   // Runs everything queued, completes in-flight point-to-point ops, joins the thread.
   void stop() {
@@ -123,7 +167,10 @@ class CommEngine {
             continue;
           }
           ++idle_polls;
-          if (idle_polls < kSpinPolls) {
+          // A thread blocked on a point-to-point op has left its core free: poll without
+          // sleeping until it is answered (a sleep would be added to its wait). Only on cores
+          // of this process's own: oversubscribed, the spin would take another rank's time.
+          if (idle_polls < kSpinPolls || waiting()) {
             std::this_thread::yield();
             continue;
           }
@@ -131,7 +178,7 @@ class CommEngine {
           const auto pause =
               std::chrono::microseconds(std::min<int64_t>(int64_t{1} << shift, kMaxSleepUs));
           lk.lock();
-          cv_.wait_for(lk, pause, [&] { return !queue_.empty(); });
+          cv_.wait_for(lk, pause, [&] { return !queue_.empty() || waiting(); });
           continue;
         }
         task = std::move(queue_.front());
@@ -139,6 +186,10 @@ class CommEngine {
       }
       idle_polls = 0;
       execute(task);
+      if (!task->post) {
+        std::lock_guard<std::mutex> lk(mu_);
+        --blocking_;
+      }
       if (!inflight_tasks_.empty()) poll();
     }
   }
@@ -150,6 +201,7 @@ class CommEngine {
       task->post(&request);
       inflight_requests_.push_back(request);
       inflight_tasks_.push_back(task);
+      task->mark_started();
       return;
     }
     const auto t0 = Clock::now();
@@ -198,6 +250,9 @@ class CommEngine {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<CommTask>> queue_;
   bool stop_ = false;
+  int blocking_ = 0;  // collectives (tasks with a body) queued or running
+  std::atomic<int> waiters_{0};  // threads blocked on a point-to-point op
+  const bool own_cores_;  // bound_to_own_cores()
   // Comm thread only.
   std::vector<MPI_Request> inflight_requests_;
   std::vector<std::shared_ptr<CommTask>> inflight_tasks_;
@@ -234,6 +289,14 @@ class MpiRequest final : public Request {
       const double timeout = detail::comm_timeout();
       auto is_done = [&] { return task_->finished.load(std::memory_order_acquire); };
       detail::WaitScope waiting(task_->name, group_->axis());
+      const bool p2p = task_->post && g_engine != nullptr;
+      if (p2p) g_engine->waiter_arrived();
+      struct Left {
+        bool p2p;
+        ~Left() {
+          if (p2p) g_engine->waiter_left();
+        }
+      } left{p2p};
       std::unique_lock<std::mutex> lk(task_->mu);
       if (timeout > 0) {
         if (!task_->cv.wait_for(lk, std::chrono::duration<double>(timeout), is_done)) {
@@ -285,7 +348,7 @@ MpiGroup::~MpiGroup() {
 }
 
 RequestPtr MpiGroup::submit(std::shared_ptr<CommTask> task, CommOp op, size_t n, size_t elem_bytes,
-                            bool track) {
+                            bool track, bool* idle) {
   CHECK_MSG(g_engine != nullptr, "communication after finalize()");
   task->axis = axis_;
   if (track) {
@@ -294,7 +357,8 @@ RequestPtr MpiGroup::submit(std::shared_ptr<CommTask> task, CommOp op, size_t n,
     stats_.calls += 1;
   }
   auto request = std::make_unique<MpiRequest>(this, task, track);
-  g_engine->submit(std::move(task));
+  const bool was_idle = g_engine->submit(std::move(task));
+  if (idle) *idle = was_idle;
   return request;
 }
 
@@ -441,7 +505,15 @@ RequestPtr MpiGroup::isend(const float* buf, size_t n, int peer, int tag) {
   task->peer = peer;
   task->tag = tag;
   task->post = [=](MPI_Request* r) { MPI_Isend(buf, count, MPI_FLOAT, peer, tag, comm, r); };
-  return submit(std::move(task), CommOp::kSend, n, sizeof(float));
+  // Posted before returning when the comm thread will reach it at once (CommEngine::submit):
+  // otherwise, on a core it shares with this thread's next pass, the scheduler could leave
+  // it waiting for the core for milliseconds, and the peer waiting for the message (seen:
+  // pp 2 1F1B sends posted 1-3 ms after their pass, on the critical path; docs/pipeline.md).
+  std::shared_ptr<CommTask> posted = task;
+  bool idle = false;
+  RequestPtr request = submit(std::move(task), CommOp::kSend, n, sizeof(float), true, &idle);
+  if (idle) posted->wait_started();
+  return request;
 }
 
 RequestPtr MpiGroup::irecv(float* buf, size_t n, int peer, int tag) {

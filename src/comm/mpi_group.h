@@ -21,6 +21,12 @@
 //     when the library needs a rendezvous, exactly like MPI_Send).
 //   - when idle the thread sleeps on a condition variable; while point-to-point ops are in
 //     flight it polls with an exponential back-off (yield, then sleeps up to 100 µs).
+//   - on cores of its own (an affinity mask smaller than the machine: the launcher binds
+//     ranks only when each has its cores), a send with no collective ahead of it is posted
+//     before isend returns (the caller waits for the post, not the transfer), and while a
+//     thread waits for a point-to-point op the comm thread polls without sleeping. Both
+//     cut the hand-off between pipeline stages: a comm thread sharing a core with the next
+//     pass was left waiting for it for milliseconds (docs/pipeline.md).
 // Consequence of the single FIFO: an operation starts only after every earlier operation
 // of this process has started, and nothing behind a collective starts before that
 // collective has finished. A program must not make the completion of a collective depend
@@ -85,8 +91,9 @@ class MpiGroup final : public Group {
  private:
   friend class MpiRequest;
   // Enqueues `task` on the comm thread; `track` adds it to stats_ (split/free do not).
+  // *idle (optional): whether no collective was queued or running before it.
   RequestPtr submit(std::shared_ptr<CommTask> task, CommOp op, size_t n, size_t elem_bytes,
-                    bool track = true);
+                    bool track = true, bool* idle = nullptr);
   std::shared_ptr<CommTask> collective(const char* name, std::function<void()> body);
   template <typename T>
   RequestPtr all_gather_of(const T* send, T* recv, size_t n, MPI_Datatype type);
