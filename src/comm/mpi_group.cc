@@ -91,7 +91,6 @@ struct CommTask {
 
 namespace {
 
-// The communication thread and its FIFO queue (see mpi_group.h).
 // Whether this process runs on cores of its own: its affinity mask holds fewer CPUs than the
 // machine (the launcher binds ranks only when each has its own cores; oversubscribed ranks
 // share every CPU).
@@ -102,6 +101,7 @@ bool bound_to_own_cores() {
   return CPU_COUNT(&allowed) < (int)std::thread::hardware_concurrency();
 }
 
+// The communication thread and its FIFO queue (see mpi_group.h).
 class CommEngine {
  public:
   CommEngine() : own_cores_(bound_to_own_cores()), thread_([this] { loop(); }) {}
