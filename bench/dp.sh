@@ -4,7 +4,8 @@
 #   one process x 2 threads (B=8)   |   dp=2 x 1 thread, overlapped   |   dp=2, --no-overlap
 # for each ZeRO stage given (default 0). Prints tokens/s, step time, communication time
 # and the fraction of communication hidden behind compute (medians over the timed steps).
-# Reference (PyTorch 1.13 here): 1 process x 2 threads 877 tokens/s; DDP gloo 2 x 1: 1181.
+# Then the PyTorch peer on the same model and rows, the same minutes (bench/torch_step.py:
+# one process x all cores, and DistributedDataParallel over gloo, 2 processes x 1 thread).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bin="$root/build/meshtrain"
@@ -35,3 +36,9 @@ for z in $stages; do
   "$bin" train "${model[@]}" --micro-batch 4 --dp 2 --zero "$z" --no-overlap --out "$out/dp${z}n" 2>/dev/null
   summary "dp=2 zero=$z no overlap" "$out/dp${z}n"
 done
+# The peer: tests/reference's GPT-2 in eager PyTorch, random tokens (the time does not
+# depend on their values), 10 timed steps after 2.
+peer=(/usr/bin/python3 "$root/bench/torch_step.py" --arch gpt2 --layers 6 --dim 384 --heads 6 --seq-len 256
+      --batch 8 --steps 10 --warmup 2)
+"${peer[@]}"
+"${peer[@]}" --ddp 2
