@@ -325,6 +325,8 @@ class MultiRankTest : public cli_test::CliTest {
     CliTest::SetUpTestSuite();
     suite_dir_ = cli_test::fresh_dir(std::filesystem::temp_directory_path() /
                                      ("meshtrain_" + std::string(Suite::kTag) + "_" + cli_test::kPid));
+    small_corpus_ = suite_dir_ + "/small";
+    write_small_corpus(small_corpus_);
   }
   static void TearDownTestSuite() {
     std::printf("[ %s runs  ] %zu cached runs, %.1f s of run wall time in all\n", Suite::kTag,
@@ -441,6 +443,7 @@ class MultiRankTest : public cli_test::CliTest {
   }
 
   static inline std::string suite_dir_;
+  static inline std::string small_corpus_;  // write_small_corpus's files, in the suite's folder
   static inline std::map<std::string, CachedRun> cache_;
   static inline double run_seconds_ = 0;
 };

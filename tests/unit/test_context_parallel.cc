@@ -210,15 +210,9 @@ class ContextParallelTest : public MultiRankTest<ContextParallelTest> {
   friend Base;
   static constexpr const char* kTag = "cp";
   static int job_capacity() { return std::min(multirank_test::slots_from_env_or_cores(), multirank_test::core_count()); }
-  static void SetUpTestSuite() {
-    Base::SetUpTestSuite();
-    small_corpus_ = suite_dir_ + "/small";
-    multirank_test::write_small_corpus(small_corpus_);
-  }
   static std::string train(const std::string& args) {
     return cli_test::kBinary + " train --data " + small_corpus_ + " --peak-gflops 100 --threads 1 " + args;
   }
-  static inline std::string small_corpus_;
 };
 using ContextParallel = ContextParallelTest;
 

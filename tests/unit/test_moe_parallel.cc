@@ -94,16 +94,10 @@ class MoeParallelTest : public MultiRankTest<MoeParallelTest> {
   friend Base;
   static constexpr const char* kTag = "moe";
   static int job_capacity() { return core_count(); }
-  static void SetUpTestSuite() {
-    Base::SetUpTestSuite();
-    small_corpus_ = suite_dir_ + "/small";
-    write_small_corpus(small_corpus_);
-  }
   static std::string train(const std::string& args) {
     return kBinary + " train --data " + small_corpus_ + " --peak-gflops 100 --threads 1 --eval-batches 1 " + kShape +
            " " + args;
   }
-  static inline std::string small_corpus_;
   // Every cell's steps and final weights against the reference run's.
   void expect_cells_match(const std::string& reference, const std::vector<std::string>& cells) {
     const Metrics ref = metrics_of(reference);
