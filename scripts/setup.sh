@@ -8,12 +8,15 @@ cd "$root"
 apt_packages=(g++ cmake make pkg-config libdnnl-dev libopenblas-dev openmpi-bin libopenmpi-dev
   nlohmann-json3-dev libgtest-dev libcli11-dev libicu-dev python3 python3-torch python3-numpy
   librsvg2-bin clang libclang-rt-14-dev iproute2 libtomlplusplus-dev curl
-  libpcre2-dev libsentencepiece-dev sentencepiece)
+  libpcre2-dev libsentencepiece-dev sentencepiece pybind11-dev python3-dev python3-pytest
+  python3-matplotlib)
 # iproute2 (ip, tc): the hosts of scripts/hosts.sh, which the Hosts test suite brings up.
 # libtomlplusplus-dev: the cluster files of `meshtrain plan --cluster FILE` (nested tables).
 # libpcre2-dev: the pre-tokenizer regexes of tokenizer.json and tiktoken files (src/data).
 # libsentencepiece-dev: SentencePiece .model files; sentencepiece (spm_train, spm_encode): the
 # model trained on Brown that the tests compare against.
+# pybind11-dev, python3-dev: the Python module (`import meshtrain`, docs/python.md), built for
+# Debian's python3; python3-pytest runs its tests; python3-matplotlib draws docs/python.md's plot.
 # curl: `meshtrain serve`'s tests and the user guide (serve's HTTP server is its own, src/net/).
 # clang and its runtime (libFuzzer, the sanitizers): the test command's fuzzing stage.
 # Node.js and npm may come from elsewhere (a nodesource build ships npm inside nodejs).

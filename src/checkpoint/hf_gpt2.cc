@@ -21,12 +21,12 @@ void transpose(const float* src, float* dst, int64_t rows, int64_t cols) {
     for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
 }
 
-// The model's tensors as HF stores them; `storage` keeps the transposed copies alive.
-void hf_tensors(const model::Gpt& gpt, std::vector<std::vector<float>>* storage_out,
-                std::vector<TensorToWrite>* tensors_out, std::map<std::string, std::string>* meta_out) {
+}  // namespace
+
+void hf_tensors(const model::Gpt& gpt, HfTensors* out) {
   const auto& cfg = gpt.config();
-  auto& storage = *storage_out;
-  auto& tensors = *tensors_out;
+  auto& storage = out->storage;
+  auto& tensors = out->tensors;
   storage.reserve(gpt.layout().tensors().size());
   for (const auto& t : gpt.layout().tensors()) {
     const float* src = gpt.params() + t.offset;
@@ -46,17 +46,51 @@ void hf_tensors(const model::Gpt& gpt, std::vector<std::vector<float>>* storage_
       {"n_positions", std::to_string(cfg.max_seq_len)},
       {"vocab_size", std::to_string(cfg.vocab)},
       {"producer", "meshtrain"}};
-  *meta_out = meta;
+  out->metadata = meta;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); i++) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
 }
 
 }  // namespace
 
+Status set_hf_tensors(const std::map<std::string, HfArray>& arrays, model::Gpt* gpt) {
+  const model::ParamLayout& layout = gpt->layout();
+  for (const auto& [name, array] : arrays) {
+    bool known = false;
+    for (const auto& t : layout.tensors()) known |= t.name == name;
+    if (!known) return Status::error("tensor " + name + " is not one of this model's (" +
+                                     std::to_string(layout.tensors().size()) + " tensors, e.g. " +
+                                     layout.tensors().front().name + ")");
+  }
+  std::fill(gpt->params(), gpt->params() + layout.total(), 0.0f);
+  for (const auto& t : layout.tensors()) {
+    const auto it = arrays.find(t.name);
+    if (it == arrays.end()) return Status::error("tensor " + t.name + " is missing");
+    const std::vector<int64_t> shape = hf_shape(t, gpt->config().vocab);
+    if (it->second.shape != shape)
+      return Status::error("tensor " + t.name + " has shape " + shape_text(it->second.shape) + ", expected " +
+                           shape_text(shape));
+    size_t count = 1;
+    for (int64_t d : shape) count *= (size_t)d;
+    float* dst = gpt->params() + t.offset;
+    if (t.hf_transposed)
+      transpose(it->second.data, dst, t.shape[1], t.shape[0]);
+    else
+      std::copy(it->second.data, it->second.data + count, dst);
+  }
+  return Status::ok();
+}
+
 Status export_hf_safetensors(const model::Gpt& gpt, const std::string& path) {
-  std::vector<std::vector<float>> storage;
-  std::vector<TensorToWrite> tensors;
-  std::map<std::string, std::string> meta;
-  hf_tensors(gpt, &storage, &tensors, &meta);
-  return write_safetensors(path, tensors, meta);
+  HfTensors hf;
+  hf_tensors(gpt, &hf);
+  return write_safetensors(path, hf.tensors, hf.metadata);
 }
 
 Status export_hf_folder(const model::Gpt& gpt, const std::string& dir, double max_shard_bytes) {
@@ -66,11 +100,9 @@ Status export_hf_folder(const model::Gpt& gpt, const std::string& dir, double ma
   if (ec) return Status::error("cannot create " + dir + ": " + ec.message());
   nlohmann::json config;
   RETURN_IF_ERROR(hf_config_json(gpt.config(), &config));
-  std::vector<std::vector<float>> storage;
-  std::vector<TensorToWrite> tensors;
-  std::map<std::string, std::string> meta;
-  hf_tensors(gpt, &storage, &tensors, &meta);
-  RETURN_IF_ERROR(write_safetensors_model(dir, tensors, meta, max_shard_bytes));
+  HfTensors hf;
+  hf_tensors(gpt, &hf);
+  RETURN_IF_ERROR(write_safetensors_model(dir, hf.tensors, hf.metadata, max_shard_bytes));
   const std::string text = config.dump(2) + "\n";
   return write_file_synced((fs::path(dir) / "config.json").string(), text.data(), text.size());
 }

@@ -2,14 +2,34 @@
 // "h.{i}.attn.c_attn.weight", ...; Conv1D weights stored [in, out]; unpadded vocabulary).
 #pragma once
 #include <memory>
+#include <map>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "core/status.h"
 #include "model/gpt.h"
 
 namespace meshtrain::checkpoint {
+
+// The model's weights in HF names and layouts (fp32, layout order), with the metadata the
+// files carry; `storage` holds the tensors that HF stores transposed.
+struct HfTensors {
+  std::vector<std::vector<float>> storage;
+  std::vector<TensorToWrite> tensors;
+  std::map<std::string, std::string> metadata;
+};
+void hf_tensors(const model::Gpt& gpt, HfTensors* out);
+// The inverse, from arrays in memory (the Python module's): every tensor of the model's layout
+// must be in `arrays` under its HF name with HF's shape, and nothing else may be; each error
+// names the tensor. The padded vocabulary rows become zero.
+struct HfArray {
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+Status set_hf_tensors(const std::map<std::string, HfArray>& arrays, model::Gpt* gpt);
 
 // Writes the model's weights as fp32 in HF GPT-2 names and layouts, with the head count
 // and shape in __metadata__. Atomic.

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/in_process.h"
 #include "cli/launch.h"
 #include "core/file_io.h"
 #include "data/tokenizer_files.h"
@@ -116,6 +117,10 @@ Status decode_without_cp(const char* command, int cp) {
 }
 
 int fail(const Status& s) {
+  if (InProcess* io = in_process()) {
+    if (io->error.empty()) io->error = s.message();
+    return 1;
+  }
   std::fprintf(stderr, "meshtrain: error: %s\n", s.message().c_str());
   return 1;
 }
@@ -196,17 +201,19 @@ void add_model_flags(CLI::App* app, train::TrainOptions* o) {
 }
 
 int run_on_ranks(int ranks, int threads, const std::function<Status(comm::Group&)>& fn) {
+  if (ranks > 1 && in_process() != nullptr)
+    return fail(Status::error("this command runs on " + std::to_string(ranks) +
+                              " ranks: run it from a shell (meshtrain ...), which starts them"));
   if (ranks > 1 && !comm::launched_by_mpi()) {
     LaunchOptions launch;
     launch.ranks = ranks;
     launch.threads_per_rank = threads;
     return supervise(launch);
   }
-  auto world = comm::init_world(nullptr, nullptr);
+  auto world = command_world();
   const Status s = fn(*world);
   const int rc = s.is_ok() ? 0 : fail(s);
-  world.reset();
-  comm::finalize();
+  end_world(std::move(world));
   return rc;
 }
 

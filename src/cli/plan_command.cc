@@ -9,6 +9,7 @@
 
 #include "planner/cluster_file.h"
 #include "cli/commands.h"
+#include "cli/in_process.h"
 #include "planner/local.h"
 #include "planner/memory.h"
 #include "planner/models.h"
@@ -48,6 +49,23 @@ struct PlanFlags {
   bool quantized_weights = false, quantized_gradients = false;  // as train's ZeRO++ flags
 };
 
+// The table as JSON: for each N_d, each stage's bytes per rank in decimal GB.
+json memory_table_json(double params, const std::string& state, const planner::StateDtypes& d,
+                       const std::vector<int>& sizes) {
+  json rows = json::array();
+  for (int n : sizes) {
+    json stages = json::array();
+    for (int z = 0; z <= 3; z++) {
+      const planner::StateBytes b = planner::model_state_bytes(params, d, z, n);
+      stages.push_back({{"zero", z}, {"params_gb", b.params / 1e9}, {"grads_gb", b.grads / 1e9},
+                        {"optim_gb", b.optim / 1e9}, {"total_gb", b.total() / 1e9}});
+    }
+    rows.push_back({{"dp", n}, {"stages", stages}});
+  }
+  return {{"parameters", params}, {"state", state},
+          {"bytes_per_parameter", {{"params", d.param}, {"grads", d.grad}, {"optim", d.optim}}}, {"rows", rows}};
+}
+
 int memory_table(const PlanFlags& f) {
   if (!(f.params > 0)) return fail(Status::error("--memory needs --params > 0"));
   if (f.state != "mixed" && f.state != "fp32")
@@ -56,6 +74,10 @@ int memory_table(const PlanFlags& f) {
   for (int n : sizes)
     if (n < 1) return fail(Status::error("--dp sizes must be >= 1, got " + std::to_string(n)));
   const planner::StateDtypes d = f.state == "mixed" ? planner::kMixedState : planner::kFp32State;
+  if (f.as_json) {
+    emit_json(memory_table_json(f.params, f.state, d, sizes), 1);
+    return 0;
+  }
   std::printf("model state per rank, %.4g parameters, %s (%g + %g + %g bytes per parameter), decimal GB\n",
               f.params, f.state.c_str(), d.param, d.grad, d.optim);
   std::printf("%8s | %12s | %12s | %12s | %12s\n", "N_d", "zero 0", "zero 1 (os)", "zero 2 (os+g)",
@@ -375,7 +397,7 @@ int run_plan(PlanFlags f) {
                                                         "forward counted (8 per weight per token, 16 s h for "
                                                         "attention), as their Table 1"}}},
                 {"layouts", layouts}};
-    std::printf("%s\n", out.dump(1).c_str());
+    emit_json(out, 1);
     return 0;
   }
   print_table(config, m, cluster, f, precision, all);
@@ -470,7 +492,8 @@ Command add_plan_command(CLI::App& app) {
                 "ZeRO++ qgZ on every ZeRO 1-3 layout: int8 gradient reduce-scatters (their bytes and quantization)");
   cmd->add_option("--top", f->top, "Layouts shown")->capture_default_str();
   cmd->add_option("--tokens", f->tokens, "Also print the training time for this many tokens (e.g. 2e12)");
-  cmd->add_flag("--json", f->as_json, "Machine-readable output: the top layouts with every predicted field");
+  cmd->add_flag("--json", f->as_json,
+                "Machine-readable output: the top layouts with every predicted field (with --memory: the table)");
   return {cmd, [f] { return run_plan(*f); }};
 }
 

@@ -1,6 +1,7 @@
 #include <filesystem>
 
 #include "cli/commands.h"
+#include "cli/in_process.h"
 #include "cli/config_file.h"
 #include "cli/launch.h"
 #include "comm/group.h"
@@ -58,6 +59,76 @@ Status check_launch(const LaunchOptions& launch, const train::TrainOptions& o) {
     if (!o.plan.empty()) return Status::error("--elastic does not combine with --plan auto yet: give the layout");
   }
   return Status::ok();
+}
+
+// From a plain shell: the ranks the launcher must start (*ranks > 0), or 0 when this process
+// trains alone. Everything that can be checked before a rank starts is checked here, once.
+Status ranks_to_launch(const train::TrainOptions& o, const planner::SearchSpace& fixed, const LaunchOptions& launch,
+                       int* ranks) {
+  int n = o.tp * std::max(1, o.cp) * o.pp * std::max(1, o.dp);
+  train::TrainOptions probe = o;  // the layout the ranks will run
+  if (!o.plan.empty()) {
+    if (o.ranks < 1) return Status::error("--plan auto needs --ranks N: how many ranks to lay out");
+    // Planned here too, so that a plan that cannot work fails before any rank starts.
+    std::string summary;
+    RETURN_IF_ERROR(train::choose_layout(&probe, o.ranks, fixed, &summary));
+    n = o.ranks;
+  }
+  RETURN_IF_ERROR(check_launch(launch, o));
+  *ranks = 0;
+  if (n == 1 && launch.max_restarts == 0 && launch.hostfile.empty()) return Status::ok();
+  // The flags and the layout, once, before mpirun starts a rank (the ranks check again).
+  RETURN_IF_ERROR(train::check_flags_and_layout(probe, n));
+  // Said once here before any rank starts (the ranks check again, under the lock).
+  RETURN_IF_ERROR(train::check_run_folder_free(o.out_dir));
+  RETURN_IF_ERROR(train::check_not_mixed(o.out_dir, o.resume, o.overwrite));
+  *ranks = n;
+  return Status::ok();
+}
+
+// The ranks started under the supervising launcher (a host program starts it itself: it
+// learns how many ranks, and nothing runs here).
+int launch_ranks(const train::TrainOptions& o, int ranks, LaunchOptions* launch) {
+  if (InProcess* io = in_process()) {
+    io->launcher_ranks = ranks;
+    return 0;
+  }
+  launch->graceful_stop = true;
+  launch->ranks = ranks;
+  launch->threads_per_rank = o.threads;
+  launch->out_dir = o.out_dir;
+  launch->comm_timeout = o.comm_timeout;
+  launch->model_parallel = o.tp * std::max(1, o.cp) * o.pp;
+  launch->dp = ranks / launch->model_parallel;
+  launch->micro_batch = o.micro_batch;
+  launch->global_batch = o.global_batch > 0 ? o.global_batch : o.micro_batch * std::max(1, o.grad_accum) * launch->dp;
+  return supervise(*launch);
+}
+
+// This process is a rank (or the only one): train.
+int train_here(CLI::App* cmd, const std::shared_ptr<train::TrainOptions>& o, const planner::SearchSpace& fixed) {
+  o->resolved_config_toml = resolved_config_toml(
+      cmd, {"config", "resume", "resume-strict", "overwrite", "quiet", "debug-stall-rank", "debug-stall-step",
+            "debug-nonfinite-step", "debug-nonfinite-unit"});
+  InProcess* io = in_process();
+  // Before MPI or OpenMP start threads: they inherit the blocked stop signals. A host
+  // program's signals stay its own.
+  if (io == nullptr) train::install_stop_handlers();
+  auto world = command_world();
+  Status s = Status::ok();
+  const train::Console console = stdio_console();
+  if (!o->plan.empty()) {
+    if (o->ranks > 0 && o->ranks != world->size())
+      s = Status::error("--ranks " + std::to_string(o->ranks) + " but the job has " + std::to_string(world->size()) +
+                        " ranks");
+    if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed, console);
+  }
+  train::TrainResult result;
+  if (s.is_ok()) s = train::run_training(*o, *world, console, &result, io != nullptr ? io->subscriber : nullptr);
+  // Stopped between steps by a signal: the shell's code for it, on every rank.
+  const int rc = !s.is_ok() ? fail(s) : result.interrupted_by ? 128 + result.interrupted_by : 0;
+  end_world(std::move(world));
+  return rc;
 }
 
 }  // namespace
@@ -299,56 +370,11 @@ Command add_train_command(CLI::App& app) {
               if (Status s = fixed_layout_flags(cmd, *o, &fixed); !s.is_ok()) return fail(s);
             }
             if (!comm::launched_by_mpi()) {
-              int ranks = o->tp * std::max(1, o->cp) * o->pp * std::max(1, o->dp);
-              train::TrainOptions probe = *o;  // the layout the ranks will run
-              if (!o->plan.empty()) {
-                if (o->ranks < 1) return fail(Status::error("--plan auto needs --ranks N: how many ranks to lay out"));
-                // Planned here too, so that a plan that cannot work fails before any rank starts.
-                std::string summary;
-                if (Status s = train::choose_layout(&probe, o->ranks, fixed, &summary); !s.is_ok()) return fail(s);
-                ranks = o->ranks;
-              }
-              if (Status s = check_launch(*launch, *o); !s.is_ok()) return fail(s);
-              if (ranks > 1 || launch->max_restarts > 0 || !launch->hostfile.empty()) {
-                // The flags and the layout, once, before mpirun starts a rank (the ranks check again).
-                if (Status s = train::check_flags_and_layout(probe, ranks); !s.is_ok()) return fail(s);
-                // Said once here before any rank starts (the ranks check again, under the lock).
-                if (Status s = train::check_run_folder_free(o->out_dir); !s.is_ok()) return fail(s);
-                if (Status s = train::check_not_mixed(o->out_dir, o->resume, o->overwrite); !s.is_ok()) return fail(s);
-                launch->graceful_stop = true;
-                launch->ranks = ranks;
-                launch->threads_per_rank = o->threads;
-                launch->out_dir = o->out_dir;
-                launch->comm_timeout = o->comm_timeout;
-                launch->model_parallel = o->tp * std::max(1, o->cp) * o->pp;
-                launch->dp = ranks / launch->model_parallel;
-                launch->micro_batch = o->micro_batch;
-                launch->global_batch = o->global_batch > 0 ? o->global_batch
-                                                           : o->micro_batch * std::max(1, o->grad_accum) * launch->dp;
-                return supervise(*launch);
-              }
+              int ranks = 0;
+              if (Status s = ranks_to_launch(*o, fixed, *launch, &ranks); !s.is_ok()) return fail(s);
+              if (ranks > 0) return launch_ranks(*o, ranks, launch.get());
             }
-            o->resolved_config_toml = resolved_config_toml(
-                cmd, {"config", "resume", "resume-strict", "overwrite", "quiet", "debug-stall-rank", "debug-stall-step",
-                      "debug-nonfinite-step", "debug-nonfinite-unit"});
-            // Before MPI or OpenMP start threads: they inherit the blocked stop signals.
-            train::install_stop_handlers();
-            auto world = comm::init_world(nullptr, nullptr);
-            Status s = Status::ok();
-            const train::Console console = stdio_console();
-            if (!o->plan.empty()) {
-              if (o->ranks > 0 && o->ranks != world->size())
-                s = Status::error("--ranks " + std::to_string(o->ranks) + " but the job has " +
-                                  std::to_string(world->size()) + " ranks");
-              if (s.is_ok()) s = train::choose_layout_on_every_rank(o.get(), *world, fixed, console);
-            }
-            train::TrainResult result;
-            if (s.is_ok()) s = train::run_training(*o, *world, console, &result);
-            // Stopped between steps by a signal: the shell's code for it, on every rank.
-            int rc = !s.is_ok() ? fail(s) : result.interrupted_by ? 128 + result.interrupted_by : 0;
-            world.reset();
-            comm::finalize();
-            return rc;
+            return train_here(cmd, o, fixed);
           }};
 }
 
