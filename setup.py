@@ -46,5 +46,6 @@ setup(
     python_requires=">=3.11",
     install_requires=["numpy"],
     cmdclass={"build_py": BuildWithCMake},
+    options={"build": {"build_base": os.path.join("build", "setuptools")}},  # beside CMake's files
     distclass=BinaryDistribution,
 )

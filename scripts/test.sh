@@ -47,7 +47,9 @@ echo "== 2/3 ASan and UBSan, built and run as an AVX2-only machine: single-rank,
 # natively), --plan auto's two-rank run. MESHTRAIN_TEST_SANITIZE=0 skips the stage.
 if [ "${MESHTRAIN_TEST_SANITIZE:-1}" = 1 ]; then
 # The multi-rank suites' files are left out of its test binary (a fifth of the test sources).
-configure_and_build build-asan meshtrain meshtrain_tests -- -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_MARCH=x86-64-v3 \
+# No Python module here (-DMESHTRAIN_PYTHON=OFF): an ASan build cannot be loaded into an
+# interpreter without preloading the sanitizer; the native stage runs its tests.
+configure_and_build build-asan meshtrain meshtrain_tests -- -DMESHTRAIN_SANITIZE=ON -DMESHTRAIN_MARCH=x86-64-v3 -DMESHTRAIN_PYTHON=OFF \
   '-DMESHTRAIN_TEST_SKIP=test_(hosts|data_parallel|tensor_parallel|llama_parallel|moe_parallel|pipeline|precision)\.cc'
 # The suites that touch kernels, precision and the planner's model of this machine must be
 # in it: a file left out by mistake would pass unseen.

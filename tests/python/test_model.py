@@ -58,3 +58,26 @@ def test_bad_input_raises(tiny_run):
         meshtrain.Model(tiny_run, tokenizer="/no-such/tokenizer.json")
     with pytest.raises(meshtrain.MeshtrainError, match="top_p"):
         meshtrain.Model(tiny_run, tokenizer=GPT2_DIR).generate("Hello", top_p=0)
+
+
+def test_llama_logits_equal_pytorchs(tmp_path, corpus):
+    """A Llama-shaped model (RMSNorm, RoPE, GQA, SwiGLU) against tests/reference/torch_llama.py,
+    fed the arrays load() gives and the config.json save() writes."""
+    torch = pytest.importorskip("torch")
+    import json
+
+    import torch_llama
+    from conftest import TINY
+
+    run = str(tmp_path / "llama")
+    meshtrain.train(data=corpus, steps=2, out=run, **{**TINY, "model": "llama-tiny"})
+    w = meshtrain.load(run)
+    assert "model.layers.0.self_attn.q_proj.weight" in w
+    meshtrain.save(w, str(tmp_path / "hf"))
+    cfg = json.load(open(tmp_path / "hf" / "config.json"))
+    ids = np.random.default_rng(1).integers(0, w.config["vocab"], size=(2, 20))
+    ours = meshtrain.Model(run).logits(ids)
+    params = {k: torch.tensor(v, dtype=torch.float64) for k, v in w.items()}
+    with torch.no_grad():
+        ref = torch_llama.forward(params, cfg, torch.tensor(ids)).numpy()
+    assert np.linalg.norm(ours - ref) / np.linalg.norm(ref) < 1e-4
