@@ -22,6 +22,9 @@ if(NOT pybind11_FOUND OR NOT Python_FOUND)
                       "pybind11-dev python3-dev, as scripts/setup.sh does), or -DMESHTRAIN_PYTHON=OFF")
 endif()
 
+# No link-time optimisation (pybind11's default for a release module): the engine's libraries
+# are not built for it, and the module's own sources gain nothing worth a slower link.
+set(CMAKE_INTERPROCEDURAL_OPTIMIZATION OFF)
 file(GLOB PYTHON_BINDING_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/python/*.cc)
 pybind11_add_module(meshtrain_python MODULE ${PYTHON_BINDING_SOURCES})
 set(MESHTRAIN_PYTHON_DIR ${CMAKE_BINARY_DIR}/python/meshtrain)

@@ -42,10 +42,11 @@ def command(name: str, *args: str, **flags):
     return result
 
 
-def train(config: Optional[str] = None, *, on_step: Optional[StepCallback] = None,
+def train(config=None, *, on_step: Optional[StepCallback] = None,
           on_eval: Optional[Callable[[dict], None]] = None, **flags) -> TrainResult:
-    """Runs `meshtrain train` with `config` (a TOML file of train's flags) and the keywords as
-    its flags (model="gpt2-124m", steps=100, data="data/brown", out="runs/a", tp=2, ...).
+    """Runs `meshtrain train` with `config` (a TOML file of train's flags, or a dict of them) and
+    the keywords as its flags (model="gpt2-124m", steps=100, data="data/brown", out="runs/a",
+    tp=2, ...); a keyword wins over the same key of `config`.
 
     `on_step` gets each step's record, the same dict as its metrics.jsonl line; returning False
     stops the run, which then saves its last step when it has a folder. `on_eval` gets each
@@ -54,6 +55,8 @@ def train(config: Optional[str] = None, *, on_step: Optional[StepCallback] = Non
     meshtrain's launcher, with `out` required: its metrics.jsonl carries the steps to the
     callbacks, and a stop is the launcher's SIGTERM, which every rank obeys at the same later
     step boundary (the callback is not called again; `records` has every step that ran)."""
+    if isinstance(config, dict):
+        flags, config = {**config, **flags}, None
     args = ["train"] + (["--config", str(config)] if config else []) + flag_args(**flags)
     records, evals = [], []
     stopped = [False]

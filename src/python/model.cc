@@ -88,15 +88,15 @@ py::array_t<float> logits(const Model& m, const py::array_t<int64_t, py::array::
 
 // The prompt's continuation, sampled as `meshtrain generate` samples it (the same seed, the
 // same text).
-std::string generate(const Model& m, const std::string& prompt, int max_tokens, float temperature, int top_k,
-                     float top_p, uint64_t seed, const std::vector<std::string>& stop) {
+std::string generate(const Model& m, const std::string& prompt, int max_tokens, double temperature, int top_k,
+                     double top_p, uint64_t seed, const std::vector<std::string>& stop) {
   if (!m.tokenizer) throw StatusError("this model has no tokenizer (give Model(path, tokenizer=...))");
   if (prompt.empty()) throw StatusError("prompt is empty");
   if (max_tokens < 0) throw StatusError("max_tokens must be >= 0");
   if (temperature < 0) throw StatusError("temperature must be >= 0 (0 = greedy)");
   if (top_k < 0) throw StatusError("top_k must be >= 0 (0 = no limit)");
   if (!(top_p > 0 && top_p <= 1)) throw StatusError("top_p must be in (0, 1] (1 = no cut)");
-  const cli::CompletionRequest r{prompt, false, max_tokens, {temperature, top_k, top_p}, seed, stop, -1};
+  const cli::CompletionRequest r{prompt, false, max_tokens, {(float)temperature, top_k, (float)top_p}, seed, stop, -1};
   cli::Completion c;
   raise_if_error(cli::prepare_completion(*m.gpt, *m.tokenizer, r, &c));
   py::gil_scoped_release release;
@@ -104,22 +104,32 @@ std::string generate(const Model& m, const std::string& prompt, int max_tokens, 
   return c.text;
 }
 
+// A float default as help() should show it: 0.8, not 0.800000011920929 (six digits, which
+// convert back to the same float).
+double as_written(float v) { return std::stod(std::to_string(v)); }
+
 }  // namespace
 
 void add_model(py::module_& m) {
   const cli::CompletionRequest defaults;
   py::class_<Model>(m, "Model", "A trained model in memory: a run or checkpoint folder of any layout, an HF folder "
                                 "or .safetensors file, or an llm.c .bin.")
-      .def(py::init(&open_model), py::arg("path"), py::arg("tokenizer") = "")
+      .def(py::init(&open_model), py::arg("path"), py::arg("tokenizer") = "",
+           "The model at `path`; its tokenizer is `tokenizer` (a folder or file) when given, else the one "
+           "`meshtrain generate` would find (the run's copy, the data's, GPT-2's); none found leaves logits only")
       .def("logits", &logits, py::arg("ids"),
            "float32 logits at every position: [T, V] for one row of ids, [B, T, V] for rows")
       .def("generate", &generate, py::arg("prompt"), py::arg("max_tokens") = 100,
-           py::arg("temperature") = defaults.sampling.temperature, py::arg("top_k") = defaults.sampling.top_k,
-           py::arg("top_p") = defaults.sampling.top_p, py::arg("seed") = defaults.seed,
+           py::arg("temperature") = as_written(defaults.sampling.temperature),
+           py::arg("top_k") = defaults.sampling.top_k, py::arg("top_p") = as_written(defaults.sampling.top_p),
+           py::arg("seed") = defaults.seed,
            py::arg("stop") = std::vector<std::string>{},
            "The prompt's continuation (text), sampled as `meshtrain generate` does: the same seed, the same text")
-      .def_property_readonly("config", [](const Model& self) { return json_to_python(model::config_json(self.gpt->config()).dump()); })
-      .def_property_readonly("tokenizer", [](const Model& self) { return self.tokenizer; });
+      .def_property_readonly(
+          "config", [](const Model& self) { return json_to_python(model::config_json(self.gpt->config()).dump()); },
+          "The model's record: layers, heads, dim, max_seq_len, vocab and the architecture's parts")
+      .def_property_readonly(
+          "tokenizer", [](const Model& self) { return self.tokenizer; }, "Its Tokenizer, or None");
 }
 
 }  // namespace meshtrain::python

@@ -66,5 +66,25 @@ def test_errors_are_the_command_lines(tmp_path, corpus):
         meshtrain.train(data=corpus, steps=2, dp=2, **TINY)
     with pytest.raises(meshtrain.MeshtrainError):
         meshtrain.train(data=str(tmp_path / "no-such-data"), steps=2, **TINY)
-    # The process is fine afterwards: a run trains.
-    assert len(meshtrain.train(data=corpus, steps=1, **TINY).records) == 1
+    # The process is fine afterwards: a run trains, from a dict or a TOML file of flags.
+    assert len(meshtrain.train({**TINY, "data": corpus, "steps": 1}).records) == 1
+    toml = tmp_path / "run.toml"
+    toml.write_text('model = "tiny"\nsteps = 3\nmicro_batch = 2\nseq_len = 32\nthreads = 1\nquiet = true\n')
+    assert len(meshtrain.train(str(toml), data=corpus, steps=2).records) == 2  # the keyword wins
+
+
+def test_ctrl_c_stops_a_run_in_this_process(corpus):
+    """SIGINT (Ctrl-C) while a run trains here: the run stops at the end of that step and the
+    interpreter gets its KeyboardInterrupt, as anywhere else in Python."""
+    import signal
+    import threading
+
+    steps = []
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            meshtrain.train(data=corpus, steps=100000, on_step=lambda r: steps.append(r["step"]), **TINY)
+    finally:
+        timer.cancel()
+    assert 0 < len(steps) < 100000
