@@ -49,16 +49,6 @@ void hf_tensors(const model::Gpt& gpt, HfTensors* out) {
   out->metadata = meta;
 }
 
-namespace {
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); i++) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
-}  // namespace
-
 Status set_hf_tensors(const std::map<std::string, HfArray>& arrays, model::Gpt* gpt) {
   const model::ParamLayout& layout = gpt->layout();
   for (const auto& [name, array] : arrays) {

@@ -10,12 +10,6 @@ namespace {
 // Far beyond any real model; keeps a header's block index from overflowing an int.
 constexpr int64_t kMaxBlockIndex = 1'000'000;
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 std::string without_prefix(const std::string& name) {
   return name.starts_with("transformer.") ? name.substr(12) : name;
 }
@@ -113,6 +107,12 @@ Status infer_heads(const SafetensorsModel& f, int heads_hint, int dim, int* head
 
 }  // namespace
 
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); i++) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
 std::string hf_tensor_name(const SafetensorsModel& f, const std::string& name) {
   if (f.find(name)) return name;
   if (f.find("transformer." + name)) return "transformer." + name;
@@ -136,8 +136,8 @@ Status infer_hf_config(const SafetensorsModel& f, int heads_hint, model::GptConf
   };
   if (wte->shape.size() != 2 || wpe->shape.size() != 2 || wte->shape[1] != wpe->shape[1] ||
       !fits_int(wte->shape) || !fits_int(wpe->shape))
-    return Status::error(path + ": wte.weight " + shape_str(wte->shape) + " and wpe.weight " +
-                         shape_str(wpe->shape) + " are not [vocab, C] and [positions, C]");
+    return Status::error(path + ": wte.weight " + shape_text(wte->shape) + " and wpe.weight " +
+                         shape_text(wpe->shape) + " are not [vocab, C] and [positions, C]");
   model::GptConfig c;
   c.vocab = (int)wte->shape[0];
   c.dim = (int)wte->shape[1];
@@ -157,8 +157,8 @@ Status check_hf_tensors(const SafetensorsModel& f, const model::ParamLayout& lay
     const TensorInfo* info = f.find(name);
     const auto want = hf_shape(t, vocab);
     if (info->shape != want)
-      return Status::error(f.path() + ": tensor '" + name + "' has shape " + shape_str(info->shape) +
-                           ", expected " + shape_str(want));
+      return Status::error(f.path() + ": tensor '" + name + "' has shape " + shape_text(info->shape) +
+                           ", expected " + shape_text(want));
     if (!is_float_dtype(info->dtype))
       return Status::error(f.path() + ": tensor '" + name + "' has dtype " + info->dtype +
                            ", not a float type (F32, F16, BF16 or F64)");

@@ -16,6 +16,8 @@ namespace meshtrain::checkpoint {
 
 // The file's name for an engine tensor: the same, or with HF's "transformer." prefix.
 std::string hf_tensor_name(const SafetensorsModel& f, const std::string& name);
+// A shape for messages: "[768, 2304]".
+std::string shape_text(const std::vector<int64_t>& shape);
 // The shape HF stores an engine tensor in: unpadded vocabulary, Conv1D weights [in, out].
 std::vector<int64_t> hf_shape(const model::ParamTensor& t, int vocab);
 

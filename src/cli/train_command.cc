@@ -1,8 +1,8 @@
 #include <filesystem>
 
 #include "cli/commands.h"
-#include "cli/in_process.h"
 #include "cli/config_file.h"
+#include "cli/in_process.h"
 #include "cli/launch.h"
 #include "comm/group.h"
 #include "train/auto_plan.h"

@@ -403,8 +403,22 @@ struct Message {
   int to_stage;
 };
 
-// Channel key: (from rank, to rank, carries gradients). FIFO per key, as in the executor.
-using ChannelKey = std::tuple<int, int, bool>;
+// The sends posted on one channel (from rank, to rank, carries gradients), oldest first: FIFO
+// per channel, as in the executor. A vector read from `head` on (the planner simulates many
+// schedules: no allocation per message).
+struct Channel {
+  std::vector<Message> messages;
+  size_t head = 0;
+  bool empty() const { return head == messages.size(); }
+};
+
+// Every channel between p ranks.
+struct Channels {
+  explicit Channels(int p) : p(p), all((size_t)p * p * 2) {}
+  Channel& at(int from, int to, bool grad) { return all[((size_t)from * p + to) * 2 + grad]; }
+  int p;
+  std::vector<Channel> all;
+};
 
 struct RankState {
   std::vector<Action> actions;
@@ -429,18 +443,16 @@ std::string describe(int rank, const Action& a) {
 // Runs rank r's actions until it finishes or blocks on a receive with nothing to take.
 // Returns whether it advanced; *error is set on a mismatched pairing.
 bool advance(ScheduleKind kind, int r, int p, int v, const std::vector<double>& tf, const std::vector<double>& tb,
-             const std::vector<double>& tw, RankState* s, std::map<ChannelKey, std::deque<Message>>* channels,
-             Status* error) {
+             const std::vector<double>& tw, RankState* s, Channels* channels, Status* error) {
   bool moved = false;
   const bool split = splits_backward(kind);
   while (s->next < s->actions.size()) {
     const Action& a = s->actions[s->next];
     const int stage = stage_of(kind, p, v, r, a.chunk);
     if (is_recv(a.kind)) {
-      auto& queue = (*channels)[{a.peer, r, carries_grad(a.kind)}];
+      Channel& queue = channels->at(a.peer, r, carries_grad(a.kind));
       if (queue.empty()) return moved;
-      Message msg = queue.front();
-      queue.pop_front();
+      const Message msg = queue.messages[queue.head++];
       if (msg.microbatch != a.microbatch || msg.to_stage != stage) {
         *error = Status::error("receive pairs with a send for micro-batch " + std::to_string(msg.microbatch) +
                                " stage " + std::to_string(msg.to_stage) + " at " + describe(r, a));
@@ -449,7 +461,7 @@ bool advance(ScheduleKind kind, int r, int p, int v, const std::vector<double>& 
       s->clock = std::max(s->clock, msg.ready);
     } else if (is_send(a.kind)) {
       int to_stage = carries_grad(a.kind) ? stage - 1 : stage + 1;
-      (*channels)[{r, a.peer, carries_grad(a.kind)}].push_back({s->clock, a.microbatch, to_stage});
+      channels->at(r, a.peer, carries_grad(a.kind)).messages.push_back({s->clock, a.microbatch, to_stage});
     } else {
       const double cost = a.kind == ActionKind::kForward          ? tf[stage]
                           : a.kind == ActionKind::kBackwardWeight ? tw[stage]
@@ -506,13 +518,16 @@ Status simulate(ScheduleKind kind, int p, int m, int v, const std::vector<double
   bool timed = splits_backward(kind);
   for (size_t i = 0; i < stages; i++) timed = timed && tf[i] > 0 && tb[i] > 0;
   std::vector<std::vector<Action>> actions = all_schedules(kind, p, m, v, timed ? &costs : nullptr);
-  for (int r = 0; r < p; ++r) ranks[r].actions = std::move(actions[r]);
-  std::map<ChannelKey, std::deque<Message>> channels;
+  for (int r = 0; r < p; ++r) {
+    ranks[r].actions = std::move(actions[r]);
+    ranks[r].spans.reserve((size_t)(splits_backward(kind) ? 3 : 2) * m * v);
+  }
+  Channels channels(p);
   if (never_flushes(kind))  // 2BW's steady state: what the step before left in flight
     for (int r = 0; r < p; ++r) {
       const int w = p - 1 - r;  // forwards carried in, their sets alive
       ranks[r].in_flight = ranks[r].peak = w;
-      if (w > 0) channels[{r, r + 1, false}].push_back({0.0, w - 1, r + 1});  // the next rank's first input
+      if (w > 0) channels.at(r, r + 1, false).messages.push_back({0.0, w - 1, r + 1});  // the next rank's first input
     }
 
   // Times depend only on dependencies, not on the order ranks are visited, so sweeping the
