@@ -38,7 +38,7 @@ def command(name: str, *args: str, **flags):
     """Runs any `meshtrain NAME ARGS... --flag value ...` in this process (prep, export, eval,
     tokenize, ...): its output goes to stdout as in a shell, an error raises MeshtrainError. The
     command's --json result, when it has one, is returned."""
-    result, ranks = _meshtrain.run_command([name, *map(str, args), *flag_args(**flags)])
+    result, _ = _meshtrain.run_command([name, *map(str, args), *flag_args(**flags)])
     return result
 
 
@@ -88,7 +88,7 @@ def _launch(args, out, step, evaluated):
     stops at the same step and, as --save-on-exit's default says, saves it). Ctrl-C here is
     SIGINT there."""
     metrics = os.path.join(out, "metrics.jsonl")
-    seen = _line_count(metrics)  # a resumed run's earlier lines are not news
+    seen = len(_lines(metrics))  # a resumed run's earlier lines are not news
     proc = subprocess.Popen([_meshtrain.binary] + args)
     try:
         stopping = False
@@ -124,10 +124,6 @@ def _lines(path):
     except FileNotFoundError:
         return []
     return text.split("\n")[:-1]
-
-
-def _line_count(path):
-    return len(_lines(path))
 
 
 class Run:
